@@ -1,0 +1,37 @@
+# TopoWeb: `make run` serves the demo on 127.0.0.1:8000, `make test` runs every check.
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+
+.PHONY: run test lint format bench venv
+
+venv: .venv/.installed
+
+.venv/.installed: requirements.txt
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements.txt
+	touch $@
+
+run: venv
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py load_demo
+	$(PY) manage.py serve_embedded --addr 127.0.0.1:8000
+
+lint: venv
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
+
+format: venv
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .
+
+test: lint
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest
+
+bench: venv
+	$(PY) bench/placement_quality.py
+	$(PY) bench/placement_speed.py
+	$(PY) bench/calibrate_pollux.py
