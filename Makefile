@@ -1,6 +1,9 @@
 # TopoWeb: `make run` serves the demo on 127.0.0.1:8000, `make test` runs every check.
 PY := .venv/bin/python
 PIP := .venv/bin/pip
+# The integration run's services (.ci/run starts them when they are down).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test lint format bench venv
 
@@ -26,10 +29,13 @@ format: venv
 	.venv/bin/ruff format .
 	.venv/bin/ruff check --fix .
 
+# Unit tests on the embedded default (SQLite, eager Celery), then integration tests on Postgres and Redis.
 test: lint
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest
+	env -u DATABASE_URL -u CELERY_BROKER_URL TOPOWEB_TESTING=1 $(PY) -m pytest -m "not integration"
+	env DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) TOPOWEB_TESTING=1 \
+		$(PY) -m pytest -m integration
 
 bench: venv
 	$(PY) bench/placement_quality.py

@@ -1,0 +1,19 @@
+"""`manage.py serve_embedded --addr HOST:PORT`: the embedded default's web server.
+
+Django's development server without the autoreloader (one process, so in-process background work
+stays single), static files served by WhiteNoise so it works with DEBUG off.
+"""
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Serve TopoWeb on HOST:PORT with Django's server, without autoreload."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="HOST:PORT to listen on")
+
+    def handle(self, *args, addr: str, **options):
+        self.stdout.write(f"TopoWeb on http://{addr}/ (admin at http://{addr}/admin/)")
+        call_command("runserver", addr, use_reloader=False, skip_checks=False)

@@ -1,0 +1,62 @@
+"""Shared pieces of the topology models: value validators and the cluster `updated_at` touch."""
+
+import math
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+NAME_MAX_LENGTH = 100
+URL_MAX_LENGTH = 200
+
+
+def validate_positive(value: float) -> None:
+    """Reject zero, negative and non-finite numbers (bandwidths in GB/s, latencies in us, TFLOPS)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value <= 0:
+        raise ValidationError("must be a positive number, got %(value)s", params={"value": value})
+
+
+def validate_http_url(value: str) -> None:
+    """Accept http(s) URLs with any host name (cluster host names such as `node-a` have no dot)."""
+    if value and not value.startswith(("http://", "https://")):
+        raise ValidationError("must be an http(s) URL, got %(value)s", params={"value": value})
+
+
+def touch_cluster(cluster_id: int | None) -> None:
+    """Advance a cluster's `updated_at` so cached topology snapshots of it are rebuilt."""
+    if cluster_id is None:
+        return
+    from .cluster import Cluster
+
+    Cluster.objects.filter(pk=cluster_id).update(updated_at=timezone.now())
+
+
+class ClusterRow(models.Model):
+    """A row that belongs to one cluster: saving or deleting it touches that cluster."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        super().save(*args, **kwargs)
+        touch_cluster(self.owning_cluster_id())
+
+    def delete(self, *args, **kwargs):
+        cluster_id = self.owning_cluster_id()
+        result = super().delete(*args, **kwargs)
+        touch_cluster(cluster_id)
+        return result
+
+    def owning_cluster_id(self) -> int | None:
+        return self.cluster_id
+
+
+def positive_constraint(model: str, field: str) -> models.CheckConstraint:
+    """A database check that `field` is greater than zero."""
+    return models.CheckConstraint(
+        condition=models.Q(**{f"{field}__gt": 0}),
+        name=f"topology_{model}_{field.lower()}_positive",
+        violation_error_message=f"{field} must be positive",
+    )

@@ -1,0 +1,148 @@
+"""Topology writes and the core's view of a cluster: import, export, snapshot, validation.
+
+Every spec goes through `apps.placement.topology.load_topology`, so the database, the files and the
+placement core speak one format.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError, RestrictedError
+
+from apps.placement.topology import SpecError, Topology, load_topology, topology_to_spec
+
+from .models import Cluster, Node, touch_cluster
+from .rows import check_storable, create_rows, delete_rows, rows_to_spec
+
+
+class ClusterExistsError(SpecError):
+    """Import of a cluster whose name is taken, without `replace=True`."""
+
+
+def cluster_import(*, data: Any, replace: bool = False) -> Cluster:
+    """Validate a parsed spec v1 (full or `generate:` form) and write it as one cluster, atomically.
+
+    With `replace=True` a cluster of the same name keeps its row (id, policy, settings) and has all
+    its topology rows replaced. Raises SpecError (ClusterExistsError on a name clash); on any error
+    nothing is written.
+    """
+    topo = load_topology(data)
+    check_storable(topo)
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().filter(name=topo.name).first()
+        if cluster is not None and not replace:
+            raise ClusterExistsError(
+                [
+                    (
+                        "name",
+                        f"a cluster named {topo.name!r} already exists (import with replace to overwrite it)",
+                    )
+                ]
+            )
+        if cluster is None:
+            try:
+                with transaction.atomic():
+                    cluster = Cluster.objects.create(name=topo.name)
+            except IntegrityError as exc:
+                # Another import of the same name committed between our read and our insert.
+                raise ClusterExistsError([("name", f"a cluster named {topo.name!r} already exists")]) from exc
+        else:
+            try:
+                delete_rows(cluster=cluster)
+            except (ProtectedError, RestrictedError) as exc:
+                raise SpecError(
+                    [
+                        (
+                            "name",
+                            f"cluster {topo.name!r} cannot be replaced while rows refer to its GPUs: {exc.args[0]}",
+                        )
+                    ]
+                ) from exc
+        create_rows(cluster=cluster, topo=topo)
+        cluster.save(update_fields=["updated_at"])
+    _forget(cluster.pk)
+    return cluster
+
+
+def cluster_to_spec(*, cluster: Cluster) -> dict:
+    """The cluster as a full spec v1 dict, entries in stored order; SpecError if the rows are invalid."""
+    return topology_to_spec(_load(cluster))
+
+
+def cluster_validate(*, cluster: Cluster) -> list[tuple[str, str]]:
+    """Every problem with the cluster's rows against spec v1, as (field path, message); [] if valid."""
+    spec, problems = rows_to_spec(cluster=cluster)
+    try:
+        load_topology(spec)
+    except SpecError as exc:
+        problems = problems + [p for p in exc.errors if p not in problems]
+    return [(field, _name_node(spec, field, msg)) for field, msg in problems]
+
+
+_CACHE: dict[int, tuple[datetime, Topology]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def cluster_topology(*, cluster: Cluster) -> Topology:
+    """The placement core's immutable snapshot of the cluster, cached per cluster id and updated_at.
+
+    Reads the current `updated_at` from the database, so a stale `cluster` instance never returns a
+    stale topology. Raises Cluster.DoesNotExist if the row is gone and SpecError if it is invalid.
+    """
+    stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
+    if stamp is None:
+        raise Cluster.DoesNotExist(f"cluster {cluster.pk} no longer exists")
+    with _CACHE_LOCK:
+        hit = _CACHE.get(cluster.pk)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    topo = _load(cluster)
+    with _CACHE_LOCK:
+        _CACHE[cluster.pk] = (stamp, topo)
+    return topo
+
+
+def node_refresh_leaf(*, node: Node) -> None:
+    """Set `node.leaf` to its first NIC's leaf (None without NICs), as spec v1 derives it."""
+    first = node.nics.order_by("id").values_list("leaf_id", flat=True).first()
+    if node.leaf_id != first:
+        node.leaf_id = first
+        node.save(update_fields=["leaf"])
+
+
+def cluster_touch(*, cluster: Cluster) -> None:
+    """Mark the cluster changed (for writes that bypass model save, such as bulk deletes)."""
+    touch_cluster(cluster.pk)
+
+
+def _load(cluster: Cluster) -> Topology:
+    spec, problems = rows_to_spec(cluster=cluster)
+    if problems:
+        raise SpecError(problems)
+    return load_topology(spec)
+
+
+def _forget(cluster_id: int) -> None:
+    with _CACHE_LOCK:
+        _CACHE.pop(cluster_id, None)
+
+
+_NODE_PATH = re.compile(r"^nodes\[(\d+)\]")
+
+
+def _name_node(spec: dict, field: str, msg: str) -> str:
+    """Prefix a message about `nodes[i]...` with the node's name, unless it names it already."""
+    match = _NODE_PATH.match(field)
+    if not match:
+        return msg
+    nodes = spec.get("nodes", [])
+    i = int(match.group(1))
+    name = nodes[i].get("name") if i < len(nodes) else None
+    if not name or repr(name) in msg:
+        return msg
+    return f"node {name!r}: {msg}"

@@ -1,0 +1,67 @@
+"""Shared test setup: the testing flag, and guards for tests that need Postgres or Redis.
+
+A test that needs a service skips when the service is absent, except under CI=true, where a missing
+service is a failure (CI must run everything).
+"""
+
+import os
+from pathlib import Path
+
+# Before Django settings load in subprocesses started by tests (fast hasher, relaxed checks).
+os.environ.setdefault("TOPOWEB_TESTING", "1")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def in_ci() -> bool:
+    """True when running under CI (the CI variable set to true/1/yes)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def service_missing(reason: str) -> None:
+    """Skip the test, or fail it under CI."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true, so this is a failure, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def require_postgres() -> dict:
+    """The Postgres connection settings of the test run; skips (fails under CI) without Postgres."""
+    import psycopg
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        service_missing("needs Postgres: run with DATABASE_URL=postgres://...")
+    s = connection.settings_dict
+    try:
+        psycopg.connect(
+            host=s["HOST"] or None,
+            port=s["PORT"] or None,
+            user=s["USER"] or None,
+            password=s["PASSWORD"] or None,
+            dbname="postgres",
+            connect_timeout=3,
+        ).close()
+    except psycopg.OperationalError as exc:
+        service_missing(f"Postgres at {s['HOST']}:{s['PORT']} is not reachable: {exc}")
+    return s
+
+
+@pytest.fixture(scope="session")
+def require_redis() -> str:
+    """The Redis broker URL of the test run; skips (fails under CI) without Redis."""
+    import redis
+    from django.conf import settings
+
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://")):
+        service_missing("needs Redis: run with CELERY_BROKER_URL=redis://...")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        service_missing(f"Redis at {url} is not reachable: {exc}")
+    return url

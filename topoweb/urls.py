@@ -1,0 +1,21 @@
+"""Root URLs: admin, login, REST API v1 with its OpenAPI schema and docs, health check, dashboard."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from topoweb.views import healthz
+
+admin.site.site_header = "TopoWeb topology editor"
+admin.site.site_title = "TopoWeb admin"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/", include("apps.topology.api.urls")),
+    path("api/v1/", include("apps.scheduling.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("healthz", healthz, name="healthz"),
+    path("", include("apps.dashboard.urls")),
+]
