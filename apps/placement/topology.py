@@ -8,9 +8,10 @@ node by node in file order ("gid"); `Topology.path(g, h)` is O(1) after an O(GPU
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -186,8 +187,10 @@ class Topology:
         return Path(float(bw), float(lat), "core")
 
     def group_path(self, gids) -> Path:
-        """The bottleneck path of a group: its slowest member pair (min bandwidth, max latency,
-        highest level), computed in O(len(gids)) from the hierarchy."""
+        """The bottleneck path of a group, in O(len(gids)) from the hierarchy: the bandwidth
+        (GB/s) and level of its slowest member pair, exactly; the latency (us) sums the slowest
+        components it crosses (two NICs, uplinks), an upper bound on its slowest pair's latency that
+        is exact when each tier's latencies are uniform."""
         g = np.asarray(gids, dtype=np.int64)
         if g.size < 2:
             d = self.gpu_domain[g[0]] if g.size else 0
@@ -205,19 +208,21 @@ class Topology:
         lat = float(nic_lat[-1] + nic_lat[-2])
         # Domains holding two or more members also carry an NVLink pair.
         ud, counts = np.unique(doms, return_counts=True)
+        dom_lat = 0.0
         if (counts > 1).any():
             bw = min(bw, float(self.domain_bw[ud[counts > 1]].min()))
+            dom_lat = float(self.domain_latency[ud[counts > 1]].max())
         ul = np.unique(leaves)
         if ul.size == 1:
-            return Path(bw, lat, "leaf")
+            return Path(bw, max(lat, dom_lat), "leaf")
         bw = min(bw, float(self.leaf_spine_bw[ul].min()))
         lat += 2 * float(self.leaf_spine_latency[ul].max())
         pods = np.unique(self.leaf_pod[ul])
         if pods.size == 1:
-            return Path(bw, lat, "spine")
+            return Path(bw, max(lat, dom_lat), "spine")
         bw = min(bw, float(self.pod_core_bw[pods].min()))
         lat += 2 * float(self.pod_core_latency[pods].max())
-        return Path(bw, lat, "core")
+        return Path(bw, max(lat, dom_lat), "core")
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -443,7 +448,7 @@ def load_topology(data: Any) -> Topology:
         if not _check_keys(errs, p, s, {"name", "tier"}):
             continue
         sname = _name(errs, f"{p}.name", s["name"])
-        if s["tier"] not in TIERS:
+        if not isinstance(s["tier"], str) or s["tier"] not in TIERS:
             errs.add(f"{p}.tier", f"must be one of {', '.join(TIERS)}, got {s['tier']!r}")
         if sname in tier_of:
             errs.add(f"{p}.name", f"duplicate switch name {sname!r}")
@@ -462,7 +467,7 @@ def load_topology(data: Any) -> Topology:
                 errs.add(f"{p}.{end}", f"unknown switch {sw!r}")
         if a == b:
             errs.add(f"{p}.b", "a link must join two different switches")
-        elif a in tier_of and b in tier_of:
+        elif tier_of.get(a) in TIERS and tier_of.get(b) in TIERS:
             ta, tb = TIERS.index(tier_of[a]), TIERS.index(tier_of[b])
             if abs(ta - tb) != 1:
                 errs.add(
@@ -513,7 +518,7 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
     ):
         return None
     nname = _name(errs, f"{p}.name", n["name"])
-    if n["gpu_model"] not in gpu_models:
+    if not isinstance(n["gpu_model"], str) or n["gpu_model"] not in gpu_models:
         errs.add(f"{p}.gpu_model", f"unknown GPU model {n['gpu_model']!r}")
     gpus = _count(errs, f"{p}.gpus", n["gpus"])
     standalone = n.get("standalone", False)
@@ -547,7 +552,7 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
         if cname in nic_names:
             errs.add(f"{q}.name", f"duplicate NIC name {cname!r} on node {nname!r}")
         nic_names.add(cname)
-        if tier_of.get(c["leaf"]) != "leaf":
+        if not isinstance(c["leaf"], str) or tier_of.get(c["leaf"]) != "leaf":
             errs.add(f"{q}.leaf", f"unknown leaf switch {c['leaf']!r}")
         idx = c["gpus"]
         if not isinstance(idx, list) or not idx:
@@ -798,11 +803,35 @@ def read_spec_file(path: str) -> Any:
         return parse_spec_text(fh.read())
 
 
+_FLOAT_RE = (
+    r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
+    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)"
+    r"|\.(?:nan|NaN|NAN))$"
+)
+
+
+@lru_cache(maxsize=1)
+def _spec_yaml_loader():
+    """A safe YAML loader that reads `1.2e9` as a float (YAML 1.2 / JSON), not as a string."""
+    import yaml
+
+    class SpecLoader(yaml.SafeLoader):
+        pass
+
+    SpecLoader.yaml_implicit_resolvers = {
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_RE), list("-+0123456789."))
+    return SpecLoader
+
+
 def parse_spec_text(text: str) -> Any:
     """Parse YAML or JSON text; a syntax error becomes a SpecError."""
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_spec_yaml_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SpecError([("", f"not valid YAML or JSON: {exc}")]) from exc

@@ -1,0 +1,72 @@
+"""Cost model: collective times, step time, MFU and multi-job link congestion.
+
+Units everywhere: times in milliseconds, payloads in bytes, bandwidth in GB/s (1 GB = 1e9 bytes),
+latency in microseconds.
+
+`evaluate(topology, job, gids, link_load)` prices one placement. Each `comm` entry costs the time of
+its slowest group (all groups of a kind communicate at once) times its `count`; `comm_ms` sums the
+entries; `step_ms = compute_ms + (1 - overlap) * comm_ms`; MFU = flops_per_step / (step_s * sum of
+the placed GPUs' peak TFLOPS * 1e12).
+
+How one group is priced, with B its bottleneck bandwidth (the slowest member pair, the bucket
+effect, `Topology.group_path`) and a its latency:
+- inside one NVLink domain: the flat closed form of its collective over NVLink;
+- allreduce over several domains: hierarchical. Reduce-scatter inside each domain (the fullest
+  domain, k_max members, over the slowest such domain), a ring allreduce between the domains over
+  the parallel rails (the fewest NICs any of its domains uses, S/rails per rail, B = the slowest
+  member NIC and uplink), allgather inside each domain. When every domain of the group has members
+  under the same set of leaves (rail-aligned, as in rail-optimised clusters), each rail's ring stays
+  under one leaf: B and a are the NICs' alone, and no uplink is used;
+- allgather, reducescatter, alltoall over several domains: the flat closed form, B across nodes is
+  one NIC's rate (or less, the group's bottleneck);
+- p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1);
+- volume: `S/B` with the group's bottleneck and no latency (the seed's accounting).
+
+Congestion, and what a "flow" is. A flow is one stream of a comm entry through a leaf switch's
+uplinks (to the spines), counted on that leaf while the entry runs:
+- ring collectives (allreduce, allgather, reducescatter) run leaf by leaf, so a group whose traffic
+  crosses leaves puts one flow per parallel ring on each leaf it spans (rails for a hierarchical
+  allreduce, one ring for the flat forms); a rail-aligned allreduce puts none;
+- alltoall and volume: every member GPU of a group that spans leaves is one flow on its own leaf;
+- p2p: every hop between consecutive members under different leaves is one flow on each of the two.
+A leaf's uplinks (`Topology.leaf_uplink_total_bw`, GB/s) are shared fairly by every flow on them:
+other jobs' (`link_load[leaf]`) plus this entry's own. A group crossing leaves gets, per flow, the
+smallest share over the leaves it spans when that is below its path bottleneck. `Prediction.flows`
+is this job's flows per leaf, the maximum over its comm entries (entries run one after another).
+"""
+
+from .formulas import (
+    FLAT_FORMS,
+    allgather_ms,
+    alltoall_ms,
+    hierarchical_allreduce_ms,
+    mfu,
+    p2p_ms,
+    reducescatter_ms,
+    ring_allreduce_ms,
+    step_ms,
+    volume_ms,
+)
+from .paths import KindStats, kind_stats, pair_paths
+from .prediction import GroupCost, Prediction, check_gids, evaluate, load_array
+
+__all__ = [
+    "FLAT_FORMS",
+    "GroupCost",
+    "KindStats",
+    "Prediction",
+    "allgather_ms",
+    "alltoall_ms",
+    "check_gids",
+    "evaluate",
+    "hierarchical_allreduce_ms",
+    "kind_stats",
+    "load_array",
+    "mfu",
+    "p2p_ms",
+    "pair_paths",
+    "reducescatter_ms",
+    "ring_allreduce_ms",
+    "step_ms",
+    "volume_ms",
+]

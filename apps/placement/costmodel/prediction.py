@@ -1,0 +1,213 @@
+"""`evaluate`: price one placement of a job (step time, comm time, MFU, per-group costs, flows)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..groups import group_arrays
+from ..jobs import JobSpec
+from ..topology import LEVELS, Topology
+from .formulas import FLAT_FORMS, hierarchical_allreduce_ms, mfu, p2p_ms, step_ms, volume_ms
+from .paths import KindStats, kind_stats, pair_paths
+
+RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCost:
+    """One group's cost: its highest level, bottleneck bandwidth (GB/s) and time per step (ms)."""
+
+    group: str
+    ranks: tuple[int, ...]
+    level: str
+    bottleneck_GBps: float
+    time_ms: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A placement's cost per training step: comm and step time (ms), MFU (None without
+    flops_per_step), every group of the kinds that communicate, this job's flows per leaf
+    (to add to `link_load` once placed) and each comm entry's time (ms, count included)."""
+
+    comm_ms: float
+    step_ms: float
+    mfu: float | None
+    groups: tuple[GroupCost, ...]
+    flows: dict[str, float]
+    entry_ms: tuple[float, ...] = field(default=())
+
+
+def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | None) -> np.ndarray:
+    """`link_load` (leaf name -> flows of other jobs, or an array over leaves) as an array over leaves."""
+    out = np.zeros(len(topo.leaf_names))
+    if link_load is None:
+        return out
+    if isinstance(link_load, np.ndarray):
+        if link_load.shape != out.shape:
+            raise ValueError(f"link_load: expected {out.size} values (one per leaf), got {link_load.shape}")
+        return link_load.astype(float)
+    index = topo.leaf_by_name
+    for leaf, flows in link_load.items():
+        if leaf not in index:
+            raise ValueError(f"link_load: unknown leaf {leaf!r}")
+        if not flows >= 0:
+            raise ValueError(f"link_load[{leaf!r}]: flows must be non-negative, got {flows!r}")
+        out[index[leaf]] += flows
+    return out
+
+
+def check_gids(topo: Topology, job: JobSpec, gids) -> np.ndarray:
+    """`gids` as an int64 array, checked: one GPU per rank, in range, none twice."""
+    g = np.asarray(gids, dtype=np.int64)
+    if g.shape != (job.gpus,):
+        raise ValueError(f"gids: job {job.name!r} has {job.gpus} ranks, got {g.size} GPUs")
+    if g.size and (g.min() < 0 or g.max() >= topo.n_gpus):
+        raise ValueError(f"gids: GPU ids must lie in 0..{topo.n_gpus - 1}")
+    if np.unique(g).size != g.size:
+        raise ValueError("gids: a GPU is given to more than one rank")
+    return g
+
+
+def evaluate(
+    topology: Topology,
+    job: JobSpec,
+    gids,
+    link_load: Mapping[str, float] | np.ndarray | None = None,
+    *,
+    detail: bool = True,
+) -> Prediction:
+    """Predict one placement: `gids[r]` is rank r's GPU; `link_load` the flows of other jobs on
+    each leaf's uplinks. Times in ms. `detail=False` leaves `groups` empty (faster, for solvers)."""
+    g = check_gids(topology, job, gids)
+    arrays = group_arrays(job)
+    load = load_array(topology, link_load)
+    stats: dict[str, KindStats] = {}
+    kind_time: dict[str, np.ndarray] = {}
+    kind_bw: dict[str, np.ndarray] = {}
+    flows = np.zeros(load.size)
+    entry_ms: list[float] = []
+    for entry in job.comm:
+        st = stats.get(entry.group)
+        if st is None:
+            st = stats[entry.group] = kind_stats(topology, g[arrays[entry.group]])
+            kind_time[entry.group] = np.zeros(st.members.shape[0])
+            kind_bw[entry.group] = np.full(st.members.shape[0], math.inf)
+        if st.members.shape[1] < 2 or entry.bytes == 0:
+            entry_ms.append(0.0)
+            continue
+        t, bw, own = _entry(topology, st, entry.collective, entry.bytes, load)
+        flows = np.maximum(flows, own)
+        kind_time[entry.group] += t * entry.count
+        kind_bw[entry.group] = np.minimum(kind_bw[entry.group], bw)
+        entry_ms.append(float(t.max()) * entry.count)
+
+    comm = float(sum(entry_ms))
+    step = step_ms(job.compute_ms, job.overlap, comm)
+    peak = float(topology.node_peak_tflops[topology.gpu_node[g]].sum())
+    groups = _group_costs(arrays, stats, kind_time, kind_bw) if detail else ()
+    return Prediction(
+        comm_ms=comm,
+        step_ms=step,
+        mfu=mfu(job.flops_per_step, step, peak),
+        groups=groups,
+        flows={topology.leaf_names[i]: float(flows[i]) for i in np.flatnonzero(flows)},
+        entry_ms=tuple(entry_ms),
+    )
+
+
+def _leaf_share(topo: Topology, load: np.ndarray, own: np.ndarray) -> np.ndarray:
+    # Fair share per flow of each leaf's uplinks, GB/s; inf where nothing shares them.
+    total = topo.leaf_uplink_total_bw
+    denom = load + own
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((own > 0) & (total > 0), total / denom, math.inf)
+
+
+def _entry(
+    topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One comm entry: per-group time (ms), the bandwidth that set it (GB/s), own flows per leaf."""
+    n_leaves = load.size
+    n = st.members.shape[1]
+    if collective == "p2p":
+        return _p2p(topo, st, nbytes, load)
+    own = np.zeros(n_leaves)
+    crossing = st.multi_leaf.copy()
+    hier = st.spans if collective == "allreduce" else np.zeros_like(st.spans)
+    if collective == "allreduce":
+        crossing &= ~st.rail_aligned
+    if crossing.any():
+        lv = st.leaves[crossing]
+        if collective in RING_COLLECTIVES:
+            # Each parallel ring of the group leaves every leaf it spans once.
+            rings = st.rails_min[crossing] if collective == "allreduce" else np.ones(lv.shape[0])
+            srt = np.sort(lv, axis=1)
+            first = np.ones(srt.shape, dtype=bool)
+            first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+            weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
+            own = np.bincount(srt[first], weights=weights, minlength=n_leaves)
+        else:
+            # alltoall and volume: every member sends across, one flow per member GPU.
+            own = np.bincount(lv.ravel(), minlength=n_leaves).astype(float)
+    share = np.full(st.members.shape[0], math.inf)
+    if crossing.any():
+        share[crossing] = _leaf_share(topo, load, own)[st.leaves[crossing]].min(axis=1)
+    eff_bw = np.minimum(st.path_bw, share)
+    if collective == "volume":
+        return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own
+    t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
+    t = np.broadcast_to(t, eff_bw.shape).copy()
+    if hier.any():
+        aligned = st.rail_aligned[hier]
+        inter_bw = np.where(aligned, st.nic_bw[hier], np.minimum(st.inter_bw[hier], share[hier]))
+        inter_lat = np.where(aligned, st.nic_lat[hier], st.inter_lat[hier])
+        t[hier] = hierarchical_allreduce_ms(
+            st.k_max[hier],
+            st.n_domains[hier],
+            nbytes,
+            st.intra_bw[hier],
+            st.intra_lat[hier],
+            inter_bw,
+            inter_lat,
+            rails=st.rails_min[hier],
+        )
+        eff_bw = eff_bw.copy()
+        eff_bw[hier] = np.minimum(st.intra_bw[hier], inter_bw)
+    return t, eff_bw, own
+
+
+def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
+    # Consecutive members (stage i -> i+1); a hop between leaves is one flow on each of its leaves.
+    a, b = st.members[:, :-1], st.members[:, 1:]
+    bw, lat, level = pair_paths(topo, a.ravel(), b.ravel())
+    la, lb = topo.gpu_leaf[a.ravel()], topo.gpu_leaf[b.ravel()]
+    crossing = level >= 2
+    crossing &= (la >= 0) & (lb >= 0)
+    own = np.zeros(load.size)
+    if crossing.any():
+        own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
+        share = _leaf_share(topo, load, own)
+        hop_share = np.minimum(share[la[crossing]], share[lb[crossing]])
+        bw = bw.copy()
+        bw[crossing] = np.minimum(bw[crossing], hop_share)
+    bw = bw.reshape(a.shape)
+    hop = np.asarray(p2p_ms(nbytes, bw, lat.reshape(a.shape)))
+    return hop.max(axis=1), bw.min(axis=1), own
+
+
+def _group_costs(arrays, stats, kind_time, kind_bw) -> tuple[GroupCost, ...]:
+    out: list[GroupCost] = []
+    for kind, st in stats.items():
+        bws = np.where(np.isinf(kind_bw[kind]), st.path_bw, kind_bw[kind]).tolist()
+        out.extend(
+            GroupCost(kind, tuple(r), LEVELS[lv], bw, t)
+            for r, lv, bw, t in zip(
+                arrays[kind].tolist(), st.level.tolist(), bws, kind_time[kind].tolist(), strict=True
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,220 @@
+"""Job spec v1: load and validate a training job (what it needs and how it communicates).
+
+`load_job(data)` takes a parsed spec (see spec/job-v1.md) and returns a frozen `JobSpec`;
+`job_to_spec(job)` gives the spec back. Unknown fields are errors; every error names its field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .topology import SpecError, _check_keys, _count, _Errors, _name, _positive, read_spec_file
+
+GROUP_KINDS = ("tp", "pp", "dp", "ep")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p", "volume")
+# The solver names a job may ask for; the solvers package exposes the same tuple as POLICIES.
+POLICY_NAMES = ("topo", "naive", "first_fit", "tree_best_fit", "random")
+RANK_DIMS = ("tp", "ep", "dp", "pp")
+DEFAULT_RANK_ORDER = "tp-ep-dp-pp"
+
+_TOP_REQUIRED = {"version", "name", "gpus", "parallelism", "step", "comm"}
+_TOP_OPTIONAL = {"cluster", "user", "priority", "rank_order", "model", "estimated_runtime_s", "policy"}
+_PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
+
+
+@dataclass(frozen=True, slots=True)
+class CommEntry:
+    """One collective per step: `bytes` per rank (bytes), repeated `count` times per step."""
+
+    group: str
+    collective: str
+    bytes: float
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A validated job spec v1. Times in ms, FLOPs per step of the whole job, runtime in s."""
+
+    name: str
+    cluster: str | None
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    cp: int
+    rank_order: str
+    priority: int
+    user: str | None
+    flops_per_step: float | None
+    compute_ms: float
+    overlap: float
+    comm: tuple[CommEntry, ...]
+    estimated_runtime_s: float | None
+    policy: str | None
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The rank-order dimensions, fastest-varying first (cp left out while it is 1)."""
+        return tuple(self.rank_order.split("-"))
+
+
+def load_job(data: Any) -> JobSpec:
+    """Validate a parsed job spec v1 and build the JobSpec.
+
+    Raises SpecError listing every offending field (e.g. `parallelism`: "tp*pp*dp=12 but gpus=16",
+    `comm[1].collective`).
+    """
+    errs = _Errors()
+    if not isinstance(data, Mapping):
+        raise SpecError([("", f"a job spec must be a mapping, got {type(data).__name__}")])
+    if not _check_keys(errs, "", data, _TOP_REQUIRED, _TOP_OPTIONAL):
+        errs.raise_if_any()
+    if data["version"] != 1:
+        errs.add("version", f"must be 1, got {data['version']!r}")
+    name = _name(errs, "name", data["name"])
+    cluster = _optional_str(errs, "cluster", data.get("cluster"))
+    user = _optional_str(errs, "user", data.get("user"))
+    priority = data.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        errs.add("priority", f"must be a whole number, got {priority!r}")
+        priority = 0
+    gpus = _count(errs, "gpus", data["gpus"])
+
+    tp = pp = dp = ep = cp = 1
+    par = data["parallelism"]
+    if _check_keys(errs, "parallelism", par, set(), _PARALLEL_KEYS):
+        tp = _count(errs, "parallelism.tp", par.get("tp", 1))
+        pp = _count(errs, "parallelism.pp", par.get("pp", 1))
+        dp = _count(errs, "parallelism.dp", par.get("dp", 1))
+        ep = _count(errs, "parallelism.ep", par.get("ep", 1))
+        cp = _count(errs, "parallelism.cp", par.get("cp", 1))
+        if cp != 1:
+            errs.add("parallelism.cp", f"context parallelism is not modelled yet: cp must be 1, got {cp}")
+            cp = 1
+        if dp % ep:
+            errs.add("parallelism.ep", f"ep={ep} must divide dp={dp}")
+        if tp * pp * dp != gpus:
+            errs.add("parallelism", f"tp*pp*dp={tp * pp * dp} but gpus={gpus}")
+    rank_order = _rank_order(errs, data.get("rank_order", DEFAULT_RANK_ORDER))
+
+    flops = None
+    model = data.get("model")
+    if model is not None and _check_keys(errs, "model", model, {"flops_per_step"}):
+        flops = _positive(errs, "model.flops_per_step", model["flops_per_step"])
+
+    compute_ms, overlap = 0.0, 0.0
+    step = data["step"]
+    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap"}):
+        compute_ms = _positive(errs, "step.compute_ms", step["compute_ms"], allow_zero=True)
+        overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True)
+        if overlap > 1:
+            errs.add("step.overlap", f"must be between 0 and 1, got {overlap!r}")
+
+    comm: list[CommEntry] = []
+    if not isinstance(data["comm"], list):
+        errs.add("comm", f"must be a list, got {type(data['comm']).__name__}")
+    else:
+        for i, c in enumerate(data["comm"]):
+            entry = _comm_entry(errs, f"comm[{i}]", c)
+            if entry is not None:
+                comm.append(entry)
+
+    runtime = data.get("estimated_runtime_s")
+    if runtime is not None:
+        runtime = _positive(errs, "estimated_runtime_s", runtime)
+    policy = data.get("policy")
+    if policy is not None and policy not in POLICY_NAMES:
+        errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {policy!r}")
+    errs.raise_if_any()
+    return JobSpec(
+        name=name,
+        cluster=cluster,
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        cp=cp,
+        rank_order=rank_order,
+        priority=priority,
+        user=user,
+        flops_per_step=flops,
+        compute_ms=compute_ms,
+        overlap=overlap,
+        comm=tuple(comm),
+        estimated_runtime_s=runtime,
+        policy=policy,
+    )
+
+
+def _optional_str(errs: _Errors, path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    return _name(errs, path, value)
+
+
+def _rank_order(errs: _Errors, value: Any) -> str:
+    if not isinstance(value, str):
+        errs.add("rank_order", f"must be a string such as {DEFAULT_RANK_ORDER!r}, got {value!r}")
+        return DEFAULT_RANK_ORDER
+    dims = value.strip().lower().split("-")
+    # cp has size 1 for now, so its position changes no rank's coordinates.
+    core = [d for d in dims if d != "cp"]
+    if sorted(core) != sorted(RANK_DIMS) or dims.count("cp") > 1:
+        errs.add(
+            "rank_order",
+            f"must be a permutation of tp, ep, dp, pp (optionally with cp) joined by '-', got {value!r}",
+        )
+        return DEFAULT_RANK_ORDER
+    return "-".join(core)
+
+
+def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
+    if not _check_keys(errs, p, c, {"group", "collective", "bytes"}, {"count"}):
+        return None
+    ok = True
+    if c["group"] not in GROUP_KINDS:
+        errs.add(f"{p}.group", f"must be one of {', '.join(GROUP_KINDS)}, got {c['group']!r}")
+        ok = False
+    if c["collective"] not in COLLECTIVES:
+        errs.add(f"{p}.collective", f"must be one of {', '.join(COLLECTIVES)}, got {c['collective']!r}")
+        ok = False
+    before = len(errs.items)
+    nbytes = _positive(errs, f"{p}.bytes", c["bytes"], allow_zero=True)
+    count = _count(errs, f"{p}.count", c.get("count", 1))
+    if not ok or len(errs.items) > before:
+        return None
+    return CommEntry(c["group"], c["collective"], nbytes, count)
+
+
+def job_to_spec(job: JobSpec) -> dict:
+    """The job spec v1 form of a JobSpec (what `load_job` reads back identically)."""
+    out: dict[str, Any] = {"version": 1, "name": job.name}
+    if job.cluster is not None:
+        out["cluster"] = job.cluster
+    if job.user is not None:
+        out["user"] = job.user
+    out["priority"] = job.priority
+    out["gpus"] = job.gpus
+    out["parallelism"] = {"tp": job.tp, "pp": job.pp, "dp": job.dp, "ep": job.ep}
+    out["rank_order"] = job.rank_order
+    if job.flops_per_step is not None:
+        out["model"] = {"flops_per_step": job.flops_per_step}
+    out["step"] = {"compute_ms": job.compute_ms, "overlap": job.overlap}
+    out["comm"] = [
+        {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count} for c in job.comm
+    ]
+    if job.estimated_runtime_s is not None:
+        out["estimated_runtime_s"] = job.estimated_runtime_s
+    if job.policy is not None:
+        out["policy"] = job.policy
+    return out
+
+
+def load_job_file(path: str) -> JobSpec:
+    """Read a YAML or JSON job spec file and load it."""
+    return load_job(read_spec_file(path))

@@ -1,0 +1,95 @@
+"""Placement solvers: one signature, `place(topology, free, link_load, job) -> Placement | NoFit`.
+
+Policies: `topo` (ours: smallest fitting domain, nested group mapping, swap refinement), and the
+baselines `naive` (the seed's free-GPU-first), `first_fit` (lowest GPU ids), `tree_best_fit`
+(Slurm topology/tree) and `random` (seeded). Every placement holds exactly `job.gpus` distinct free
+GPUs; `Placement.gids[r]` is rank r's GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..costmodel import Prediction, evaluate
+from ..jobs import POLICY_NAMES, JobSpec
+from ..topology import Topology
+from . import first_fit, naive, seeded_random, topo, tree_best_fit
+from .base import NoFit, Placement, check_free, check_link_load
+
+# The same names a job spec may ask for (jobs.POLICY_NAMES): "topo", "naive", "first_fit",
+# "tree_best_fit", "random".
+POLICIES = POLICY_NAMES
+
+_CHOOSERS = {
+    "naive": naive.choose,
+    "first_fit": first_fit.choose,
+    "tree_best_fit": tree_best_fit.choose,
+    "random": seeded_random.choose,
+}
+
+
+def place(
+    topology: Topology,
+    free,
+    link_load: Mapping[str, float] | None,
+    job: JobSpec,
+    policy: str = "topo",
+    seed: int = 0,
+) -> Placement | NoFit:
+    """Place `job` on the `free` GPUs (bool array over gids) by `policy`, priced with `link_load`
+    (leaf name -> heavy flows of other jobs on its uplinks). NoFit says what is missing."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
+    mask = check_free(topology, free)
+    load = check_link_load(link_load)
+    if policy == "topo":
+        return topo.solve(topology, mask, load, job)
+    chosen = _CHOOSERS[policy](topology, mask, load, job, seed)
+    if isinstance(chosen, NoFit):
+        return chosen
+    return Placement(policy, chosen, evaluate(topology, job, chosen, load))
+
+
+def _number(x: float | None):
+    # JSON has no infinity: an unreachable pair (standalone nodes) is reported as null.
+    if x is None or not np.isfinite(x):
+        return None
+    return float(x)
+
+
+def prediction_output(prediction: Prediction) -> dict:
+    """A Prediction as the `predicted` object of the placement output (times in ms, GB/s)."""
+    return {
+        "comm_ms": _number(prediction.comm_ms),
+        "step_ms": _number(prediction.step_ms),
+        "mfu": _number(prediction.mfu),
+        "groups": [
+            {
+                "group": gc.group,
+                "ranks": list(gc.ranks),
+                "level": gc.level,
+                "bottleneck_GBps": _number(gc.bottleneck_GBps),
+                "time_ms": _number(gc.time_ms),
+            }
+            for gc in prediction.groups
+        ],
+    }
+
+
+def placement_output(topology: Topology, job: JobSpec, placement: Placement) -> dict:
+    """The placement output of job spec v1: job, policy, one {rank, node, gpu} per rank, predicted."""
+    ranks = []
+    for rank, gid in enumerate(placement.gids):
+        node, index = topology.gpu_key(gid)
+        ranks.append({"rank": rank, "node": node, "gpu": index})
+    return {
+        "job": job.name,
+        "policy": placement.policy,
+        "ranks": ranks,
+        "predicted": prediction_output(placement.prediction),
+    }
+
+
+__all__ = ["POLICIES", "NoFit", "Placement", "place", "placement_output", "prediction_output"]

@@ -1,0 +1,79 @@
+"""Rank-to-GPU mappings of a chosen GPU set, nested by group.
+
+Slots are the set's GPUs in hierarchy order (pod, unit, NVLink domain, node, GPU index). Ranks are
+laid on the slots sorted by their coordinates, one dimension nested inside the next: TP fastest
+(so a TP group fills consecutive slots of one domain), then EP (an EP group fills one domain or
+spreads evenly over few), then DP and PP in either order (PP outermost keeps stages adjacent and
+DP groups rail-aligned; DP outermost suits jobs whose pipeline traffic dominates). A second slot
+order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
+TP-sharded jobs that leave part of each node free still meet on one rail's leaf; a third is plain
+GPU id order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..jobs import JobSpec
+from .base import HierarchyIndex, rank_coordinates
+
+NESTINGS = (("tp", "ep", "dp", "pp"), ("tp", "ep", "pp", "dp"))
+
+
+def _sizes(job: JobSpec) -> dict[str, int]:
+    return {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
+
+
+def nestings(job: JobSpec) -> list[tuple[str, ...]]:
+    """Distinct dimension nestings (fastest first) to try; size-1 dimensions do not count."""
+    sizes = _sizes(job)
+    out: list[tuple[str, ...]] = []
+    seen: set[tuple[str, ...]] = set()
+    for nest in (job.dims, *NESTINGS):
+        effective = tuple(d for d in nest if sizes[d] > 1)
+        if effective not in seen:
+            seen.add(effective)
+            out.append(tuple(nest))
+    return out
+
+
+def rail_major(idx: HierarchyIndex, slots: np.ndarray, chunk: int) -> np.ndarray:
+    """Slots reordered so that chunk k of every node of a unit comes before chunk k+1 of any."""
+    node = idx.gpu_node[slots]
+    # Slots arrive node by node; a slot's place among its node's slots gives its chunk.
+    starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
+    local = np.arange(slots.size) - np.repeat(starts, np.diff(np.r_[starts, slots.size]))
+    chunk_no = local // chunk
+    order = np.lexsort(
+        (np.arange(slots.size), chunk_no, idx.gpu_unit[slots], idx.gpu_pod[slots], idx.gpu_plane[slots])
+    )
+    return slots[order]
+
+
+def lay_out(job: JobSpec, slots: np.ndarray, nest: tuple[str, ...]) -> np.ndarray:
+    """gids (rank -> GPU) that put ranks, sorted by `nest` (fastest first), on consecutive slots."""
+    coords = rank_coordinates(job)
+    # lexsort takes its last key as the primary one, so the slowest dimension goes last.
+    seq = np.lexsort(tuple(coords[d] for d in nest))
+    gids = np.empty(job.gpus, dtype=np.int64)
+    gids[seq] = slots
+    return gids
+
+
+def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> Iterator[np.ndarray]:
+    """Distinct nested mappings of `slots` (a GPU set in hierarchy order), best guesses first."""
+    slot_orders = [slots]
+    if 1 < job.tp < slots.size:
+        slot_orders.append(rail_major(idx, slots, job.tp))
+    # Plain id order keeps NVLink domains that straddle units in one piece.
+    slot_orders.append(np.sort(slots))
+    seen: set[bytes] = set()
+    for order in slot_orders:
+        for nest in nestings(job):
+            gids = lay_out(job, order, nest)
+            key = gids.tobytes()
+            if key not in seen:
+                seen.add(key)
+                yield gids
