@@ -1,3 +1,30 @@
-from django.urls import path  # noqa: F401
+"""Dashboard pages, mounted at the site root."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from .views import cluster, imports, job, queue, vendor
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", cluster.cluster_page, name="home"),
+    path("clusters/", cluster.cluster_pick, name="cluster-pick"),
+    path("clusters/<str:name>/", cluster.cluster_page, name="cluster"),
+    path("clusters/<str:name>/version/", cluster.cluster_version, name="cluster-version"),
+    path("queue/", queue.queue_page, name="queue"),
+    path("jobs/<int:pk>/", job.job_page, name="job"),
+    path(
+        "jobs/<int:pk>/migrations/<int:proposal>/apply/",
+        job.proposal_decide,
+        {"action": "apply"},
+        name="proposal-apply",
+    ),
+    path(
+        "jobs/<int:pk>/migrations/<int:proposal>/reject/",
+        job.proposal_decide,
+        {"action": "reject"},
+        name="proposal-reject",
+    ),
+    path("import/", imports.topology_import, name="import"),
+    path("vendor/plotly-<str:version>.min.js", vendor.plotly_js, name="plotly-js"),
+]

@@ -1,0 +1,87 @@
+"""Template helpers of the dashboard: unit-aware number formats, compact rank lists, the picker."""
+
+from __future__ import annotations
+
+import math
+
+from django import template
+
+from apps.topology.models import Cluster
+
+register = template.Library()
+
+
+def _number(value) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+@register.filter
+def ms(value) -> str:
+    """A time in milliseconds: "12.3 ms", "1.24 s" past 10 s, "–" when missing."""
+    x = _number(value)
+    if x is None:
+        return "–"
+    if x >= 10_000:
+        return f"{x / 1000:.3g} s"
+    return f"{x:.3g} ms" if x < 100 else f"{x:.0f} ms"
+
+
+@register.filter
+def pct(value) -> str:
+    """A fraction as a percentage: 0.512 -> "51.2%", "–" when missing."""
+    x = _number(value)
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+@register.filter
+def gbps(value) -> str:
+    """A bandwidth in GB/s: "450 GB/s", "no path" for zero or infinite."""
+    x = _number(value)
+    return "no path" if x is None or x <= 0 else f"{x:.4g} GB/s"
+
+
+@register.filter
+def ranks(values) -> str:
+    """A rank list with runs collapsed: (0, 1, 2, 3, 8) -> "0-3, 8"."""
+    items = [int(v) for v in values]
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+@register.inclusion_tag("dashboard/_cluster_picker.html", takes_context=True)
+def cluster_picker(context):
+    """The top bar's cluster picker: every cluster, the page's (or else the last picked) selected."""
+    current = getattr(context.get("cluster"), "name", None)
+    request = context.get("request")
+    if current is None and request is not None:
+        current = request.session.get("dashboard_cluster")
+    return {
+        "clusters": list(Cluster.objects.order_by("name").values_list("name", flat=True)),
+        "current": current,
+    }
+
+
+@register.filter
+def duration_s(value) -> str:
+    """A duration in seconds, coarsely: "45 s", "12 min", "3.5 h", "2.1 d"."""
+    x = _number(value)
+    if x is None:
+        return "–"
+    if x < 60:
+        return f"{x:.0f} s"
+    if x < 3600:
+        return f"{x / 60:.0f} min"
+    if x < 86400:
+        return f"{x / 3600:.1f} h"
+    return f"{x / 86400:.1f} d"

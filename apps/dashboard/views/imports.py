@@ -1,0 +1,67 @@
+"""The topology import page (staff): validate a spec, show errors per field, preview, import."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.shortcuts import redirect, render
+
+from apps.dashboard.figures import cluster_figure
+from apps.dashboard.forms import TopologyImportForm
+from apps.dashboard.layout import cluster_layout
+from apps.placement.topology import SpecError, load_topology, parse_spec_text
+from apps.topology.models import Cluster
+from apps.topology.services import cluster_import
+
+from .common import script_json, staff_required
+from .vendor import plotly_js_url
+
+PREVIEW_MAX_GPUS = 20_000
+
+
+@staff_required
+def topology_import(request):
+    """GET: the empty form. POST `action=preview`: validate and draw the graph; `action=import`:
+    validate again and write the cluster (with `replace` to overwrite one of the same name)."""
+    form = TopologyImportForm(request.POST or None, request.FILES or None)
+    context: dict = {"form": form, "plotly_js_url": plotly_js_url()}
+    if request.method != "POST" or not form.is_valid():
+        return render(
+            request, "dashboard/import.html", context, status=400 if request.method == "POST" else 200
+        )
+    text = form.cleaned_data["text"]
+    replace = form.cleaned_data["replace"]
+    action = request.POST.get("action", "preview")
+    try:
+        data = parse_spec_text(text)
+        topo = load_topology(data)
+        if action == "import":
+            cluster = cluster_import(data=data, replace=replace)
+            messages.success(
+                request, f"Imported cluster {cluster.name}: {len(topo.nodes)} nodes, {topo.n_gpus} GPUs."
+            )
+            return redirect("dashboard:cluster", name=cluster.name)
+    except SpecError as exc:
+        context.update(errors=sorted(exc.as_dict().items()), text=text)
+        return render(request, "dashboard/import.html", context, status=400)
+    # A valid preview: keep the text so the import button posts exactly what was checked.
+    form = TopologyImportForm(initial={"text": text, "replace": replace})
+    tiers = [s.tier for s in topo.switches]
+    context.update(
+        form=form,
+        text=text,
+        valid=True,
+        exists=Cluster.objects.filter(name=topo.name).exists(),
+        summary={
+            "name": topo.name,
+            "nodes": len(topo.nodes),
+            "gpus": topo.n_gpus,
+            "leaves": tiers.count("leaf"),
+            "spines": tiers.count("spine"),
+            "cores": tiers.count("core"),
+            "domains": len(topo.domains),
+        },
+    )
+    if topo.n_gpus <= PREVIEW_MAX_GPUS:
+        fig = cluster_figure(cluster_layout(topo), [])
+        context["payload"] = script_json({"figure": fig.figure, "client": fig.client})
+    return render(request, "dashboard/import.html", context)

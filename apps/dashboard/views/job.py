@@ -1,0 +1,168 @@
+"""The job page: rank grid, groups, predicted vs measured, what-if by policy, migrations."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.dashboard.charts import timeline_figure, whatif_figure
+from apps.dashboard.jobview import job_view
+from apps.dashboard.selectors import job_label, job_proposals, visible_jobs
+from apps.dashboard.whatif import what_if
+from apps.placement.bounds import lower_bound
+from apps.placement.jobs import load_job
+from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
+from apps.scheduling.models import MigrationProposal
+from apps.scheduling.proposals import ProposalStateError
+from apps.scheduling.services import migration_apply, migration_reject
+from apps.scheduling.snapshot import cluster_snapshot
+
+from .common import script_json, staff_required
+from .vendor import plotly_js_url
+
+RANKMAP_FORMATS = (
+    ("openmpi", "Open MPI rankfile"),
+    ("slurm-hostfile", "Slurm hostfile"),
+    ("torchrun", "torchrun"),
+)
+RANK_GRID_MAX_NODES = 256
+GROUPS_LISTED_PER_KIND = 64
+
+
+def rank_grid(topo, gids) -> tuple[list[dict], int]:
+    """Rows of the rank grid, one per node the job uses (in node order), each with one cell per
+    GPU index holding that GPU's rank or None; and the number of GPU columns."""
+    by_node: dict[int, dict[int, int]] = {}
+    for rank, gid in enumerate(gids):
+        by_node.setdefault(int(topo.gpu_node[gid]), {})[int(topo.gpu_index[gid])] = rank
+    width = max((int(topo.node_gpu_count[n]) for n in by_node), default=0)
+    rows = []
+    for n in sorted(by_node):
+        cells = [by_node[n].get(i) for i in range(int(topo.node_gpu_count[n]))]
+        rows.append({"node": topo.nodes[n].name, "cells": cells + [""] * (width - len(cells))})
+    return rows, width
+
+
+def group_summary(view) -> list[dict]:
+    """Per group kind: how many groups, the worst level, slowest bottleneck (GB/s), slowest time
+    (ms per step), and the first groups listed."""
+    out = []
+    for kind, groups in view.groups.items():
+        levels = [g.level for g in groups]
+        worst = max(levels, key=("nvlink", "leaf", "spine", "core").index)
+        times = [g.time_ms for g in groups if g.time_ms is not None]
+        out.append(
+            {
+                "kind": kind,
+                "count": len(groups),
+                "size": len(groups[0].ranks),
+                "worst_level": worst,
+                "min_bw": min(g.bottleneck_GBps for g in groups),
+                "max_time": max(times) if times else None,
+                "listed": groups[:GROUPS_LISTED_PER_KIND],
+                "more": max(0, len(groups) - GROUPS_LISTED_PER_KIND),
+            }
+        )
+    return out
+
+
+@login_required
+@require_GET
+def job_page(request, pk: int):
+    """`/jobs/N/`: the owner's or staff's view of one job (others get 404, as in the API)."""
+    job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    spec = load_job(job.spec)
+    snap = cluster_snapshot(cluster=job.cluster)
+    topo = snap.topology
+    active = next((a for a in snap.active if a.job_id == job.pk), None)
+    placed = job.status in ACTIVE_STATUSES and active is not None and len(active.gids) == spec.gpus
+    view = None
+    grid, grid_width = [], 0
+    if placed:
+        view = job_view(
+            topo,
+            id=job.pk,
+            label=job_label(request.user, job),
+            details=True,
+            job=spec,
+            gids=active.gids,
+            predicted=job.predicted,
+            flows=active.flows,
+            status=job.status,
+        )
+        if len({int(topo.gpu_node[g]) for g in active.gids}) <= RANK_GRID_MAX_NODES:
+            grid, grid_width = rank_grid(topo, active.gids)
+    whatif_rows = []
+    if placed or job.status in WAITING_STATUSES:
+        whatif_rows = what_if(
+            topo,
+            spec,
+            free=snap.free,
+            own_gids=active.gids if placed else (),
+            link_load=snap.link_load,
+            own_flows=active.flows if placed else None,
+            current_step_ms=job.predicted_step_ms if placed else None,
+        )
+    now = timezone.now()
+    since = job.started_at or job.placed_at
+    charts = {}
+    if view is not None:
+        charts = {
+            "mfu": timeline_figure(title="MFU", y_title="MFU", predicted=view.mfu, since=since, until=now),
+            "comm": timeline_figure(
+                title="Comm share", y_title="comm share", predicted=view.comm_share, since=since, until=now
+            ),
+        }
+    if any(r.fits for r in whatif_rows):
+        charts["whatif"] = whatif_figure(whatif_rows)
+    context = {
+        "job": job,
+        "spec": spec,
+        "cluster": job.cluster,
+        "view": view,
+        "label": job_label(request.user, job),
+        "policy": job.policy or job.cluster.policy,
+        "grid": grid,
+        "grid_width": range(grid_width),
+        "grid_hidden": placed and not grid,
+        "groups": group_summary(view) if view else [],
+        "whatif": whatif_rows,
+        "free_gpus": int(snap.free.sum()),
+        "bound": lower_bound(topo, spec),
+        "proposals": list(job_proposals(job=job)),
+        "rankmaps": [
+            (fmt, label, f"/api/v1/jobs/{job.pk}/rankmap/?format={fmt}") for fmt, label in RANKMAP_FORMATS
+        ],
+        "charts": script_json(charts),
+        "plotly_js_url": plotly_js_url(),
+    }
+    return render(request, "dashboard/job.html", context)
+
+
+@staff_required
+@require_POST
+def proposal_decide(request, pk: int, proposal: int, action: str):
+    """POST from the job page: apply or reject an open migration proposal (staff only)."""
+    prop = get_object_or_404(MigrationProposal, pk=proposal, job_id=pk)
+    try:
+        if action == "apply":
+            prop = migration_apply(proposal=prop, user=request.user)
+        else:
+            prop = migration_reject(proposal=prop, user=request.user)
+    except ProposalStateError as exc:
+        messages.error(request, str(exc))
+        return redirect("dashboard:job", pk=pk)
+    if prop.status == ProposalStatus.APPLIED:
+        messages.success(
+            request,
+            f"Migration {prop.pk} applied: predicted step {prop.predicted_old_step_ms:.3g} ms → "
+            f"{prop.predicted_new_step_ms:.3g} ms.",
+        )
+    elif prop.status == ProposalStatus.STALE:
+        messages.warning(request, f"Migration {prop.pk} is stale and was not applied: {prop.reason}")
+    else:
+        messages.info(request, f"Migration {prop.pk} {prop.status}.")
+    return redirect("dashboard:job", pk=pk)

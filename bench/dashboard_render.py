@@ -1,0 +1,290 @@
+"""Dashboard render benchmark: time from navigation to a drawn cluster graph, in Chromium.
+
+Builds rail-optimized clusters of 256, 2,048 and 16,384 GPUs (32, 256 and 2,048 nodes of 8 GPUs)
+in a scratch SQLite database, fills about three quarters of each with a mix of jobs, starts a
+server and drives the system Chromium. For each cluster it reports, in milliseconds, the median
+over runs of: navigation start to the first frame after Plotly drew the graph, with an empty
+browser cache ("cold") and on a repeat visit ("warm"), plus the server's response time and the
+page size. Target: under 3,000 ms at 2,048 nodes.
+
+    .venv/bin/python bench/dashboard_render.py [--runs 3] [--sizes 256,2048,16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/lib/chromium/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+USER, PASSWORD = "bench", "bench-password"
+TARGET_MS = 3000.0
+TARGET_GPUS = 16384
+
+
+def cluster_spec(n_gpus: int) -> dict:
+    """A rail-optimized cluster of n_gpus / 8 nodes: 32-node units, 8 rails, spines by size."""
+    nodes = n_gpus // 8
+    units = max(1, nodes // 32)
+    return {
+        "version": 1,
+        "name": f"bench-{n_gpus}",
+        "generate": {
+            "shape": "rail-optimized",
+            "spines": 4 if units <= 2 else 16,
+            "leaves": 8 * units,
+            "nodes_per_leaf": min(32, nodes),
+            "gpus_per_node": 8,
+            "gpu_model": "H100-SXM5-80GB",
+            "peak_tflops": 989,
+            "nvlink_bw_GBps": 450,
+            "nic_bw_GBps": 50,
+            "nics_per_node": 8,
+            "uplink_bw_GBps": 400,
+        },
+    }
+
+
+def job_mix(n_gpus: int) -> list[dict]:
+    """Jobs for about 75% of the cluster: TP8 x PP x DP training jobs and small DP jobs."""
+    sizes = [256, 64, 16, 128, 8, 512, 32, 4, 1024, 2]
+    jobs, total, i = [], 0, 0
+    while True:
+        gpus = sizes[i % len(sizes)]
+        i += 1
+        if gpus > n_gpus // 4:
+            continue
+        if total + gpus > 0.75 * n_gpus:
+            break
+        tp = 8 if gpus >= 8 else 1
+        pp = 2 if gpus >= 64 else 1
+        comm = [{"group": "dp", "collective": "allreduce", "bytes": 1e9}]
+        if tp > 1:
+            comm.append({"group": "tp", "collective": "allreduce", "bytes": 6.4e7, "count": 16})
+        if pp > 1:
+            comm.append({"group": "pp", "collective": "p2p", "bytes": 3.2e7, "count": 8})
+        jobs.append(
+            {
+                "version": 1,
+                "name": f"train-{i}",
+                "gpus": gpus,
+                "parallelism": {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "ep": 1},
+                "model": {"flops_per_step": 4e14 * gpus},
+                "step": {"compute_ms": 1000, "overlap": 0.3},
+                "comm": comm,
+                "estimated_runtime_s": 3600,
+            }
+        )
+        total += gpus
+    return jobs
+
+
+def setup(sizes: list[int]) -> None:
+    """Inside the scratch database: the benchmark user, the clusters and their running jobs."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+
+    from apps.scheduling import services
+    from apps.scheduling.models import Job
+    from apps.topology.services import cluster_import
+
+    user = get_user_model().objects.create_superuser(USER, email="", password=PASSWORD)
+    for n in sizes:
+        t0 = time.perf_counter()
+        cluster = cluster_import(data=cluster_spec(n))
+        with transaction.atomic():
+            for spec in job_mix(n):
+                services.job_submit(user=user, spec=spec, cluster=cluster)
+        services.schedule_cluster(cluster=cluster)
+        for job in Job.objects.filter(cluster=cluster, status="placing"):
+            services.job_start(job=job)
+        running = Job.objects.filter(cluster=cluster, status="running")
+        print(
+            json.dumps(
+                {
+                    "cluster": cluster.name,
+                    "jobs_running": running.count(),
+                    "gpus_busy": sum(running.values_list("gpus", flat=True)),
+                    "setup_s": round(time.perf_counter() - t0, 1),
+                }
+            ),
+            flush=True,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"server did not answer at {url}")
+
+
+def measure(base: str, sizes: list[int], runs: int) -> list[dict]:
+    """Navigate to each cluster page `runs` times cold and warm; medians in ms."""
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        login = browser.new_context()
+        page = login.new_page()
+        # Land on the queue, so no cluster figure is built (and cached) before it is measured.
+        page.goto(base + "/accounts/login/?next=/queue/")
+        page.fill("#id_username", USER)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_load_state()
+        state = login.storage_state()
+        login.close()
+        for n in sizes:
+            url = f"{base}/clusters/bench-{n}/"
+            cold, warm, server, size = [], [], [], 0
+            phases: dict[str, list[float]] = {"html_ms": [], "script_ms": [], "plot_ms": []}
+            for _ in range(runs):
+                ctx = browser.new_context(storage_state=state, viewport={"width": 1600, "height": 1000})
+                page = ctx.new_page()
+                for bucket in (cold, warm):
+                    page.goto(url, wait_until="commit")
+                    page.wait_for_selector("#cluster-graph[data-rendered='1']", timeout=120_000)
+                    bucket.append(page.evaluate("window.topoweb.renderMs"))
+                    nav = page.evaluate(
+                        "(() => { const e = performance.getEntriesByType('navigation')[0];"
+                        " return [e.responseStart - e.requestStart, e.transferSize, e.decodedBodySize]; })()"
+                    )
+                    server.append(nav[0])
+                    size = nav[2]
+                    if bucket is cold:
+                        t = page.evaluate(
+                            "(() => { const t = window.topoweb.timing;"
+                            " const e = performance.getEntriesByType('navigation')[0];"
+                            " return [e.responseEnd, t.scriptStart, t.drawn - t.plotStart]; })()"
+                        )
+                        for key, value in zip(("html_ms", "script_ms", "plot_ms"), t, strict=True):
+                            phases[key].append(value)
+                    n_gpus = page.evaluate(
+                        "document.getElementById('cluster-graph').data"
+                        ".filter(t => t.meta && ['gpu-free', 'gpu-job'].includes(t.meta.role))"
+                        ".reduce((a, t) => a + t.x.length, 0)"
+                    )
+                    assert n_gpus == n, f"graph shows {n_gpus} GPUs, cluster has {n}"
+                ctx.close()
+            out.append(
+                {
+                    "gpus": n,
+                    "nodes": n // 8,
+                    "cold_ms": round(statistics.median(cold)),
+                    "warm_ms": round(statistics.median(warm)),
+                    "server_ms": round(statistics.median(server)),
+                    # The first request builds the figure; later ones hit the page's graph cache.
+                    "server_first_ms": round(server[0]),
+                    "html_MB": round(size / 1e6, 2),
+                    **{k: round(statistics.median(v)) for k, v in phases.items()},
+                    "runs": runs,
+                }
+            )
+        browser.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="256,2048,16384")
+    parser.add_argument("--db", help="reuse this scratch SQLite file (created and filled if absent)")
+    parser.add_argument("--setup", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.setup:
+        setup(sizes)
+        return 0
+    db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
+    fresh = not db.exists()
+    env = dict(
+        os.environ,
+        DATABASE_URL=f"sqlite:///{db.resolve()}",
+        DJANGO_SETTINGS_MODULE="topoweb.settings",
+        TOPOWEB_LOG_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    py = sys.executable
+    if fresh:
+        subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+        subprocess.run([py, __file__, "--setup", "--sizes", args.sizes], cwd=ROOT, env=env, check=True)
+    port = _free_port()
+    server = subprocess.Popen(
+        [py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(base + "/accounts/login/")
+        # The server compresses plotly.min.js once per process: keep that out of the figures.
+        import plotly
+
+        warm_up = urllib.request.Request(
+            f"{base}/vendor/plotly-{plotly.__version__}.min.js", headers={"Accept-Encoding": "gzip"}
+        )
+        urllib.request.urlopen(warm_up, timeout=30).read()
+        results = measure(base, sizes, args.runs)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    print("Navigation to drawn graph (ms, median); cold = empty browser cache. server = time to first")
+    print("byte (first: the request that built the figure). Cold phases: page received, plotly and")
+    print("page scripts parsed, Plotly drawing.")
+    head = ("GPUs", "nodes", "cold", "warm", "server", "first", "HTML MB", "received", "scripts", "drawing")
+    print("".join(f"{h:>9}" for h in head))
+    for r in results:
+        cells = (r["gpus"], r["nodes"], r["cold_ms"], r["warm_ms"], r["server_ms"], r["server_first_ms"])
+        cells += (r["html_MB"],)
+        cells += (r["html_ms"], r["script_ms"], r["plot_ms"])
+        print("".join(f"{c:>9}" for c in cells))
+    at_target = [r for r in results if r["gpus"] == TARGET_GPUS]
+    for r in at_target:
+        for kind in ("cold", "warm"):
+            verdict = "meets" if r[f"{kind}_ms"] < TARGET_MS else "misses"
+            print(f"2,048 nodes, {kind}: {r[f'{kind}_ms']} ms, {verdict} the {TARGET_MS:.0f} ms target")
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "dashboard_render.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
