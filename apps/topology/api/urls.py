@@ -1,3 +1,14 @@
-from django.urls import path  # noqa: F401
+"""Topology API routes under /api/v1/."""
 
-urlpatterns: list = []
+from rest_framework.routers import SimpleRouter
+
+from .views import ClusterViewSet, GpuViewSet, LinkViewSet, NodeViewSet, SwitchViewSet
+
+router = SimpleRouter()
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("switches", SwitchViewSet, basename="switch")
+router.register("links", LinkViewSet, basename="link")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GpuViewSet, basename="gpu")
+
+urlpatterns = router.urls

@@ -16,4 +16,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, addr: str, **options):
         self.stdout.write(f"TopoWeb on http://{addr}/ (admin at http://{addr}/admin/)")
+        # No celery beat in the embedded default: a thread runs the scheduling cycles instead.
+        from apps.scheduling.embedded import start_periodic_scheduler
+
+        start_periodic_scheduler(interval_s=10)
         call_command("runserver", addr, use_reloader=False, skip_checks=False)

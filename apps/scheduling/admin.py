@@ -1,0 +1,149 @@
+"""Admin pages for jobs, allocations, scheduling cycles, migration proposals and launcher tokens.
+
+Admin actions call the services, so the admin never books or releases GPUs behind their back.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from . import services
+from .models import Allocation, Job, LauncherToken, MigrationProposal, SchedulingCycle
+from .proposals import ProposalStateError
+
+
+class AllocationInline(admin.TabularInline):
+    model = Allocation
+    fields = ["rank", "gpu", "live", "created_at", "released_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["rank"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "cluster", "owner", "status", "priority", "gpus", "submitted_at", "overdue"]
+    list_filter = ["status", "cluster", "overdue", "policy"]
+    search_fields = ["name", "owner__username"]
+    list_select_related = ["cluster", "owner"]
+    readonly_fields = [
+        "name",
+        "cluster",
+        "owner",
+        "spec",
+        "status",
+        "priority",
+        "policy",
+        "gpus",
+        "estimated_runtime_s",
+        "submitted_at",
+        "placed_at",
+        "started_at",
+        "finished_at",
+        "pending_reason",
+        "placed_policy",
+        "predicted_comm_ms",
+        "predicted_step_ms",
+        "predicted_mfu",
+        "predicted",
+        "flows",
+        "overdue",
+        "preemptions",
+    ]
+    inlines = [AllocationInline]
+    actions = ["cancel_jobs", "run_cycle"]
+
+    def has_add_permission(self, request) -> bool:
+        # Jobs enter through job_submit (REST or the dashboard), which validates the spec.
+        return False
+
+    @admin.action(description="Cancel the selected jobs")
+    def cancel_jobs(self, request, queryset):
+        done = 0
+        for job in queryset:
+            try:
+                services.job_cancel(job=job, user=request.user)
+                done += 1
+            except services.JobStateError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        self.message_user(request, f"Cancelled {done} jobs.")
+
+    @admin.action(description="Run a scheduling cycle on the selected jobs' clusters")
+    def run_cycle(self, request, queryset):
+        for cluster in {job.cluster for job in queryset.select_related("cluster")}:
+            cycle = services.schedule_cluster(cluster=cluster)
+            self.message_user(request, f"{cluster.name}: placed {cycle.placed} jobs.")
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ["id", "job", "rank", "gpu", "live", "created_at", "released_at"]
+    list_filter = ["live", "job__cluster"]
+    list_select_related = ["job", "gpu", "gpu__node"]
+    raw_id_fields = ["job", "gpu"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(SchedulingCycle)
+class SchedulingCycleAdmin(admin.ModelAdmin):
+    list_display = ["id", "cluster", "started_at", "policy", "duration_ms", "placed", "status"]
+    list_filter = ["status", "cluster"]
+    readonly_fields = [f.name for f in SchedulingCycle._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(MigrationProposal)
+class MigrationProposalAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "job",
+        "status",
+        "predicted_gain",
+        "predicted_old_step_ms",
+        "predicted_new_step_ms",
+        "created_at",
+    ]
+    list_filter = ["status", "job__cluster"]
+    list_select_related = ["job"]
+    readonly_fields = [f.name for f in MigrationProposal._meta.fields]
+    actions = ["apply_proposals", "reject_proposals"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Apply the selected proposals")
+    def apply_proposals(self, request, queryset):
+        for proposal in queryset:
+            try:
+                result = services.migration_apply(proposal=proposal, user=request.user)
+            except ProposalStateError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+                continue
+            level = messages.SUCCESS if result.status == "applied" else messages.WARNING
+            self.message_user(request, f"Proposal {result.pk}: {result.status}", level)
+
+    @admin.action(description="Reject the selected proposals")
+    def reject_proposals(self, request, queryset):
+        for proposal in queryset:
+            try:
+                services.migration_reject(proposal=proposal, user=request.user)
+            except ProposalStateError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+
+
+@admin.register(LauncherToken)
+class LauncherTokenAdmin(admin.ModelAdmin):
+    list_display = ["id", "cluster", "created_at"]
+    list_filter = ["cluster"]
+    readonly_fields = ["key", "created_at"]

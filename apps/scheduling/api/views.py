@@ -1,0 +1,344 @@
+"""Scheduling REST views: jobs, lifecycle, placement, rank maps, preview, migrations, cycles.
+
+Views validate and translate; every write is a service call.
+"""
+
+from __future__ import annotations
+
+from django.http import QueryDict
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
+from rest_framework.views import APIView
+
+from apps.placement.topology import SpecError
+
+from .. import rankmaps, selectors, services
+from ..choices import ProposalStatus
+from ..models import Job, MigrationProposal, SchedulingCycle
+from ..proposals import ProposalStateError
+from .authentication import LauncherAuthentication, launcher_of
+from .filters import JobFilter, MigrationProposalFilter, SchedulingCycleFilter
+from .pagination import StandardPagination
+from .parsers import TextYAMLParser, YAMLParser
+from .permissions import JobPermission
+from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
+from .serializers import (
+    JobFailSerializer,
+    JobSerializer,
+    MigrationProposalSerializer,
+    SchedulingCycleSerializer,
+)
+
+AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
+SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]
+
+SPEC_BODY = {
+    "application/json": OpenApiTypes.OBJECT,
+    "application/yaml": OpenApiTypes.OBJECT,
+    "text/yaml": OpenApiTypes.OBJECT,
+}
+SPEC_ERRORS = OpenApiResponse(
+    OpenApiTypes.OBJECT,
+    description='Each bad field and its messages, e.g. {"parallelism": ["tp*pp*dp=12 but gpus=16"]}',
+)
+STATE_ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The job's status does not allow this action.")
+CLUSTER_PARAM = OpenApiParameter(
+    "cluster", str, description="Cluster name or id; defaults to the spec's `cluster` field", required=False
+)
+
+
+def spec_body(request: Request):
+    """The request body as a spec object, or a SpecError for form-encoded bodies."""
+    data = request.data
+    if isinstance(data, QueryDict):
+        raise SpecError([("", "send the spec as a JSON or YAML body (application/json or application/yaml)")])
+    return data
+
+
+def spec_error(exc: SpecError) -> Response:
+    """A 400 whose body maps each bad spec field to its messages."""
+    return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+
+
+def state_error(exc: Exception, current: str) -> Response:
+    """A 409 saying why the current status forbids the action."""
+    return Response({"detail": str(exc), "status": current}, status=status.HTTP_409_CONFLICT)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Jobs you may see (yours; all for staff; the cluster's for a launcher)"),
+    retrieve=extend_schema(summary="One job with its spec and predicted costs"),
+)
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Submit job specs v1, follow them through the queue, and report their lifecycle."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [JobPermission]
+    parser_classes = SPEC_PARSERS
+    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    filterset_class = JobFilter
+    ordering_fields = ["submitted_at", "priority", "id", "placed_at", "gpus"]
+    ordering = ["-submitted_at", "-id"]
+    pagination_class = StandardPagination
+    throttle_classes = [UserRateThrottle, ScopedRateThrottle]
+    queryset = Job.objects.none()
+
+    def get_queryset(self):
+        return selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
+
+    serializer_class = JobSerializer
+
+    def get_throttles(self):
+        # Only submissions count against the "submit" scope.
+        self.throttle_scope = "submit" if self.action == "create" else ""
+        return super().get_throttles()
+
+    @extend_schema(
+        summary="Submit a job spec v1 (JSON or YAML)",
+        request=SPEC_BODY,
+        parameters=[CLUSTER_PARAM],
+        responses={201: JobSerializer, 400: SPEC_ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        """Validate and queue a job spec v1; 201 with the job (already placed when a cycle ran)."""
+        try:
+            data = spec_body(request)
+            name = request.query_params.get("cluster")
+            cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
+            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+        except SpecError as exc:
+            return spec_error(exc)
+        # Re-read: an eager cycle may have placed it already (one query with its relations).
+        job = self.get_queryset().get(pk=job.pk)
+        body = JobSerializer(job, context=self.get_serializer_context()).data
+        return Response(
+            body, status=status.HTTP_201_CREATED, headers={"Location": f"{request.path}{job.pk}/"}
+        )
+
+    @extend_schema(
+        summary="Cancel a job and free its GPUs",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk=None) -> Response:
+        """Cancel the job and release its GPUs."""
+        job = self.get_object()
+        try:
+            job = services.job_cancel(job=job, user=request.user if request.user.is_authenticated else None)
+        except services.JobStateError as exc:
+            return state_error(exc, exc.job.status)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(
+        summary="Launcher: the job started", request=None, responses={200: JobSerializer, 409: STATE_ERROR}
+    )
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk=None) -> Response:
+        """The launcher started the placed job (placing -> running)."""
+        return self._lifecycle(services.job_start)
+
+    @extend_schema(
+        summary="Launcher: the job completed (GPUs released)",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR},
+    )
+    @action(detail=True, methods=["post"])
+    def complete(self, request: Request, pk=None) -> Response:
+        """The job finished; its GPUs go back to the queue."""
+        return self._lifecycle(services.job_complete)
+
+    @extend_schema(
+        summary="Launcher: the job failed (GPUs released)",
+        request=JobFailSerializer,
+        responses={200: JobSerializer, 409: STATE_ERROR},
+    )
+    @action(detail=True, methods=["post"])
+    def fail(self, request: Request, pk=None) -> Response:
+        """The job failed (optional `reason`); its GPUs go back to the queue."""
+        body = JobFailSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        reason = body.validated_data.get("reason", "")
+        return self._lifecycle(lambda *, job: services.job_fail(job=job, reason=reason))
+
+    def _lifecycle(self, service) -> Response:
+        job = self.get_object()
+        try:
+            job = service(job=job)
+        except services.JobStateError as exc:
+            return state_error(exc, exc.job.status)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(
+        summary="The job's placement (placement output format with predicted per-group costs)",
+        responses={
+            200: OpenApiTypes.OBJECT,
+            404: OpenApiResponse(OpenApiTypes.OBJECT, description="Not placed"),
+        },
+    )
+    @action(detail=True, methods=["get"])
+    def placement(self, request: Request, pk=None) -> Response:
+        """The placement output of the job: ranks and predicted per-group costs."""
+        job = self.get_object()
+        out = selectors.job_placement(job=job)
+        if out is None:
+            return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
+        return Response(out)
+
+    @extend_schema(
+        summary="Rank map for launchers",
+        parameters=[
+            OpenApiParameter("format", str, enum=list(rankmaps.FORMATS), description="default json"),
+            OpenApiParameter(
+                "entrypoint", str, description="torchrun: the training script (default train.py)"
+            ),
+            OpenApiParameter("master_port", int, description="torchrun: rendezvous port (default 29500)"),
+        ],
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/plain"): OpenApiTypes.STR,
+            (200, "text/x-shellscript"): OpenApiTypes.STR,
+            404: OpenApiResponse(OpenApiTypes.OBJECT, description="Not placed"),
+        },
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        renderer_classes=[JSONRenderer, OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer],
+    )
+    def rankmap(self, request: Request, pk=None) -> Response:
+        """The rank map as ?format=openmpi, slurm-hostfile, torchrun or json."""
+        job = self.get_object()
+        ranks = selectors.job_ranks(job=job)
+        if not ranks:
+            return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
+        port_text = request.query_params.get("master_port", str(rankmaps.DEFAULT_MASTER_PORT))
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return Response({"master_port": [f"must be a port number, got {port_text!r}"]}, status=400)
+        port = int(port_text)
+        fmt = request.accepted_renderer.format
+        if fmt == "openmpi":
+            return Response(rankmaps.openmpi_rankfile(ranks))
+        if fmt == "slurm-hostfile":
+            return Response(rankmaps.slurm_hostfile(ranks))
+        if fmt == "torchrun":
+            entry = request.query_params.get("entrypoint", "train.py")
+            return Response(rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port))
+        return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port))
+
+
+def _not_placed(job: Job) -> dict:
+    why = f": {job.pending_reason}" if job.pending_reason else ""
+    return {"detail": f"job {job.pk} has no placement; it is {job.status}{why}", "status": job.status}
+
+
+class PlacementPreviewView(APIView):
+    """What every policy would do with a job spec on the GPUs free now; nothing is booked."""
+
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAuthenticated]
+    parser_classes = SPEC_PARSERS
+
+    @extend_schema(
+        summary="Preview every policy's placement and the lower bound (nothing booked)",
+        request=SPEC_BODY,
+        parameters=[CLUSTER_PARAM],
+        responses={200: OpenApiTypes.OBJECT, 400: SPEC_ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        """Every policy's placement of the posted spec on the free GPUs, and the lower bound."""
+        try:
+            data = spec_body(request)
+            cluster = selectors.cluster_for_spec(spec=data, name=request.query_params.get("cluster"))
+            out = selectors.placement_preview(
+                cluster=cluster, spec=data, username=request.user.get_username()
+            )
+        except SpecError as exc:
+            return spec_error(exc)
+        return Response(out)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Migration proposals (yours; all for staff)"),
+    retrieve=extend_schema(summary="One migration proposal"),
+)
+class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Proposed moves of running jobs to better placements; staff apply or reject them."""
+
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAuthenticated]
+    serializer_class = MigrationProposalSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = MigrationProposalFilter
+    pagination_class = StandardPagination
+    queryset = MigrationProposal.objects.none()
+
+    def get_queryset(self):
+        return selectors.proposals_visible_to(user=self.request.user).order_by("-created_at", "-id")
+
+    @extend_schema(
+        summary="Apply a proposal: move the job's allocations if the target GPUs are still free",
+        request=None,
+        responses={
+            200: MigrationProposalSerializer,
+            409: OpenApiResponse(MigrationProposalSerializer, description="Stale or already decided"),
+        },
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def apply(self, request: Request, pk=None) -> Response:
+        """Apply the proposal (200) or report it stale or decided (409)."""
+        proposal = self.get_object()
+        try:
+            proposal = services.migration_apply(proposal=proposal, user=request.user)
+        except ProposalStateError as exc:
+            return Response(
+                {"detail": str(exc), "status": exc.proposal.status}, status=status.HTTP_409_CONFLICT
+            )
+        code = status.HTTP_200_OK if proposal.status == ProposalStatus.APPLIED else status.HTTP_409_CONFLICT
+        return Response(MigrationProposalSerializer(proposal).data, status=code)
+
+    @extend_schema(
+        summary="Reject a proposal",
+        request=None,
+        responses={200: MigrationProposalSerializer, 409: OpenApiResponse(OpenApiTypes.OBJECT)},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def reject(self, request: Request, pk=None) -> Response:
+        """Decline the proposal."""
+        proposal = self.get_object()
+        try:
+            proposal = services.migration_reject(proposal=proposal, user=request.user)
+        except ProposalStateError as exc:
+            return Response(
+                {"detail": str(exc), "status": exc.proposal.status}, status=status.HTTP_409_CONFLICT
+            )
+        return Response(MigrationProposalSerializer(proposal).data)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Scheduling cycles (staff): audit of what each cycle placed and why jobs wait"
+    ),
+    retrieve=extend_schema(summary="One scheduling cycle"),
+)
+class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
+    """The scheduling cycle audit log."""
+
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAdminUser]
+    serializer_class = SchedulingCycleSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = SchedulingCycleFilter
+    pagination_class = StandardPagination
+    queryset = SchedulingCycle.objects.order_by("-started_at", "-id")

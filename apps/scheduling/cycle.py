@@ -1,0 +1,198 @@
+"""The scheduling cycle service: lock the cluster, snapshot, plan, commit, audit.
+
+Everything a cycle writes happens in one transaction under a row lock on the cluster
+(`select_for_update`), so workers on any number of hosts never book the same GPU and a cycle
+that dies half-way leaves nothing half-booked. SQLite ignores `select_for_update`; there the
+cycles of one process run in a single lane (a per-cluster thread lock), status changes are
+conditional updates, and the unique live-allocation constraint is the last guard.
+
+Every submission and release requests a cycle. With a broker and a shared cache, requests made
+while a cycle is queued but has not taken its snapshot yet are folded into that cycle, so a burst
+of submissions costs a few cycles, not one each.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.db.models import Case, F, TextField, Value, When
+from django.utils import timezone
+
+from apps.topology.models import Cluster
+
+from . import snapshot as snap
+from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
+from .models import Job, SchedulingCycle
+from .planner import CyclePlan, plan_cycle
+
+log = logging.getLogger(__name__)
+
+REASON_BATCH = 200  # waiting reasons written per UPDATE
+PENDING_TTL_S = 30  # a lost cycle request blocks new ones at most this long
+_LANES: dict[int, threading.Lock] = {}
+_LANES_LOCK = threading.Lock()
+
+
+@contextmanager
+def scheduling_lane(cluster_id: int):
+    """Serialise this process's cycles on one cluster where the database cannot lock rows."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with _LANES_LOCK:
+        lane = _LANES.setdefault(cluster_id, threading.Lock())
+    with lane:
+        yield
+
+
+def _pending_key(cluster_id: int) -> str:
+    # The database name keeps deployments (and test runs) that share one cache apart.
+    return f"topoweb:{connection.settings_dict['NAME']}:cycle-pending:{cluster_id}"
+
+
+def coalescing() -> bool:
+    """True when cycle requests are coalesced: tasks go to a broker and every process shares the
+    cache (a local-memory cache cannot tell a worker's cycle from a web process's request)."""
+    from .tasks import schedule_cluster_task
+
+    backend = settings.CACHES["default"]["BACKEND"].lower()
+    return not schedule_cluster_task.app.conf.task_always_eager and not any(
+        local in backend for local in ("locmem", "dummy")
+    )
+
+
+def request_cycle(cluster_id: int) -> bool:
+    """Queue a scheduling cycle for the cluster now, unless one is queued and has not yet taken
+    its snapshot (that one will see everything committed before this call). Returns whether a
+    task was queued."""
+    from .tasks import schedule_cluster_task
+
+    if coalescing():
+        try:
+            if not cache.add(_pending_key(cluster_id), 1, timeout=PENDING_TTL_S):
+                return False
+        except Exception:
+            # Without the cache, queue anyway: an extra cycle is harmless, a missing one is not.
+            log.warning("cycle coalescing unavailable for cluster %s", cluster_id, exc_info=True)
+    schedule_cluster_task.delay(cluster_id)
+    return True
+
+
+def _clear_request(cluster_id: int) -> None:
+    """Called under the cluster lock before the snapshot: requests made from now on need a new cycle."""
+    if coalescing():
+        try:
+            cache.delete(_pending_key(cluster_id))
+        except Exception:
+            log.warning("could not clear the cycle request of cluster %s", cluster_id, exc_info=True)
+
+
+def queue_cycle(cluster_id: int) -> None:
+    """Request a scheduling cycle for the cluster once the current transaction commits."""
+    # robust: a failing eager cycle is logged and audited, it must not fail the caller's request.
+    transaction.on_commit(lambda: request_cycle(cluster_id), robust=True)
+
+
+def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
+    """Run one scheduling cycle on `cluster` and return its audit record.
+
+    Places waiting jobs by priority then age (gangs all-or-nothing, EASY backfill, preemption
+    when the cluster allows it), flags running jobs past twice their estimate, records why every
+    job left waiting waits. On an error nothing is booked, a failed cycle is recorded and the
+    error re-raised.
+    """
+    started = timezone.now()
+    t0 = time.perf_counter()
+    with scheduling_lane(cluster.pk):
+        try:
+            with transaction.atomic():
+                locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+                _clear_request(locked.pk)
+                now = timezone.now()
+                snapshot = snap.cluster_snapshot(cluster=locked)
+                queue = snap.queued_jobs(cluster=locked)
+                plan = plan_cycle(
+                    snapshot,
+                    queue,
+                    cluster_policy=locked.policy,
+                    backfill=locked.backfill_enabled,
+                    preemption=locked.preemption_enabled,
+                    now=now,
+                )
+                placed, preempted = _commit(snapshot, plan, queue, now)
+                return SchedulingCycle.objects.create(
+                    cluster=locked,
+                    started_at=started,
+                    policy=locked.policy,
+                    duration_ms=(time.perf_counter() - t0) * 1000.0,
+                    placed=len(placed),
+                    placed_jobs=placed,
+                    preempted_jobs=preempted,
+                    skipped={str(k): v for k, v in plan.waiting.items()},
+                    status=CycleStatus.COMPLETED,
+                )
+        except Cluster.DoesNotExist:
+            raise
+        except Exception as exc:
+            log.exception("scheduling cycle on cluster %s failed", cluster.pk)
+            if Cluster.objects.filter(pk=cluster.pk).exists():
+                SchedulingCycle.objects.create(
+                    cluster_id=cluster.pk,
+                    started_at=started,
+                    policy=cluster.policy,
+                    duration_ms=(time.perf_counter() - t0) * 1000.0,
+                    status=CycleStatus.FAILED,
+                    error=f"{type(exc).__name__}: {exc}"[:4000],
+                )
+            raise
+
+
+def _commit(
+    snapshot: snap.ClusterSnapshot, plan: CyclePlan, queue: list[snap.QueuedJob], now: datetime
+) -> tuple[list[int], list[int]]:
+    """Write a plan: evictions, bookings, overdue flags, waiting reasons. Returns the ids of the
+    jobs placed and preempted."""
+    preempted: list[int] = []
+    for ev in plan.evictions:
+        jid = ev.victim.job_id
+        changed = Job.objects.filter(pk=jid, status__in=ACTIVE_STATUSES).update(
+            status=JobStatus.PREEMPTED,
+            pending_reason=f"preempted by job {ev.by_job} (priority {ev.by_priority})",
+            preemptions=F("preemptions") + 1,
+            placed_at=None,
+            started_at=None,
+            overdue=False,
+            flows={},
+        )
+        snap.release(job_id=jid, now=now)
+        if changed:
+            preempted.append(jid)
+    placed: list[int] = []
+    for booking in plan.bookings:
+        fields = snap.prediction_fields(snapshot.topology, booking.job.spec, booking.placement)
+        # Conditional: a job cancelled since the snapshot stays cancelled and gets no GPUs.
+        changed = Job.objects.filter(pk=booking.job.job_id, status__in=WAITING_STATUSES).update(
+            status=JobStatus.PLACING, placed_at=now, pending_reason="", **fields
+        )
+        if not changed:
+            continue
+        snap.book(job_id=booking.job.job_id, snapshot=snapshot, gids=booking.placement.gids, now=now)
+        placed.append(booking.job.job_id)
+    for jid, flag in plan.overdue.items():
+        Job.objects.filter(pk=jid, status=JobStatus.RUNNING).exclude(overdue=flag).update(overdue=flag)
+    current = {q.job_id: q.pending_reason for q in queue}
+    # Only reasons that changed, in batches of one UPDATE: a long queue is re-walked every cycle.
+    changed = [(jid, r) for jid, r in plan.waiting.items() if current.get(jid) != r]
+    for start in range(0, len(changed), REASON_BATCH):
+        batch = changed[start : start + REASON_BATCH]
+        Job.objects.filter(pk__in=[jid for jid, _ in batch], status__in=WAITING_STATUSES).update(
+            pending_reason=Case(*(When(pk=jid, then=Value(r)) for jid, r in batch), output_field=TextField())
+        )
+    return placed, preempted

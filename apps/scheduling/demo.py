@@ -1,0 +1,202 @@
+"""Demo jobs for `manage.py load_demo`: a realistic mix on pod-256 and the seed's job on case-4-4.
+
+`load_demo_jobs()` is idempotent: a cluster that already holds the demo jobs is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from apps.placement.topology import read_spec_file
+from apps.topology.models import Cluster
+
+from . import services
+from .choices import JobStatus
+from .models import Job
+
+log = logging.getLogger(__name__)
+
+DEMO_USERS = ("alice", "bob")
+POD = "pod-256"
+CASE = "case-4-4"
+CASE_JOB_FILE = "examples/case-4-4-job.yaml"
+
+GB = 1e9
+MB = 1e6
+
+
+def _job(
+    name, gpus, tp, pp, dp, *, ep=1, priority=0, compute_ms, flops, comm, runtime_s, policy=None, overlap=0.3
+) -> dict:
+    spec = {
+        "version": 1,
+        "name": name,
+        "priority": priority,
+        "gpus": gpus,
+        "parallelism": {"tp": tp, "pp": pp, "dp": dp, "ep": ep},
+        "model": {"flops_per_step": flops},
+        "step": {"compute_ms": compute_ms, "overlap": overlap},
+        "comm": comm,
+        "estimated_runtime_s": runtime_s,
+    }
+    if policy:
+        spec["policy"] = policy
+    return spec
+
+
+def pod_jobs() -> list[tuple[str, dict]]:
+    """(owner, job spec) of the pod-256 mix, in submission order."""
+    return [
+        (
+            "alice",
+            _job(
+                "llm-dense-tp8-pp4-dp2",
+                64,
+                8,
+                4,
+                2,
+                priority=10,
+                compute_ms=10_000,
+                flops=3.2e17,
+                runtime_s=3 * 86400,
+                comm=[
+                    {"group": "tp", "collective": "allreduce", "bytes": 64 * MB, "count": 48},
+                    {"group": "pp", "collective": "p2p", "bytes": 32 * MB, "count": 16},
+                    {"group": "dp", "collective": "allreduce", "bytes": 1.6 * GB},
+                ],
+            ),
+        ),
+        (
+            "bob",
+            _job(
+                "moe-ep8-alltoall",
+                32,
+                1,
+                4,
+                8,
+                ep=8,
+                priority=5,
+                compute_ms=2_000,
+                flops=4.0e16,
+                runtime_s=86400,
+                comm=[
+                    {"group": "ep", "collective": "alltoall", "bytes": 128 * MB, "count": 24},
+                    {"group": "pp", "collective": "p2p", "bytes": 32 * MB, "count": 8},
+                    {"group": "dp", "collective": "allreduce", "bytes": 400 * MB},
+                ],
+            ),
+        ),
+        (
+            "alice",
+            _job(
+                "bert-large-dp16",
+                16,
+                1,
+                1,
+                16,
+                compute_ms=300,
+                flops=1.2e15,
+                runtime_s=6 * 3600,
+                comm=[{"group": "dp", "collective": "allreduce", "bytes": 1.36 * GB}],
+            ),
+        ),
+        (
+            "bob",
+            _job(
+                "llm-tp8-dp2-naive",
+                16,
+                8,
+                1,
+                2,
+                compute_ms=400,
+                flops=2.4e15,
+                runtime_s=12 * 3600,
+                policy="naive",
+                overlap=0.0,
+                comm=[
+                    # Megatron TP: 4 activation allreduces per layer, 40 layers.
+                    {"group": "tp", "collective": "allreduce", "bytes": 64 * MB, "count": 160},
+                    {"group": "dp", "collective": "allreduce", "bytes": 200 * MB},
+                ],
+            ),
+        ),
+        ("bob", _small("finetune-1gpu", 1, 3600)),
+        ("bob", _small("finetune-2gpu", 2, 2 * 3600)),
+        ("alice", _small("eval-4gpu", 4, 1800)),
+        ("alice", _small("notebook-1gpu", 1, 8 * 3600)),
+        (
+            "alice",
+            _job(
+                "llm-wait-tp8-pp4-dp6",
+                192,
+                8,
+                4,
+                6,
+                compute_ms=10_000,
+                flops=9.6e17,
+                runtime_s=5 * 86400,
+                comm=[
+                    {"group": "tp", "collective": "allreduce", "bytes": 64 * MB, "count": 48},
+                    {"group": "pp", "collective": "p2p", "bytes": 32 * MB, "count": 16},
+                    {"group": "dp", "collective": "allreduce", "bytes": 1.6 * GB},
+                ],
+            ),
+        ),
+    ]
+
+
+def _small(name: str, gpus: int, runtime_s: int) -> dict:
+    comm = [{"group": "dp", "collective": "allreduce", "bytes": 500 * MB}] if gpus > 1 else []
+    return _job(name, gpus, 1, 1, gpus, compute_ms=400, flops=1.5e14 * gpus, runtime_s=runtime_s, comm=comm)
+
+
+def _users() -> dict:
+    users = {}
+    model = get_user_model()
+    for name in DEMO_USERS:
+        user, created = model.objects.get_or_create(username=name, defaults={"email": f"{name}@example.org"})
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        users[name] = user
+    return users
+
+
+def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dict) -> list[Job]:
+    with transaction.atomic():
+        submitted = [
+            services.job_submit(user=users[owner], spec=spec, cluster=cluster) for owner, spec in jobs
+        ]
+    services.schedule_cluster(cluster=cluster)
+    for job in Job.objects.filter(pk__in=[j.pk for j in submitted], status=JobStatus.PLACING):
+        services.job_start(job=job)
+    return submitted
+
+
+def load_demo_jobs() -> dict[str, int]:
+    """Submit, place and start the demo jobs on pod-256 and case-4-4 (as users alice and bob)
+    and record migration proposals; returns how many jobs each cluster got (0: already there)."""
+    users = _users()
+    loaded: dict[str, int] = {}
+    pod = Cluster.objects.filter(name=POD).first()
+    if pod is not None:
+        names = [spec["name"] for _, spec in pod_jobs()]
+        if Job.objects.filter(cluster=pod, name__in=names).exists():
+            loaded[POD] = 0
+        else:
+            loaded[POD] = len(_submit_and_start(pod, pod_jobs(), users))
+            services.migrations_propose(cluster=pod)
+    case = Cluster.objects.filter(name=CASE).first()
+    if case is not None:
+        spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
+        if Job.objects.filter(cluster=case, name=spec["name"]).exists():
+            loaded[CASE] = 0
+        else:
+            loaded[CASE] = len(_submit_and_start(case, [("alice", spec)], users))
+    log.info("demo jobs loaded: %s", loaded)
+    return loaded

@@ -1,0 +1,189 @@
+"""Jobs, their GPU allocations, scheduling-cycle audit records, migration proposals, launcher tokens."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.topology.choices import PlacementPolicy
+
+from .choices import ACTIVE_STATUSES, CycleStatus, JobStatus, ProposalStatus
+
+
+class Job(models.Model):
+    """A gang-scheduled training job: the validated job spec v1 and its scheduling state.
+
+    `policy` null means the cluster's policy; `placed_policy` is the one that actually placed it.
+    Predicted costs are those of its current placement (milliseconds per step, MFU as a fraction);
+    `flows` is its own heavy traffic per leaf uplink (key: leaf name) that the cycle adds to the
+    link loads other jobs see.
+    """
+
+    name = models.CharField(max_length=200)
+    cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    spec = models.JSONField(help_text="The validated job spec v1.")
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    priority = models.IntegerField(default=0, help_text="Higher runs first.")
+    # Null, as in the job spec, means "the cluster's policy"; "" would be a policy name.
+    policy = models.CharField(max_length=32, choices=PlacementPolicy.choices, null=True, blank=True)  # noqa: DJ001
+    gpus = models.PositiveIntegerField()
+    estimated_runtime_s = models.FloatField(null=True, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    pending_reason = models.TextField(blank=True, default="")
+    placed_policy = models.CharField(max_length=32, blank=True, default="")
+    predicted_comm_ms = models.FloatField(null=True, blank=True)
+    predicted_step_ms = models.FloatField(null=True, blank=True)
+    predicted_mfu = models.FloatField(null=True, blank=True)
+    predicted = models.JSONField(null=True, blank=True, help_text="The placement output's predicted block.")
+    flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
+    overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
+    preemptions = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-priority", "submitted_at", "id"]
+        indexes = [
+            models.Index(fields=["cluster", "status"], name="job_cluster_status"),
+            models.Index(fields=["owner", "status"], name="job_owner_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}"
+
+    @property
+    def is_active(self) -> bool:
+        """True while the job holds live allocations (placing or running)."""
+        return self.status in ACTIVE_STATUSES
+
+    def expected_end(self, now: datetime | None = None) -> datetime | None:
+        """When its GPUs should free up: start (or placement) + estimated runtime; None if unknown."""
+        begin = self.started_at or self.placed_at
+        if not self.is_active or begin is None or self.estimated_runtime_s is None:
+            return None
+        return begin + timedelta(seconds=self.estimated_runtime_s)
+
+    @property
+    def overdue_reason(self) -> str:
+        """Why the job is flagged overdue, or an empty string."""
+        if not self.overdue or self.started_at is None or self.estimated_runtime_s is None:
+            return ""
+        ran_s = (timezone.now() - self.started_at).total_seconds()
+        return (
+            f"running {ran_s:.0f} s, past twice its estimated runtime of {self.estimated_runtime_s:.0f} s;"
+            " flagged, not stopped"
+        )
+
+
+class Allocation(models.Model):
+    """Rank `rank` of `job` runs on `gpu`. `live` is False once the job released its GPUs.
+
+    At most one live allocation per GPU (a partial unique constraint, on SQLite and Postgres
+    alike): the last guard against double booking.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    rank = models.PositiveIntegerField()
+    # RESTRICT: a topology re-import must not silently drop the GPUs jobs hold.
+    gpu = models.ForeignKey("topology.Gpu", on_delete=models.RESTRICT, related_name="allocations")
+    live = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(live=True), name="one_live_allocation_per_gpu"
+            ),
+            models.UniqueConstraint(fields=["job", "rank"], name="one_allocation_per_job_rank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rank {self.rank} -> gpu {self.gpu_id}"
+
+
+class SchedulingCycle(models.Model):
+    """Audit record of one scheduling cycle on one cluster.
+
+    `skipped` maps job id (as a string) to why it is still waiting; `placed_jobs` and
+    `preempted_jobs` list job ids; `duration_ms` is wall time of the whole cycle.
+    """
+
+    cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="cycles")
+    started_at = models.DateTimeField(default=timezone.now)
+    policy = models.CharField(max_length=32)
+    duration_ms = models.FloatField(default=0.0)
+    placed = models.PositiveIntegerField(default=0)
+    placed_jobs = models.JSONField(default=list, blank=True)
+    preempted_jobs = models.JSONField(default=list, blank=True)
+    skipped = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=CycleStatus.choices, default=CycleStatus.COMPLETED)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "started_at"], name="cycle_cluster_started")]
+
+    def __str__(self) -> str:
+        return f"cycle {self.pk} on cluster {self.cluster_id}: {self.placed} placed"
+
+
+class MigrationProposal(models.Model):
+    """A better placement for a running job: old and new rank mappings and the predicted gain.
+
+    Mappings are lists of {"rank", "node", "gpu"}; `predicted_gain` is the fraction of step time
+    saved, (old - new) / old; step times in milliseconds.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="migration_proposals")
+    policy = models.CharField(max_length=32, choices=PlacementPolicy.choices, default=PlacementPolicy.TOPO)
+    old_mapping = models.JSONField()
+    new_mapping = models.JSONField()
+    predicted_gain = models.FloatField()
+    predicted_old_step_ms = models.FloatField()
+    predicted_new_step_ms = models.FloatField()
+    reason = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=ProposalStatus.choices, default=ProposalStatus.PROPOSED)
+    created_at = models.DateTimeField(default=timezone.now)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"], condition=Q(status=ProposalStatus.PROPOSED), name="one_open_proposal_per_job"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"proposal {self.pk} for job {self.job_id}: {self.predicted_gain:.0%}"
+
+
+def _new_launcher_key() -> str:
+    return secrets.token_hex(20)
+
+
+class LauncherToken(models.Model):
+    """A per-cluster credential for the launcher (`Authorization: Launcher <key>`): it may report
+    job lifecycle events and write the topology of its own cluster only."""
+
+    cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="launcher_tokens")
+    key = models.CharField(max_length=40, unique=True, default=_new_launcher_key)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["cluster", "created_at"]
+
+    def __str__(self) -> str:
+        return f"launcher token for cluster {self.cluster_id}"

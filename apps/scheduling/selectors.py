@@ -1,0 +1,145 @@
+"""Read-only queries of the scheduling app, for views, templates, serializers and the dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Exists, OuterRef, QuerySet
+
+from apps.placement.topology import SpecError
+from apps.topology.models import Cluster, Gpu
+
+from . import snapshot as snap
+from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
+from .models import Allocation, Job, LauncherToken, MigrationProposal, SchedulingCycle
+
+
+def jobs_visible_to(
+    *, user: AbstractBaseUser | AnonymousUser, launcher: LauncherToken | None = None
+) -> QuerySet[Job]:
+    """Jobs a caller may see: staff all, a launcher token its cluster's, a user their own."""
+    base = Job.objects.select_related("cluster", "owner")
+    if launcher is not None:
+        return base.filter(cluster_id=launcher.cluster_id)
+    if getattr(user, "is_staff", False):
+        return base.all()
+    if not getattr(user, "is_authenticated", False):
+        return base.none()
+    return base.filter(owner=user)
+
+
+def cluster_for_spec(*, spec: Any, name: str | None = None) -> Cluster:
+    """The cluster a spec is for: `name` if given, else the spec's `cluster` field. SpecError on
+    `cluster` when neither names an existing cluster."""
+    name = name or (spec.get("cluster") if isinstance(spec, dict) else None)
+    if not name:
+        raise SpecError([("cluster", "required: name the cluster in the spec or submit to one")])
+    found = Cluster.objects.filter(name=str(name)).first()
+    if found is None and str(name).isdigit():
+        found = Cluster.objects.filter(pk=int(name)).first()
+    if found is None:
+        raise SpecError([("cluster", f"unknown cluster {name!r}")])
+    return found
+
+
+def queue_for_cluster(*, cluster: Cluster) -> QuerySet[Job]:
+    """The cluster's waiting jobs (queued or preempted) in the order the cycle walks them:
+    priority (high first), then submission time."""
+    return Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).order_by(
+        "-priority", "submitted_at", "id"
+    )
+
+
+def running_jobs(*, cluster: Cluster) -> QuerySet[Job]:
+    """Jobs holding GPUs on the cluster (placing or running), oldest placement first."""
+    return Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES).order_by("placed_at", "id")
+
+
+def free_gpus(*, cluster: Cluster) -> QuerySet[Gpu]:
+    """GPUs of the cluster with no live allocation, by node order and index."""
+    live = Allocation.objects.filter(gpu=OuterRef("pk"), live=True)
+    return (
+        Gpu.objects.filter(node__cluster=cluster)
+        .exclude(Exists(live))
+        .select_related("node")
+        .order_by("node__position", "node_id", "index")
+    )
+
+
+def link_loads(*, cluster: Cluster) -> dict[str, float]:
+    """Heavy flows on each leaf's uplinks (leaf name -> sum of the active jobs' flows)."""
+    loads: dict[str, float] = {}
+    for flows in running_jobs(cluster=cluster).values_list("flows", flat=True):
+        for leaf, flow in (flows or {}).items():
+            loads[leaf] = loads.get(leaf, 0.0) + float(flow)
+    return loads
+
+
+def gpu_assignments(*, cluster: Cluster) -> dict[tuple[str, int], tuple[int, int]]:
+    """Live allocations of the cluster: (node name, GPU index) -> (job id, rank)."""
+    rows = Allocation.objects.filter(live=True, job__cluster=cluster).values_list(
+        "gpu__node__name", "gpu__index", "job_id", "rank"
+    )
+    return {(node, index): (job_id, rank) for node, index, job_id, rank in rows}
+
+
+def job_ranks(*, job: Job) -> list[dict[str, Any]]:
+    """The job's current (or, once finished, last) placement by rank: rank, node, gpu index, nic.
+
+    Live rows win; a finished job shows the rows it released.
+    """
+    rows = Allocation.objects.filter(job=job)
+    if rows.filter(live=True).exists():
+        rows = rows.filter(live=True)
+    return [
+        {"rank": rank, "node": node, "gpu": index, "nic": nic or ""}
+        for rank, node, index, nic in rows.order_by("rank").values_list(
+            "rank", "gpu__node__name", "gpu__index", "gpu__nic__name"
+        )
+    ]
+
+
+def job_placement(*, job: Job) -> dict[str, Any] | None:
+    """The job's placement in the placement output format (job, policy, ranks, predicted), or
+    None if it was never placed."""
+    ranks = job_ranks(job=job)
+    if not ranks:
+        return None
+    return {
+        "job": job.name,
+        "policy": job.placed_policy,
+        "ranks": [{"rank": r["rank"], "node": r["node"], "gpu": r["gpu"]} for r in ranks],
+        "predicted": job.predicted,
+    }
+
+
+def placement_preview(*, cluster: Cluster, spec: Any, username: str) -> dict[str, Any]:
+    """Every policy's placement of a job spec on the cluster's free GPUs now, with predicted
+    comm/step (ms) and MFU, plus the lower bound; nothing is booked. SpecError on a bad spec."""
+    return snap.preview(cluster=cluster, data=spec, username=username)
+
+
+def latest_cycle(*, cluster: Cluster) -> SchedulingCycle | None:
+    """The most recent scheduling cycle of the cluster, or None."""
+    return SchedulingCycle.objects.filter(cluster=cluster).order_by("-started_at", "-id").first()
+
+
+def open_proposals(*, cluster: Cluster | None = None) -> QuerySet[MigrationProposal]:
+    """Migration proposals still awaiting a decision, best gain first."""
+    qs = MigrationProposal.objects.filter(status=ProposalStatus.PROPOSED).select_related(
+        "job", "job__cluster"
+    )
+    if cluster is not None:
+        qs = qs.filter(job__cluster=cluster)
+    return qs.order_by("-predicted_gain", "id")
+
+
+def proposals_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[MigrationProposal]:
+    """Proposals a user may see: staff all, others those of their own jobs."""
+    qs = MigrationProposal.objects.select_related("job", "job__cluster", "job__owner")
+    if getattr(user, "is_staff", False):
+        return qs.all()
+    if not getattr(user, "is_authenticated", False):
+        return qs.none()
+    return qs.filter(job__owner=user)

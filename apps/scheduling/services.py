@@ -1,0 +1,153 @@
+"""Scheduling services: every write of the scheduling app goes through these functions.
+
+Job lifecycle (submit, cancel, start, complete, fail, preempt) lives here; the scheduling cycle is
+in `cycle.py` and migration proposals in `proposals.py`, re-exported below. Services are
+keyword-only, run in a transaction, and queue a scheduling cycle on commit when GPUs free up or a
+job arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.topology.models import Cluster
+
+from . import snapshot as snap
+from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
+from .cycle import queue_cycle, schedule_cluster
+from .models import Job, LauncherToken
+from .proposals import migration_apply, migration_reject, migrations_propose
+from .selectors import cluster_for_spec
+
+__all__ = [
+    "JobStateError",
+    "job_cancel",
+    "job_complete",
+    "job_fail",
+    "job_preempt",
+    "job_start",
+    "job_submit",
+    "launcher_token_create",
+    "migration_apply",
+    "migration_reject",
+    "migrations_propose",
+    "schedule_cluster",
+]
+
+
+class JobStateError(Exception):
+    """A lifecycle action that the job's current status does not allow."""
+
+    def __init__(self, job: Job, action: str, allowed: tuple[str, ...]):
+        self.job = job
+        self.action = action
+        super().__init__(
+            f"cannot {action} job {job.pk}: it is {job.status}; {action} needs status {' or '.join(allowed)}"
+        )
+
+
+def job_submit(*, user: AbstractBaseUser, spec: Any, cluster: Cluster | None = None) -> Job:
+    """Validate a job spec v1 and queue it on its cluster; a scheduling cycle follows on commit.
+
+    Raises SpecError naming each bad field, including a job larger than the cluster or one no
+    placement could ever fit. A job that fits the cluster but not now is queued and the cycle
+    records why it waits.
+    """
+    target = cluster or cluster_for_spec(spec=spec)
+    fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+    with transaction.atomic():
+        job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
+        # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
+        job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
+        job.save()
+        queue_cycle(target.pk)
+    return job
+
+
+def _locked(job: Job) -> Job:
+    return Job.objects.select_for_update().get(pk=job.pk)
+
+
+def _release(job: Job, status: str, *, reason: str = "", now=None) -> Job:
+    now = now or timezone.now()
+    snap.release(job_id=job.pk, now=now)
+    job.status = status
+    job.pending_reason = reason
+    job.finished_at = now if status in FINISHED_STATUSES else None
+    job.overdue = False
+    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
+    # Freed GPUs or a shorter queue may let waiting jobs start.
+    queue_cycle(job.cluster_id)
+    return job
+
+
+def job_cancel(*, job: Job, user: AbstractBaseUser | None = None) -> Job:
+    """Cancel a queued, placing, running or preempted job and free its GPUs."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status in FINISHED_STATUSES:
+            raise JobStateError(job, "cancel", ("queued", "preempted", "placing", "running"))
+        who = f" by {user.get_username()}" if user is not None else ""
+        return _release(job, JobStatus.CANCELLED, reason=f"cancelled{who}")
+
+
+def job_start(*, job: Job) -> Job:
+    """The launcher started a placed job: placing -> running (a repeated start is a no-op)."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status == JobStatus.RUNNING:
+            return job
+        if job.status != JobStatus.PLACING:
+            raise JobStateError(job, "start", ("placing",))
+        job.status = JobStatus.RUNNING
+        job.started_at = timezone.now()
+        job.save(update_fields=["status", "started_at"])
+        return job
+
+
+def job_complete(*, job: Job) -> Job:
+    """The job finished: placing/running -> completed, GPUs released, a cycle queued."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status not in ACTIVE_STATUSES:
+            raise JobStateError(job, "complete", ("placing", "running"))
+        return _release(job, JobStatus.COMPLETED)
+
+
+def job_fail(*, job: Job, reason: str = "") -> Job:
+    """The job failed: placing/running -> failed, GPUs released, a cycle queued."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status not in ACTIVE_STATUSES:
+            raise JobStateError(job, "fail", ("placing", "running"))
+        return _release(job, JobStatus.FAILED, reason=reason or "reported failed by the launcher")
+
+
+def job_preempt(*, job: Job, reason: str = "") -> Job:
+    """Take a placing/running job's GPUs away and send it back to the queue (status preempted,
+    which the cycle treats as queued, keeping its original submission time)."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status not in ACTIVE_STATUSES:
+            raise JobStateError(job, "preempt", ("placing", "running"))
+        Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
+        job.placed_at = None
+        job.started_at = None
+        job.flows = {}
+        job.save(update_fields=["placed_at", "started_at", "flows"])
+        _release(job, JobStatus.PREEMPTED, reason=reason or "preempted by an operator")
+        job.refresh_from_db()
+        return job
+
+
+def launcher_token_create(*, cluster: Cluster) -> LauncherToken:
+    """A new launcher token for `cluster` (its `key` goes in `Authorization: Launcher <key>`)."""
+    token = LauncherToken(cluster=cluster)
+    token.full_clean()
+    token.save()
+    return token

@@ -1,0 +1,343 @@
+"""The one translation layer between ORM rows and the placement core's plain dataclasses.
+
+Reads: a cluster's topology, busy GPUs, link loads and active jobs as a `ClusterSnapshot`; queued
+jobs as `QueuedJob`s carrying their `JobSpec`. Writes: a core `Placement` as Allocation rows and
+Job prediction fields. Every other scheduling module either talks to the ORM or to the core.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.utils import timezone
+
+from apps.placement.costmodel import Prediction, evaluate
+from apps.placement.jobs import JobSpec, job_to_spec, load_job
+from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
+from apps.placement.topology import SpecError, Topology
+from apps.topology.models import Cluster, Gpu
+from apps.topology.services import cluster_topology
+
+from .choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
+from .models import Allocation, Job
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIndex:
+    """gid <-> Gpu row id for one cluster, plus each gid's NIC name ("" for standalone nodes)."""
+
+    gpu_pk: tuple[int, ...]
+    gid_of_pk: Mapping[int, int]
+    nic_name: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveJob:
+    """A job holding GPUs: its ranks' gids, its own flows per leaf and when it should end."""
+
+    job_id: int
+    priority: int
+    gids: tuple[int, ...]
+    flows: Mapping[str, float]
+    begin: datetime | None
+    expected_end: datetime | None
+    running: bool
+    started_at: datetime | None
+    estimated_runtime_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A waiting job as the planner sees it."""
+
+    job_id: int
+    priority: int
+    submitted_at: datetime
+    spec: JobSpec
+    policy: str | None
+    pending_reason: str
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    """What a cycle plans against: topology, free mask over gids, link loads per leaf (sum of the
+    active jobs' flows), and the active jobs."""
+
+    cluster_id: int
+    topology: Topology
+    index: GpuIndex
+    free: np.ndarray
+    link_load: dict[str, float]
+    active: list[ActiveJob] = field(default_factory=list)
+
+
+_INDEX_CACHE: dict[tuple[int, Any], GpuIndex] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def gpu_index(*, cluster: Cluster, topology: Topology) -> GpuIndex:
+    """The gid <-> Gpu row mapping of a cluster, cached per cluster and `updated_at`."""
+    key = (cluster.pk, cluster.updated_at)
+    with _INDEX_LOCK:
+        cached = _INDEX_CACHE.get(key)
+    if cached is not None and len(cached.gpu_pk) == topology.n_gpus:
+        return cached
+    pks = [0] * topology.n_gpus
+    nics = [""] * topology.n_gpus
+    rows = Gpu.objects.filter(node__cluster=cluster).values_list("pk", "node__name", "index", "nic__name")
+    for pk, node, index, nic in rows:
+        gid = topology.gid(node, index)
+        pks[gid] = pk
+        nics[gid] = nic or ""
+    index = GpuIndex(tuple(pks), {pk: gid for gid, pk in enumerate(pks)}, tuple(nics))
+    with _INDEX_LOCK:
+        # Drop entries of older versions of this cluster.
+        for old in [k for k in _INDEX_CACHE if k[0] == cluster.pk]:
+            del _INDEX_CACHE[old]
+        _INDEX_CACHE[key] = index
+    return index
+
+
+def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
+    """Topology, busy GPUs, link loads and active jobs of a cluster, read now (3 queries)."""
+    topology = cluster_topology(cluster=cluster)
+    index = gpu_index(cluster=cluster, topology=topology)
+    free = np.ones(topology.n_gpus, dtype=bool)
+    ranks: dict[int, list[tuple[int, int]]] = {}
+    live = Allocation.objects.filter(live=True, job__cluster=cluster).values_list("job_id", "rank", "gpu_id")
+    for job_id, rank, gpu_id in live:
+        gid = index.gid_of_pk[gpu_id]
+        free[gid] = False
+        ranks.setdefault(job_id, []).append((rank, gid))
+    link_load: dict[str, float] = {}
+    active: list[ActiveJob] = []
+    rows = (
+        Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
+        .order_by("id")
+        .values_list("id", "priority", "flows", "status", "placed_at", "started_at", "estimated_runtime_s")
+    )
+    for pk, priority, flows, status, placed_at, started_at, runtime_s in rows:
+        flows = flows or {}
+        for leaf, load in flows.items():
+            link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
+        begin = started_at or placed_at
+        active.append(
+            ActiveJob(
+                job_id=pk,
+                priority=priority,
+                gids=tuple(g for _, g in sorted(ranks.get(pk, []))),
+                flows=flows,
+                begin=begin,
+                expected_end=None
+                if begin is None or runtime_s is None
+                else begin + timedelta(seconds=runtime_s),
+                running=status == JobStatus.RUNNING,
+                started_at=started_at,
+                estimated_runtime_s=runtime_s,
+            )
+        )
+    return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active)
+
+
+_SPEC_CACHE: OrderedDict[tuple[int, datetime], JobSpec] = OrderedDict()
+_SPEC_CACHE_SIZE = 4096
+_SPEC_LOCK = threading.Lock()
+
+
+def queued_jobs(*, cluster: Cluster) -> list[QueuedJob]:
+    """The cluster's waiting jobs (queued or preempted) by priority, then age.
+
+    A job's spec never changes after submission, so parsed specs are cached per process (keyed by
+    id and submission time) and only new jobs' spec JSON is read.
+    """
+    rows = list(
+        Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
+        .order_by("-priority", "submitted_at", "id")
+        .values_list("id", "priority", "submitted_at", "policy", "pending_reason")
+    )
+    with _SPEC_LOCK:
+        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _ in rows}
+    missing = [pk for pk, spec in specs.items() if spec is None]
+    if missing:
+        loaded = {
+            pk: load_job(data) for pk, data in Job.objects.filter(pk__in=missing).values_list("id", "spec")
+        }
+        specs.update(loaded)
+        with _SPEC_LOCK:
+            for pk, _, at, _, _ in rows:
+                if pk in loaded:
+                    _SPEC_CACHE[(pk, at)] = loaded[pk]
+            while len(_SPEC_CACHE) > _SPEC_CACHE_SIZE:
+                _SPEC_CACHE.popitem(last=False)
+    return [
+        QueuedJob(
+            job_id=pk, priority=prio, submitted_at=at, spec=specs[pk], policy=policy, pending_reason=reason
+        )
+        for pk, prio, at, policy, reason in rows
+    ]
+
+
+def prepare_submission(*, cluster: Cluster, data: Any, username: str) -> dict[str, Any]:
+    """Validate a job spec v1 for `cluster` and return the Job fields to create.
+
+    Raises SpecError naming each bad field; a job that could never be placed on the empty
+    cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`.
+    """
+    if not isinstance(data, Mapping):
+        raise SpecError([("", f"a job spec must be a mapping, got {type(data).__name__}")])
+    data = dict(data)
+    # Over REST the user is the authenticated one; a `user` in the body is ignored.
+    data["user"] = username
+    named = data.get("cluster")
+    if named is None:
+        data["cluster"] = cluster.name
+    elif named != cluster.name:
+        raise SpecError(
+            [("cluster", f"the spec names cluster {named!r} but is submitted to {cluster.name!r}")]
+        )
+    spec = load_job(data)
+    topology = cluster_topology(cluster=cluster)
+    if spec.gpus > topology.n_gpus:
+        raise SpecError(
+            [("gpus", f"needs {spec.gpus} GPUs but cluster {cluster.name!r} has {topology.n_gpus}")]
+        )
+    never = never_fits(topology, spec, spec.policy or cluster.policy)
+    if never:
+        raise SpecError([("gpus", f"can never be placed on cluster {cluster.name!r}: {never}")])
+    return {
+        "name": spec.name,
+        "spec": job_to_spec(spec),
+        "priority": spec.priority,
+        "policy": spec.policy,
+        "gpus": spec.gpus,
+        "estimated_runtime_s": spec.estimated_runtime_s,
+    }
+
+
+_NEVER_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def never_fits(topology: Topology, spec: JobSpec, policy: str) -> str:
+    """Why `policy` cannot place `spec` even on the empty cluster ("" if it can)."""
+    # Cached per topology and gang shape: fitting an empty cluster does not depend on traffic.
+    shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
+    with _SPEC_LOCK:
+        known = _NEVER_FITS.setdefault(topology, {})
+        if shape in known:
+            return known[shape]
+    empty = place(topology, np.ones(topology.n_gpus, dtype=bool), {}, spec, policy=policy)
+    reason = empty.reason if isinstance(empty, NoFit) else ""
+    with _SPEC_LOCK:
+        known[shape] = reason
+    return reason
+
+
+def job_spec(job: Job) -> JobSpec:
+    """The core JobSpec of a stored job."""
+    return load_job(job.spec)
+
+
+def mapping(topology: Topology, gids: Iterable[int]) -> list[dict[str, Any]]:
+    """A rank mapping as placement-output `ranks` entries: [{"rank", "node", "gpu"}, ...]."""
+    out = []
+    for rank, gid in enumerate(gids):
+        node, index = topology.gpu_key(int(gid))
+        out.append({"rank": rank, "node": node, "gpu": index})
+    return out
+
+
+def gids_of_mapping(topology: Topology, ranks: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:
+    """gids, in rank order, of a placement-output `ranks` list."""
+    entries = sorted(ranks, key=lambda e: e["rank"])
+    return tuple(topology.gid(e["node"], int(e["gpu"])) for e in entries)
+
+
+def prediction_fields(topology: Topology, spec: JobSpec, placement: Placement) -> dict[str, Any]:
+    """Job fields holding a placement's predicted costs (ms per step, MFU fraction) and flows."""
+    predicted = placement_output(topology, spec, placement)["predicted"]
+    p: Prediction = placement.prediction
+    return {
+        "placed_policy": placement.policy,
+        "predicted_comm_ms": float(p.comm_ms),
+        "predicted_step_ms": float(p.step_ms),
+        "predicted_mfu": None if p.mfu is None else float(p.mfu),
+        "predicted": predicted,
+        "flows": {str(k): float(v) for k, v in p.flows.items()},
+    }
+
+
+def book(*, job_id: int, snapshot: ClusterSnapshot, gids: Iterable[int], now: datetime | None = None) -> None:
+    """Replace the job's allocation rows with live ones for `gids` (rank r on gids[r])."""
+    now = now or timezone.now()
+    Allocation.objects.filter(job_id=job_id).delete()
+    Allocation.objects.bulk_create(
+        [
+            Allocation(
+                job_id=job_id, rank=rank, gpu_id=snapshot.index.gpu_pk[int(gid)], live=True, created_at=now
+            )
+            for rank, gid in enumerate(gids)
+        ]
+    )
+
+
+def release(*, job_id: int, now: datetime | None = None) -> int:
+    """Mark the job's live allocations released; returns how many GPUs were freed."""
+    return Allocation.objects.filter(job_id=job_id, live=True).update(
+        live=False, released_at=now or timezone.now()
+    )
+
+
+def priced_fields(
+    *,
+    snapshot: ClusterSnapshot,
+    spec: JobSpec,
+    gids: Iterable[int],
+    policy: str,
+    own_flows: Mapping[str, float],
+) -> dict[str, Any]:
+    """Job prediction fields for `spec` on `gids`, priced under the snapshot's link loads less the
+    job's own flows `own_flows`."""
+    load = dict(snapshot.link_load)
+    for leaf, flow in own_flows.items():
+        load[leaf] = max(load.get(leaf, 0.0) - float(flow), 0.0)
+    gids = tuple(int(g) for g in gids)
+    placement = Placement(policy, gids, evaluate(snapshot.topology, spec, gids, load))
+    return prediction_fields(snapshot.topology, spec, placement)
+
+
+def preview(*, cluster: Cluster, data: Any, username: str) -> dict[str, Any]:
+    """Every policy's placement of a job spec on the cluster's free GPUs now (nothing booked) and
+    the per-group lower bound. Costs in ms per step, MFU as a fraction. SpecError on a bad spec."""
+    from apps.placement.bounds import lower_bound
+
+    spec = load_job(prepare_submission(cluster=cluster, data=data, username=username)["spec"])
+    snapshot = cluster_snapshot(cluster=cluster)
+    topology = snapshot.topology
+    policies = []
+    for policy in POLICIES:
+        result = place(topology, snapshot.free, snapshot.link_load, spec, policy=policy)
+        if isinstance(result, NoFit):
+            policies.append({"policy": policy, "fits": False, "reason": result.reason})
+            continue
+        out = placement_output(topology, spec, result)
+        out["fits"] = True
+        policies.append(out)
+    bound = lower_bound(topology, spec)
+    return {
+        "job": spec.name,
+        "cluster": topology.name,
+        "free_gpus": int(np.count_nonzero(snapshot.free)),
+        "policies": policies,
+        "lower_bound": {
+            "comm_ms": float(bound.comm_ms),
+            "step_ms": float(bound.step_ms),
+            "mfu": None if bound.mfu is None else float(bound.mfu),
+        },
+    }

@@ -1,0 +1,79 @@
+"""Celery tasks of the scheduling app: thin wrappers that take ids and call the services.
+
+A task whose cluster is gone returns quietly. `BEAT_SCHEDULE` is what `celery beat` runs
+(settings reference it as CELERY_BEAT_SCHEDULE).
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+# Models are imported inside the tasks: settings import BEAT_SCHEDULE before apps are ready.
+SCHEDULE_INTERVAL_S = 10.0
+PROPOSE_INTERVAL_S = 60.0
+
+BEAT_SCHEDULE = {
+    "scheduling-cycle-all-clusters": {
+        "task": "scheduling.schedule_all_clusters",
+        "schedule": SCHEDULE_INTERVAL_S,
+    },
+    "scheduling-propose-migrations": {
+        "task": "scheduling.propose_all_migrations",
+        "schedule": PROPOSE_INTERVAL_S,
+    },
+}
+
+
+@shared_task(name="scheduling.schedule_cluster", ignore_result=True)
+def schedule_cluster_task(cluster_id: int) -> int | None:
+    """Run one scheduling cycle on cluster `cluster_id`; returns the cycle id (None if the
+    cluster is gone)."""
+    from apps.topology.models import Cluster
+
+    from .cycle import schedule_cluster
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    try:
+        return schedule_cluster(cluster=cluster).pk
+    except Cluster.DoesNotExist:
+        return None
+
+
+@shared_task(name="scheduling.schedule_all_clusters", ignore_result=True)
+def schedule_all_clusters_task() -> int:
+    """Request a cycle for every cluster; returns how many were queued (not already pending)."""
+    from apps.topology.models import Cluster
+
+    from .cycle import request_cycle
+
+    ids = list(Cluster.objects.values_list("pk", flat=True))
+    return sum(request_cycle(cluster_id) for cluster_id in ids)
+
+
+@shared_task(name="scheduling.propose_migrations", ignore_result=True)
+def propose_migrations_task(cluster_id: int) -> int:
+    """Record migration proposals for the running jobs of one cluster; returns how many."""
+    from apps.topology.models import Cluster
+
+    from .proposals import migrations_propose
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return 0
+    try:
+        return len(migrations_propose(cluster=cluster))
+    except Cluster.DoesNotExist:
+        return 0
+
+
+@shared_task(name="scheduling.propose_all_migrations", ignore_result=True)
+def propose_all_migrations_task() -> int:
+    """Queue migration proposals for every cluster; returns how many clusters."""
+    from apps.topology.models import Cluster
+
+    ids = list(Cluster.objects.values_list("pk", flat=True))
+    for cluster_id in ids:
+        propose_migrations_task.delay(cluster_id)
+    return len(ids)

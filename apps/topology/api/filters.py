@@ -1,0 +1,58 @@
+"""FilterSets of the topology API: every list filters by cluster (name or id)."""
+
+from __future__ import annotations
+
+import django_filters
+
+from ..choices import SwitchTier
+from ..models import Gpu, Link, Node, Switch
+
+
+class _ByCluster(django_filters.FilterSet):
+    cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
+    cluster_path = "cluster"
+
+    def filter_cluster(self, queryset, name, value):
+        if value.isdigit():
+            return queryset.filter(**{f"{self.cluster_path}_id": int(value)})
+        return queryset.filter(**{f"{self.cluster_path}__name": value})
+
+
+class SwitchFilter(_ByCluster):
+    tier = django_filters.ChoiceFilter(choices=SwitchTier.choices)
+
+    class Meta:
+        model = Switch
+        fields = ["cluster", "tier", "name"]
+
+
+class LinkFilter(_ByCluster):
+    switch = django_filters.CharFilter(method="filter_switch", label="either end's switch name")
+
+    class Meta:
+        model = Link
+        fields = ["cluster", "switch"]
+
+    def filter_switch(self, queryset, name, value):
+        return queryset.filter(a__name=value) | queryset.filter(b__name=value)
+
+
+class NodeFilter(_ByCluster):
+    leaf = django_filters.CharFilter(field_name="leaf__name", label="leaf switch name")
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "leaf", "name", "standalone"]
+
+
+class GpuFilter(_ByCluster):
+    cluster_path = "node__cluster"
+    node = django_filters.CharFilter(field_name="node__name", label="node name")
+    free = django_filters.BooleanFilter(method="filter_free", label="true: no live allocation")
+
+    class Meta:
+        model = Gpu
+        fields = ["cluster", "node", "index", "free"]
+
+    def filter_free(self, queryset, name, value):
+        return queryset.filter(job__isnull=value)

@@ -1,0 +1,212 @@
+"""Topology REST views: clusters (import, export, settings) and read-only switches, links,
+nodes and GPUs. Writes go through apps.topology.services."""
+
+from __future__ import annotations
+
+from django.db.models import Count, OuterRef, Prefetch, Subquery
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.decorators import action
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.placement.topology import SpecError, parse_spec_text
+from apps.scheduling.api.authentication import LauncherAuthentication, launcher_of
+from apps.scheduling.api.pagination import StandardPagination
+from apps.scheduling.api.parsers import TextYAMLParser, YAMLParser
+from apps.scheduling.api.permissions import ClusterPermission
+from apps.scheduling.api.renderers import YAMLRenderer
+from apps.scheduling.models import Allocation
+
+from .. import selectors, services
+from ..models import Cluster, Gpu, Link, Nic, Node, Switch
+from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
+from .serializers import (
+    ClusterImportSerializer,
+    ClusterSerializer,
+    GpuSerializer,
+    LinkSerializer,
+    NodeSerializer,
+    SwitchSerializer,
+)
+
+SPEC_BODY = {
+    "application/json": OpenApiTypes.OBJECT,
+    "application/yaml": OpenApiTypes.OBJECT,
+    "text/yaml": OpenApiTypes.OBJECT,
+    "multipart/form-data": ClusterImportSerializer,
+}
+SPEC_ERRORS = OpenApiResponse(OpenApiTypes.OBJECT, description="Each bad field of the spec and its messages.")
+
+
+class TopologySpecRenderer(JSONRenderer):
+    """`?format=topology-v1`: the spec v1 as JSON."""
+
+    format = "topology-v1"
+
+
+def _true(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Clusters with node, GPU and switch counts"),
+    retrieve=extend_schema(summary="One cluster"),
+    update=extend_schema(summary="Change a cluster's description, policy, preemption or backfill (staff)"),
+    partial_update=extend_schema(summary="Change some of a cluster's settings (staff)"),
+    destroy=extend_schema(summary="Delete a cluster and everything on it (staff)"),
+)
+class ClusterViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Clusters: read for every authenticated user, write for staff (or the cluster's launcher)."""
+
+    authentication_classes = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
+    permission_classes = [ClusterPermission]
+    serializer_class = ClusterSerializer
+    pagination_class = StandardPagination
+    parser_classes = [JSONParser, YAMLParser, TextYAMLParser, MultiPartParser]
+    queryset = Cluster.objects.none()
+
+    def get_queryset(self):
+        return selectors.cluster_list()
+
+    @extend_schema(
+        summary="Create a cluster from a topology spec v1 body (staff)",
+        request=SPEC_BODY,
+        responses={201: ClusterSerializer, 400: SPEC_ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        """Create a cluster from a topology spec v1 body."""
+        return self._import(request, replace=False)
+
+    @extend_schema(
+        summary="Import a topology spec v1: a multipart `file` or a JSON/YAML body; ?replace=true overwrites",
+        request=SPEC_BODY,
+        parameters=[OpenApiParameter("replace", bool, description="replace the cluster of the same name")],
+        responses={201: ClusterSerializer, 200: ClusterSerializer, 400: SPEC_ERRORS},
+    )
+    @action(detail=False, methods=["post"], url_path="import", url_name="import")
+    def import_spec(self, request: Request) -> Response:
+        """Import a topology spec v1 from a file upload or a JSON/YAML body."""
+        replace = _true(request.query_params.get("replace", "")) or _true(request.data.get("replace", ""))
+        return self._import(request, replace=replace)
+
+    def _import(self, request: Request, *, replace: bool) -> Response:
+        try:
+            data = _spec_from_request(request)
+            token = launcher_of(request)
+            if token is not None:
+                name = data.get("name") if isinstance(data, dict) else None
+                if name != token.cluster.name:
+                    return Response(
+                        {
+                            "name": [
+                                f"a launcher token of {token.cluster.name!r} may only re-import that cluster"
+                            ]
+                        },
+                        status=status.HTTP_403_FORBIDDEN,
+                    )
+                replace = True
+            existed = isinstance(data, dict) and Cluster.objects.filter(name=data.get("name")).exists()
+            cluster = services.cluster_import(data=data, replace=replace)
+        except SpecError as exc:
+            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+        body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
+        return Response(body, status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Export the cluster as topology spec v1 (?format=topology-v1 JSON, or yaml)",
+        parameters=[
+            OpenApiParameter("format", str, enum=["topology-v1", "json", "yaml"], description="default json")
+        ],
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "application/yaml"): OpenApiTypes.OBJECT,
+            400: SPEC_ERRORS,
+        },
+    )
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, TopologySpecRenderer, YAMLRenderer])
+    def export(self, request: Request, pk=None) -> Response:
+        """The cluster as topology spec v1."""
+        cluster = self.get_object()
+        try:
+            return Response(services.cluster_to_spec(cluster=cluster))
+        except SpecError as exc:
+            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+
+
+def _spec_from_request(request: Request):
+    """The spec of an import: an uploaded `file` (multipart) or the parsed body."""
+    upload = request.FILES.get("file") if hasattr(request, "FILES") else None
+    if upload is not None:
+        try:
+            return parse_spec_text(upload.read().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise SpecError([("file", f"not UTF-8 text: {exc}")]) from exc
+    data = request.data
+    if hasattr(data, "getlist"):
+        # A form without a file: nothing to import.
+        raise SpecError([("file", "upload a topology spec file, or send the spec as a JSON or YAML body")])
+    return data
+
+
+class _ReadOnly(viewsets.ReadOnlyModelViewSet):
+    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+    pagination_class = StandardPagination
+    filter_backends = [DjangoFilterBackend]
+
+
+class SwitchViewSet(_ReadOnly):
+    """Switches of every cluster (?cluster=, ?tier=)."""
+
+    serializer_class = SwitchSerializer
+    filterset_class = SwitchFilter
+    queryset = Switch.objects.order_by("cluster_id", "position", "id")
+
+
+class LinkViewSet(_ReadOnly):
+    """Switch-to-switch links (?cluster=, ?switch=)."""
+
+    serializer_class = LinkSerializer
+    filterset_class = LinkFilter
+    queryset = Link.objects.select_related("a", "b").order_by("cluster_id", "position", "id")
+
+
+class NodeViewSet(_ReadOnly):
+    """Nodes with their NICs (?cluster=, ?leaf=)."""
+
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilter
+    queryset = (
+        Node.objects.select_related("gpu_model", "leaf")
+        .prefetch_related(Prefetch("nics", queryset=Nic.objects.select_related("leaf").order_by("id")))
+        .annotate(gpu_count=Count("gpus"))
+        .order_by("cluster_id", "position", "id")
+    )
+
+
+class GpuViewSet(_ReadOnly):
+    """GPUs with the job and rank holding each (?cluster=, ?node=, ?free=true)."""
+
+    serializer_class = GpuSerializer
+    filterset_class = GpuFilter
+
+    def get_queryset(self):
+        live = Allocation.objects.filter(gpu=OuterRef("pk"), live=True)
+        return (
+            Gpu.objects.select_related("node", "domain", "nic")
+            .annotate(job=Subquery(live.values("job_id")[:1]), rank=Subquery(live.values("rank")[:1]))
+            .order_by("node__cluster_id", "node__position", "node_id", "index")
+        )

@@ -1,0 +1,125 @@
+"""Fixtures of the scheduling tests: example clusters, users, API clients, eager Celery."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from apps.placement.topology import read_spec_file
+from apps.topology import services as topology_services
+from topoweb.celery import app as celery_app
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    """Tasks run in-process even if a broker is configured: unit tests never need a worker."""
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def case44(db):
+    return topology_services.cluster_import(data=read_spec_file(EXAMPLES / "case-4-4.yaml"))
+
+
+@pytest.fixture
+def pod256(db):
+    return topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
+
+
+@pytest.fixture(scope="session")
+def case44_spec() -> dict:
+    return read_spec_file(EXAMPLES / "case-4-4-job.yaml")
+
+
+@pytest.fixture
+def job_spec(case44_spec):
+    """A fresh copy of the case 4.4 job spec with overrides: job_spec(name="x", priority=3)."""
+
+    def _spec(**overrides) -> dict:
+        spec = copy.deepcopy(case44_spec)
+        spec.update(overrides)
+        return spec
+
+    return _spec
+
+
+def small_spec(name: str, gpus: int, *, cluster: str = "case-4-4", **extra) -> dict:
+    """A data-parallel job of `gpus` ranks with one allreduce."""
+    spec = {
+        "version": 1,
+        "name": name,
+        "cluster": cluster,
+        "gpus": gpus,
+        "parallelism": {"tp": 1, "pp": 1, "dp": gpus},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}] if gpus > 1 else [],
+        "estimated_runtime_s": 3600,
+    }
+    spec.update(extra)
+    return spec
+
+
+@pytest.fixture
+def make_user(db):
+    def _make(username: str, *, staff: bool = False):
+        return get_user_model().objects.create_user(username, password="pw-" + username, is_staff=staff)
+
+    return _make
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(make_user):
+    return make_user("bob")
+
+
+@pytest.fixture
+def staff(make_user):
+    return make_user("operator", staff=True)
+
+
+def token_client(user) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice) -> APIClient:
+    return token_client(alice)
+
+
+@pytest.fixture
+def bob_api(bob) -> APIClient:
+    return token_client(bob)
+
+
+@pytest.fixture
+def staff_api(staff) -> APIClient:
+    return token_client(staff)
+
+
+@pytest.fixture
+def committed(django_capture_on_commit_callbacks):
+    """Run a block's on-commit callbacks (the queued scheduling cycles) as a commit would."""
+
+    def _run(fn, *args, **kwargs):
+        with django_capture_on_commit_callbacks(execute=True):
+            return fn(*args, **kwargs)
+
+    return _run

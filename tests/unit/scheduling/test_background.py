@@ -1,0 +1,132 @@
+"""Tasks, the embedded periodic scheduler, the demo loader and the management commands."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import transaction
+
+from apps.scheduling import services, tasks
+from apps.scheduling.choices import JobStatus, ProposalStatus
+from apps.scheduling.demo import load_demo_jobs
+from apps.scheduling.embedded import PeriodicScheduler, start_periodic_scheduler
+from apps.scheduling.models import Job, LauncherToken, MigrationProposal, SchedulingCycle
+
+from .conftest import small_spec
+
+pytestmark = pytest.mark.django_db
+
+
+def queued_without_cycle(user, spec) -> Job:
+    """Submit, dropping the queued cycle (as if the broker lost it)."""
+    with transaction.atomic():
+        job = services.job_submit(user=user, spec=spec)
+        transaction.get_connection().run_on_commit.clear()
+    return job
+
+
+def test_schedule_task_runs_a_cycle_and_returns_its_id(case44, alice):
+    job = queued_without_cycle(alice, small_spec("t", 2))
+    cycle_id = tasks.schedule_cluster_task(case44.pk)
+    assert SchedulingCycle.objects.get(pk=cycle_id).placed_jobs == [job.pk]
+
+
+def test_tasks_return_quietly_when_the_cluster_is_gone(db):
+    assert tasks.schedule_cluster_task(987654) is None
+    assert tasks.propose_migrations_task(987654) == 0
+
+
+def test_beat_task_queues_a_cycle_per_cluster(case44, pod256, alice):
+    queued_without_cycle(alice, small_spec("t", 2))
+    assert tasks.schedule_all_clusters_task() == 2
+    assert SchedulingCycle.objects.filter(cluster__in=[case44, pod256]).count() == 2
+    assert Job.objects.get().status == JobStatus.PLACING
+
+
+def test_beat_schedule_names_registered_tasks():
+    from topoweb.celery import app
+
+    for entry in tasks.BEAT_SCHEDULE.values():
+        assert entry["task"] in app.tasks
+        assert entry["schedule"] > 0
+
+
+def test_periodic_scheduler_tick_places_waiting_jobs(case44, alice):
+    job = queued_without_cycle(alice, small_spec("t", 4))
+    PeriodicScheduler(interval_s=60).tick()
+    assert Job.objects.get(pk=job.pk).status == JobStatus.PLACING
+
+
+def test_periodic_scheduler_refuses_a_non_positive_interval():
+    with pytest.raises(ValueError, match="interval_s"):
+        PeriodicScheduler(interval_s=0)
+
+
+def test_start_periodic_scheduler_starts_one_thread(monkeypatch):
+    monkeypatch.setattr(PeriodicScheduler, "tick", lambda self: None)
+    first = start_periodic_scheduler(interval_s=3600)
+    try:
+        assert first.is_alive() and first.daemon
+        assert start_periodic_scheduler(interval_s=3600) is first
+    finally:
+        first.stop()
+        first.join(timeout=5)
+    assert not first.is_alive()
+
+
+def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44):
+    loaded = load_demo_jobs()
+    assert loaded == {"pod-256": 9, "case-4-4": 1}
+    pod_jobs = Job.objects.filter(cluster=pod256)
+    assert set(pod_jobs.values_list("owner__username", flat=True)) == {"alice", "bob"}
+    waiting = pod_jobs.get(status=JobStatus.QUEUED)
+    assert waiting.gpus == 192 and "reserved to start at" in waiting.pending_reason
+    assert pod_jobs.filter(status=JobStatus.RUNNING).count() == 8
+    proposal = MigrationProposal.objects.get(status=ProposalStatus.PROPOSED)
+    assert proposal.job.name == "llm-tp8-dp2-naive" and proposal.predicted_gain > 0.05
+    bert = Job.objects.get(cluster=case44)
+    assert bert.status == JobStatus.RUNNING and bert.predicted_step_ms == pytest.approx(102.67, abs=0.01)
+    assert load_demo_jobs() == {"pod-256": 0, "case-4-4": 0}
+    assert Job.objects.count() == 10
+
+
+def test_create_launcher_token_prints_a_working_key(case44):
+    out = io.StringIO()
+    call_command("create_launcher_token", "case-4-4", stdout=out)
+    key = out.getvalue().strip()
+    assert LauncherToken.objects.get(key=key).cluster == case44
+
+
+def test_create_launcher_token_of_an_unknown_cluster_fails(db):
+    with pytest.raises(CommandError, match="unknown cluster 'nope'"):
+        call_command("create_launcher_token", "nope", stdout=io.StringIO())
+
+
+def test_cycle_requests_fold_into_the_one_not_yet_started(case44, monkeypatch):
+    from apps.scheduling import cycle
+
+    sent = []
+    monkeypatch.setattr(cycle, "coalescing", lambda: True)
+    monkeypatch.setattr(tasks.schedule_cluster_task, "delay", lambda cluster_id: sent.append(cluster_id))
+    assert cycle.request_cycle(case44.pk) is True
+    assert cycle.request_cycle(case44.pk) is False
+    assert sent == [case44.pk]
+    # The queued cycle takes its snapshot: later requests need a cycle of their own.
+    services.schedule_cluster(cluster=case44)
+    assert cycle.request_cycle(case44.pk) is True
+    assert sent == [case44.pk, case44.pk]
+
+
+def test_without_a_shared_cache_every_request_queues_a_cycle(case44, monkeypatch):
+    from apps.scheduling import cycle
+    from topoweb.celery import app
+
+    sent = []
+    monkeypatch.setattr(app.conf, "task_always_eager", False)
+    monkeypatch.setattr(tasks.schedule_cluster_task, "delay", lambda cluster_id: sent.append(cluster_id))
+    # The test settings use a local-memory cache, which worker processes would not share.
+    assert cycle.coalescing() is False
+    assert cycle.request_cycle(case44.pk) and cycle.request_cycle(case44.pk)
+    assert sent == [case44.pk, case44.pk]

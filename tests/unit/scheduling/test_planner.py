@@ -1,0 +1,186 @@
+"""The cycle planner over plain data (no database): priority order, EASY backfill, preemption."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from apps.placement.jobs import load_job
+from apps.placement.topology import load_topology_file
+from apps.scheduling.planner import overdue_flags, plan_cycle
+from apps.scheduling.snapshot import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology_file(str(EXAMPLES / "case-4-4.yaml"))
+
+
+def spec(name: str, gpus: int, *, runtime_s: float | None = 3600, priority: int = 0):
+    data = {
+        "version": 1,
+        "name": name,
+        "gpus": gpus,
+        "priority": priority,
+        "parallelism": {"tp": 1, "pp": 1, "dp": gpus},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+    }
+    if runtime_s is not None:
+        data["estimated_runtime_s"] = runtime_s
+    return load_job(data)
+
+
+def queued(job_id: int, gpus: int, *, priority: int = 0, runtime_s: float | None = 3600, age_s: float = 0):
+    return QueuedJob(
+        job_id=job_id,
+        priority=priority,
+        submitted_at=NOW - timedelta(seconds=age_s),
+        spec=spec(f"job-{job_id}", gpus, runtime_s=runtime_s, priority=priority),
+        policy=None,
+        pending_reason="",
+    )
+
+
+def active(
+    job_id: int, gids, *, priority: int = 0, ends_in_s: float | None = 3600, started_s_ago: float = 60
+):
+    start = NOW - timedelta(seconds=started_s_ago)
+    runtime = None if ends_in_s is None else ends_in_s + started_s_ago
+    return ActiveJob(
+        job_id=job_id,
+        priority=priority,
+        gids=tuple(gids),
+        flows={},
+        begin=start,
+        expected_end=None if runtime is None else start + timedelta(seconds=runtime),
+        running=True,
+        started_at=start,
+        estimated_runtime_s=runtime,
+    )
+
+
+def snapshot(topo, actives) -> ClusterSnapshot:
+    free = np.ones(topo.n_gpus, dtype=bool)
+    for a in actives:
+        free[list(a.gids)] = False
+    n = topo.n_gpus
+    index = GpuIndex(tuple(range(n)), {i: i for i in range(n)}, ("mlx5_0",) * n)
+    return ClusterSnapshot(1, topo, index, free, {}, list(actives))
+
+
+def plan(topo, actives, queue, *, backfill=True, preemption=False):
+    return plan_cycle(
+        snapshot(topo, actives),
+        queue,
+        cluster_policy="topo",
+        backfill=backfill,
+        preemption=preemption,
+        now=NOW,
+    )
+
+
+def booked(p) -> list[int]:
+    return [b.job.job_id for b in p.bookings]
+
+
+NODE_A = range(0, 8)
+NODE_B = range(8, 16)
+
+
+def test_jobs_are_booked_in_queue_order_until_the_gpus_run_out(topo):
+    p = plan(topo, [], [queued(1, 8, priority=5), queued(2, 8), queued(3, 8)])
+    assert booked(p) == [1, 2]
+    assert "needs 8 GPUs, 0 free" in p.waiting[3]
+
+
+def test_bookings_never_share_a_gpu(topo):
+    p = plan(topo, [], [queued(i, 4) for i in range(1, 5)])
+    gids = [g for b in p.bookings for g in b.placement.gids]
+    assert len(gids) == len(set(gids)) == 16
+
+
+def test_head_job_reservation_names_the_time_and_the_job_it_waits_for(topo):
+    p = plan(topo, [active(7, NODE_A, ends_in_s=3600)], [queued(1, 16)])
+    end = NOW + timedelta(seconds=3600)
+    assert booked(p) == []
+    assert f"reserved to start at {end:%Y-%m-%dT%H:%M:%SZ} when job 7 is expected to end" in p.waiting[1]
+    assert p.waiting[1].startswith("needs 16 GPUs, 8 free")
+
+
+def test_short_job_backfills_ahead_of_the_reserved_head(topo):
+    p = plan(
+        topo, [active(7, NODE_A, ends_in_s=3600)], [queued(1, 16, priority=9), queued(2, 4, runtime_s=1800)]
+    )
+    assert booked(p) == [2]
+
+
+def test_long_job_waits_behind_the_reservation_with_the_head_named(topo):
+    p = plan(
+        topo, [active(7, NODE_A, ends_in_s=3600)], [queued(1, 16, priority=9), queued(2, 4, runtime_s=7200)]
+    )
+    assert booked(p) == []
+    end = NOW + timedelta(seconds=3600)
+    assert p.waiting[2].startswith(
+        f"waiting behind job 1 (priority 9) reserved to start at {end:%Y-%m-%dT%H:%M:%SZ}"
+    )
+
+
+def test_job_without_estimate_is_not_backfilled_past_a_reservation(topo):
+    p = plan(topo, [active(7, NODE_A)], [queued(1, 16, priority=9), queued(2, 2, runtime_s=None)])
+    assert booked(p) == []
+    assert "without estimated_runtime_s it cannot be backfilled" in p.waiting[2]
+
+
+def test_long_job_may_use_gpus_the_head_will_not_need(topo):
+    # At the reservation 16 GPUs are free and the head needs 12: 4 are spare, for one long job only.
+    queue = [queued(1, 12, priority=9), queued(2, 4, runtime_s=99999), queued(3, 2, runtime_s=99999)]
+    p = plan(topo, [active(7, NODE_A, ends_in_s=3600)], queue)
+    assert booked(p) == [2]
+    assert "needs 2 GPUs with 0 spare then" in p.waiting[3]
+
+
+def test_backfill_off_keeps_every_later_job_waiting(topo):
+    queue = [queued(1, 16, priority=9), queued(2, 1, runtime_s=60)]
+    p = plan(topo, [active(7, NODE_A, ends_in_s=3600)], queue, backfill=False)
+    assert booked(p) == []
+    assert p.waiting[2].endswith("backfill is off on this cluster")
+
+
+def test_unknown_end_of_running_job_makes_the_reservation_time_unknown(topo):
+    p = plan(
+        topo, [active(7, NODE_A, ends_in_s=None)], [queued(1, 16, priority=9), queued(2, 1, runtime_s=60)]
+    )
+    assert "start time unknown" in p.waiting[1]
+    assert "nothing can be backfilled past it" in p.waiting[2]
+
+
+def test_preemption_evicts_the_lowest_priority_job_for_a_higher_one(topo):
+    actives = [active(7, NODE_A, priority=0), active(8, range(8, 12), priority=1)]
+    p = plan(topo, actives, [queued(1, 8, priority=5)], preemption=True)
+    assert [e.victim.job_id for e in p.evictions] == [7]
+    assert booked(p) == [1]
+    assert set(p.bookings[0].placement.gids) <= set(NODE_A) | set(range(12, 16))
+
+
+def test_preemption_off_leaves_running_jobs_alone(topo):
+    p = plan(topo, [active(7, NODE_A, priority=0)], [queued(1, 16, priority=5)], preemption=False)
+    assert p.evictions == [] and booked(p) == []
+
+
+def test_preemption_never_evicts_equal_priority(topo):
+    p = plan(topo, [active(7, NODE_A, priority=5)], [queued(1, 16, priority=5)], preemption=True)
+    assert p.evictions == []
+    assert "reserved to start at" in p.waiting[1]
+
+
+def test_overdue_means_running_past_twice_the_estimate():
+    late = active(1, [0], ends_in_s=-4000, started_s_ago=8000)  # estimate 4000 s, ran 8000 s
+    on_time = active(2, [1], ends_in_s=10, started_s_ago=100)
+    assert overdue_flags([late, on_time], NOW + timedelta(seconds=1)) == {1: True, 2: False}
