@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 DEMO_USERS = ("alice", "bob")
 POD = "pod-256"
+SU = "su-h100"
 CASE = "case-4-4"
 CASE_JOB_FILE = "examples/case-4-4-job.yaml"
 
@@ -150,6 +151,47 @@ def pod_jobs() -> list[tuple[str, dict]]:
     ]
 
 
+def su_jobs() -> list[tuple[str, dict]]:
+    """(owner, job spec) on the rail-optimized su-h100: DP rings that topo keeps on one rail's leaf."""
+    return [
+        (
+            "alice",
+            _job(
+                "llm-rail-tp8-dp8",
+                64,
+                8,
+                1,
+                8,
+                compute_ms=1_500,
+                flops=2.9e16,
+                runtime_s=2 * 86400,
+                comm=[
+                    {"group": "tp", "collective": "allreduce", "bytes": 64 * MB, "count": 96},
+                    {"group": "dp", "collective": "allreduce", "bytes": 2.0 * GB},
+                ],
+            ),
+        ),
+        (
+            "bob",
+            _job(
+                "moe-rail-ep8",
+                32,
+                1,
+                1,
+                32,
+                ep=8,
+                compute_ms=900,
+                flops=1.1e16,
+                runtime_s=86400,
+                comm=[
+                    {"group": "ep", "collective": "alltoall", "bytes": 96 * MB, "count": 16},
+                    {"group": "dp", "collective": "allreduce", "bytes": 300 * MB},
+                ],
+            ),
+        ),
+    ]
+
+
 def _small(name: str, gpus: int, runtime_s: int) -> dict:
     comm = [{"group": "dp", "collective": "allreduce", "bytes": 500 * MB}] if gpus > 1 else []
     return _job(name, gpus, 1, 1, gpus, compute_ms=400, flops=1.5e14 * gpus, runtime_s=runtime_s, comm=comm)
@@ -179,18 +221,19 @@ def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dic
 
 
 def load_demo_jobs() -> dict[str, int]:
-    """Submit, place and start the demo jobs on pod-256 and case-4-4 (as users alice and bob)
-    and record migration proposals; returns how many jobs each cluster got (0: already there)."""
+    """Submit, place and start the demo jobs on pod-256, su-h100 and case-4-4 (as users alice and
+    bob) and record migration proposals; returns how many jobs each cluster got (0: already there)."""
     users = _users()
     loaded: dict[str, int] = {}
-    pod = Cluster.objects.filter(name=POD).first()
-    if pod is not None:
-        names = [spec["name"] for _, spec in pod_jobs()]
-        if Job.objects.filter(cluster=pod, name__in=names).exists():
-            loaded[POD] = 0
+    for name, jobs in ((POD, pod_jobs()), (SU, su_jobs())):
+        cluster = Cluster.objects.filter(name=name).first()
+        if cluster is None:
+            continue
+        if Job.objects.filter(cluster=cluster, name__in=[spec["name"] for _, spec in jobs]).exists():
+            loaded[name] = 0
         else:
-            loaded[POD] = len(_submit_and_start(pod, pod_jobs(), users))
-            services.migrations_propose(cluster=pod)
+            loaded[name] = len(_submit_and_start(cluster, jobs, users))
+            services.migrations_propose(cluster=cluster)
     case = Cluster.objects.filter(name=CASE).first()
     if case is not None:
         spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)

@@ -36,6 +36,11 @@ def pod256(db):
     return topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
 
 
+@pytest.fixture
+def su_h100(db):
+    return topology_services.cluster_import(data=read_spec_file(EXAMPLES / "su-h100-rail.yaml"))
+
+
 @pytest.fixture(scope="session")
 def case44_spec() -> dict:
     return read_spec_file(EXAMPLES / "case-4-4-job.yaml")

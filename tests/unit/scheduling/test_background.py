@@ -76,9 +76,9 @@ def test_start_periodic_scheduler_starts_one_thread(monkeypatch):
     assert not first.is_alive()
 
 
-def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44):
+def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44, su_h100):
     loaded = load_demo_jobs()
-    assert loaded == {"pod-256": 9, "case-4-4": 1}
+    assert loaded == {"pod-256": 9, "su-h100": 2, "case-4-4": 1}
     pod_jobs = Job.objects.filter(cluster=pod256)
     assert set(pod_jobs.values_list("owner__username", flat=True)) == {"alice", "bob"}
     waiting = pod_jobs.get(status=JobStatus.QUEUED)
@@ -88,8 +88,16 @@ def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44):
     assert proposal.job.name == "llm-tp8-dp2-naive" and proposal.predicted_gain > 0.05
     bert = Job.objects.get(cluster=case44)
     assert bert.status == JobStatus.RUNNING and bert.predicted_step_ms == pytest.approx(102.67, abs=0.01)
-    assert load_demo_jobs() == {"pod-256": 0, "case-4-4": 0}
-    assert Job.objects.count() == 10
+    assert load_demo_jobs() == {"pod-256": 0, "su-h100": 0, "case-4-4": 0}
+    assert Job.objects.count() == 12
+
+
+def test_demo_rail_job_keeps_each_dp_ring_on_one_rail_leaf(su_h100):
+    load_demo_jobs()
+    job = Job.objects.get(cluster=su_h100, name="llm-rail-tp8-dp8")
+    assert job.status == JobStatus.RUNNING
+    dp_levels = {g["level"] for g in job.predicted["groups"] if g["group"] == "dp"}
+    assert dp_levels == {"leaf"}
 
 
 def test_create_launcher_token_prints_a_working_key(case44):
