@@ -6,8 +6,9 @@
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
-placement output of job spec v1 plus `lower_bound` and `gap` (predicted comm / bound comm); `place`
-adds `vs_naive`, the naive policy's predicted times and their ratio to this placement's.
+placement output of job spec v1 plus `lower_bound` and `gap` (`bounds.gap`: predicted comm_ms /
+bound comm_ms, 1.0 when both are 0, null when only the bound is 0); `place` adds `vs_naive`, the
+naive policy's predicted times and their ratio to this placement's.
 Exit status: 0 done, 1 the job does not fit (the reason is in the JSON), 2 bad input (one line on
 stderr).
 """
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .bounds import lower_bound
+from .bounds import gap, lower_bound
 from .costmodel import Prediction, evaluate
 from .jobs import JobSpec, load_job
 from .solvers import POLICIES, NoFit, Placement, place, placement_output, prediction_output
@@ -125,12 +126,11 @@ def ranks_gids(topology: Topology, job: JobSpec, data: Any) -> tuple[list[int], 
 
 
 def _bound_fields(prediction: Prediction, bound: Prediction) -> dict:
-    gap = None
-    if bound.comm_ms > 0:
-        gap = prediction.comm_ms / bound.comm_ms
-    elif prediction.comm_ms == 0:
-        gap = 1.0
-    return {"lower_bound": {"comm_ms": bound.comm_ms, "step_ms": bound.step_ms}, "gap": gap}
+    # An infinite gap (only the bound is 0) becomes null in the JSON, like other infinities.
+    return {
+        "lower_bound": {"comm_ms": bound.comm_ms, "step_ms": bound.step_ms},
+        "gap": gap(prediction.comm_ms, bound.comm_ms),
+    }
 
 
 def _ratio(a: float, b: float) -> float | None:

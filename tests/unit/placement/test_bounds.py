@@ -1,17 +1,40 @@
-"""lower_bound(): each group alone in the smallest domain that holds it; no placement beats it."""
+"""lower_bound(): the cheapest feasible joint assignment of group kinds to levels; nothing beats it."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.placement.bounds import lower_bound, smallest_level
-from apps.placement.costmodel import allgather_ms, evaluate, p2p_ms, ring_allreduce_ms
+from apps.placement.bounds import gap, lower_bound, region_gpus, smallest_level
+from apps.placement.costmodel import (
+    allgather_ms,
+    evaluate,
+    hierarchical_allreduce_ms,
+    p2p_ms,
+    ring_allreduce_ms,
+)
 from apps.placement.jobs import COLLECTIVES, GROUP_KINDS
+from apps.placement.solvers import POLICIES, Placement, place
 from apps.placement.topology import load_topology
 from tests.unit.placement.specs import generated, job
+
+LLM_COMM = [("tp", "allreduce", 4.2e7, 160), ("pp", "p2p", 4.2e7, 16), ("dp", "allreduce", 8.1e8)]
+
+
+def _levels(bound) -> dict[str, str]:
+    return {g.group: g.level for g in bound.groups}
+
+
+def _alone(topo, j) -> float:
+    # Each comm entry bounded on its own (a job with that entry only): the per-kind "alone" bound.
+    return sum(
+        lower_bound(topo, job(j.gpus, tp=j.tp, pp=j.pp, dp=j.dp, ep=j.ep, comm=[c])).comm_ms
+        for c in [(e.group, e.collective, e.bytes, e.count) for e in j.comm]
+    )
 
 
 def test_case_4_4_bound_is_the_nvlink_time_and_the_good_mapping_meets_it(case44, case44_job):
@@ -34,6 +57,30 @@ def test_smallest_level_steps_up_from_domain_to_leaf_to_pod_to_core(pods):
     ]
 
 
+def test_a_rail_optimized_unit_is_one_leaf_region(rail):
+    # Each leaf serves one GPU per node, but the unit's 2 nodes x 4 GPUs all meet under its leaves.
+    assert region_gpus(rail) == {"nvlink": 4, "leaf": 8, "spine": 16, "core": 16}
+    b = lower_bound(rail, job(8, comm=[("dp", "allreduce", 1e9)]))
+    assert _levels(b) == {"dp": "leaf"}
+    # The unit's two nodes in rank order are rail-aligned: each rail's ring stays under one leaf.
+    assert evaluate(rail, job(8, comm=[("dp", "allreduce", 1e9)]), list(range(8))).comm_ms == pytest.approx(
+        b.comm_ms
+    )
+
+
+def test_a_pipeline_across_a_rail_unit_pays_no_uplink(rail):
+    # 8 stages over the unit's two nodes, turning on rail 3: one NIC hop under one leaf, no spine.
+    j = job(8, pp=8, comm=[("pp", "p2p", 1e6)])
+    b = lower_bound(rail, j)
+    assert b.comm_ms == pytest.approx(p2p_ms(1e6, 50, 2 * 1.5))
+    assert evaluate(rail, j, [0, 1, 2, 3, 7, 6, 5, 4]).comm_ms == pytest.approx(b.comm_ms)
+
+
+def test_leaf_regions_join_domains_that_share_a_leaf_and_pods_join_regions(hetero):
+    # d1 (n1+n2, 8 GPUs) and n3 share leaf-2: 10 GPUs; leaf-3 and leaf-4 share spine-2: n4+n5 = 12.
+    assert region_gpus(hetero) == {"nvlink": 8, "leaf": 10, "spine": 12, "core": 24}
+
+
 def test_a_group_larger_than_a_domain_is_priced_at_the_best_split_over_nics(pod256):
     # 16 ranks, 8-GPU domains, 8 NICs of 50 GB/s each: 2 domains x 8 rails beats every other split.
     b = lower_bound(pod256, job(16, comm=[("dp", "allreduce", 1e9)]))
@@ -53,20 +100,180 @@ def test_a_pipeline_too_big_for_a_leaf_pays_one_uplink_hop(pods):
     assert b.comm_ms == pytest.approx(p2p_ms(1e8, 50, 1.5 * 2 + 1.0 * 2))
 
 
+def test_a_block_larger_than_a_pod_sends_a_kind_through_the_core(pods):
+    # tp4 dp8 fills both 16-GPU pods: TP stays in the nodes, so DP groups must cross pods.
+    j = job(32, tp=4, dp=8, comm=[("tp", "allreduce", 1e9, 8), ("dp", "allreduce", 1e8)])
+    b = lower_bound(pods, j)
+    assert _levels(b) == {"tp": "nvlink", "dp": "core"}
+    assert evaluate(pods, j, list(range(32))).comm_ms >= b.comm_ms
+
+
+def test_tp_pp_and_dp_cannot_all_stay_on_nvlink_when_their_block_exceeds_a_domain(pod256):
+    # tp8 pp2 dp4: each group fits an 8-GPU node, but TP x PP (16) and TP x DP (32) do not.
+    j = job(64, tp=8, pp=2, dp=4, comm=LLM_COMM)
+    b = lower_bound(pod256, j)
+    assert _levels(b) == {"tp": "nvlink", "pp": "leaf", "dp": "leaf"}
+    # Each node holds one whole TP group, so a DP group has one member per node: a flat ring of 4
+    # domains over one rail; PP hops cross one NIC pair.
+    expected = (
+        160 * ring_allreduce_ms(8, 4.2e7, 450, 2.0)
+        + 16 * p2p_ms(4.2e7, 50, 3.0)
+        + ring_allreduce_ms(4, 8.1e8, 50, 3.0)
+    )
+    assert b.comm_ms == pytest.approx(expected)
+    assert _alone(pod256, j) < b.comm_ms
+
+
+def test_the_pod_llm_bound_is_met_by_spreading_pp_and_dp_blocks_over_four_leaves(pod256):
+    # tp8 pp4 dp4 (128 GPUs): TP in the nodes; the 4 x 4 grid of (pp, dp) nodes in 2 x 2 squares,
+    # one per leaf. Each leaf then carries 16 PP and 16 DP flows: 800 GB/s of uplinks / 16 = 50 GB/s,
+    # no less than a NIC, so neither kind is slowed and the bound is reached.
+    j = job(128, tp=8, pp=4, dp=4, comm=LLM_COMM)
+    gids = []
+    for rank in range(128):
+        tp, dp, pp = rank % 8, rank // 8 % 4, rank // 32
+        gids.append((pp // 2 * 2 + dp // 2) * 64 + (pp % 2 * 2 + dp % 2) * 8 + tp)
+    assert evaluate(pod256, j, gids).comm_ms == pytest.approx(lower_bound(pod256, j).comm_ms)
+
+
+def test_an_expert_block_on_nvlink_leaves_eight_dp_members_per_domain(pod256):
+    # ep8 dp16: EP groups fill the nodes, so DP spans 2 domains with 8 members and 8 rails each.
+    j = job(16, dp=16, ep=8, comm=[("ep", "alltoall", 6.4e7, 32), ("dp", "allreduce", 5e8)])
+    b = lower_bound(pod256, j)
+    assert _levels(b) == {"ep": "nvlink", "dp": "leaf"}
+    dp_ms = hierarchical_allreduce_ms(8, 2, 5e8, 450, 2.0, 50, 3.0, rails=8)
+    assert b.entry_ms[1] == pytest.approx(dp_ms)
+    assert evaluate(pod256, j, list(range(16))).comm_ms == pytest.approx(b.comm_ms)
+
+
+def test_a_kind_that_cannot_stay_under_one_leaf_shares_its_leaves_uplinks():
+    # 2 leaves x 2 nodes x 4 GPUs, 2 x 10 GB/s uplinks per leaf. tp4 dp4 fills both leaves and TP
+    # (heavy) stays in the nodes, so every DP group crosses; each node meets 4 of them, so 4 rings
+    # share a leaf's 20 GB/s.
+    topo = load_topology(generated(uplink_bw_GBps=10))
+    j = job(16, tp=4, dp=4, comm=[("tp", "allreduce", 1e9, 8), ("dp", "allreduce", 1e8)])
+    b = lower_bound(topo, j)
+    assert _levels(b) == {"tp": "nvlink", "dp": "spine"}
+    assert b.entry_ms[1] == pytest.approx(ring_allreduce_ms(4, 1e8, 20 / 4, 2 * 1.5 + 2 * 1.0))
+    assert evaluate(topo, j, list(range(16))).comm_ms == pytest.approx(b.comm_ms)
+
+
+def _rail_units():
+    # Two rail-optimised units of 4 nodes x 8 GPUs (8 rails): 32 GPUs per unit, 64 in all.
+    return load_topology(
+        generated("rail-optimized", leaves=16, nodes_per_leaf=4, gpus_per_node=8, nics_per_node=8)
+    )
+
+
+def _nvl_racks():
+    # Multi-node NVLink domains: 8 nodes x 4 GPUs per domain and per leaf, two racks.
+    return load_topology(
+        generated(
+            nodes_per_leaf=8, gpus_per_node=4, nics_per_node=4, nvlink_domain_nodes=8, nvlink_bw_GBps=900
+        )
+    )
+
+
+def _nvl72():
+    # NVL72 racks: 18 nodes x 4 GPUs per NVLink domain, one leaf per rack, two racks.
+    return load_topology(
+        generated(
+            nodes_per_leaf=18, gpus_per_node=4, nics_per_node=4, nvlink_domain_nodes=18, nvlink_bw_GBps=900
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("cluster", "pp", "dp"),
+    [("pod256", 2, 4), ("rail_units", 2, 4), ("nvl_racks", 2, 4), ("nvl72", 4, 4)],
+)
+def test_the_joint_bound_beats_the_alone_bound_and_topo_stays_above_it(request, cluster, pp, dp):
+    builders = {"rail_units": _rail_units, "nvl_racks": _nvl_racks, "nvl72": _nvl72}
+    topo = request.getfixturevalue("pod256") if cluster == "pod256" else builders[cluster]()
+    j = job(8 * pp * dp, tp=8, pp=pp, dp=dp, comm=LLM_COMM)
+    b = lower_bound(topo, j)
+    ours = place(topo, topo.free_mask(), None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert _alone(topo, j) < b.comm_ms * (1 - 1e-6)
+    assert b.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
+    assert _levels(b)["tp"] == "nvlink"
+
+
 def test_bound_mfu_is_an_upper_bound(case44, case44_job):
     b = lower_bound(case44, case44_job)
     assert b.mfu >= evaluate(case44, case44_job, list(range(16))).mfu - 1e-12
 
 
+def test_a_job_too_big_for_one_standalone_node_has_an_infinite_bound():
+    topo = load_topology(
+        {
+            "version": 1,
+            "name": "islands",
+            "gpu_models": {"A": {"peak_tflops": 312}},
+            "switches": [],
+            "links": [],
+            "nodes": [
+                {
+                    "name": f"n{i}",
+                    "gpu_model": "A",
+                    "gpus": 2,
+                    "standalone": True,
+                    "nvlink": {"domain": f"n{i}", "bw_GBps": 300, "latency_us": 2.0},
+                }
+                for i in range(2)
+            ],
+        }
+    )
+    assert lower_bound(topo, job(2, comm=[("dp", "allreduce", 1e6)])).comm_ms > 0
+    assert math.isinf(lower_bound(topo, job(4, comm=[("dp", "allreduce", 1e6)])).comm_ms)
+
+
+def test_gap_is_predicted_comm_over_bound_comm_and_one_when_both_are_zero():
+    assert gap(3.0, 2.0) == pytest.approx(1.5)
+    assert gap(0.0, 0.0) == 1.0
+    assert math.isinf(gap(1.0, 0.0))
+
+
 @pytest.fixture(scope="module")
 def clusters(hetero, pods, rail, case44):
     shared_nic = load_topology(generated(nics_per_node=1, nvlink_domain_nodes=2, uplink_bw_GBps=20))
-    return {"hetero": hetero, "pods": pods, "rail": rail, "case44": case44, "shared_nic": shared_nic}
+    nvl = load_topology(
+        generated(nvlink_domain_nodes=2, nodes_per_leaf=4, nics_per_node=2, uplink_bw_GBps=30)
+    )
+    rail3 = load_topology(generated("rail-optimized", leaves=4, nodes_per_leaf=3, nics_per_node=2))
+    return {
+        "hetero": hetero,
+        "pods": pods,
+        "rail": rail,
+        "case44": case44,
+        "shared_nic": shared_nic,
+        "nvl": nvl,
+        "rail3": rail3,
+    }
 
 
-@settings(max_examples=50, deadline=None)
+def _structured(topo, j, data) -> np.ndarray:
+    """Ranks laid on whole nodes in a drawn node order, the rank grid's axes in a drawn order, then a
+    few swaps: the kind of placement that keeps groups together and can come close to the bound."""
+    nodes = data.draw(st.permutations(range(len(topo.nodes))))
+    slots = np.concatenate(
+        [np.arange(topo.node_first_gid[n], topo.node_first_gid[n] + topo.node_gpu_count[n]) for n in nodes]
+    )
+    start = data.draw(st.integers(0, topo.n_gpus - j.gpus))
+    axes = data.draw(st.permutations(range(4)))
+    grid = np.arange(j.gpus).reshape(j.pp, j.dp // j.ep, j.ep, j.tp)
+    gids = np.empty(j.gpus, dtype=np.int64)
+    gids[grid.transpose(axes).ravel()] = slots[start : start + j.gpus]
+    for a, b in data.draw(
+        st.lists(st.tuples(st.integers(0, j.gpus - 1), st.integers(0, j.gpus - 1)), max_size=2)
+    ):
+        gids[[a, b]] = gids[[b, a]]
+    return gids
+
+
+@settings(max_examples=80, deadline=None)
 @given(st.data())
-def test_no_random_placement_beats_the_bound(clusters, data):
+def test_no_placement_beats_the_bound(clusters, data):
     topo = clusters[data.draw(st.sampled_from(sorted(clusters)))]
     gpus = data.draw(st.sampled_from([n for n in (2, 4, 6, 8, 12, 16) if n <= topo.n_gpus]))
     tp = data.draw(st.sampled_from([d for d in (1, 2, 4) if gpus % d == 0]))
@@ -85,11 +292,15 @@ def test_no_random_placement_beats_the_bound(clusters, data):
             max_size=4,
         )
     )
-    j = job(gpus, tp=tp, pp=pp, dp=dp, ep=ep, comm=entries, model={"flops_per_step": 1e14})
-    gids = np.asarray(data.draw(st.permutations(range(topo.n_gpus)))[:gpus])
-    load = {leaf: float(data.draw(st.integers(0, 8))) for leaf in topo.leaf_names}
-    got = evaluate(topo, j, gids, load)
+    order = data.draw(st.sampled_from(["tp-ep-dp-pp", "tp-pp-ep-dp", "ep-dp-tp-pp", "pp-tp-ep-dp"]))
+    j = job(gpus, tp=tp, pp=pp, dp=dp, ep=ep, comm=entries, rank_order=order, model={"flops_per_step": 1e14})
     bound = lower_bound(topo, j)
-    for have, floor in zip(got.entry_ms, bound.entry_ms, strict=True):
-        assert have >= floor * (1 - 1e-9)
-    assert got.step_ms >= bound.step_ms * (1 - 1e-9)
+    shuffled = np.asarray(data.draw(st.permutations(range(topo.n_gpus)))[:gpus])
+    load = {leaf: float(data.draw(st.integers(0, 8))) for leaf in topo.leaf_names}
+    candidates = [evaluate(topo, j, shuffled, load), evaluate(topo, j, _structured(topo, j, data))]
+    result = place(topo, topo.free_mask(), None, j, policy=data.draw(st.sampled_from(POLICIES)))
+    if isinstance(result, Placement):
+        candidates.append(result.prediction)
+    for got in candidates:
+        assert got.comm_ms >= bound.comm_ms * (1 - 1e-9)
+        assert got.step_ms >= bound.step_ms * (1 - 1e-9)
