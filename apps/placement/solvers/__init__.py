@@ -39,13 +39,14 @@ def place(
     seed: int = 0,
 ) -> Placement | NoFit:
     """Place `job` on the `free` GPUs (bool array over gids) by `policy`, priced with `link_load`
-    (leaf name -> heavy flows of other jobs on its uplinks). NoFit says what is missing."""
+    (leaf name -> heavy flows of other jobs on its uplinks). `seed` drives `random` (and, since
+    topo weighs every baseline's placement, topo's random candidate). NoFit says what is missing."""
     if policy not in POLICIES:
         raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     mask = check_free(topology, free)
     load = check_link_load(link_load)
     if policy == "topo":
-        return topo.solve(topology, mask, load, job)
+        return topo.solve(topology, mask, load, job, seed)
     chosen = _CHOOSERS[policy](topology, mask, load, job, seed)
     if isinstance(chosen, NoFit):
         return chosen

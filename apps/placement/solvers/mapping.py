@@ -77,3 +77,40 @@ def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> 
             if key not in seen:
                 seen.add(key)
                 yield gids
+
+
+def splits(job: JobSpec, parts: int) -> list[tuple[int, int]]:
+    """(a, b) with a * b == parts, a dividing pp and b dividing dp/ep: the ways to cut the job's
+    (pp, dp) grid of TP*EP blocks into `parts` equal sub-grids of pp/a stages by dp/ep/b replicas."""
+    sizes = _sizes(job)
+    return [
+        (a, parts // a)
+        for a in range(1, parts + 1)
+        if parts % a == 0 and sizes["pp"] % a == 0 and sizes["dp"] % (parts // a) == 0
+    ]
+
+
+def split_layout(job: JobSpec, slots: np.ndarray, a: int, b: int, nest: tuple[str, ...]) -> np.ndarray:
+    """gids (rank -> GPU) giving sub-grid p of the (pp, dp) grid - stages [p // b * pp/a, ...) by
+    replicas [p % b * dp/ep/b, ...) - the p-th a*b-th of `slots`, ranks inside a part ordered by
+    `nest` (fastest first). PP crosses parts a - 1 times per pipeline, each DP group spans b parts."""
+    sizes = _sizes(job)
+    coords = rank_coordinates(job)
+    part = coords["pp"] // (sizes["pp"] // a) * b + coords["dp"] // (sizes["dp"] // b)
+    seq = np.lexsort((*(coords[d] for d in nest), part))
+    gids = np.empty(job.gpus, dtype=np.int64)
+    gids[seq] = slots
+    return gids
+
+
+def split_mappings(job: JobSpec, slots: np.ndarray, parts: int) -> Iterator[np.ndarray]:
+    """Every split layout of `slots` (`parts` equal pieces in a row, one per unit) by every
+    (a, b) cut of the grid and every nesting inside a part."""
+    seen: set[bytes] = set()
+    for a, b in splits(job, parts):
+        for nest in nestings(job):
+            gids = split_layout(job, slots, a, b, nest)
+            key = gids.tobytes()
+            if key not in seen:
+                seen.add(key)
+                yield gids

@@ -8,26 +8,33 @@
    whole PP stages, DP replicas or TP groups; when the free set cannot supply aligned pieces the
    pieces shrink (`chunk_ladder`), and a looser alignment is kept only if it fits lower.
 2. Which rank where: rank blocks nested by group (`mapping.py`).
-3. On irregular free sets, swaps against the cost model (`refine.py`).
-The few best candidate sets and mappings are priced by the cost model and the cheapest is kept.
-The lowest free GPU ids are always one of the candidates, so topo never prices above first_fit.
+3. When the best of these misses the lower bound (`bounds.lower_bound`): a job spanning units of a
+   pod is also spread evenly over more units with its (pp, dp) grid cut into sub-grids
+   (`spread.py`), and every baseline's placement (and the baselines' GPU sets in the nested
+   mappings) joins the candidates, so topo never prices above any baseline.
+4. On irregular free sets, swaps against the cost model (`refine.py`).
+Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
+to the better fit.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from ..bounds import lower_bound
 from ..costmodel import evaluate, load_array
 from ..jobs import JobSpec
 from ..topology import Topology
+from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
-from .cover import best_fit_cover
+from .blocks import Free, canonical, fragmentation, take, take_nodes
 from .mapping import candidate_mappings
 from .refine import refine
+from .spread import spread_candidates
 
 # Blocks priced per level and chunk size: the best few by fit, so large clusters stay fast.
 BLOCKS_PRICED = 3
@@ -35,43 +42,30 @@ BLOCKS_PLANNED = 8
 PLANNED_GPUS = 4096
 # Candidate sets whose other mappings are priced too.
 SETS_REMAPPED = 2
+# Pods a job spanning units is also spread over (the best by fit).
+PODS_SPREAD = 1
 # Jobs up to this many GPUs get swap refinement on irregular free sets.
 REFINE_MAX_GPUS = 64
+# Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
+BASELINES = (
+    ("tree_best_fit", tree_best_fit.choose),
+    ("naive", naive.choose),
+    ("first_fit", first_fit.choose),
+    ("random", seeded_random.choose),
+)
+BASELINES_REMAPPED = 2
 
 
-class _Free:
-    """Free GPUs counted at every level of the hierarchy for one call."""
-
-    def __init__(self, idx: HierarchyIndex, free: np.ndarray, leaf_load: np.ndarray):
-        self.ids = np.flatnonzero(free)
-        self.node = np.bincount(idx.gpu_node[self.ids], minlength=idx.n_nodes)
-        self.domain = np.bincount(idx.node_domain, weights=self.node, minlength=idx.n_domains).astype(
-            np.int64
-        )
-        self.cell = np.bincount(idx.node_cell, weights=self.node, minlength=idx.n_cells).astype(np.int64)
-        unit_load = (
-            np.bincount(idx.leaf_unit, weights=leaf_load, minlength=idx.n_units) if leaf_load.size else None
-        )
-        self.unit_load = np.zeros(idx.n_units) if unit_load is None else unit_load
-        self.pod_load = np.bincount(idx.unit_pod, weights=self.unit_load, minlength=idx.n_pods)
-        self.plane_load = np.bincount(idx.pod_plane, weights=self.pod_load, minlength=idx.n_planes)
-
-    def node_gpus(self, idx: HierarchyIndex, node: int, k: int) -> np.ndarray:
-        """The k lowest free gids of a node."""
-        lo = int(idx.node_first_gid[node])
-        start = int(np.searchsorted(self.ids, lo))
-        return self.ids[start : start + k]
-
-
-def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], job: JobSpec):
-    """Place `job` by the topo policy; Placement with its prediction, or NoFit with the reason."""
+def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], job: JobSpec, seed: int = 0):
+    """Place `job` by the topo policy; Placement with its prediction, or NoFit with the reason.
+    `seed` is the random baseline's, whose placement is one of the candidates."""
     missing = shortage(job, free)
     if missing is not None:
         return missing
     idx = hierarchy(topology)
     leaf_load = load_array(topology, link_load)
-    counts = _Free(idx, free, leaf_load)
-    plans = _candidate_sets(idx, counts, job)
+    counts = Free(idx, free, leaf_load)
+    plans, spreads = _candidate_sets(idx, counts, job)
     if not plans:
         networked = int(np.count_nonzero(idx.networked[counts.ids]))
         return NoFit(
@@ -92,11 +86,42 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             key = _key(topology, job, gids, leaf_load, fit)
             if key < best_key:
                 best_key, best_k, best_gids = key, k, gids
-    gids, regular = best_gids, plans[best_k][2]
+    regular = plans[best_k][2]
+    bound_ms = lower_bound(topology, job).comm_ms
+    # A placement at the bound is optimal (other jobs' flows only add); otherwise look wider.
+    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+        for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
+            key = _key(topology, job, gids, leaf_load, fit)
+            if key < best_key:
+                best_key, best_gids, regular = key, gids, is_regular
+    gids = best_gids
     if not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
+
+
+def _wider_candidates(
+    topology: Topology,
+    idx: HierarchyIndex,
+    counts: Free,
+    free: np.ndarray,
+    job: JobSpec,
+    spreads: list[tuple[int, int, int]],
+    seed: int,
+) -> Iterator[tuple[np.ndarray, float, bool]]:
+    """Spread layouts over more units of the best pods, then every baseline's placement, then the
+    baselines' GPU sets in the nested mappings; as (gids, fit score, regular?)."""
+    for pod, chunk, fewest in spreads:
+        for gids, fit in spread_candidates(idx, counts, job, pod, chunk, fewest):
+            yield gids, fit, True
+    for k, (_, choose) in enumerate(BASELINES):
+        chosen = np.asarray(choose(topology, free, None, job, seed), dtype=np.int64)
+        # Ranked after every set of ours on fit, so a tie keeps our own placement.
+        yield chosen, math.inf, False
+        if k < BASELINES_REMAPPED:
+            for gids in candidate_mappings(idx, job, canonical(idx, chosen)):
+                yield gids, math.inf, False
 
 
 def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarray, fit: float):
@@ -133,8 +158,11 @@ def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:
     return out
 
 
-def _candidate_sets(idx: HierarchyIndex, counts: _Free, job: JobSpec) -> list[tuple[np.ndarray, float, bool]]:
-    """Candidate GPU sets as (gids in canonical order, fit score, regular?)."""
+def _candidate_sets(
+    idx: HierarchyIndex, counts: Free, job: JobSpec
+) -> tuple[list[tuple[np.ndarray, float, bool]], list[tuple[int, int, int]]]:
+    """Candidate GPU sets as (gids in canonical order, fit score, regular?), and the pods worth
+    spreading the job over as (pod, chunk, units its best set there uses)."""
     n = job.gpus
     fits = np.flatnonzero(counts.domain >= n)
     if fits.size:
@@ -143,9 +171,10 @@ def _candidate_sets(idx: HierarchyIndex, counts: _Free, job: JobSpec) -> list[tu
         domain = int(fits[np.lexsort((fits, leftover))[0]])
         members, off = idx.nodes_of_domain
         nodes = members[off[domain] : off[domain + 1]]
-        gset = _take_nodes(idx, counts, nodes, n)
-        return _with_lowest_ids(counts, n, [(_canonical(idx, gset), float(leftover.min()), True)])
+        gset = take_nodes(idx, counts, nodes, n)
+        return _with_lowest_ids(counts, n, [(canonical(idx, gset), float(leftover.min()), True)]), []
     plans: list[tuple[np.ndarray, float, bool]] = []
+    spreads: list[tuple[int, int, int]] = []
     seen: set[bytes] = set()
     ladder = chunk_ladder(idx, job)
     lowest_level = len(_LEVELS)
@@ -179,22 +208,29 @@ def _candidate_sets(idx: HierarchyIndex, counts: _Free, job: JobSpec) -> list[tu
             order = np.lexsort((blocks, load[blocks], leftover))[:planned]
             scored = []
             for k in order:
-                gset = _take(idx, counts, caps, level, int(blocks[k]), n)
+                gset = take(idx, counts, caps, level, int(blocks[k]), n)
                 scored.append(
-                    (float(leftover[k]) + _fragmentation(idx, counts, gset), float(load[blocks[k]]), gset)
+                    (
+                        float(leftover[k]) + fragmentation(idx, counts, gset),
+                        float(load[blocks[k]]),
+                        int(blocks[k]),
+                        gset,
+                    )
                 )
             scored.sort(key=lambda s: (s[0], s[1]))
-            for fit, _, gset in scored[:BLOCKS_PRICED]:
+            if level == "pod":
+                spreads = [(b, c, np.unique(idx.gpu_unit[gs]).size) for _, _, b, gs in scored[:PODS_SPREAD]]
+            for fit, _, _, gset in scored[:BLOCKS_PRICED]:
                 key = np.sort(gset).tobytes()
                 if key not in seen:
                     seen.add(key)
                     regular = c == ladder[0][0] and _whole_chunks(idx, gset, job.tp)
-                    plans.append((_canonical(idx, gset), fit, regular))
+                    plans.append((canonical(idx, gset), fit, regular))
             break
-    return _with_lowest_ids(counts, n, plans) if plans else plans
+    return (_with_lowest_ids(counts, n, plans) if plans else plans), spreads
 
 
-def _with_lowest_ids(counts: _Free, n: int, plans: list) -> list[tuple[np.ndarray, float, bool]]:
+def _with_lowest_ids(counts: Free, n: int, plans: list) -> list[tuple[np.ndarray, float, bool]]:
     """`plans` plus the lowest free ids (first_fit's set), ranked last on fit, if not already in."""
     lowest = counts.ids[:n]
     if all(np.sort(gset).tobytes() != lowest.tobytes() for gset, _, _ in plans):
@@ -202,7 +238,7 @@ def _with_lowest_ids(counts: _Free, n: int, plans: list) -> list[tuple[np.ndarra
     return plans
 
 
-def _raw_free(idx: HierarchyIndex, counts: _Free, level: str, blocks: np.ndarray) -> np.ndarray:
+def _raw_free(idx: HierarchyIndex, counts: Free, level: str, blocks: np.ndarray) -> np.ndarray:
     """Free GPUs (unaligned) in each block of a level."""
     unit = np.bincount(idx.cell_unit, weights=counts.cell, minlength=idx.n_units)
     if level == "unit":
@@ -215,66 +251,9 @@ def _raw_free(idx: HierarchyIndex, counts: _Free, level: str, blocks: np.ndarray
 
 
 _LEVELS = ("unit", "pod", "plane")
-_CHILD_LEVEL = {"plane": "pod", "pod": "unit", "unit": "cell"}
-
-
-def _take(idx: HierarchyIndex, counts: _Free, caps: dict, level: str, block: int, need: int) -> np.ndarray:
-    """`need` GPUs from one block, children best-fit first, down to nodes and GPUs."""
-    if level == "cell":
-        members, off = idx.nodes_of_cell
-        return _take_nodes(idx, counts, members[off[block] : off[block + 1]], need)
-    child_level = _CHILD_LEVEL[level]
-    members, off = {
-        "plane": idx.pods_of_plane,
-        "pod": idx.units_of_pod,
-        "unit": idx.cells_of_unit,
-    }[level]
-    children = members[off[block] : off[block + 1]]
-    load = None
-    if child_level == "pod":
-        load = counts.pod_load[children]
-    elif child_level == "unit":
-        load = counts.unit_load[children]
-    plan = best_fit_cover(caps[child_level][children], need, load)
-    parts = [_take(idx, counts, caps, child_level, int(children[k]), take) for k, take in plan]
-    return np.concatenate(parts)
-
-
-def _take_nodes(idx: HierarchyIndex, counts: _Free, nodes: np.ndarray, need: int) -> np.ndarray:
-    """`need` free GPUs from these nodes: best-fit nodes, each node's lowest free GPUs."""
-    if nodes.size == 1:
-        return counts.node_gpus(idx, int(nodes[0]), need)
-    plan = best_fit_cover(counts.node[nodes], need)
-    return np.concatenate([counts.node_gpus(idx, int(nodes[k]), take) for k, take in plan])
-
-
-def _fragmentation(idx: HierarchyIndex, counts: _Free, gset: np.ndarray) -> float:
-    """Penalty in GPUs: half a node for every node the set leaves partly free."""
-    nodes, used = np.unique(idx.gpu_node[gset], return_counts=True)
-    broken = int(np.count_nonzero(counts.node[nodes] > used))
-    return broken * idx.max_node_gpus / 2
 
 
 def _whole_chunks(idx: HierarchyIndex, gset: np.ndarray, tp: int) -> bool:
     """True when every NVLink domain holds a multiple of tp of the set's GPUs."""
     _, per_domain = np.unique(idx.gpu_domain[gset], return_counts=True)
     return bool((per_domain % tp == 0).all())
-
-
-def _canonical(idx: HierarchyIndex, gset: np.ndarray) -> np.ndarray:
-    """The set in hierarchy order: plane, pod, unit, then the unit's cells fullest first (so TP
-    groups line up with whole domains and split ones pair up), node, GPU index."""
-    cell = idx.gpu_cell[gset]
-    _, inverse, per_cell = np.unique(cell, return_inverse=True, return_counts=True)
-    order = np.lexsort(
-        (
-            idx.gpu_index[gset],
-            idx.gpu_node[gset],
-            cell,
-            -per_cell[inverse],
-            idx.gpu_unit[gset],
-            idx.gpu_pod[gset],
-            idx.gpu_plane[gset],
-        )
-    )
-    return gset[order]
