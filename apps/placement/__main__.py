@@ -2,13 +2,14 @@
 
   place    --topology T --job J [--policy P] [--busy B] [--seed S]
   evaluate --topology T --job J --ranks R
-  bound    --topology T --job J
+  bound    --topology T --job J [--busy B]
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
 placement output of job spec v1 plus `lower_bound` and `gap` (`bounds.gap`: predicted comm_ms /
 bound comm_ms, 1.0 when both are 0, null when only the bound is 0); `place` adds `vs_naive`, the
-naive policy's predicted times and their ratio to this placement's.
+naive policy's predicted times and their ratio to this placement's. `bound --busy` bounds the
+placements on the free GPUs only (`lower_bound(..., free=...)`).
 Exit status: 0 done, 1 the job does not fit (the reason is in the JSON), 2 bad input (one line on
 stderr).
 """
@@ -139,10 +140,15 @@ def _ratio(a: float, b: float) -> float | None:
     return 1.0 if a == 0 else None
 
 
+def _free(topology: Topology, args: argparse.Namespace):
+    """The free mask: every GPU, less those in --busy when it is given."""
+    if args.busy is None:
+        return topology.free_mask()
+    return _flagged("--busy", busy_mask, topology, _read_json(args.busy, "--busy"))
+
+
 def cmd_place(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tuple[dict, int]:
-    free = topology.free_mask()
-    if args.busy is not None:
-        free = _flagged("--busy", busy_mask, topology, _read_json(args.busy, "--busy"))
+    free = _free(topology, args)
     policy = args.policy or job.policy or "topo"
     result = place(topology, free, None, job, policy=policy, seed=args.seed)
     if isinstance(result, NoFit):
@@ -171,7 +177,15 @@ def cmd_evaluate(topology: Topology, job: JobSpec, args: argparse.Namespace) -> 
 
 
 def cmd_bound(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tuple[dict, int]:
-    bound = lower_bound(topology, job)
+    if args.busy is None:
+        bound = lower_bound(topology, job)
+    else:
+        free = _free(topology, args)
+        n_free = int(free.sum())
+        # A job larger than the free GPUs has no placement to bound.
+        if job.gpus > n_free:
+            return {"job": job.name, "no_fit": f"needs {job.gpus} GPUs, {n_free} are free"}, 1
+        bound = lower_bound(topology, job, free=free)
     return {"job": job.name, "lower_bound": prediction_output(bound)}, 0
 
 
@@ -191,9 +205,10 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--topology", required=True, help="topology spec v1 file (YAML or JSON)")
         s.add_argument("--job", required=True, help="job spec v1 file (YAML or JSON)")
+        if name in ("place", "bound"):
+            s.add_argument("--busy", help='JSON file: list of {"node", "gpu"} already taken')
         if name == "place":
             s.add_argument("--policy", choices=POLICIES, help="default: the job's policy, else topo")
-            s.add_argument("--busy", help='JSON file: list of {"node", "gpu"} already taken')
             s.add_argument("--seed", type=int, default=0, help="seed of the random policy")
         if name == "evaluate":
             s.add_argument("--ranks", required=True, help="JSON file: a placement output or its ranks list")

@@ -1,4 +1,5 @@
-"""Lower bound on a job's communication per step, joint over its group kinds, on the empty cluster.
+"""Lower bound on a job's communication per step, joint over its group kinds, on the empty cluster
+or on a given set of free GPUs.
 
 Regions. At each level the cluster's GPUs are partitioned into regions, each nested in one region
 of the next level: `nvlink`, the NVLink domains; `leaf`, domains joined whenever GPUs of theirs have
@@ -19,7 +20,10 @@ Megatron grid a group of K is the set of ranks that agree on every coordinate ou
 set of ranks that agree outside the union of S's dimensions: a block of the product of those
 dimensions' sizes (an EP group lies inside its DP group, so ep adds nothing once dp is in S). Hence
 every placement's own assignment satisfies block(S) <= cap(L) at every level L below core (at core
-the bound is still defined for a job larger than the cluster, though no placement exists).
+the bound is still defined for a job larger than the cluster, though no placement exists). More: the
+job's ranks split into gpus/block(S) such blocks, disjoint, each inside one L-region, and a region
+of g GPUs holds at most floor(g/block(S)) of them, so the sum of floor(g/block(S)) over L's regions
+is at least gpus/block(S) (`_Capacity.room`; for a job larger than the cluster, block(S) <= cap(L)).
 
 Pricing, and why it is low enough. An entry costs its slowest group. Under the placement's own
 assignment every group of K at `nvlink` sits in one domain holding whole blocks of the nvlink kinds
@@ -45,6 +49,18 @@ a group there gets at most T/q GB/s (T: the largest leaf's total uplinks), per r
 for the allreduce with the fewest rails there. K at `spine` is priced at that share; K at `core` at
 the worse of its pod-crossing group (uncongested) and the congested one. Kinds that overflow a leaf
 region only together (PP and DP both leaving it) are priced without their own flows.
+
+Free GPUs (`lower_bound(..., free=mask)`). Every placement on a fragmented cluster uses free GPUs
+only, so a block confined to one region uses at most that region's free GPUs: every argument above
+holds with each size read as a free count. g becomes each region's free GPUs and cap(L) the most
+in one region at L; "domains that large" (nvlink pricing, and the best domain holding 2+ members)
+the domains with that many free GPUs; the members a domain holds, at most its free GPUs (in whole
+nvlink blocks); rails, the distinct NICs among one domain's free GPUs; lambda, the leaves serving
+one leaf region's free GPUs. Each only shrinks, so the free-set bound is at least the empty-cluster
+one, and `gap` against it measures the placement rather than the fragmentation. A mask with fewer
+free GPUs than the job needs raises ValueError: there is no placement to bound. A free set's
+capacities are memoised on those counts (how many regions hold how many free GPUs, per level), not
+on the mask, so free sets alike share their prices and bounds.
 
 gap = predicted comm_ms / bound comm_ms, 1.0 when both are 0 (`gap`).
 """
@@ -80,14 +96,19 @@ _KIND_DIMS = {"tp": 1, "pp": 2, "ep": 4, "dp": 4 | 8}
 
 @dataclass(frozen=True)
 class _Capacity:
-    """What the empty cluster offers per level: region sizes (GPUs), best bandwidth (GB/s), latency (us)."""
+    """What the free GPUs (all, on the empty cluster) offer per level: region sizes (GPUs), best
+    bandwidth (GB/s), latency (us)."""
 
-    domain_gpus: np.ndarray  # GPUs per NVLink domain
-    region_gpus: tuple[int, int, int]  # largest region at nvlink, leaf, spine
-    region_leaves: int  # most leaves serving one leaf region's GPUs
+    fit_gpus: np.ndarray  # per domain class: the most free GPUs in one of its domains
+    fit_bw: np.ndarray  # per domain class: its NVLink bandwidth (GB/s)
+    fit_lat: np.ndarray  # per domain class: its NVLink latency (us)
+    region_gpus: tuple[int, int, int]  # largest region at nvlink, leaf, spine (free GPUs)
+    region_counts: tuple[tuple, tuple, tuple]  # per level: ((free GPUs, regions with that many), ...)
+    total_gpus: int  # free GPUs in all
+    region_leaves: int  # most leaves serving one leaf region's (free) GPUs
     uplink_total: float  # largest leaf's total uplinks (GB/s), inf where a leaf has none
-    max_domain_rails: int  # most distinct NICs in one domain
-    intra_bw: float  # best domain holding 2+ GPUs, inf if none
+    max_domain_rails: int  # most distinct NICs among one domain's (free) GPUs
+    intra_bw: float  # best domain holding 2+ (free) GPUs, inf if none
     intra_lat: float
     nic_bw: float
     nic_lat: float
@@ -99,13 +120,41 @@ class _Capacity:
     fits: dict = field(default_factory=dict)  # block GPUs -> best (GB/s, us) of domains that large
     prices: dict = field(default_factory=dict)  # (collective, n, bytes, context) -> [(ms, GB/s)] by level
     bounds: dict = field(default_factory=dict)  # JobSpec -> its Prediction
+    holds: dict = field(default_factory=dict)  # (level, block GPUs) -> disjoint blocks that fit
+
+    def room(self, level: int, block: int, gpus: int) -> bool:
+        """Whether the regions at LEVELS[level] hold gpus/block disjoint blocks of `block` (free)
+        GPUs, each inside one region; a job larger than every free GPU needs just one block."""
+        n = self.holds.get((level, block))
+        if n is None:
+            n = self.holds[(level, block)] = sum(f // block * m for f, m in self.region_counts[level])
+        return n * block >= (gpus if gpus <= self.total_gpus else block)
 
 
-_CAPACITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass
+class _Layout:
+    """A topology's fixed structure the capacities are counted over, and its capacities by key."""
+
+    dom_class: np.ndarray  # per domain: index of its (bw, latency) class
+    leaf_region: np.ndarray  # per domain: its leaf region
+    pod_region: np.ndarray  # per domain: its pod region
+    net: np.ndarray  # bool per gid: has a NIC
+    dom_nic: np.ndarray  # per networked GPU: index of its (domain, NIC) pair
+    pair_dom: np.ndarray  # per (domain, NIC) pair: the domain
+    region_leaf: np.ndarray  # per networked GPU: index of its (leaf region, leaf) pair
+    pair_region: np.ndarray  # per (leaf region, leaf) pair: the region
+    constants: dict  # the _Capacity fields no free set changes
+    empty_key: tuple = ()
+    empty: _Capacity | None = None
+    variants: dict = field(default_factory=dict)  # capacity key -> _Capacity of a free set
+
+
+_LAYOUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Memo sizes per topology (entries); a full memo is cleared, as jobs come and go. Bounds hold
-# every group of a job, so fewer of them are kept.
+# every group of a job, so fewer of them are kept; each free-set capacity has its own memos.
 _MEMO_SIZE = 4096
 _BOUNDS_SIZE = 256
+_VARIANTS_SIZE = 32
 
 
 def _regions(n_domains: int, dom: np.ndarray, other: np.ndarray) -> np.ndarray:
@@ -123,60 +172,161 @@ def _regions(n_domains: int, dom: np.ndarray, other: np.ndarray) -> np.ndarray:
     return np.array([find(d) for d in range(n_domains)], dtype=np.int64)
 
 
-def _capacity(topo: Topology) -> _Capacity:
-    cap = _CAPACITY.get(topo)
-    if cap is not None:
-        return cap
+def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index of each (a, b) pair among the distinct pairs, each distinct pair's a)."""
+    if not a.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(np.stack([a, b]), axis=1, return_inverse=True)
+    return inverse.ravel().astype(np.int64), uniq[0]
+
+
+def _layout(topo: Topology) -> _Layout:
+    layout = _LAYOUT.get(topo)
+    if layout is not None:
+        return layout
     n_dom = len(topo.domain_names)
-    dom_gpus = np.bincount(topo.gpu_domain, minlength=n_dom)
     net = topo.gpu_leaf >= 0
     dom_net = topo.gpu_domain[net].astype(np.int64)
+    leaf_net = topo.gpu_leaf[net].astype(np.int64)
     ids, _ = nic_ids(topo)
-    dom_nic = np.unique(np.stack([dom_net, ids[net]]), axis=1)
-    big = dom_gpus >= 2
-    leaf_region = _regions(n_dom, dom_net, topo.gpu_leaf[net].astype(np.int64))
-    pod_region = _regions(n_dom, dom_net, topo.gpu_pod[net].astype(np.int64))
-    region_leaf = np.unique(np.stack([leaf_region[dom_net], topo.gpu_leaf[net].astype(np.int64)]), axis=1)
+    leaf_region = _regions(n_dom, dom_net, leaf_net)
+    dom_nic, pair_dom = _pairs(dom_net, ids[net])
+    region_leaf, pair_region = _pairs(leaf_region[dom_net], leaf_net)
+    classes, dom_class = np.unique(
+        np.stack([topo.domain_bw.astype(float), topo.domain_latency.astype(float)]),
+        axis=1,
+        return_inverse=True,
+    )
     used = np.unique(topo.gpu_leaf[net])
     totals = topo.leaf_uplink_total_bw[used]
     finite_up = np.isfinite(topo.leaf_spine_bw)
     finite_core = topo.pod_core_bw[np.isfinite(topo.pod_core_bw)]
-    cap = _Capacity(
-        domain_gpus=dom_gpus,
-        region_gpus=(
-            int(dom_gpus.max(initial=0)),
-            int(np.bincount(leaf_region[topo.gpu_domain]).max(initial=0)),
-            int(np.bincount(pod_region[topo.gpu_domain]).max(initial=0)),
-        ),
-        region_leaves=int(np.bincount(region_leaf[0]).max(initial=1)) if region_leaf.size else 1,
-        uplink_total=float(totals.max()) if totals.size and (totals > 0).all() else math.inf,
-        max_domain_rails=int(np.bincount(dom_nic[0]).max(initial=1)) if dom_nic.size else 1,
-        intra_bw=float(topo.domain_bw[big].max()) if big.any() else math.inf,
-        intra_lat=float(topo.domain_latency[big].min()) if big.any() else 0.0,
-        nic_bw=float(topo.gpu_nic_bw[net].max(initial=0.0)),
-        nic_lat=float(topo.gpu_nic_latency[net].min(initial=math.inf)),
-        uplink_bw=float(topo.leaf_spine_bw[finite_up].max()) if finite_up.any() else math.inf,
-        uplink_lat=float(topo.leaf_spine_latency[finite_up].min()) if finite_up.any() else 0.0,
-        core_bw=float(finite_core.max()) if finite_core.size else math.inf,
-        core_lat=float(topo.pod_core_latency.min()) if topo.pod_core_latency.size else 0.0,
-        min_peak_tflops=float(topo.node_peak_tflops.min()),
+    constants = {
+        "fit_bw": classes[0],
+        "fit_lat": classes[1],
+        "uplink_total": float(totals.max()) if totals.size and (totals > 0).all() else math.inf,
+        "nic_bw": float(topo.gpu_nic_bw[net].max(initial=0.0)),
+        "nic_lat": float(topo.gpu_nic_latency[net].min(initial=math.inf)),
+        "uplink_bw": float(topo.leaf_spine_bw[finite_up].max()) if finite_up.any() else math.inf,
+        "uplink_lat": float(topo.leaf_spine_latency[finite_up].min()) if finite_up.any() else 0.0,
+        "core_bw": float(finite_core.max()) if finite_core.size else math.inf,
+        "core_lat": float(topo.pod_core_latency.min()) if topo.pod_core_latency.size else 0.0,
+        "min_peak_tflops": float(topo.node_peak_tflops.min()),
+    }
+    layout = _Layout(
+        dom_class=dom_class.ravel().astype(np.int64),
+        leaf_region=leaf_region,
+        pod_region=_regions(n_dom, dom_net, topo.gpu_pod[net].astype(np.int64)),
+        net=net,
+        dom_nic=dom_nic,
+        pair_dom=pair_dom,
+        region_leaf=region_leaf,
+        pair_region=pair_region,
+        constants=constants,
     )
-    _CAPACITY[topo] = cap
+    layout.empty_key = _capacity_key(topo, layout, np.ones(topo.n_gpus, dtype=bool))
+    layout.empty = _build(constants, layout.empty_key)
+    _LAYOUT[topo] = layout
+    return layout
+
+
+def _counts(per_region: np.ndarray) -> tuple:
+    """((free GPUs, regions with that many), ...) of the regions with any, by count."""
+    values, mult = np.unique(per_region[per_region > 0].astype(np.int64), return_counts=True)
+    return tuple(zip(values.tolist(), mult.tolist(), strict=True))
+
+
+def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
+    """What a free set's capacities depend on: per domain class the most free GPUs in a domain;
+    per level how many regions have how many free GPUs; most leaves under one region's free GPUs;
+    most NICs among one domain's free GPUs."""
+    dom_free = np.bincount(topo.gpu_domain[free], minlength=len(topo.domain_names))
+    fit = np.zeros(int(layout.dom_class.max(initial=-1)) + 1, dtype=np.int64)
+    np.maximum.at(fit, layout.dom_class, dom_free)
+
+    def most(index: np.ndarray, weights: np.ndarray) -> int:
+        return max(int(np.bincount(index, weights=weights).max(initial=0)), 1) if index.size else 1
+
+    free_net = free[layout.net]
+    nics = np.bincount(layout.dom_nic[free_net], minlength=layout.pair_dom.size) > 0
+    leaves = np.bincount(layout.region_leaf[free_net], minlength=layout.pair_region.size) > 0
+    return (
+        tuple(fit.tolist()),
+        (
+            _counts(dom_free),
+            _counts(np.bincount(layout.leaf_region, weights=dom_free)),
+            _counts(np.bincount(layout.pod_region, weights=dom_free)),
+        ),
+        most(layout.pair_region, leaves),
+        most(layout.pair_dom, nics),
+    )
+
+
+def _build(constants: dict, key: tuple) -> _Capacity:
+    fit_tuple, counts, region_leaves, rails = key
+    fit = np.array(fit_tuple, dtype=np.int64)
+    big = fit >= 2
+    return _Capacity(
+        fit_gpus=fit,
+        region_gpus=tuple(level[-1][0] if level else 0 for level in counts),
+        region_counts=counts,
+        total_gpus=sum(f * m for f, m in counts[0]),
+        region_leaves=region_leaves,
+        max_domain_rails=rails,
+        intra_bw=float(constants["fit_bw"][big].max()) if big.any() else math.inf,
+        intra_lat=float(constants["fit_lat"][big].min()) if big.any() else 0.0,
+        **constants,
+    )
+
+
+def free_array(topology: Topology, free) -> np.ndarray:
+    """`free` checked as a bool array with one entry per gid (True: the GPU is free)."""
+    mask = np.asarray(free)
+    if mask.dtype != bool or mask.shape != (topology.n_gpus,):
+        raise ValueError(
+            f"free: expected a bool array of {topology.n_gpus} GPUs, got {mask.dtype} of shape {mask.shape}"
+        )
+    return mask
+
+
+def _capacity(topo: Topology, free: np.ndarray | None = None) -> _Capacity:
+    """The capacities of the empty cluster (free=None) or of a checked free mask, memoised on
+    what they depend on rather than on the mask."""
+    layout = _layout(topo)
+    if free is None:
+        return layout.empty
+    key = _capacity_key(topo, layout, free)
+    if key == layout.empty_key:
+        return layout.empty
+    cap = layout.variants.get(key)
+    if cap is None:
+        if len(layout.variants) >= _VARIANTS_SIZE:
+            layout.variants.clear()
+        cap = layout.variants[key] = _build(layout.constants, key)
     return cap
 
 
-def region_gpus(topo: Topology) -> dict[str, int]:
-    """cap(L) per level, in GPUs: the largest NVLink domain, leaf region, pod, and the whole cluster."""
-    caps = _capacity(topo).region_gpus
-    return {"nvlink": caps[0], "leaf": caps[1], "spine": caps[2], "core": topo.n_gpus}
+def region_gpus(topo: Topology, *, free: np.ndarray | None = None) -> dict[str, int]:
+    """cap(L) per level, in GPUs: the largest NVLink domain, leaf region, pod, and the whole
+    cluster; with `free` (bool per gid), the most free GPUs in one of each."""
+    if free is None:
+        caps, total = _capacity(topo).region_gpus, topo.n_gpus
+    else:
+        mask = free_array(topo, free)
+        caps, total = _capacity(topo, mask).region_gpus, int(mask.sum())
+    return {"nvlink": caps[0], "leaf": caps[1], "spine": caps[2], "core": total}
+
+
+def _smallest(cap: _Capacity, n: int) -> str:
+    for level, size in zip(LEVELS, cap.region_gpus, strict=False):
+        if size >= n:
+            return level
+    return "core"
 
 
 def smallest_level(topo: Topology, n: int) -> str:
     """The lowest level whose largest region has >= n GPUs: nvlink, leaf, spine or core."""
-    for level, size in zip(LEVELS, _capacity(topo).region_gpus, strict=False):
-        if size >= n:
-            return level
-    return "core"
+    return _smallest(_capacity(topo), n)
 
 
 def gap(predicted_comm_ms: float, bound_comm_ms: float) -> float:
@@ -197,12 +347,12 @@ def _network(cap: _Capacity, level: str) -> tuple[float, float]:
     return bw, lat
 
 
-def _domain_fit(topo: Topology, cap: _Capacity, block: int) -> tuple[float, float]:
-    """Best bandwidth (GB/s) and lowest latency (us) among the domains with >= `block` GPUs."""
+def _domain_fit(cap: _Capacity, block: int) -> tuple[float, float]:
+    """Best bandwidth (GB/s) and lowest latency (us) among the domains with >= `block` (free) GPUs."""
     hit = cap.fits.get(block)
     if hit is None:
-        fits = cap.domain_gpus >= block
-        hit = cap.fits[block] = (float(topo.domain_bw[fits].max()), float(topo.domain_latency[fits].min()))
+        fits = cap.fit_gpus >= block
+        hit = cap.fits[block] = (float(cap.fit_bw[fits].max()), float(cap.fit_lat[fits].min()))
     return hit
 
 
@@ -274,7 +424,7 @@ class _Prices:
         each group in `shared1` (module docstring, own flows)."""
         cap, n = self.cap, self.sizes[e.group]
         if level == 0:
-            key = (e.collective, n, e.bytes, _domain_fit(self.topo, cap, block0))
+            key = (e.collective, n, e.bytes, _domain_fit(cap, block0))
         else:
             per_domain = min(n, cap.region_gpus[0], shared0 * max(cap.region_gpus[0] // block0, 1))
             flows = 0
@@ -307,9 +457,8 @@ class _Prices:
         return total
 
 
-def _best_assignment(topo: Topology, job: JobSpec, sizes: dict[str, int]):
+def _best_assignment(topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[str, int]):
     """({kind: (level, bottleneck GB/s)}, {entry index: ms}) of the cheapest feasible assignment."""
-    cap = _capacity(topo)
     prices = _Prices(topo, cap, job, sizes)
     kinds = [k for k in GROUP_KINDS if sizes[k] > 1 and prices.entries[k]]
     r = len(kinds)
@@ -334,14 +483,14 @@ def _best_assignment(topo: Topology, job: JobSpec, sizes: dict[str, int]):
     # Kinds inside NVLink domains (s0), then inside leaf regions (s1), the rest at spine or core.
     for s0 in range(1 << r):
         mask0 = mask_of(s0)
-        if blocks[mask0] > caps[0]:
+        if not cap.room(0, blocks[mask0], job.gpus):
             continue
         cost0 = sum(prices.kind(kinds[j], 0, *context(j, 0, mask0, 0)) for j in range(r) if s0 >> j & 1)
         for s1 in range(1 << r):
             if s1 & s0 or cost0 >= best:
                 continue
             mask1 = mask0 | mask_of(s1)
-            if blocks[mask1] > caps[1]:
+            if not cap.room(1, blocks[mask1], job.gpus):
                 continue
             cost1 = cost0 + sum(
                 prices.kind(kinds[j], 1, *context(j, 1, mask0, mask1)) for j in range(r) if s1 >> j & 1
@@ -355,7 +504,7 @@ def _best_assignment(topo: Topology, job: JobSpec, sizes: dict[str, int]):
                 for j, lv in zip(rest, levels, strict=True):
                     cost += at[j][lv - 2]
                     mask2 |= bits[j] if lv == 2 else 0
-                if cost < best and blocks[mask2] <= caps[2]:
+                if cost < best and cap.room(2, blocks[mask2], job.gpus):
                     best = cost
                     chosen = dict(zip(rest, levels, strict=True))
                     best_levels = tuple(
@@ -374,13 +523,23 @@ def _best_assignment(topo: Topology, job: JobSpec, sizes: dict[str, int]):
     return levels_bw, per_entry
 
 
-def lower_bound(topology: Topology, job: JobSpec) -> Prediction:
-    """A Prediction no placement of `job` on `topology` can beat, on the empty cluster (no other
-    job's flows): every communicating kind priced at its level in the cheapest feasible joint
-    assignment (module docstring). Times in ms; `entry_ms` per comm entry (count included); `groups`
-    gives each group its kind's level and bottleneck (GB/s); MFU uses the cluster's lowest peak, so
-    it is an upper bound."""
-    cap = _capacity(topology)
+def lower_bound(topology: Topology, job: JobSpec, *, free: np.ndarray | None = None) -> Prediction:
+    """A Prediction no placement of `job` on `topology` can beat, with no other job's flows: every
+    communicating kind priced at its level in the cheapest feasible joint assignment (module
+    docstring). `free` (bool per gid, True: free) bounds the placements on those GPUs only, with
+    every region's capacity its free GPU count; None means the empty cluster. Times in ms;
+    `entry_ms` per comm entry (count included); `groups` gives each group its kind's level and
+    bottleneck (GB/s); MFU uses the cluster's lowest peak, so it is an upper bound.
+    Raises ValueError (naming `free`) for a mask of the wrong shape or dtype, or one with fewer
+    free GPUs than the job needs: no placement exists to bound."""
+    if free is None:
+        cap = _capacity(topology)
+    else:
+        mask = free_array(topology, free)
+        n_free = int(mask.sum())
+        if job.gpus > n_free:
+            raise ValueError(f"free: job {job.name!r} needs {job.gpus} GPUs, {n_free} are free")
+        cap = _capacity(topology, mask)
     hit = cap.bounds.get(job)
     if hit is None:
         if len(cap.bounds) > _BOUNDS_SIZE:
@@ -393,7 +552,7 @@ def lower_bound(topology: Topology, job: JobSpec) -> Prediction:
 def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction:
     arrays = group_arrays(job)
     sizes = {k: int(arrays[k].shape[1]) for k in GROUP_KINDS}
-    chosen, per_entry = _best_assignment(topology, job, sizes)
+    chosen, per_entry = _best_assignment(topology, cap, job, sizes)
     entry_ms = [per_entry.get(i, 0.0) for i in range(len(job.comm))]
     kind_time: dict[str, float] = {}
     for i, entry in enumerate(job.comm):
@@ -404,7 +563,7 @@ def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction
     groups = []
     for kind, t in kind_time.items():
         # A kind that does not communicate is shown where it would fit alone.
-        level, bw = chosen.get(kind) or (smallest_level(topology, sizes[kind]), top_bw)
+        level, bw = chosen.get(kind) or (_smallest(cap, sizes[kind]), top_bw)
         groups.extend(GroupCost(kind, tuple(r), level, bw, t) for r in arrays[kind].tolist())
     return Prediction(
         comm_ms=comm,

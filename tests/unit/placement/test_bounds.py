@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.placement.bounds import gap, lower_bound, region_gpus, smallest_level
+from apps.placement.__main__ import main
+from apps.placement.bounds import _capacity, gap, lower_bound, region_gpus, smallest_level
 from apps.placement.costmodel import (
     allgather_ms,
+    alltoall_ms,
     evaluate,
     hierarchical_allreduce_ms,
     p2p_ms,
@@ -19,9 +23,10 @@ from apps.placement.costmodel import (
 )
 from apps.placement.jobs import COLLECTIVES, GROUP_KINDS
 from apps.placement.solvers import POLICIES, Placement, place
-from apps.placement.topology import load_topology
+from apps.placement.topology import load_topology, load_topology_file
 from tests.unit.placement.specs import generated, job
 
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 LLM_COMM = [("tp", "allreduce", 4.2e7, 160), ("pp", "p2p", 4.2e7, 16), ("dp", "allreduce", 8.1e8)]
 
 
@@ -252,14 +257,16 @@ def clusters(hetero, pods, rail, case44):
     }
 
 
-def _structured(topo, j, data) -> np.ndarray:
-    """Ranks laid on whole nodes in a drawn node order, the rank grid's axes in a drawn order, then a
-    few swaps: the kind of placement that keeps groups together and can come close to the bound."""
+def _structured(topo, j, data, free) -> np.ndarray:
+    """Ranks laid on the free GPUs of whole nodes in a drawn node order, the rank grid's axes in a
+    drawn order, then a few swaps: the kind of placement that keeps groups together and can come
+    close to the bound."""
     nodes = data.draw(st.permutations(range(len(topo.nodes))))
     slots = np.concatenate(
         [np.arange(topo.node_first_gid[n], topo.node_first_gid[n] + topo.node_gpu_count[n]) for n in nodes]
     )
-    start = data.draw(st.integers(0, topo.n_gpus - j.gpus))
+    slots = slots[free[slots]]
+    start = data.draw(st.integers(0, slots.size - j.gpus))
     axes = data.draw(st.permutations(range(4)))
     grid = np.arange(j.gpus).reshape(j.pp, j.dp // j.ep, j.ep, j.tp)
     gids = np.empty(j.gpus, dtype=np.int64)
@@ -273,7 +280,7 @@ def _structured(topo, j, data) -> np.ndarray:
 
 @settings(max_examples=80, deadline=None)
 @given(st.data())
-def test_no_placement_beats_the_bound(clusters, data):
+def test_no_placement_on_a_free_set_beats_its_free_bound(clusters, data):
     topo = clusters[data.draw(st.sampled_from(sorted(clusters)))]
     gpus = data.draw(st.sampled_from([n for n in (2, 4, 6, 8, 12, 16) if n <= topo.n_gpus]))
     tp = data.draw(st.sampled_from([d for d in (1, 2, 4) if gpus % d == 0]))
@@ -294,13 +301,130 @@ def test_no_placement_beats_the_bound(clusters, data):
     )
     order = data.draw(st.sampled_from(["tp-ep-dp-pp", "tp-pp-ep-dp", "ep-dp-tp-pp", "pp-tp-ep-dp"]))
     j = job(gpus, tp=tp, pp=pp, dp=dp, ep=ep, comm=entries, rank_order=order, model={"flops_per_step": 1e14})
-    bound = lower_bound(topo, j)
-    shuffled = np.asarray(data.draw(st.permutations(range(topo.n_gpus)))[:gpus])
+    # A random free set (often the whole cluster); every candidate below uses free GPUs only.
+    order_gids = np.asarray(data.draw(st.permutations(range(topo.n_gpus))))
+    n_free = data.draw(st.one_of(st.just(topo.n_gpus), st.integers(gpus, topo.n_gpus)))
+    free = np.zeros(topo.n_gpus, dtype=bool)
+    free[order_gids[:n_free]] = True
+    empty = lower_bound(topo, j)
+    bound = lower_bound(topo, j, free=free)
+    assert bound.comm_ms >= empty.comm_ms * (1 - 1e-9)
     load = {leaf: float(data.draw(st.integers(0, 8))) for leaf in topo.leaf_names}
-    candidates = [evaluate(topo, j, shuffled, load), evaluate(topo, j, _structured(topo, j, data))]
-    result = place(topo, topo.free_mask(), None, j, policy=data.draw(st.sampled_from(POLICIES)))
+    candidates = [
+        evaluate(topo, j, order_gids[:gpus], load),
+        evaluate(topo, j, _structured(topo, j, data, free)),
+    ]
+    congested = data.draw(st.booleans())
+    result = place(topo, free, load if congested else None, j, policy=data.draw(st.sampled_from(POLICIES)))
     if isinstance(result, Placement):
+        assert free[list(result.gids)].all()
         candidates.append(result.prediction)
     for got in candidates:
         assert got.comm_ms >= bound.comm_ms * (1 - 1e-9)
         assert got.step_ms >= bound.step_ms * (1 - 1e-9)
+
+
+def _without_first_gpu_of_each_node(topo) -> np.ndarray:
+    free = topo.free_mask()
+    free[topo.node_first_gid] = False
+    return free
+
+
+def test_free_counts_replace_region_sizes(pods):
+    # pods: 4-GPU domains, 8 GPUs per leaf, 16 per pod; one GPU per node taken leaves 3 of 4.
+    free = _without_first_gpu_of_each_node(pods)
+    assert region_gpus(pods, free=free) == {"nvlink": 3, "leaf": 6, "spine": 12, "core": 24}
+    assert region_gpus(pods, free=pods.free_mask()) == region_gpus(pods)
+
+
+def test_the_bound_on_an_all_free_mask_is_the_empty_cluster_bound(pod256):
+    j = job(64, tp=8, pp=2, dp=4, comm=LLM_COMM)
+    assert lower_bound(pod256, j, free=pod256.free_mask()) == lower_bound(pod256, j)
+
+
+def test_an_expert_group_with_no_whole_free_node_is_priced_over_nics(pod256):
+    # ep8 dp16 with GPU 0 of every node taken: no 8-GPU domain is free, so EP must leave NVLink.
+    j = job(16, dp=16, ep=8, comm=[("ep", "alltoall", 6.4e7, 32), ("dp", "allreduce", 5e8)])
+    free = _without_first_gpu_of_each_node(pod256)
+    empty = lower_bound(pod256, j)
+    bound = lower_bound(pod256, j, free=free)
+    assert _levels(empty)["ep"] == "nvlink"
+    assert _levels(bound)["ep"] == "leaf"
+    assert bound.entry_ms[0] == pytest.approx(32 * alltoall_ms(8, 6.4e7, 50, 3.0))
+    assert bound.comm_ms > 5 * empty.comm_ms
+    ours = place(pod256, free, None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert bound.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
+    # Against the free-set bound topo is close; against the empty cluster it looks 5x off.
+    assert gap(ours.prediction.comm_ms, bound.comm_ms) < 1.05
+    assert gap(ours.prediction.comm_ms, empty.comm_ms) > 5
+
+
+def test_free_sets_with_the_same_counts_share_one_memo(pods):
+    j = job(8, tp=2, dp=4, comm=[("tp", "allreduce", 1e8), ("dp", "allreduce", 1e9)])
+    a = _without_first_gpu_of_each_node(pods)
+    b = pods.free_mask()
+    b[pods.node_first_gid + 3] = False
+    assert not (a == b).all()
+    assert lower_bound(pods, j, free=a) == lower_bound(pods, j, free=b)
+    assert _capacity(pods, a) is _capacity(pods, b)
+
+
+def test_a_job_larger_than_the_free_set_has_no_bound(pods):
+    free = np.zeros(pods.n_gpus, dtype=bool)
+    free[:8] = True
+    with pytest.raises(ValueError, match="free: job .* needs 16 GPUs, 8 are free"):
+        lower_bound(pods, job(16, comm=[("dp", "allreduce", 1e6)]), free=free)
+
+
+@pytest.mark.parametrize("mask", [np.ones(31, dtype=bool), np.ones(32, dtype=np.int64)])
+def test_a_free_mask_of_the_wrong_shape_or_dtype_is_rejected(pods, mask):
+    with pytest.raises(ValueError, match="free: expected a bool array of 32 GPUs"):
+        lower_bound(pods, job(4, comm=[("dp", "allreduce", 1e6)]), free=mask)
+
+
+def test_the_bound_command_takes_busy_gpus(tmp_path, capsys):
+    topology = str(EXAMPLES / "pod-256.yaml")
+    spec = {
+        "version": 1,
+        "name": "moe",
+        "gpus": 16,
+        "parallelism": {"tp": 1, "pp": 1, "dp": 16, "ep": 8},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "ep", "collective": "alltoall", "bytes": 6.4e7, "count": 32}],
+    }
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(spec))
+    busy = tmp_path / "busy.json"
+    busy.write_text(json.dumps([{"node": n.name, "gpu": 0} for n in load_topology_file(topology).nodes]))
+
+    def bound(*extra: str) -> tuple[int, dict]:
+        status = main(["bound", "--topology", topology, "--job", str(job_path), *extra])
+        return status, json.loads(capsys.readouterr().out)
+
+    status, empty = bound()
+    status_busy, fragmented = bound("--busy", str(busy))
+    assert (status, status_busy) == (0, 0)
+    assert fragmented["lower_bound"]["comm_ms"] == pytest.approx(32 * alltoall_ms(8, 6.4e7, 50, 3.0))
+    assert fragmented["lower_bound"]["comm_ms"] > empty["lower_bound"]["comm_ms"]
+    # Every node but the first taken: 8 free GPUs for a 16-GPU job.
+    nodes = load_topology_file(topology).nodes[1:]
+    busy.write_text(json.dumps([{"node": n.name, "gpu": g} for n in nodes for g in range(n.gpus)]))
+    status, out = bound("--busy", str(busy))
+    assert status == 1
+    assert "needs 16 GPUs, 8 are free" in out["no_fit"]
+
+
+def test_expert_groups_leave_nvlink_when_too_few_domains_are_whole(pod256):
+    # ep8 dp64 needs 8 whole free nodes; with only 4, some EP group must span domains, even though
+    # the largest free domain still holds 8 GPUs.
+    j = job(64, dp=64, ep=8, comm=[("ep", "alltoall", 6.4e7, 32), ("dp", "allreduce", 5e8)])
+    free = pod256.free_mask()
+    free[pod256.node_first_gid[4:]] = False
+    assert region_gpus(pod256, free=free)["nvlink"] == 8
+    bound = lower_bound(pod256, j, free=free)
+    assert _levels(bound)["ep"] == "leaf"
+    assert bound.entry_ms[0] == pytest.approx(32 * alltoall_ms(8, 6.4e7, 50, 3.0))
+    ours = place(pod256, free, None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert bound.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
