@@ -1,15 +1,17 @@
 """Placement CLI: `python -m apps.placement {place,evaluate,bound} ...`, JSON out on stdout.
 
   place    --topology T --job J [--policy P] [--busy B] [--seed S]
-  evaluate --topology T --job J --ranks R
+  evaluate --topology T --job J --ranks R [--busy B]
   bound    --topology T --job J [--busy B]
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
 placement output of job spec v1 plus `lower_bound` and `gap` (`bounds.gap`: predicted comm_ms /
 bound comm_ms, 1.0 when both are 0, null when only the bound is 0); `place` adds `vs_naive`, the
-naive policy's predicted times and their ratio to this placement's. `bound --busy` bounds the
-placements on the free GPUs only (`lower_bound(..., free=...)`).
+naive policy's predicted times and their ratio to this placement's. With --busy, `lower_bound` and
+`gap` are against the placements on the free GPUs only (`lower_bound(..., free=...)`), so `gap`
+measures the placement rather than the fragmentation (`evaluate --busy` then refuses ranks on busy
+GPUs); without it, against the empty cluster. `bound --busy` bounds the same free-set placements.
 Exit status: 0 done, 1 the job does not fit (the reason is in the JSON), 2 bad input (one line on
 stderr).
 """
@@ -134,6 +136,11 @@ def _bound_fields(prediction: Prediction, bound: Prediction) -> dict:
     }
 
 
+def _gap_bound(topology: Topology, job: JobSpec, args: argparse.Namespace, free) -> Prediction:
+    """The bound `gap` is against: over the free GPUs with --busy, else the empty cluster."""
+    return lower_bound(topology, job) if args.busy is None else lower_bound(topology, job, free=free)
+
+
 def _ratio(a: float, b: float) -> float | None:
     if b > 0:
         return a / b
@@ -154,7 +161,7 @@ def cmd_place(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tup
     if isinstance(result, NoFit):
         return {"job": job.name, "policy": policy, "no_fit": result.reason}, 1
     out = placement_output(topology, job, result)
-    out.update(_bound_fields(result.prediction, lower_bound(topology, job)))
+    out.update(_bound_fields(result.prediction, _gap_bound(topology, job, args, free)))
     naive = result if policy == "naive" else place(topology, free, None, job, policy="naive")
     if isinstance(naive, Placement):
         p, q = result.prediction, naive.prediction
@@ -170,9 +177,15 @@ def cmd_place(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tup
 
 def cmd_evaluate(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tuple[dict, int]:
     gids, policy = _flagged("--ranks", ranks_gids, topology, job, _read_json(args.ranks, "--ranks"))
+    free = _free(topology, args)
+    for rank, gid in enumerate(gids):
+        # The free-set bound holds for placements on free GPUs only.
+        if not free[gid]:
+            node, index = topology.gpu_key(gid)
+            raise InputError(f"--ranks: rank {rank} is on {node} GPU {index}, which --busy lists as taken")
     prediction = evaluate(topology, job, gids)
     out = placement_output(topology, job, Placement(policy or "given", tuple(gids), prediction))
-    out.update(_bound_fields(prediction, lower_bound(topology, job)))
+    out.update(_bound_fields(prediction, _gap_bound(topology, job, args, free)))
     return out, 0
 
 
@@ -205,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--topology", required=True, help="topology spec v1 file (YAML or JSON)")
         s.add_argument("--job", required=True, help="job spec v1 file (YAML or JSON)")
-        if name in ("place", "bound"):
+        if name in ("place", "evaluate", "bound"):
             s.add_argument("--busy", help='JSON file: list of {"node", "gpu"} already taken')
         if name == "place":
             s.add_argument("--policy", choices=POLICIES, help="default: the job's policy, else topo")

@@ -32,11 +32,18 @@ higher level lies outside every region of the level below: at `leaf` it spans do
 two NIC latencies); at `spine` it also crosses leaves without being rail-aligned (a rail-aligned
 group's domains share a leaf, so they lie in one leaf region): the best uplink and two uplink
 latencies join in; at `core` it crosses pods: the best core uplink joins in. An allreduce spanning
-m domains is hierarchical with at least ceil(n/m) members in its fullest domain and at most
-floor(n/m) rails; each domain holds whole blocks of the nvlink kinds (B0 ranks), each meeting the
-group in c ranks (the product of their shared dimensions), so at most c*floor(cap(nvlink)/B0)
-members share a domain; it is priced at the best such m. `costmodel.evaluate` can only match or
-exceed each term (other jobs' flows only lower bandwidth), so no placement's comm time is below.
+m domains is hierarchical: its fullest domain's k members reduce-scatter and allgather, a ring
+joins the m domains over its fewest rails r (S/r each); the time rises with k and m and falls with
+r. Each domain holds whole blocks of the nvlink kinds (B0 ranks), each meeting the group in c ranks
+(the product of their shared dimensions), so domain d holds at most a_d = min(n, c*floor(g_d/B0))
+members (g_d its GPUs). Free splits: with the a_d largest first, m domains hold the n members only
+if the m largest sum to n or more; their fullest then holds at least the least k with
+sum(min(a_(i), k), i <= m) >= n, since no m domains hold more than the m largest at k each (the
+greedy cover by count is the best cover); and r is at most floor(n/m), a_(m) and the m-th most NICs
+in one domain (the smallest of any m domains' values is at most the m-th largest). So each m's
+price is at most every m-domain placement's, and the allreduce is priced at the best m.
+`costmodel.evaluate` can only match or exceed each term (other jobs' flows only lower bandwidth),
+so no placement's comm time is below.
 
 The job's own flows. Let S1 be the kinds at or below leaf (blocks of B1 ranks). When S1 and K
 together span a block larger than cap(leaf), no group of K fits in one leaf region: the S1 blocks a
@@ -54,13 +61,13 @@ Free GPUs (`lower_bound(..., free=mask)`). Every placement on a fragmented clust
 only, so a block confined to one region uses at most that region's free GPUs: every argument above
 holds with each size read as a free count. g becomes each region's free GPUs and cap(L) the most
 in one region at L; "domains that large" (nvlink pricing, and the best domain holding 2+ members)
-the domains with that many free GPUs; the members a domain holds, at most its free GPUs (in whole
-nvlink blocks); rails, the distinct NICs among one domain's free GPUs; lambda, the leaves serving
-one leaf region's free GPUs. Each only shrinks, so the free-set bound is at least the empty-cluster
-one, and `gap` against it measures the placement rather than the fragmentation. A mask with fewer
-free GPUs than the job needs raises ValueError: there is no placement to bound. A free set's
-capacities are memoised on those counts (how many regions hold how many free GPUs, per level), not
-on the mask, so free sets alike share their prices and bounds.
+the domains with that many free GPUs; g_d and a domain's NICs (free splits), its free GPUs and the
+distinct NICs among them; lambda, the leaves serving one leaf region's free GPUs. Each only
+shrinks, so the free-set bound is at least the empty-cluster one, and `gap` against it measures the
+placement rather than the fragmentation. A mask with fewer free GPUs than the job needs raises
+ValueError: there is no placement to bound. A free set's capacities are memoised on those counts
+(how many regions hold how many free GPUs, per level; how many domains have how many free NICs),
+not on the mask, so free sets alike share their prices and bounds.
 
 gap = predicted comm_ms / bound comm_ms, 1.0 when both are 0 (`gap`).
 """
@@ -108,6 +115,8 @@ class _Capacity:
     region_leaves: int  # most leaves serving one leaf region's (free) GPUs
     uplink_total: float  # largest leaf's total uplinks (GB/s), inf where a leaf has none
     max_domain_rails: int  # most distinct NICs among one domain's (free) GPUs
+    domain_free: np.ndarray  # (free) GPUs of each domain with any, largest first
+    domain_rails: np.ndarray  # distinct NICs among each domain's (free) GPUs, those with any, largest first
     intra_bw: float  # best domain holding 2+ (free) GPUs, inf if none
     intra_lat: float
     nic_bw: float
@@ -239,7 +248,7 @@ def _counts(per_region: np.ndarray) -> tuple:
 def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
     """What a free set's capacities depend on: per domain class the most free GPUs in a domain;
     per level how many regions have how many free GPUs; most leaves under one region's free GPUs;
-    most NICs among one domain's free GPUs."""
+    most NICs among one domain's free GPUs; how many domains have how many NICs among them."""
     dom_free = np.bincount(topo.gpu_domain[free], minlength=len(topo.domain_names))
     fit = np.zeros(int(layout.dom_class.max(initial=-1)) + 1, dtype=np.int64)
     np.maximum.at(fit, layout.dom_class, dom_free)
@@ -250,6 +259,7 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
     free_net = free[layout.net]
     nics = np.bincount(layout.dom_nic[free_net], minlength=layout.pair_dom.size) > 0
     leaves = np.bincount(layout.region_leaf[free_net], minlength=layout.pair_region.size) > 0
+    dom_rails = np.bincount(layout.pair_dom, weights=nics) if layout.pair_dom.size else np.zeros(0)
     return (
         tuple(fit.tolist()),
         (
@@ -259,11 +269,18 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
         ),
         most(layout.pair_region, leaves),
         most(layout.pair_dom, nics),
+        _counts(dom_rails),
     )
 
 
+def _descending(counts: tuple) -> np.ndarray:
+    """The values of ((value, multiplicity), ...) counts, one per region, largest first."""
+    values = [v for v, _ in counts]
+    return np.repeat(np.array(values, dtype=np.int64), [m for _, m in counts])[::-1].copy()
+
+
 def _build(constants: dict, key: tuple) -> _Capacity:
-    fit_tuple, counts, region_leaves, rails = key
+    fit_tuple, counts, region_leaves, rails, rail_counts = key
     fit = np.array(fit_tuple, dtype=np.int64)
     big = fit >= 2
     return _Capacity(
@@ -273,6 +290,8 @@ def _build(constants: dict, key: tuple) -> _Capacity:
         total_gpus=sum(f * m for f, m in counts[0]),
         region_leaves=region_leaves,
         max_domain_rails=rails,
+        domain_free=_descending(counts[0]),
+        domain_rails=_descending(rail_counts),
         intra_bw=float(constants["fit_bw"][big].max()) if big.any() else math.inf,
         intra_lat=float(constants["fit_lat"][big].min()) if big.any() else 0.0,
         **constants,
@@ -366,17 +385,43 @@ def _flat(collective: str, n: int, nbytes: float, bw, lat):
     return FLAT_FORMS[collective](n, nbytes, bw, lat)
 
 
-def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, per_domain: int, flows: int):
-    """[(time ms, GB/s)] at leaf, spine and core of an n-rank group spread over NVLink domains, at
-    most `per_domain` members in one, with `flows` of its kind's flows on one leaf (0: unknown).
-    An allreduce takes its best split: m domains, ceil(n/m) in the fullest, floor(n/m) rails."""
+def _splits(cap: _Capacity, n: int, block0: int, shared0: int):
+    """(m, k, rails) int arrays: each count m of domains an n-member allreduce could span, the
+    fewest members its fullest domain can hold and the most rails it can have, when each domain
+    holds whole nvlink blocks of `block0` ranks meeting the group in `shared0` (module docstring,
+    free splits)."""
+    room = np.minimum(n, shared0 * (cap.domain_free // block0))
+    room = room[room > 0]
+    rails = cap.domain_rails
+    if room.sum() < n or room.size < 2:
+        # No placement spans domains so (a job larger than the cluster): add domains like the largest.
+        top = min(n, shared0 * max(cap.region_gpus[0] // block0, 1))
+        room = np.concatenate([room, np.full(n, top, dtype=np.int64)])
+        rails = np.concatenate([rails, np.full(n, cap.max_domain_rails, dtype=np.int64)])
+    total = np.concatenate([[0], np.cumsum(room)])
+    m = np.arange(max(2, int(np.searchsorted(total, n))), min(n, room.size) + 1)
+    # Water-filling the m roomiest domains: the least fullest-domain count k that holds n.
+    ks = np.arange(1, int(room[0]) + 1)
+    at_least = np.searchsorted(-room, -ks, side="right")
+    top_m = np.minimum(at_least[None, :], m[:, None])
+    held = ks[None, :] * top_m + total[m][:, None] - total[top_m]
+    k = ks[np.argmax(held >= n, axis=1)]
+    rails_m = np.zeros(m.size, dtype=np.int64)
+    has = m <= rails.size
+    rails_m[has] = rails[m[has] - 1]
+    return m, k, np.clip(np.minimum(np.minimum(n // m, room[m - 1]), rails_m), 1, None)
+
+
+def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, split: tuple, flows: int):
+    """[(time ms, GB/s)] at leaf, spine and core of an n-rank group spread over NVLink domains
+    (an allreduce's `split`: its nvlink block and the ranks each block shares with it), with
+    `flows` of its kind's flows on one leaf (0: unknown). An allreduce takes its best split over
+    the free domains (`_splits`)."""
     nets = [_network(cap, level) for level in ("leaf", "spine", "core", "spine")]
     bw = np.array([b for b, _ in nets])[:, None]
     lat = np.array([a for _, a in nets])[:, None]
     if collective == "allreduce":
-        m = np.arange(max(2, -(-n // per_domain)), n + 1)
-        k = -(-n // m)
-        rails = np.clip(np.minimum(n // m, cap.max_domain_rails), 1, None)
+        m, k, rails = _splits(cap, n, *split)
         bw = np.broadcast_to(bw, (4, m.size)).copy()
         if flows:
             # Row 3: the congested group's fair share of its leaf's uplinks, per rail.
@@ -407,8 +452,8 @@ def _grid_blocks(job: JobSpec) -> list[int]:
 
 class _Prices:
     """Prices of a job's comm entries; one collective's price is memoised per topology on what it
-    depends on: the level, the nvlink block (in-domain) or the most members a domain holds, and the
-    flows on one leaf."""
+    depends on: the level, the nvlink block (in-domain; an allreduce's also when it spans domains),
+    and the flows on one leaf."""
 
     def __init__(self, topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[str, int]):
         self.topo, self.cap, self.sizes = topo, cap, sizes
@@ -426,12 +471,12 @@ class _Prices:
         if level == 0:
             key = (e.collective, n, e.bytes, _domain_fit(cap, block0))
         else:
-            per_domain = min(n, cap.region_gpus[0], shared0 * max(cap.region_gpus[0] // block0, 1))
             flows = 0
             if level >= 2 and block1 and math.isfinite(cap.uplink_total):
                 per_block = block1 if e.collective in ("alltoall", "volume") else block1 // shared1
                 flows = -(-per_block // cap.region_leaves)
-            key = (e.collective, n, e.bytes, per_domain if e.collective == "allreduce" else 0, flows)
+            split = (block0, shared0) if e.collective == "allreduce" else ()
+            key = (e.collective, n, e.bytes, split, flows)
         hit = cap.prices.get(key)
         if hit is None:
             if len(cap.prices) > _MEMO_SIZE:

@@ -8,10 +8,10 @@
    whole PP stages, DP replicas or TP groups; when the free set cannot supply aligned pieces the
    pieces shrink (`chunk_ladder`), and a looser alignment is kept only if it fits lower.
 2. Which rank where: rank blocks nested by group (`mapping.py`).
-3. When the best of these misses the lower bound (`bounds.lower_bound`): a job spanning units of a
-   pod is also spread evenly over more units with its (pp, dp) grid cut into sub-grids
-   (`spread.py`), and every baseline's placement (and the baselines' GPU sets in the nested
-   mappings) joins the candidates, so topo never prices above any baseline.
+3. When the best of these misses the lower bound over the free GPUs (`bounds.lower_bound` with
+   `free`): a job spanning units of a pod is also spread evenly over more units with its (pp, dp)
+   grid cut into sub-grids (`spread.py`), and every baseline's placement (and the baselines' GPU
+   sets in the nested mappings) joins the candidates, so topo never prices above any baseline.
 4. On irregular free sets, swaps against the cost model (`refine.py`).
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
@@ -87,8 +87,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             if key < best_key:
                 best_key, best_k, best_gids = key, k, gids
     regular = plans[best_k][2]
-    bound_ms = lower_bound(topology, job).comm_ms
-    # A placement at the bound is optimal (other jobs' flows only add); otherwise look wider.
+    bound_ms = lower_bound(topology, job, free=free).comm_ms
+    # A placement at the free-set bound is optimal (other jobs' flows only add); else look wider.
     if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
         for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
             key = _key(topology, job, gids, leaf_load, fit)

@@ -428,3 +428,119 @@ def test_expert_groups_leave_nvlink_when_too_few_domains_are_whole(pod256):
     ours = place(pod256, free, None, j, policy="topo")
     assert isinstance(ours, Placement)
     assert bound.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
+
+
+def _one_whole_node_and_half_nodes(topo) -> np.ndarray:
+    # Node 0 wholly free; every other node has only its GPUs 0-3 (and their 4 NICs) free.
+    free = topo.free_mask()
+    for first in topo.node_first_gid[1:]:
+        free[first + 4 : first + 8] = False
+    return free
+
+
+def test_a_dp_allreduce_over_partial_nodes_is_priced_at_their_free_rails(pod256):
+    # dp16 with one whole free node: the best cover is 8 + 4 + 4 over 3 domains with 4 rails, not
+    # 2 whole nodes with 8 rails as on the empty cluster.
+    j = job(16, comm=[("dp", "allreduce", 1e9)])
+    free = _one_whole_node_and_half_nodes(pod256)
+    bound = lower_bound(pod256, j, free=free)
+    expected = 2 * allgather_ms(8, 1e9, 450, 2.0) + ring_allreduce_ms(3, 1e9 / 4, 50, 3.0)
+    assert bound.comm_ms == pytest.approx(expected)
+    assert bound.comm_ms > lower_bound(pod256, j).comm_ms * 1.2
+    # That cover is a real placement, and it meets the bound.
+    gids = [*range(8), *range(8, 12), *range(16, 20)]
+    assert evaluate(pod256, j, gids).comm_ms == pytest.approx(expected)
+    ours = place(pod256, free, None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert gap(ours.prediction.comm_ms, bound.comm_ms) == pytest.approx(1.0)
+
+
+def test_partial_nodes_that_hold_fewer_members_raise_the_fullest_domain_bound(pod256):
+    # dp12 on 4-GPU halves only: 3 domains of 4 (k=4, 4 rails); no split may assume 8 in a domain.
+    j = job(12, comm=[("dp", "allreduce", 1e9)])
+    free = _one_whole_node_and_half_nodes(pod256)
+    free[:8] = False
+    bound = lower_bound(pod256, j, free=free)
+    expected = min(
+        2 * allgather_ms(4, 1e9, 450, 2.0) + ring_allreduce_ms(3, 1e9 / 4, 50, 3.0),
+        2 * allgather_ms(2, 1e9, 450, 2.0) + ring_allreduce_ms(6, 1e9 / 2, 50, 3.0),
+        2 * allgather_ms(3, 1e9, 450, 2.0) + ring_allreduce_ms(4, 1e9 / 3, 50, 3.0),
+    )
+    assert bound.comm_ms == pytest.approx(expected)
+    for gids in (
+        [*range(8, 12), *range(16, 20), *range(24, 28)],
+        [*range(8, 11), *range(16, 19), *range(24, 27), *range(32, 35)],
+    ):
+        assert evaluate(pod256, j, gids).comm_ms >= bound.comm_ms * (1 - 1e-9)
+
+
+def test_topo_stops_at_the_free_set_bound_it_meets(pod256, monkeypatch):
+    # On the half-node free set the first candidate meets the free-set bound (not the empty one),
+    # so topo prices no baseline or spread layout.
+    import apps.placement.solvers.topo as topo_solver
+
+    j = job(16, comm=[("dp", "allreduce", 1e9)])
+    free = _one_whole_node_and_half_nodes(pod256)
+    wider = []
+    real = topo_solver._wider_candidates
+    monkeypatch.setattr(topo_solver, "_wider_candidates", lambda *a: wider.append(1) or real(*a))
+    ours = place(pod256, free, None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert wider == []
+
+
+def test_place_and_evaluate_gaps_are_against_the_free_set_bound_with_busy(tmp_path, capsys):
+    topology = str(EXAMPLES / "pod-256.yaml")
+    spec = {
+        "version": 1,
+        "name": "dp16",
+        "gpus": 16,
+        "parallelism": {"tp": 1, "pp": 1, "dp": 16},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e9}],
+    }
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(spec))
+    nodes = load_topology_file(topology).nodes
+    busy = tmp_path / "busy.json"
+    busy.write_text(json.dumps([{"node": n.name, "gpu": g} for n in nodes[1:] for g in range(4, 8)]))
+    expected = 2 * allgather_ms(8, 1e9, 450, 2.0) + ring_allreduce_ms(3, 1e9 / 4, 50, 3.0)
+
+    def run(*args: str) -> tuple[int, dict]:
+        status = main([*args, "--topology", topology, "--job", str(job_path)])
+        return status, json.loads(capsys.readouterr().out or "{}")
+
+    status, placed = run("place", "--busy", str(busy))
+    assert status == 0
+    assert placed["lower_bound"]["comm_ms"] == pytest.approx(expected)
+    assert placed["gap"] == pytest.approx(1.0)
+    status, unfragmented = run("place")
+    assert unfragmented["lower_bound"]["comm_ms"] < expected
+    ranks = tmp_path / "ranks.json"
+    ranks.write_text(json.dumps(placed))
+    status, evaluated = run("evaluate", "--ranks", str(ranks), "--busy", str(busy))
+    assert status == 0
+    assert evaluated["gap"] == pytest.approx(1.0)
+    status, against_empty = run("evaluate", "--ranks", str(ranks))
+    assert against_empty["gap"] > 1.2
+    # A rank on a GPU that --busy lists is bad input: the free-set bound does not cover it.
+    taken = [
+        {"rank": r, "node": nodes[1].name, "gpu": 4 + r} if r < 4 else entry
+        for r, entry in enumerate(placed["ranks"])
+    ]
+    ranks.write_text(json.dumps(taken))
+    status = main(
+        [
+            "evaluate",
+            "--topology",
+            topology,
+            "--job",
+            str(job_path),
+            "--ranks",
+            str(ranks),
+            "--busy",
+            str(busy),
+        ]
+    )
+    assert status == 2
+    assert "which --busy lists as taken" in capsys.readouterr().err
