@@ -5,8 +5,10 @@ enough for every job, starts gunicorn and one Celery worker against it, then mea
   - submissions per second through POST /api/v1/jobs/ (several client threads, keep-alive);
   - jobs placed per second and submit-to-placed latency p50/p99 (placed_at - submitted_at);
   - API latency p50/p99 of GET job list/detail at a fixed request rate, while submitting and alone.
-Targets: >= 100 jobs/s placed, API p99 < 100 ms at 50 requests/s. The database is dropped at the
-end. Throttling is lifted for the run (a settings module layered over topoweb.settings).
+Targets: >= 100 jobs/s placed, API p99 < 100 ms at 50 requests/s. A warm-up of --warmup jobs
+with the GET load runs first and is left out of every figure. The database is dropped at the
+end. Throttling is lifted for the run (a settings module layered over topoweb.settings). The
+machine's 1-minute load average before and after is recorded: other work on it skews every figure.
 
     .venv/bin/python bench/api_throughput.py [--jobs 600] [--clients 6] [--rate 50] [--seconds 10]
 """
@@ -112,10 +114,11 @@ class Api:
         return resp.status, payload, (time.perf_counter() - t0) * 1000.0
 
 
-def submit_all(api: Api, n: int, clients: int) -> tuple[float, list[float], list[int]]:
-    """Submit n jobs from `clients` threads; returns wall seconds, latencies (ms), failed codes."""
-    rng = random.Random(7)
-    specs = [job_spec(i, rng) for i in range(n)]
+def submit_all(api: Api, n: int, clients: int, first: int = 0) -> tuple[float, list[float], list[int]]:
+    """Submit n jobs (named from bench-`first` on) from `clients` threads; returns wall seconds,
+    latencies (ms), failed codes."""
+    rng = random.Random(7 + first)
+    specs = [job_spec(first + i, rng) for i in range(n)]
     latencies: list[float] = []
     failed: list[int] = []
     lock = threading.Lock()
@@ -198,7 +201,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6, help="concurrent submitting clients")
     ap.add_argument("--rate", type=float, default=50.0, help="GET requests per second")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of the GET-only phase")
+    ap.add_argument(
+        "--warmup", type=int, default=50, help="jobs submitted, with the GET load, before measuring"
+    )
     ap.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+    ap.add_argument("--web-class", default="gthread", help="gunicorn worker class: gthread or sync")
+    ap.add_argument("--web-threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
+    ap.add_argument("--access-log", help="write gunicorn's access log (with request time in us) here")
     ap.add_argument(
         "--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
     )
@@ -207,6 +216,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "api_throughput.json"))
     args = ap.parse_args()
 
+    load_before = os.getloadavg()[0]
     db = f"topoweb_bench_{os.getpid()}"
     admin = psycopg.connect(f"{args.postgres}/postgres", autocommit=True)
     admin.execute(f'CREATE DATABASE "{db}"')
@@ -227,7 +237,8 @@ def main() -> int:
     logs = Path(tmp.name)
     try:
         subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
-        leaves = max(2, -(-args.jobs * 4 // 128) + 1)  # 128 GPUs per leaf, ~3.2 GPUs per job
+        # 128 GPUs per leaf, ~3.2 GPUs per job.
+        leaves = max(2, -(-(args.jobs + args.warmup) * 4 // 128) + 1)
         out = subprocess.run(
             [PY, "manage.py", "shell", "-c", SETUP.format(leaves=leaves)],
             cwd=REPO,
@@ -242,7 +253,16 @@ def main() -> int:
         )
         port = free_port()
         web = ["gunicorn", "topoweb.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", str(args.web_workers)]
-        web += ["-k", "gthread", "--threads", "4", "--log-level", "warning"]
+        web += ["-k", args.web_class, "--log-level", "warning"]
+        if args.web_class == "gthread":
+            web += ["--threads", str(args.web_threads)]
+        if args.access_log:
+            web += [
+                "--access-logfile",
+                args.access_log,
+                "--access-logformat",
+                '%(t)s "%(r)s" %(s)s %(D)s %(p)s',
+            ]
         procs.append(
             subprocess.Popen(
                 [str(Path(PY).parent / web[0]), *web[1:]],
@@ -261,6 +281,29 @@ def main() -> int:
         wait_ready(port)
         api = Api(port, token)
         api.request("GET", "/api/v1/jobs/")
+        pg = psycopg.connect(f"{args.postgres}/{db}", autocommit=True)
+
+        def count_placed() -> int:
+            return pg.execute("SELECT count(*) FROM scheduling_job WHERE placed_at IS NOT NULL").fetchone()[0]
+
+        def wait_placed(n: int) -> None:
+            deadline = time.monotonic() + 300
+            while count_placed() < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        # Warm-up, not measured: each web worker's first requests import the URLconf and views and
+        # load the topology, as a long-running server did long ago.
+        warm_stop = threading.Event()
+        warm_reader = threading.Thread(target=read_load, args=(api, args.rate, 3600, warm_stop))
+        warm_reader.start()
+        _, _, warm_failed = submit_all(api, args.warmup, 2 * args.clients, first=args.jobs)
+        wait_placed(args.warmup - len(warm_failed))
+        warm_stop.set()
+        warm_reader.join()
+        last_warm_job = pg.execute("SELECT coalesce(max(id), 0) FROM scheduling_job").fetchone()[0]
+        last_warm_cycle = pg.execute(
+            "SELECT coalesce(max(id), 0) FROM scheduling_schedulingcycle"
+        ).fetchone()[0]
 
         # Phase 1: submissions, with the GET load running alongside.
         stop = threading.Event()
@@ -269,25 +312,19 @@ def main() -> int:
         reader.start()
         t_submit = time.time()
         wall_s, post_ms, failed = submit_all(api, args.jobs, args.clients)
-        pg = psycopg.connect(f"{args.postgres}/{db}", autocommit=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            placed = pg.execute("SELECT count(*) FROM scheduling_job WHERE placed_at IS NOT NULL").fetchone()[
-                0
-            ]
-            if placed >= args.jobs - len(failed):
-                break
-            time.sleep(0.1)
+        wait_placed(args.warmup - len(warm_failed) + args.jobs - len(failed))
         stop.set()
         reader.join()
         rows = pg.execute(
             "SELECT extract(epoch FROM submitted_at), extract(epoch FROM placed_at) FROM scheduling_job"
-            " WHERE placed_at IS NOT NULL"
+            " WHERE placed_at IS NOT NULL AND id > %s",
+            (last_warm_job,),
         ).fetchall()
         waits_ms = [(float(p) - float(s)) * 1000.0 for s, p in rows]
         last_placed = max(float(p) for _, p in rows)
         cycles = pg.execute(
-            "SELECT count(*), avg(duration_ms), sum(placed) FROM scheduling_schedulingcycle"
+            "SELECT count(*), avg(duration_ms), sum(placed) FROM scheduling_schedulingcycle WHERE id > %s",
+            (last_warm_cycle,),
         ).fetchone()
         pg.close()
 
@@ -296,6 +333,7 @@ def main() -> int:
 
         result = {
             "jobs": args.jobs,
+            "warmup_jobs": args.warmup,
             "submitted_ok": args.jobs - len(failed),
             "failed_status_codes": sorted(set(failed)),
             "submit_per_s": round((args.jobs - len(failed)) / wall_s, 1),
@@ -322,6 +360,8 @@ def main() -> int:
                 "p99": round(percentile(alone, 99), 1),
             },
             "cpus": os.cpu_count(),
+            "load_avg_1m": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+            "web": {"class": args.web_class, "workers": args.web_workers, "threads": args.web_threads},
         }
         result["targets"] = {
             f"placed_per_s >= {TARGET_PLACED_PER_S:.0f}": result["placed_per_s"] >= TARGET_PLACED_PER_S,
@@ -332,6 +372,10 @@ def main() -> int:
             ]["p99"]
             < TARGET_API_P99_MS,
         }
+        if failed:
+            # The server's own account of the failures, before its log is deleted with the scratch dir.
+            for name in ("web.log", "worker.log"):
+                print(f"--- tail of {name}", Path(logs, name).read_text()[-4000:], sep="\n", file=sys.stderr)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))

@@ -200,6 +200,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Job status appears in the job and job-list components: one named enum per status kind.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "apps.scheduling.choices.JobStatus",
+        "CycleStatusEnum": "apps.scheduling.choices.CycleStatus",
+        "ProposalStatusEnum": "apps.scheduling.choices.ProposalStatus",
+    },
 }
 
 CELERY_BROKER_URL = _env("CELERY_BROKER_URL")

@@ -8,7 +8,9 @@ conditional updates, and the unique live-allocation constraint is the last guard
 
 Every submission and release requests a cycle. With a broker and a shared cache, requests made
 while a cycle is queued but has not taken its snapshot yet are folded into that cycle, so a burst
-of submissions costs a few cycles, not one each.
+of submissions costs a few cycles, not one each. A worker starts a cluster's next cycle at least
+MIN_CYCLE_GAP_S after its last one ended, so under a burst each cycle takes everything submitted
+meanwhile; a request after a quiet spell runs at once.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 REASON_BATCH = 200  # waiting reasons written per UPDATE
 PENDING_TTL_S = 30  # a lost cycle request blocks new ones at most this long
+MIN_CYCLE_GAP_S = 0.1  # a burst costs one cycle per cluster per this long, not one per arrival
+_LAST_END: dict[int, float] = {}
 _LANES: dict[int, threading.Lock] = {}
 _LANES_LOCK = threading.Lock()
 
@@ -68,6 +72,13 @@ def coalescing() -> bool:
     )
 
 
+def cycles_run_inline() -> bool:
+    """True when a requested cycle runs in the requesting process (no broker: embedded, tests)."""
+    from .tasks import schedule_cluster_task
+
+    return bool(schedule_cluster_task.app.conf.task_always_eager)
+
+
 def request_cycle(cluster_id: int) -> bool:
     """Queue a scheduling cycle for the cluster now, unless one is queued and has not yet taken
     its snapshot (that one will see everything committed before this call). Returns whether a
@@ -98,6 +109,22 @@ def queue_cycle(cluster_id: int) -> None:
     """Request a scheduling cycle for the cluster once the current transaction commits."""
     # robust: a failing eager cycle is logged and audited, it must not fail the caller's request.
     transaction.on_commit(lambda: request_cycle(cluster_id), robust=True)
+
+
+def schedule_requested(*, cluster: Cluster) -> SchedulingCycle:
+    """Run a requested cycle on `cluster` (what a worker does with a request).
+
+    When requests are coalesced, a cycle that follows this process's last cycle on the cluster by
+    less than MIN_CYCLE_GAP_S seconds first waits out the rest: requests made meanwhile fold into it.
+    """
+    if coalescing():
+        wait_s = _LAST_END.get(cluster.pk, float("-inf")) + MIN_CYCLE_GAP_S - time.monotonic()
+        if wait_s > 0:
+            time.sleep(wait_s)
+    try:
+        return schedule_cluster(cluster=cluster)
+    finally:
+        _LAST_END[cluster.pk] = time.monotonic()
 
 
 def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
@@ -154,6 +181,29 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
             raise
 
 
+def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> list[int]:
+    """Write the plan's bookings in a few statements; returns the ids of the jobs placed."""
+    if not plan.bookings:
+        return []
+    ids = [b.job.job_id for b in plan.bookings]
+    # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
+    # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
+    waiting = set(
+        Job.objects.select_for_update()
+        .filter(pk__in=ids, status__in=WAITING_STATUSES)
+        .values_list("id", flat=True)
+    )
+    booked = [b for b in plan.bookings if b.job.job_id in waiting]
+    snap.mark_placed(
+        updates=[
+            (b.job.job_id, snap.prediction_fields(snapshot.topology, b.job.spec, b.placement)) for b in booked
+        ],
+        now=now,
+    )
+    snap.book_many(snapshot=snapshot, bookings=[(b.job.job_id, b.placement.gids) for b in booked], now=now)
+    return [b.job.job_id for b in booked]
+
+
 def _commit(
     snapshot: snap.ClusterSnapshot, plan: CyclePlan, queue: list[snap.QueuedJob], now: datetime
 ) -> tuple[list[int], list[int]]:
@@ -174,19 +224,13 @@ def _commit(
         snap.release(job_id=jid, now=now)
         if changed:
             preempted.append(jid)
-    placed: list[int] = []
-    for booking in plan.bookings:
-        fields = snap.prediction_fields(snapshot.topology, booking.job.spec, booking.placement)
-        # Conditional: a job cancelled since the snapshot stays cancelled and gets no GPUs.
-        changed = Job.objects.filter(pk=booking.job.job_id, status__in=WAITING_STATUSES).update(
-            status=JobStatus.PLACING, placed_at=now, pending_reason="", **fields
-        )
-        if not changed:
-            continue
-        snap.book(job_id=booking.job.job_id, snapshot=snapshot, gids=booking.placement.gids, now=now)
-        placed.append(booking.job.job_id)
-    for jid, flag in plan.overdue.items():
-        Job.objects.filter(pk=jid, status=JobStatus.RUNNING).exclude(overdue=flag).update(overdue=flag)
+    placed = _book(snapshot, plan, now)
+    # Only flags that changed: every running job is re-checked every cycle.
+    flips = [a.job_id for a in snapshot.active if plan.overdue.get(a.job_id, a.overdue) != a.overdue]
+    for flag in (True, False):
+        ids = [jid for jid in flips if plan.overdue[jid] == flag]
+        if ids:
+            Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).update(overdue=flag)
     current = {q.job_id: q.pending_reason for q in queue}
     # Only reasons that changed, in batches of one UPDATE: a long queue is re-walked every cycle.
     changed = [(jid, r) for jid, r in plan.waiting.items() if current.get(jid) != r]

@@ -59,7 +59,10 @@ def job_submit(*, user: AbstractBaseUser, spec: Any, cluster: Cluster | None = N
     records why it waits.
     """
     target = cluster or cluster_for_spec(spec=spec)
-    fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+    # A cluster looked up here is current; one handed in may be an old instance.
+    fields = snap.prepare_submission(
+        cluster=target, data=spec, username=user.get_username(), fresh=cluster is None
+    )
     with transaction.atomic():
         job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
         # The cluster and owner are rows in hand; re-checking that they exist costs two queries.

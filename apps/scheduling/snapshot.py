@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from django.db import connection
 from django.utils import timezone
 
 from apps.placement.costmodel import Prediction, evaluate
@@ -51,6 +52,7 @@ class ActiveJob:
     running: bool
     started_at: datetime | None
     estimated_runtime_s: float | None
+    overdue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,20 +112,27 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
     topology = cluster_topology(cluster=cluster)
     index = gpu_index(cluster=cluster, topology=topology)
     free = np.ones(topology.n_gpus, dtype=bool)
-    ranks: dict[int, list[tuple[int, int]]] = {}
-    live = Allocation.objects.filter(live=True, job__cluster=cluster).values_list("job_id", "rank", "gpu_id")
-    for job_id, rank, gpu_id in live:
-        gid = index.gid_of_pk[gpu_id]
+    gid_of_pk = index.gid_of_pk
+    ranks: dict[int, list[int]] = {}
+    live = (
+        Allocation.objects.filter(live=True, job__cluster=cluster)
+        .order_by("job_id", "rank")
+        .values_list("job_id", "gpu_id")
+    )
+    for job_id, gpu_id in live:
+        gid = gid_of_pk[gpu_id]
         free[gid] = False
-        ranks.setdefault(job_id, []).append((rank, gid))
+        ranks.setdefault(job_id, []).append(gid)
     link_load: dict[str, float] = {}
     active: list[ActiveJob] = []
     rows = (
         Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
         .order_by("id")
-        .values_list("id", "priority", "flows", "status", "placed_at", "started_at", "estimated_runtime_s")
+        .values_list(
+            "id", "priority", "flows", "status", "placed_at", "started_at", "estimated_runtime_s", "overdue"
+        )
     )
-    for pk, priority, flows, status, placed_at, started_at, runtime_s in rows:
+    for pk, priority, flows, status, placed_at, started_at, runtime_s, overdue in rows:
         flows = flows or {}
         for leaf, load in flows.items():
             link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
@@ -132,7 +141,7 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
             ActiveJob(
                 job_id=pk,
                 priority=priority,
-                gids=tuple(g for _, g in sorted(ranks.get(pk, []))),
+                gids=tuple(ranks.get(pk, ())),
                 flows=flows,
                 begin=begin,
                 expected_end=None
@@ -141,6 +150,7 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
                 running=status == JobStatus.RUNNING,
                 started_at=started_at,
                 estimated_runtime_s=runtime_s,
+                overdue=overdue,
             )
         )
     return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active)
@@ -184,11 +194,12 @@ def queued_jobs(*, cluster: Cluster) -> list[QueuedJob]:
     ]
 
 
-def prepare_submission(*, cluster: Cluster, data: Any, username: str) -> dict[str, Any]:
+def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: bool = False) -> dict[str, Any]:
     """Validate a job spec v1 for `cluster` and return the Job fields to create.
 
     Raises SpecError naming each bad field; a job that could never be placed on the empty
     cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`.
+    `fresh=True`: `cluster` was read from the database just now (see `cluster_topology`).
     """
     if not isinstance(data, Mapping):
         raise SpecError([("", f"a job spec must be a mapping, got {type(data).__name__}")])
@@ -203,7 +214,7 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str) -> dict[st
             [("cluster", f"the spec names cluster {named!r} but is submitted to {cluster.name!r}")]
         )
     spec = load_job(data)
-    topology = cluster_topology(cluster=cluster)
+    topology = cluster_topology(cluster=cluster, fresh=fresh)
     if spec.gpus > topology.n_gpus:
         raise SpecError(
             [("gpus", f"needs {spec.gpus} GPUs but cluster {cluster.name!r} has {topology.n_gpus}")]
@@ -273,18 +284,66 @@ def prediction_fields(topology: Topology, spec: JobSpec, placement: Placement) -
     }
 
 
+PLACED_FIELDS = (
+    "status",
+    "placed_at",
+    "pending_reason",
+    "placed_policy",
+    "predicted_comm_ms",
+    "predicted_step_ms",
+    "predicted_mfu",
+    "predicted",
+    "flows",
+)
+
+
+def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datetime) -> None:
+    """Set each (job id, prediction fields) job placing at `now` with its prediction fields (see
+    `prediction_fields`): one statement sent as a batch, not one ORM update per job."""
+    fields = [Job._meta.get_field(name) for name in PLACED_FIELDS]
+    qn = connection.ops.quote_name
+    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+        qn(Job._meta.db_table),
+        ", ".join(f"{qn(f.column)} = %s" for f in fields),
+        qn(Job._meta.pk.column),
+    )
+    params = []
+    for job_id, values in updates:
+        row = {"status": JobStatus.PLACING.value, "placed_at": now, "pending_reason": "", **values}
+        params.append([f.get_db_prep_save(row[f.name], connection) for f in fields] + [job_id])
+    if params:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, params)
+
+
 def book(*, job_id: int, snapshot: ClusterSnapshot, gids: Iterable[int], now: datetime | None = None) -> None:
     """Replace the job's allocation rows with live ones for `gids` (rank r on gids[r])."""
+    book_many(snapshot=snapshot, bookings=[(job_id, gids)], now=now)
+
+
+def book_many(
+    *,
+    snapshot: ClusterSnapshot,
+    bookings: Iterable[tuple[int, Iterable[int]]],
+    now: datetime | None = None,
+) -> None:
+    """Replace each (job id, gids) job's allocation rows with live ones, rank r on gids[r]: one
+    DELETE and one multi-row INSERT for all of them."""
     now = now or timezone.now()
-    Allocation.objects.filter(job_id=job_id).delete()
-    Allocation.objects.bulk_create(
-        [
-            Allocation(
-                job_id=job_id, rank=rank, gpu_id=snapshot.index.gpu_pk[int(gid)], live=True, created_at=now
-            )
+    pks = snapshot.index.gpu_pk
+    ids: list[int] = []
+    rows: list[Allocation] = []
+    for job_id, gids in bookings:
+        ids.append(job_id)
+        rows += [
+            Allocation(job_id=job_id, rank=rank, gpu_id=pks[int(gid)], live=True, created_at=now)
             for rank, gid in enumerate(gids)
         ]
-    )
+    if not ids:
+        return
+    # A job placed before (then preempted) still has its released rows; ranks are unique per job.
+    Allocation.objects.filter(job_id__in=ids).delete()
+    Allocation.objects.bulk_create(rows, batch_size=1000)
 
 
 def release(*, job_id: int, now: datetime | None = None) -> int:

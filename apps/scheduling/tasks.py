@@ -30,13 +30,13 @@ def schedule_cluster_task(cluster_id: int) -> int | None:
     cluster is gone)."""
     from apps.topology.models import Cluster
 
-    from .cycle import schedule_cluster
+    from .cycle import schedule_requested
 
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None
     try:
-        return schedule_cluster(cluster=cluster).pk
+        return schedule_requested(cluster=cluster).pk
     except Cluster.DoesNotExist:
         return None
 

@@ -88,13 +88,18 @@ _CACHE: dict[int, tuple[datetime, Topology]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def cluster_topology(*, cluster: Cluster) -> Topology:
+def cluster_topology(*, cluster: Cluster, fresh: bool = False) -> Topology:
     """The placement core's immutable snapshot of the cluster, cached per cluster id and updated_at.
 
     Reads the current `updated_at` from the database, so a stale `cluster` instance never returns a
-    stale topology. Raises Cluster.DoesNotExist if the row is gone and SpecError if it is invalid.
+    stale topology; `fresh=True` says the instance was read from the database just now and uses its
+    own `updated_at` instead (one query fewer). Raises Cluster.DoesNotExist if the row is gone and
+    SpecError if it is invalid.
     """
-    stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
+    if fresh:
+        stamp = cluster.updated_at
+    else:
+        stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
     if stamp is None:
         raise Cluster.DoesNotExist(f"cluster {cluster.pk} no longer exists")
     with _CACHE_LOCK:

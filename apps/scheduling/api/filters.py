@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import django_filters
+from django_filters.rest_framework import DjangoFilterBackend
 
 from ..choices import JobStatus, ProposalStatus
 from ..models import Job, MigrationProposal, SchedulingCycle
@@ -13,6 +14,22 @@ def _id_or_name(queryset, field: str, value: str):
     if value.isdigit():
         return queryset.filter(**{f"{field}_id": int(value)})
     return queryset.filter(**{f"{field}__name": value})
+
+
+class NamedFilterBackend(DjangoFilterBackend):
+    """DjangoFilterBackend that builds its FilterSet (a form per request) only when a query
+    parameter may belong to one of its filters: without one the FilterSet would return the
+    queryset as is."""
+
+    def filter_queryset(self, request, queryset, view):
+        filterset_class = self.get_filterset_class(view, queryset)
+        names = filterset_class.base_filters if filterset_class is not None else {}
+        # A prefix match keeps suffixed parameters (range filters' `<name>_min`) filtering.
+        if filterset_class is not None and not any(
+            param.startswith(name) for param in request.query_params for name in names
+        ):
+            return queryset
+        return super().filter_queryset(request, queryset, view)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -69,4 +86,4 @@ class SchedulingCycleFilter(django_filters.FilterSet):
         return _id_or_name(queryset, "cluster", value)
 
 
-__all__ = ["JobFilter", "MigrationProposalFilter", "SchedulingCycleFilter"]
+__all__ = ["JobFilter", "MigrationProposalFilter", "NamedFilterBackend", "SchedulingCycleFilter"]

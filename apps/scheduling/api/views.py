@@ -6,7 +6,6 @@ Views validate and translate; every write is a service call.
 from __future__ import annotations
 
 from django.http import QueryDict
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -25,16 +24,19 @@ from apps.placement.topology import SpecError
 
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
+from ..cycle import cycles_run_inline
 from ..models import Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
 from .authentication import LauncherAuthentication, launcher_of
-from .filters import JobFilter, MigrationProposalFilter, SchedulingCycleFilter
+from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .pagination import StandardPagination
 from .parsers import TextYAMLParser, YAMLParser
 from .permissions import JobPermission
 from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from .serializers import (
+    LIST_COLUMNS,
     JobFailSerializer,
+    JobListSerializer,
     JobSerializer,
     MigrationProposalSerializer,
     SchedulingCycleSerializer,
@@ -77,7 +79,10 @@ def state_error(exc: Exception, current: str) -> Response:
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Jobs you may see (yours; all for staff; the cluster's for a launcher)"),
+    list=extend_schema(
+        summary="Jobs you may see (yours; all for staff; the cluster's for a launcher)",
+        description="Each job without its spec, per-group predicted block and flows: GET the job for those.",
+    ),
     retrieve=extend_schema(summary="One job with its spec and predicted costs"),
 )
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -86,7 +91,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     authentication_classes = AUTHENTICATION
     permission_classes = [JobPermission]
     parser_classes = SPEC_PARSERS
-    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    filter_backends = [NamedFilterBackend, OrderingFilter]
     filterset_class = JobFilter
     ordering_fields = ["submitted_at", "priority", "id", "placed_at", "gpus"]
     ordering = ["-submitted_at", "-id"]
@@ -95,9 +100,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     queryset = Job.objects.none()
 
     def get_queryset(self):
-        return selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
+        jobs = selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
+        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs
 
     serializer_class = JobSerializer
+
+    def get_serializer_class(self):
+        return JobListSerializer if self.action == "list" else JobSerializer
 
     def get_throttles(self):
         # Only submissions count against the "submit" scope.
@@ -111,7 +120,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         responses={201: JobSerializer, 400: SPEC_ERRORS},
     )
     def create(self, request: Request) -> Response:
-        """Validate and queue a job spec v1; 201 with the job (already placed when a cycle ran)."""
+        """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
+        in this process, queued when a worker runs it)."""
         try:
             data = spec_body(request)
             name = request.query_params.get("cluster")
@@ -119,8 +129,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job = services.job_submit(user=request.user, spec=data, cluster=cluster)
         except SpecError as exc:
             return spec_error(exc)
-        # Re-read: an eager cycle may have placed it already (one query with its relations).
-        job = self.get_queryset().get(pk=job.pk)
+        if cycles_run_inline():
+            # The cycle ran on commit in this process and may have placed it: re-read (one query).
+            job = self.get_queryset().get(pk=job.pk)
         body = JobSerializer(job, context=self.get_serializer_context()).data
         return Response(
             body, status=status.HTTP_201_CREATED, headers={"Location": f"{request.path}{job.pk}/"}
@@ -279,7 +290,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     authentication_classes = AUTHENTICATION[:2]
     permission_classes = [IsAuthenticated]
     serializer_class = MigrationProposalSerializer
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [NamedFilterBackend]
     filterset_class = MigrationProposalFilter
     pagination_class = StandardPagination
     queryset = MigrationProposal.objects.none()
@@ -338,7 +349,7 @@ class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     authentication_classes = AUTHENTICATION[:2]
     permission_classes = [IsAdminUser]
     serializer_class = SchedulingCycleSerializer
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [NamedFilterBackend]
     filterset_class = SchedulingCycleFilter
     pagination_class = StandardPagination
     queryset = SchedulingCycle.objects.order_by("-started_at", "-id")

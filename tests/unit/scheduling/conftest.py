@@ -21,9 +21,10 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 def eager_celery():
     """Tasks run in-process even if a broker is configured: unit tests never need a worker."""
     before = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True
+    # Settings come in under the CELERY_ namespace, and the namespaced key is the one that counts.
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
     yield
-    celery_app.conf.task_always_eager = before
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
 
 
 @pytest.fixture

@@ -102,24 +102,24 @@ def test_failed_cycle_books_nothing_and_is_recorded(case44, alice, job_spec, mon
     with transaction.atomic():
         a = services.job_submit(user=alice, spec=small_spec("a", 8))
         b = services.job_submit(user=alice, spec=small_spec("b", 8))
-    real_book = snapshot.book
+    real_book = snapshot.book_many
     calls = []
 
     def book_then_die(**kwargs):
-        calls.append(kwargs["job_id"])
+        calls.append([job_id for job_id, _ in kwargs["bookings"]])
         real_book(**kwargs)
-        if len(calls) == 2:
-            raise RuntimeError("worker lost mid-cycle")
+        raise RuntimeError("worker lost mid-cycle")
 
-    monkeypatch.setattr(snapshot, "book", book_then_die)
+    monkeypatch.setattr(snapshot, "book_many", book_then_die)
     with pytest.raises(RuntimeError):
         services.schedule_cluster(cluster=case44)
-    assert calls == [a.pk, b.pk]
+    # Both jobs' rows were written before the failure, and none survive it.
+    assert calls == [[a.pk, b.pk]]
     assert not Allocation.objects.exists()
     assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.QUEUED}
     failed = SchedulingCycle.objects.get()
     assert failed.status == CycleStatus.FAILED and "worker lost mid-cycle" in failed.error
-    monkeypatch.setattr(snapshot, "book", real_book)
+    monkeypatch.setattr(snapshot, "book_many", real_book)
     assert services.schedule_cluster(cluster=case44).placed == 2
 
 

@@ -1,0 +1,132 @@
+"""The API's and the cycle's hot paths stay cheap without changing what they return: the fast job
+serializers equal DRF's field-by-field output, submissions and cycles cost a fixed number of
+queries, and a burst of cycle requests is spaced out."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework import serializers
+
+from apps.scheduling import cycle, services
+from apps.scheduling.api.serializers import JobListSerializer, JobSerializer
+from apps.scheduling.choices import JobStatus
+from apps.scheduling.models import Job
+from apps.scheduling.tasks import schedule_cluster_task
+from topoweb.celery import app as celery_app
+
+from .conftest import small_spec
+
+pytestmark = pytest.mark.django_db
+
+
+def field_by_field(serializer_class, job: Job) -> dict:
+    """What DRF's generic Serializer.to_representation makes of the job."""
+    return dict(serializers.Serializer.to_representation(serializer_class(), job))
+
+
+def test_fast_job_representation_matches_the_field_by_field_one(case44, alice, committed, monkeypatch):
+    committed(services.job_submit, user=alice, spec=small_spec("placed", 8))
+    running = committed(services.job_submit, user=alice, spec=small_spec("running", 4, policy="naive"))
+    services.job_start(job=running)
+    Job.objects.filter(pk=running.pk).update(started_at=timezone.now() - timedelta(hours=3), overdue=True)
+    no_estimate = small_spec("done", 2)
+    del no_estimate["estimated_runtime_s"]
+    done = committed(services.job_submit, user=alice, spec=no_estimate)
+    services.job_complete(job=done)
+    committed(services.job_submit, user=alice, spec=small_spec("waits", 16))
+    # One clock for both paths: the overdue reason counts seconds since the start.
+    now = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    jobs = list(Job.objects.select_related("cluster", "owner").order_by("id"))
+    assert {j.status for j in jobs} == {
+        JobStatus.PLACING,
+        JobStatus.RUNNING,
+        JobStatus.COMPLETED,
+        JobStatus.QUEUED,
+    }
+    for job in jobs:
+        for serializer_class in (JobListSerializer, JobSerializer):
+            assert serializer_class(job).data == field_by_field(serializer_class, job), (
+                job.name,
+                serializer_class,
+            )
+
+
+def test_job_list_leaves_out_the_spec_predicted_block_and_flows(case44, alice, alice_api, committed):
+    job = committed(services.job_submit, user=alice, spec=small_spec("placed", 8))
+    [row] = alice_api.get("/api/v1/jobs/").json()["results"]
+    detail = alice_api.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert not {"spec", "predicted", "flows"} & set(row)
+    assert set(row) < set(detail)
+    assert {k: detail[k] for k in row} == row
+    assert detail["spec"]["name"] == "placed" and detail["predicted"] and detail["flows"] is not None
+
+
+def test_submission_with_the_cycle_on_a_worker_answers_queued_in_five_queries(
+    case44, alice_api, monkeypatch, django_assert_max_num_queries
+):
+    # The eager_celery fixture puts the setting back afterwards.
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = False
+    monkeypatch.setattr(schedule_cluster_task, "delay", lambda *args: None)
+    # The first submission loads the cluster's topology into the process cache.
+    alice_api.post("/api/v1/jobs/", small_spec("first", 4), format="json")
+    # Token, cluster by name, and the job's INSERT inside its savepoint; no re-read, no topology stamp.
+    with django_assert_max_num_queries(5):
+        response = alice_api.post("/api/v1/jobs/", small_spec("q", 4), format="json")
+    assert response.status_code == 201
+    assert response.json()["status"] == "queued"
+    assert response.json()["id"] == Job.objects.latest("id").pk
+
+
+def test_submission_with_an_in_process_cycle_answers_with_the_placement(case44, alice_api):
+    response = alice_api.post("/api/v1/jobs/", small_spec("p", 4), format="json")
+    # Outside a test transaction the cycle runs on commit; here the job is re-read after it.
+    assert response.json()["status"] == Job.objects.get().status
+
+
+def test_a_cycle_books_any_number_of_jobs_in_the_same_number_of_statements(pod256, alice):
+    def cycle_statements(n_jobs: int, first: int) -> int:
+        for i in range(n_jobs):
+            services.job_submit(user=alice, spec=small_spec(f"j{first + i}", 8, cluster="pod-256"))
+        with CaptureQueriesContext(connection) as queries:
+            record = services.schedule_cluster(cluster=pod256)
+        assert record.placed == n_jobs
+        return len(queries)
+
+    cycle_statements(0, 0)  # loads the cluster's GPU index into the process cache
+    assert cycle_statements(2, 0) == cycle_statements(12, 2)
+    assert Job.objects.filter(status=JobStatus.PLACING).count() == 14
+
+
+def test_bad_filter_values_are_still_refused_and_other_parameters_do_not_filter(case44, alice, alice_api):
+    for i in range(3):
+        services.job_submit(user=alice, spec=small_spec(f"j{i}", 1))
+    assert alice_api.get("/api/v1/jobs/", {"status": "bogus"}).status_code == 400
+    assert alice_api.get("/api/v1/jobs/", {"page_size": 2}).json()["count"] == 3
+    assert alice_api.get("/api/v1/jobs/", {"priority_min": 1}).json()["count"] == 0
+
+
+def test_a_requested_cycle_right_after_another_waits_out_the_gap(case44, monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(cycle, "_LAST_END", {})
+    monkeypatch.setattr(cycle, "coalescing", lambda: True)
+    monkeypatch.setattr(cycle.time, "sleep", slept.append)
+    cycle.schedule_requested(cluster=case44)
+    assert slept == []
+    cycle.schedule_requested(cluster=case44)
+    assert len(slept) == 1 and 0 < slept[0] <= cycle.MIN_CYCLE_GAP_S
+
+
+def test_without_coalescing_a_requested_cycle_never_waits(case44, monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(cycle, "_LAST_END", {})
+    monkeypatch.setattr(cycle, "coalescing", lambda: False)
+    monkeypatch.setattr(cycle.time, "sleep", slept.append)
+    cycle.schedule_requested(cluster=case44)
+    cycle.schedule_requested(cluster=case44)
+    assert slept == []
