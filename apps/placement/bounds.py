@@ -45,38 +45,58 @@ price is at most every m-domain placement's, and the allreduce is priced at the 
 `costmodel.evaluate` can only match or exceed each term (other jobs' flows only lower bandwidth),
 so no placement's comm time is below.
 
-The job's own flows. Let S1 be the kinds at or below leaf (blocks of B1 ranks). When S1 and K
-together span a block larger than cap(leaf), no group of K fits in one leaf region: the S1 blocks a
-K group meets make up one such block, and each S1 block lies in one region. Each S1 block then
-meets B1/c1 distinct groups of K (c1: the product of the dimensions K shares with S1), each
-leaving the block's region and so putting a flow on one of its leaves (lambda at most): a ring on
-every leaf it spans, a p2p chain on its hop out of the region, an alltoall or volume group one per
-member GPU (B1 of them). Some leaf thus carries q = ceil(flows / lambda) of the entry's flows, and
-a group there gets at most T/q GB/s (T: the largest leaf's total uplinks), per rail T/(q*rails)
-for the allreduce with the fewest rails there. K at `spine` is priced at that share; K at `core` at
-the worse of its pod-crossing group (uncongested) and the congested one. Kinds that overflow a leaf
-region only together (PP and DP both leaving it) are priced without their own flows.
+The job's own flows. Let S1 be the kinds at or below leaf (blocks of B1 ranks; each S1 block lies
+in one leaf region). The groups of K meeting an S1 block all meet the same S1 blocks (those that
+agree with it outside S1's and K's dimensions: K's coset, or line, through the block), so when K
+is at `spine` or above, some line's groups all leave a region: the B1/c1 distinct groups of K
+through each of its blocks (c1: the product of the dimensions K shares with S1) each put a flow on
+one of that block's region's leaves (lambda at most): a ring on every leaf it spans, a p2p chain
+on its hop out of the region, an alltoall or volume group one per member GPU (B1 per block). A
+region meeting x such crossing lines thus has q = ceil(x * flows / lambda) of the entry's flows
+on one leaf, and a group there gets at most T/q GB/s (T: the largest leaf's total uplinks), per
+rail T/(q*rails) for the allreduce with the fewest rails there. K at `spine` is priced at that
+share (x = 1 at least); K at `core` at the worse of its pod-crossing group (uncongested) and the
+congested one.
+
+Two kinds crossing together. When exactly two kinds K1, K2 are at spine/core, with dimensions
+outside S1 disjoint and together with S1 spanning the whole job, the job's S1 blocks form one
+n1 x n2 grid (K1's lines: n2 of n1 blocks; K2's: n1 of n2), larger than any leaf region. A region
+holding h blocks that meets a K1 lines (f1 of them whole, x1 = a - f1 crossing) and b K2 lines
+(f2 whole, x2 crossing) has h <= a*b, h <= f1*n1 + x1*min(b, n1-1) (a part line holds at most
+n1-1 blocks, each in another K2 line), the same with the roles swapped, and
+f1*n1 + f2*n2 - f1*f2 <= h; a whole K1 line meets every K2 line (f1 > 0: b = n1), and conversely.
+So a region with room for c whole blocks holds at most M_c(X1, X2) of them when it meets at most
+X1 crossing K1 lines and X2 crossing K2 lines (`_most_cells`). Let X1, X2 be the most that any of
+a placement's regions meets: the sum of M_c over the regions reaches n1*n2, and K1's entries are
+priced at the q of x = X1 (the region meeting X1), K2's at that of X2; the pair is priced at the
+cheapest (X1, X2 >= 1) that passes (grids past _GRID_CELLS blocks keep x = 1). A
+region's c counts whole S1 blocks of whole nvlink blocks (B0 ranks, B1/B0 of them per S1 block):
+floor(sum over its domains of floor(g_d / B0) / (B1/B0)), since each nvlink block lies in one of
+its domains.
 
 Free GPUs (`lower_bound(..., free=mask)`). Every placement on a fragmented cluster uses free GPUs
 only, so a block confined to one region uses at most that region's free GPUs: every argument above
 holds with each size read as a free count. g becomes each region's free GPUs and cap(L) the most
 in one region at L; "domains that large" (nvlink pricing, and the best domain holding 2+ members)
 the domains with that many free GPUs; g_d and a domain's NICs (free splits), its free GPUs and the
-distinct NICs among them; lambda, the leaves serving one leaf region's free GPUs. Each only
+distinct NICs among them; lambda, the leaves serving one leaf region's free GPUs; c, from each
+region's domains' free GPUs. Each only
 shrinks, so the free-set bound is at least the empty-cluster one, and `gap` against it measures the
 placement rather than the fragmentation. A mask with fewer free GPUs than the job needs raises
 ValueError: there is no placement to bound. A free set's capacities are memoised on those counts
-(how many regions hold how many free GPUs, per level; how many domains have how many free NICs),
-not on the mask, so free sets alike share their prices and bounds.
+(how many regions hold how many free GPUs, per level; how many domains have how many free NICs;
+how many leaf regions have domains this free), not on the mask, so free sets alike share their prices and bounds.
 
 gap = predicted comm_ms / bound comm_ms, 1.0 when both are 0 (`gap`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -113,6 +133,7 @@ class _Capacity:
     region_counts: tuple[tuple, tuple, tuple]  # per level: ((free GPUs, regions with that many), ...)
     total_gpus: int  # free GPUs in all
     region_leaves: int  # most leaves serving one leaf region's (free) GPUs
+    region_fills: tuple  # ((a leaf region's domains' free GPUs, largest first), regions like it), ...
     uplink_total: float  # largest leaf's total uplinks (GB/s), inf where a leaf has none
     max_domain_rails: int  # most distinct NICs among one domain's (free) GPUs
     domain_free: np.ndarray  # (free) GPUs of each domain with any, largest first
@@ -164,6 +185,8 @@ _LAYOUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEMO_SIZE = 4096
 _BOUNDS_SIZE = 256
 _VARIANTS_SIZE = 32
+# Largest grid of leaf blocks two kinds crossing together are counted over (blocks); beyond, 1 line.
+_GRID_CELLS = 1024
 
 
 def _regions(n_domains: int, dom: np.ndarray, other: np.ndarray) -> np.ndarray:
@@ -260,6 +283,12 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
     nics = np.bincount(layout.dom_nic[free_net], minlength=layout.pair_dom.size) > 0
     leaves = np.bincount(layout.region_leaf[free_net], minlength=layout.pair_region.size) > 0
     dom_rails = np.bincount(layout.pair_dom, weights=nics) if layout.pair_dom.size else np.zeros(0)
+    # Each leaf region's domains by free GPUs, largest first: how many whole blocks it holds.
+    held = dom_free > 0
+    order = np.lexsort((-dom_free[held], layout.leaf_region[held]))
+    regions, starts = np.unique(layout.leaf_region[held][order], return_index=True)
+    fills = np.split(dom_free[held][order], starts[1:]) if regions.size else []
+    region_fills = tuple(sorted(Counter(tuple(f.tolist()) for f in fills).items()))
     return (
         tuple(fit.tolist()),
         (
@@ -270,6 +299,7 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
         most(layout.pair_region, leaves),
         most(layout.pair_dom, nics),
         _counts(dom_rails),
+        region_fills,
     )
 
 
@@ -280,7 +310,7 @@ def _descending(counts: tuple) -> np.ndarray:
 
 
 def _build(constants: dict, key: tuple) -> _Capacity:
-    fit_tuple, counts, region_leaves, rails, rail_counts = key
+    fit_tuple, counts, region_leaves, rails, rail_counts, region_fills = key
     fit = np.array(fit_tuple, dtype=np.int64)
     big = fit >= 2
     return _Capacity(
@@ -289,6 +319,7 @@ def _build(constants: dict, key: tuple) -> _Capacity:
         region_counts=counts,
         total_gpus=sum(f * m for f, m in counts[0]),
         region_leaves=region_leaves,
+        region_fills=region_fills,
         max_domain_rails=rails,
         domain_free=_descending(counts[0]),
         domain_rails=_descending(rail_counts),
@@ -450,6 +481,31 @@ def _grid_blocks(job: JobSpec) -> list[int]:
     return [math.prod(size for dim, size in sizes.items() if mask & _DIM_BITS[dim]) for mask in range(16)]
 
 
+@functools.lru_cache(maxsize=64)
+def _most_cells(n1: int, n2: int, room: int) -> np.ndarray:
+    """[X1, X2] -> the most blocks a leaf region with room for `room` blocks can hold of an
+    n1 x n2 grid of leaf-kind blocks (K1's cosets: n2 lines of n1 blocks; K2's: n1 lines of n2)
+    while meeting at most X1 K1 lines and X2 K2 lines it does not contain (module docstring, two
+    kinds crossing together)."""
+    f1 = np.arange(n2 + 1)[:, None]  # K1 lines held whole
+    f2 = np.arange(n1 + 1)[None, :]  # K2 lines held whole
+    out = np.zeros((n2 + 1, n1 + 1), dtype=np.int64)
+    for x1_max in range(n2 + 1):
+        x1 = np.minimum(x1_max, n2 - f1)
+        for x2_max in range(n1 + 1):
+            x2 = np.minimum(x2_max, n1 - f2)
+            a, b = x1 + f1, x2 + f2
+            # A whole K1 line meets every K2 line, and a whole K2 line every K1 line.
+            ok = ((f1 == 0) | (b == n1)) & ((f2 == 0) | (a == n2))
+            # The whole lines alone must fit the region.
+            ok &= f1 * n1 + f2 * n2 - f1 * f2 <= room
+            cells = np.minimum(
+                a * b, np.minimum(f1 * n1 + x1 * np.minimum(b, n1 - 1), f2 * n2 + x2 * np.minimum(a, n2 - 1))
+            )
+            out[x1_max, x2_max] = min(int(cells[ok].max(initial=0)), room)
+    return out
+
+
 class _Prices:
     """Prices of a job's comm entries; one collective's price is memoised per topology on what it
     depends on: the level, the nvlink block (in-domain; an allreduce's also when it spans domains),
@@ -462,11 +518,13 @@ class _Prices:
         }
         self.kinds: dict[tuple, float] = {}
 
-    def entry(self, e, level: int, block0: int, shared0: int, block1: int = 0, shared1: int = 1):
+    def entry(
+        self, e, level: int, block0: int, shared0: int, block1: int = 0, shared1: int = 1, lines: int = 1
+    ):
         """(ms with count, bottleneck GB/s) of comm entry e at LEVELS[level]. The nvlink kinds span
-        blocks of `block0` ranks meeting each of its groups in `shared0`; at spine and core,
-        `block1` > 0 says no group fits a leaf region, whose kinds' blocks of `block1` ranks meet
-        each group in `shared1` (module docstring, own flows)."""
+        blocks of `block0` ranks meeting each of its groups in `shared0`; at spine and core the
+        leaf kinds' blocks of `block1` ranks meet each group in `shared1`, and `lines` crossing
+        cosets of such blocks meet one leaf region (module docstring, own flows)."""
         cap, n = self.cap, self.sizes[e.group]
         if level == 0:
             key = (e.collective, n, e.bytes, _domain_fit(cap, block0))
@@ -474,7 +532,7 @@ class _Prices:
             flows = 0
             if level >= 2 and block1 and math.isfinite(cap.uplink_total):
                 per_block = block1 if e.collective in ("alltoall", "volume") else block1 // shared1
-                flows = -(-per_block // cap.region_leaves)
+                flows = -(-per_block * lines // cap.region_leaves)
             split = (block0, shared0) if e.collective == "allreduce" else ()
             key = (e.collective, n, e.bytes, split, flows)
         hit = cap.prices.get(key)
@@ -517,14 +575,44 @@ def _best_assignment(topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[s
             out |= bits[j] if subset >> j & 1 else 0
         return out
 
-    def context(j: int, level: int, mask0: int, mask1: int) -> tuple[int, ...]:
+    def context(j: int, level: int, mask0: int, mask1: int, lines: int = 1) -> tuple[int, ...]:
         # What kind j's price depends on: the nvlink block, and at spine/core the leaf block.
         ctx = (blocks[mask0], blocks[bits[j] & mask0])
-        if level >= 2 and blocks[mask1 | bits[j]] > caps[1]:
-            ctx += (blocks[mask1], blocks[bits[j] & mask1])
+        if level >= 2:
+            ctx += (blocks[mask1], blocks[bits[j] & mask1], lines)
         return ctx
 
-    best, best_levels = math.inf, (3,) * r
+    def together(rest: list[int], levels: tuple, mask0: int, mask1: int):
+        # (ms, {kind: lines}) of two kinds crossing leaf regions only together; None: no grid.
+        if len(rest) != 2 or not math.isfinite(cap.uplink_total) or cap.nic_bw <= 0:
+            return None
+        (j1, j2), block1 = rest, blocks[mask1]
+        d1, d2 = bits[j1] & ~mask1, bits[j2] & ~mask1
+        if not d1 or not d2 or d1 & d2 or blocks[mask1 | d1 | d2] != job.gpus:
+            return None
+        n1, n2 = blocks[mask1 | d1] // block1, blocks[mask1 | d2] // block1
+        if n1 * n2 > _GRID_CELLS or n1 * n2 * block1 <= caps[1]:
+            return None
+        # A region holds whole leaf blocks made of whole nvlink blocks, each in one of its domains.
+        block0 = blocks[mask0]
+        per = block1 // block0
+        held = [(sum(f // block0 for f in fill) // per, m) for fill, m in cap.region_fills]
+        room = [(_most_cells(n1, n2, c), m) for c, m in held if c > 0]
+        p1 = [
+            prices.kind(kinds[j1], levels[0], *context(j1, levels[0], mask0, mask1, x)) for x in range(n2 + 1)
+        ]
+        p2 = [
+            prices.kind(kinds[j2], levels[1], *context(j2, levels[1], mask0, mask1, x)) for x in range(n1 + 1)
+        ]
+        out = None
+        for x1 in range(1, n2 + 1):
+            for x2 in range(1, n1 + 1):
+                t = p1[x1] + p2[x2]
+                if (out is None or t < out[0]) and sum(most[x1, x2] * m for most, m in room) >= n1 * n2:
+                    out = (t, {j1: x1, j2: x2})
+        return out
+
+    best, best_levels, best_lines = math.inf, (3,) * r, {}
     # Kinds inside NVLink domains (s0), then inside leaf regions (s1), the rest at spine or core.
     for s0 in range(1 << r):
         mask0 = mask_of(s0)
@@ -545,12 +633,17 @@ def _best_assignment(topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[s
                 j: [prices.kind(kinds[j], lv, *context(j, lv, mask0, mask1)) for lv in (2, 3)] for j in rest
             }
             for levels in itertools.product((2, 3), repeat=len(rest)):
-                cost, mask2 = cost1, mask1
+                cost, mask2, lines = cost1, mask1, {}
                 for j, lv in zip(rest, levels, strict=True):
                     cost += at[j][lv - 2]
                     mask2 |= bits[j] if lv == 2 else 0
-                if cost < best and cap.room(2, blocks[mask2], job.gpus):
-                    best = cost
+                if cost >= best or not cap.room(2, blocks[mask2], job.gpus):
+                    continue
+                pair = together(rest, levels, mask0, mask1)
+                if pair is not None:
+                    cost, lines = cost1 + pair[0], pair[1]
+                if cost < best:
+                    best, best_lines = cost, lines
                     chosen = dict(zip(rest, levels, strict=True))
                     best_levels = tuple(
                         0 if s0 >> j & 1 else 1 if s1 >> j & 1 else chosen[j] for j in range(r)
@@ -562,7 +655,7 @@ def _best_assignment(topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[s
     for j, (k, lv) in enumerate(zip(kinds, best_levels, strict=True)):
         bw_min = math.inf
         for i, e in prices.entries[k]:
-            per_entry[i], bw = prices.entry(e, lv, *context(j, lv, mask0, mask1))
+            per_entry[i], bw = prices.entry(e, lv, *context(j, lv, mask0, mask1, best_lines.get(j, 1)))
             bw_min = min(bw_min, bw)
         levels_bw[k] = (LEVELS[lv], bw_min)
     return levels_bw, per_entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apps.placement.__main__ import main
-from apps.placement.bounds import _capacity, gap, lower_bound, region_gpus, smallest_level
+from apps.placement.bounds import _capacity, _most_cells, gap, lower_bound, region_gpus, smallest_level
 from apps.placement.costmodel import (
     allgather_ms,
     alltoall_ms,
@@ -544,3 +545,61 @@ def test_place_and_evaluate_gaps_are_against_the_free_set_bound_with_busy(tmp_pa
     )
     assert status == 2
     assert "which --busy lists as taken" in capsys.readouterr().err
+
+
+def _pod(uplink_bw_GBps: float):
+    # pod-256's shape: 4 leaves x 8 nodes x 8 GPUs, 2 spines.
+    return load_topology(
+        generated(leaves=4, nodes_per_leaf=8, gpus_per_node=8, nics_per_node=8, uplink_bw_GBps=uplink_bw_GBps)
+    )
+
+
+@pytest.mark.parametrize(("n1", "n2", "room"), [(2, 3, 4), (3, 3, 4), (3, 4, 5), (2, 4, 3)])
+def test_most_cells_is_never_below_any_region_part_of_the_grid(n1, n2, room):
+    # Every set of at most `room` cells of the n1 x n2 grid: its crossing K1 lines (columns of n1)
+    # and K2 lines (rows of n2) must admit at least its size.
+    most = _most_cells(n1, n2, room)
+    cells = [(i, j) for i in range(n1) for j in range(n2)]
+    seen = 0
+    for size in range(1, room + 1):
+        for part in itertools.combinations(cells, size):
+            cols = {j for _, j in part}
+            rows = {i for i, _ in part}
+            x1 = sum(1 for j in cols if sum(1 for _, c in part if c == j) < n1)
+            x2 = sum(1 for i in rows if sum(1 for r, _ in part if r == i) < n2)
+            assert most[x1, x2] >= size, (part, x1, x2)
+            seen += 1
+    assert seen > 0
+    assert most.max() <= room
+
+
+def test_pp_and_dp_crossing_leaves_only_together_still_share_the_uplinks():
+    # tp8 pp4 dp8 fills the pod: 4 x 8 nodes of (pp, dp), 8 per leaf. However the grid is cut, some
+    # leaf meets 3+ crossing PP chains and 3+ crossing DP rings, or 4+ of one (8 flows each), so
+    # 800 GB/s of uplinks give under a NIC's 50 GB/s; with uplinks that never congest they do not.
+    j = job(256, tp=8, pp=4, dp=8, comm=LLM_COMM)
+    wide = lower_bound(_pod(1e6), j).comm_ms
+    b = lower_bound(_pod(400), j)
+    assert b.comm_ms > wide * 1.05
+    ours = place(_pod(400), np.ones(256, dtype=bool), None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert b.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
+
+
+def test_a_leaf_region_holds_only_the_whole_free_nodes_its_domains_offer(pod256):
+    # tp8 pp4 dp4 on 16 whole free nodes: 5, 5, 3 and 3 per leaf, plus 7-GPU nodes that no TP
+    # block fits. Counting free GPUs alone (45+ per leaf) would allow four 2 x 2 squares, no leaf
+    # congested; by whole nodes some leaf holds 5 grid cells, so PP or DP meets 24+ flows there.
+    free = np.zeros(256, dtype=bool)
+    for leaf, whole in enumerate((5, 5, 3, 3)):
+        for node in range(8):
+            gpus = 8 if node < whole else 7 if node < whole + 3 else 0
+            free[(leaf * 8 + node) * 8 : (leaf * 8 + node) * 8 + gpus] = True
+    j = job(128, tp=8, pp=4, dp=4, comm=LLM_COMM)
+    b = lower_bound(pod256, j, free=free)
+    assert _levels(b)["tp"] == "nvlink"
+    assert min(g.bottleneck_GBps for g in b.groups if g.group in ("pp", "dp")) < 50
+    assert b.comm_ms > lower_bound(pod256, j).comm_ms * 1.05
+    ours = place(pod256, free, None, j, policy="topo")
+    assert isinstance(ours, Placement)
+    assert b.comm_ms <= ours.prediction.comm_ms * (1 + 1e-9)
