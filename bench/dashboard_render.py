@@ -25,17 +25,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/lib/chromium/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(ROOT))
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
 USER, PASSWORD = "bench", "bench-password"
 TARGET_MS = 3000.0
 TARGET_GPUS = 16384

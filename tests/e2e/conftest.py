@@ -13,20 +13,11 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 import pytest  # noqa: E402
 
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
-CHROMIUM = "/usr/lib/chromium/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PASSWORD = "e2e-password"
 
 
