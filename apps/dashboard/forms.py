@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from django import forms
 
+from apps.placement.topology import TOPOLOGY_LIMITS
 from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
 from apps.topology.models import Cluster
 
 DEFAULT_QUEUE_STATUSES = tuple(str(s) for s in (*WAITING_STATUSES, *ACTIVE_STATUSES))
-MAX_SPEC_BYTES = 20 * 1024 * 1024
+MAX_SPEC_BYTES = TOPOLOGY_LIMITS.max_bytes
 
 
 class QueueFilterForm(forms.Form):

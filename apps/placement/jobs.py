@@ -6,11 +6,34 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .topology import SpecError, _check_keys, _count, _Errors, _name, _positive, read_spec_file
+from .topology import (
+    JOB_LIMITS,
+    SpecError,
+    _check_keys,
+    _count,
+    _Errors,
+    _name,
+    _positive,
+    cut,
+    read_spec_file,
+)
+from .topology.ranges import (
+    MAX_CLUSTER_GPUS,
+    MAX_COMM_BYTES,
+    MAX_COMM_COUNT,
+    MAX_COMM_ENTRIES,
+    MAX_COMPUTE_MS,
+    MAX_FLOPS_PER_STEP,
+    MAX_PRIORITY,
+    MAX_RUNTIME_S,
+    USER_HELP,
+    USER_RE,
+)
 
 GROUP_KINDS = ("tp", "pp", "dp", "ep")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p", "volume")
@@ -74,24 +97,22 @@ def load_job(data: Any) -> JobSpec:
     if not _check_keys(errs, "", data, _TOP_REQUIRED, _TOP_OPTIONAL):
         errs.raise_if_any()
     if data["version"] != 1:
-        errs.add("version", f"must be 1, got {data['version']!r}")
+        errs.add("version", f"must be 1, got {cut(data['version'])}")
     name = _name(errs, "name", data["name"])
     cluster = _optional_str(errs, "cluster", data.get("cluster"))
-    user = _optional_str(errs, "user", data.get("user"))
-    priority = data.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        errs.add("priority", f"must be a whole number, got {priority!r}")
-        priority = 0
-    gpus = _count(errs, "gpus", data["gpus"])
+    user = data.get("user")
+    if user is not None:
+        user = _name(errs, "user", user, pattern=USER_RE, help=USER_HELP)
+    priority = _count(errs, "priority", data.get("priority", 0), minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+    gpus = _count(errs, "gpus", data["gpus"], maximum=MAX_CLUSTER_GPUS)
 
     tp = pp = dp = ep = cp = 1
     par = data["parallelism"]
     if _check_keys(errs, "parallelism", par, set(), _PARALLEL_KEYS):
-        tp = _count(errs, "parallelism.tp", par.get("tp", 1))
-        pp = _count(errs, "parallelism.pp", par.get("pp", 1))
-        dp = _count(errs, "parallelism.dp", par.get("dp", 1))
-        ep = _count(errs, "parallelism.ep", par.get("ep", 1))
-        cp = _count(errs, "parallelism.cp", par.get("cp", 1))
+        tp, pp, dp, ep, cp = (
+            _count(errs, f"parallelism.{k}", par.get(k, 1), maximum=MAX_CLUSTER_GPUS)
+            for k in ("tp", "pp", "dp", "ep", "cp")
+        )
         if cp != 1:
             errs.add("parallelism.cp", f"context parallelism is not modelled yet: cp must be 1, got {cp}")
             cp = 1
@@ -104,19 +125,21 @@ def load_job(data: Any) -> JobSpec:
     flops = None
     model = data.get("model")
     if model is not None and _check_keys(errs, "model", model, {"flops_per_step"}):
-        flops = _positive(errs, "model.flops_per_step", model["flops_per_step"])
+        flops = _positive(errs, "model.flops_per_step", model["flops_per_step"], maximum=MAX_FLOPS_PER_STEP)
 
     compute_ms, overlap = 0.0, 0.0
     step = data["step"]
     if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap"}):
-        compute_ms = _positive(errs, "step.compute_ms", step["compute_ms"], allow_zero=True)
-        overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True)
-        if overlap > 1:
-            errs.add("step.overlap", f"must be between 0 and 1, got {overlap!r}")
+        compute_ms = _positive(
+            errs, "step.compute_ms", step["compute_ms"], allow_zero=True, maximum=MAX_COMPUTE_MS
+        )
+        overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True, maximum=1.0)
 
     comm: list[CommEntry] = []
     if not isinstance(data["comm"], list):
         errs.add("comm", f"must be a list, got {type(data['comm']).__name__}")
+    elif len(data["comm"]) > MAX_COMM_ENTRIES:
+        errs.add("comm", f"holds {len(data['comm'])} entries; the limit is {MAX_COMM_ENTRIES}")
     else:
         for i, c in enumerate(data["comm"]):
             entry = _comm_entry(errs, f"comm[{i}]", c)
@@ -125,10 +148,10 @@ def load_job(data: Any) -> JobSpec:
 
     runtime = data.get("estimated_runtime_s")
     if runtime is not None:
-        runtime = _positive(errs, "estimated_runtime_s", runtime)
+        runtime = _positive(errs, "estimated_runtime_s", runtime, maximum=MAX_RUNTIME_S)
     policy = data.get("policy")
-    if policy is not None and policy not in POLICY_NAMES:
-        errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {policy!r}")
+    if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
+        errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
     errs.raise_if_any()
     return JobSpec(
         name=name,
@@ -159,7 +182,7 @@ def _optional_str(errs: _Errors, path: str, value: Any) -> str | None:
 
 def _rank_order(errs: _Errors, value: Any) -> str:
     if not isinstance(value, str):
-        errs.add("rank_order", f"must be a string such as {DEFAULT_RANK_ORDER!r}, got {value!r}")
+        errs.add("rank_order", f"must be a string such as {DEFAULT_RANK_ORDER!r}, got {cut(value)}")
         return DEFAULT_RANK_ORDER
     dims = value.strip().lower().split("-")
     # cp has size 1 for now, so its position changes no rank's coordinates.
@@ -167,7 +190,7 @@ def _rank_order(errs: _Errors, value: Any) -> str:
     if sorted(core) != sorted(RANK_DIMS) or dims.count("cp") > 1:
         errs.add(
             "rank_order",
-            f"must be a permutation of tp, ep, dp, pp (optionally with cp) joined by '-', got {value!r}",
+            f"must be a permutation of tp, ep, dp, pp (optionally with cp) joined by '-', got {cut(value)}",
         )
         return DEFAULT_RANK_ORDER
     return "-".join(core)
@@ -177,18 +200,35 @@ def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
     if not _check_keys(errs, p, c, {"group", "collective", "bytes"}, {"count"}):
         return None
     ok = True
-    if c["group"] not in GROUP_KINDS:
-        errs.add(f"{p}.group", f"must be one of {', '.join(GROUP_KINDS)}, got {c['group']!r}")
+    if not isinstance(c["group"], str) or c["group"] not in GROUP_KINDS:
+        errs.add(f"{p}.group", f"must be one of {', '.join(GROUP_KINDS)}, got {cut(c['group'])}")
         ok = False
-    if c["collective"] not in COLLECTIVES:
-        errs.add(f"{p}.collective", f"must be one of {', '.join(COLLECTIVES)}, got {c['collective']!r}")
+    if not isinstance(c["collective"], str) or c["collective"] not in COLLECTIVES:
+        errs.add(f"{p}.collective", f"must be one of {', '.join(COLLECTIVES)}, got {cut(c['collective'])}")
         ok = False
     before = len(errs.items)
-    nbytes = _positive(errs, f"{p}.bytes", c["bytes"], allow_zero=True)
-    count = _count(errs, f"{p}.count", c.get("count", 1))
+    nbytes = _positive(errs, f"{p}.bytes", c["bytes"], allow_zero=True, maximum=MAX_COMM_BYTES)
+    count = _count(errs, f"{p}.count", c.get("count", 1), maximum=MAX_COMM_COUNT)
     if not ok or len(errs.items) > before:
         return None
     return CommEntry(c["group"], c["collective"], nbytes, count)
+
+
+def check_peak(job: JobSpec, peak_tflops: float) -> None:
+    """Raise SpecError naming `model.flops_per_step` and `step.compute_ms` when computing the job's
+    FLOPs per step in compute_ms would take more than `peak_tflops` on each of its GPUs (an MFU
+    above 100% even with no communication). `peak_tflops` is the fastest GPU model it may get."""
+    if job.flops_per_step is None:
+        return
+    # FLOPs the GPUs can do in compute_ms at peak: TFLOPS * 1e12 per s, compute_ms / 1e3 s.
+    capacity = job.gpus * peak_tflops * 1e12 * job.compute_ms / 1e3
+    if job.flops_per_step > capacity:
+        needed = job.flops_per_step / (job.gpus * job.compute_ms / 1e3) / 1e12 if job.compute_ms else math.inf
+        msg = (
+            f"{job.flops_per_step:g} FLOPs in {job.compute_ms:g} ms on {job.gpus} GPUs needs"
+            f" {needed:.4g} TFLOPS per GPU; the fastest GPU model here peaks at {peak_tflops:g} TFLOPS"
+        )
+        raise SpecError([("model.flops_per_step", msg), ("step.compute_ms", msg)])
 
 
 def job_to_spec(job: JobSpec) -> dict:
@@ -216,5 +256,5 @@ def job_to_spec(job: JobSpec) -> dict:
 
 
 def load_job_file(path: str) -> JobSpec:
-    """Read a YAML or JSON job spec file and load it."""
-    return load_job(read_spec_file(path))
+    """Read a YAML or JSON job spec file (within JOB_LIMITS) and load it."""
+    return load_job(read_spec_file(path, JOB_LIMITS))

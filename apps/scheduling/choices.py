@@ -10,7 +10,9 @@ class JobStatus(models.TextChoices):
     -> completed | failed. A queued, placing or running job can be cancelled. A placing or running
     job can be preempted: its GPUs are released and it waits again; `preempted` counts as queued
     (the cycle walks queued and preempted jobs alike, by priority then original submission time),
-    and the next placement moves it to placing.
+    and the next placement moves it to placing. A queued or preempted job that the cycle cannot
+    evaluate (its placement or cost model raises, or its stored spec no longer loads) goes to
+    failed, its `pending_reason` starting "failed to schedule:"; the cycle goes on with the others.
     """
 
     QUEUED = "queued", "queued"

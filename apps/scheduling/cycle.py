@@ -132,8 +132,9 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
 
     Places waiting jobs by priority then age (gangs all-or-nothing, EASY backfill, preemption
     when the cluster allows it), flags running jobs past twice their estimate, records why every
-    job left waiting waits. On an error nothing is booked, a failed cycle is recorded and the
-    error re-raised.
+    job left waiting waits. A job whose evaluation raises (or whose stored spec no longer loads)
+    is marked failed with the reason and the others are planned as if it were not there. On any
+    other error nothing is booked, a failed cycle is recorded and the error re-raised.
     """
     started = timezone.now()
     t0 = time.perf_counter()
@@ -144,7 +145,8 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                 _clear_request(locked.pk)
                 now = timezone.now()
                 snapshot = snap.cluster_snapshot(cluster=locked)
-                queue = snap.queued_jobs(cluster=locked)
+                unreadable: dict[int, str] = {}
+                queue = snap.queued_jobs(cluster=locked, unreadable=unreadable)
                 plan = plan_cycle(
                     snapshot,
                     queue,
@@ -153,6 +155,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     preemption=locked.preemption_enabled,
                     now=now,
                 )
+                failed = _fail_unschedulable({**unreadable, **plan.failed}, now)
                 placed, preempted = _commit(snapshot, plan, queue, now)
                 return SchedulingCycle.objects.create(
                     cluster=locked,
@@ -163,6 +166,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     placed_jobs=placed,
                     preempted_jobs=preempted,
                     skipped={str(k): v for k, v in plan.waiting.items()},
+                    failed_jobs={str(k): v for k, v in failed.items()},
                     status=CycleStatus.COMPLETED,
                 )
         except Cluster.DoesNotExist:
@@ -179,6 +183,22 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     error=f"{type(exc).__name__}: {exc}"[:4000],
                 )
             raise
+
+
+def _fail_unschedulable(reasons: dict[int, str], now: datetime) -> dict[int, str]:
+    """Mark each waiting job of `reasons` (job id -> why the cycle could not evaluate it) failed,
+    so it stops costing every later cycle; returns those that were still waiting."""
+    if not reasons:
+        return {}
+    still = set(
+        Job.objects.filter(pk__in=list(reasons), status__in=WAITING_STATUSES).values_list("id", flat=True)
+    )
+    for jid in still:
+        log.warning("job %s failed to schedule: %s", jid, reasons[jid])
+        Job.objects.filter(pk=jid, status__in=WAITING_STATUSES).update(
+            status=JobStatus.FAILED, pending_reason=f"failed to schedule: {reasons[jid]}", finished_at=now
+        )
+    return {jid: reasons[jid] for jid in still}
 
 
 def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> list[int]:

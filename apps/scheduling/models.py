@@ -114,7 +114,8 @@ class SchedulingCycle(models.Model):
     """Audit record of one scheduling cycle on one cluster.
 
     `skipped` maps job id (as a string) to why it is still waiting; `placed_jobs` and
-    `preempted_jobs` list job ids; `duration_ms` is wall time of the whole cycle.
+    `preempted_jobs` list job ids; `failed_jobs` maps job id (as a string) to why the cycle could
+    not evaluate it (it is now failed); `duration_ms` is wall time of the whole cycle.
     """
 
     cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="cycles")
@@ -125,6 +126,7 @@ class SchedulingCycle(models.Model):
     placed_jobs = models.JSONField(default=list, blank=True)
     preempted_jobs = models.JSONField(default=list, blank=True)
     skipped = models.JSONField(default=dict, blank=True)
+    failed_jobs = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=CycleStatus.choices, default=CycleStatus.COMPLETED)
     error = models.TextField(blank=True, default="")
 

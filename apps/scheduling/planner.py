@@ -21,6 +21,7 @@ import numpy as np
 
 from apps.placement.costmodel import evaluate
 from apps.placement.solvers import NoFit, Placement, place
+from apps.placement.topology import shorten
 
 from .snapshot import ActiveJob, ClusterSnapshot, QueuedJob
 
@@ -44,12 +45,15 @@ class Eviction:
 
 @dataclass(slots=True)
 class CyclePlan:
-    """What one cycle decided: bookings, evictions and why each other waiting job waits."""
+    """What one cycle decided: bookings, evictions, why each other waiting job waits, and the
+    jobs that could not be evaluated (failed)."""
 
     bookings: list[Booking] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     waiting: dict[int, str] = field(default_factory=dict)
     overdue: dict[int, bool] = field(default_factory=dict)
+    # Jobs whose evaluation raised, with the error: the cycle marks them failed.
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -96,52 +100,59 @@ def plan_cycle(
     no_fit: dict[tuple, NoFit] = {}
     reservation: Reservation | None = None
     for job in queue:
-        spec = job.spec
-        policy = job.policy or cluster_policy
-        if reservation is not None and not backfill:
-            plan.waiting[job.job_id] = f"{reservation.text()}; backfill is off on this cluster"
-            continue
-        uses_spare = False
-        if reservation is not None:
-            # Decided before placing: a job that may not jump the head costs no solver time.
-            blocked, uses_spare = _backfill_blocked(reservation, job, now)
-            if blocked:
-                plan.waiting[job.job_id] = blocked
+        # One job's evaluation must not stop the cycle for the others: everything that may raise
+        # (solvers, cost model, dates) runs before this job changes the plan's free GPUs or loads.
+        try:
+            spec = job.spec
+            policy = job.policy or cluster_policy
+            if reservation is not None and not backfill:
+                plan.waiting[job.job_id] = f"{reservation.text()}; backfill is off on this cluster"
                 continue
-        shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
-        if shape in no_fit and int(np.count_nonzero(free)) >= spec.gpus:
-            # Free GPUs only shrink during the walk: a shape that did not fit still does not.
-            result = no_fit[shape]
-        else:
-            result = place(topo, free, load, spec, policy=policy)
-        if isinstance(result, NoFit):
-            no_fit[shape] = result
-        if isinstance(result, Placement):
-            if uses_spare:
-                reservation.spare -= spec.gpus
-            _take(free, load, result)
-            plan.bookings.append(Booking(job, result))
-            holders[job.job_id] = (spec.gpus, _end(now, spec.estimated_runtime_s))
-            continue
-        if reservation is None and preemption:
-            victims, placed = _preempt_for(snapshot, job, policy, free, load, evicted)
-            if placed is not None:
-                no_fit.clear()
-                for victim in victims:
-                    evicted.add(victim.job_id)
-                    holders.pop(victim.job_id, None)
-                    free[list(victim.gids)] = True
-                    _subtract(load, victim.flows)
-                    plan.evictions.append(Eviction(victim, job.job_id, job.priority))
-                _take(free, load, placed)
-                plan.bookings.append(Booking(job, placed))
-                holders[job.job_id] = (spec.gpus, _end(now, spec.estimated_runtime_s))
+            uses_spare = False
+            if reservation is not None:
+                # Decided before placing: a job that may not jump the head costs no solver time.
+                blocked, uses_spare = _backfill_blocked(reservation, job, now)
+                if blocked:
+                    plan.waiting[job.job_id] = blocked
+                    continue
+            shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
+            if shape in no_fit and int(np.count_nonzero(free)) >= spec.gpus:
+                # Free GPUs only shrink during the walk: a shape that did not fit still does not.
+                result = no_fit[shape]
+            else:
+                result = place(topo, free, load, spec, policy=policy)
+            if isinstance(result, NoFit):
+                no_fit[shape] = result
+            if isinstance(result, Placement):
+                end = _end(now, spec.estimated_runtime_s)
+                if uses_spare:
+                    reservation.spare -= spec.gpus
+                _take(free, load, result)
+                plan.bookings.append(Booking(job, result))
+                holders[job.job_id] = (spec.gpus, end)
                 continue
-        if reservation is None:
-            reservation, why = _reserve(job, int(np.count_nonzero(free)), holders, now)
-            plan.waiting[job.job_id] = f"{result.reason}; {why}"
-        else:
-            plan.waiting[job.job_id] = result.reason
+            if reservation is None and preemption:
+                victims, placed = _preempt_for(snapshot, job, policy, free, load, evicted)
+                if placed is not None:
+                    end = _end(now, spec.estimated_runtime_s)
+                    no_fit.clear()
+                    for victim in victims:
+                        evicted.add(victim.job_id)
+                        holders.pop(victim.job_id, None)
+                        free[list(victim.gids)] = True
+                        _subtract(load, victim.flows)
+                        plan.evictions.append(Eviction(victim, job.job_id, job.priority))
+                    _take(free, load, placed)
+                    plan.bookings.append(Booking(job, placed))
+                    holders[job.job_id] = (spec.gpus, end)
+                    continue
+            if reservation is None:
+                reservation, why = _reserve(job, int(np.count_nonzero(free)), holders, now)
+                plan.waiting[job.job_id] = f"{result.reason}; {why}"
+            else:
+                plan.waiting[job.job_id] = result.reason
+        except Exception as exc:
+            plan.failed[job.job_id] = shorten(f"{type(exc).__name__}: {exc}", 500)
     return plan
 
 

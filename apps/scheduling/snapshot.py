@@ -7,6 +7,7 @@ Job prediction fields. Every other scheduling module either talks to the ORM or 
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -20,9 +21,9 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.placement.costmodel import Prediction, evaluate
-from apps.placement.jobs import JobSpec, job_to_spec, load_job
+from apps.placement.jobs import JobSpec, check_peak, job_to_spec, load_job
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
-from apps.placement.topology import SpecError, Topology
+from apps.placement.topology import SpecError, Topology, shorten
 from apps.topology.models import Cluster, Gpu
 from apps.topology.services import cluster_topology
 
@@ -161,11 +162,12 @@ _SPEC_CACHE_SIZE = 4096
 _SPEC_LOCK = threading.Lock()
 
 
-def queued_jobs(*, cluster: Cluster) -> list[QueuedJob]:
+def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -> list[QueuedJob]:
     """The cluster's waiting jobs (queued or preempted) by priority, then age.
 
     A job's spec never changes after submission, so parsed specs are cached per process (keyed by
-    id and submission time) and only new jobs' spec JSON is read.
+    id and submission time) and only new jobs' spec JSON is read. A stored spec that no longer
+    loads (stored before a rule it breaks) is left out, with the reason in `unreadable` by job id.
     """
     rows = list(
         Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
@@ -176,9 +178,13 @@ def queued_jobs(*, cluster: Cluster) -> list[QueuedJob]:
         specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _ in rows}
     missing = [pk for pk, spec in specs.items() if spec is None]
     if missing:
-        loaded = {
-            pk: load_job(data) for pk, data in Job.objects.filter(pk__in=missing).values_list("id", "spec")
-        }
+        loaded = {}
+        for pk, data in Job.objects.filter(pk__in=missing).values_list("id", "spec"):
+            try:
+                loaded[pk] = load_job(data)
+            except SpecError as exc:
+                if unreadable is not None:
+                    unreadable[pk] = f"its stored spec is invalid: {shorten(str(exc), 500)}"
         specs.update(loaded)
         with _SPEC_LOCK:
             for pk, _, at, _, _ in rows:
@@ -191,6 +197,7 @@ def queued_jobs(*, cluster: Cluster) -> list[QueuedJob]:
             job_id=pk, priority=prio, submitted_at=at, spec=specs[pk], policy=policy, pending_reason=reason
         )
         for pk, prio, at, policy, reason in rows
+        if specs[pk] is not None
     ]
 
 
@@ -198,7 +205,9 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
     """Validate a job spec v1 for `cluster` and return the Job fields to create.
 
     Raises SpecError naming each bad field; a job that could never be placed on the empty
-    cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`.
+    cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`, one whose
+    compute would need more than the cluster's fastest GPU peak names `model.flops_per_step` and
+    `step.compute_ms`.
     `fresh=True`: `cluster` was read from the database just now (see `cluster_topology`).
     """
     if not isinstance(data, Mapping):
@@ -219,6 +228,8 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         raise SpecError(
             [("gpus", f"needs {spec.gpus} GPUs but cluster {cluster.name!r} has {topology.n_gpus}")]
         )
+    # Compute faster than the fastest GPU here could do it: an MFU above 100%, physically impossible.
+    check_peak(spec, float(topology.node_peak_tflops.max()))
     never = never_fits(topology, spec, spec.policy or cluster.policy)
     if never:
         raise SpecError([("gpus", f"can never be placed on cluster {cluster.name!r}: {never}")])
@@ -274,6 +285,9 @@ def prediction_fields(topology: Topology, spec: JobSpec, placement: Placement) -
     """Job fields holding a placement's predicted costs (ms per step, MFU fraction) and flows."""
     predicted = placement_output(topology, spec, placement)["predicted"]
     p: Prediction = placement.prediction
+    # The solvers return finite predictions only; an infinite one must never reach the rows.
+    if not all(math.isfinite(x) for x in (p.comm_ms, p.step_ms, 0.0 if p.mfu is None else p.mfu)):
+        raise ValueError(f"job {spec.name}: predicted times must be finite, got step_ms={p.step_ms}")
     return {
         "placed_policy": placement.policy,
         "predicted_comm_ms": float(p.comm_ms),

@@ -8,6 +8,7 @@ GPUs; `Placement.gids[r]` is rank r's GPU.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -40,17 +41,32 @@ def place(
 ) -> Placement | NoFit:
     """Place `job` on the `free` GPUs (bool array over gids) by `policy`, priced with `link_load`
     (leaf name -> heavy flows of other jobs on its uplinks). `seed` drives `random` (and, since
-    topo weighs every baseline's placement, topo's random candidate). NoFit says what is missing."""
+    topo weighs every baseline's placement, topo's random candidate). NoFit says what is missing,
+    also when the only placement has no finite predicted time (GPUs that cannot reach each other)."""
     if policy not in POLICIES:
         raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     mask = check_free(topology, free)
     load = check_link_load(link_load)
     if policy == "topo":
-        return topo.solve(topology, mask, load, job, seed)
+        return _finite(topo.solve(topology, mask, load, job, seed))
     chosen = _CHOOSERS[policy](topology, mask, load, job, seed)
     if isinstance(chosen, NoFit):
         return chosen
-    return Placement(policy, chosen, evaluate(topology, job, chosen, load))
+    return _finite(Placement(policy, chosen, evaluate(topology, job, chosen, load)))
+
+
+def _finite(result: Placement | NoFit) -> Placement | NoFit:
+    """A placement whose predicted times are not finite numbers is no placement: its GPUs cannot
+    reach each other (standalone nodes), and an infinite time must never be stored or compared."""
+    if isinstance(result, NoFit):
+        return result
+    p = result.prediction
+    if all(math.isfinite(x) for x in (p.comm_ms, p.step_ms, 1.0 if p.mfu is None else p.mfu)):
+        return result
+    return NoFit(
+        f"the {result.policy} placement's predicted step time is {p.step_ms} ms: its GPUs cannot all reach"
+        " each other (standalone nodes)"
+    )
 
 
 def _number(x: float | None):

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checks import _check_keys, _count, _Errors, _name, _positive
+from .checks import _bw, _check_keys, _count, _Errors, _latency, _name, _positive
 from .model import SHAPES
+from .ranges import (
+    GPU_MODEL_HELP,
+    GPU_MODEL_RE,
+    MAX_CLUSTER_GPUS,
+    MAX_GEN_NODES_PER_LEAF,
+    MAX_GEN_PODS,
+    MAX_GEN_SWITCHES,
+    MAX_LINKS,
+    MAX_NODE_GPUS,
+    MAX_NODE_NICS,
+    MAX_NODES,
+    MAX_NVLINK_DOMAIN_NODES,
+    MAX_PEAK_TFLOPS,
+    MAX_SWITCHES,
+)
+from .safeload import cut
 
 _GEN_REQUIRED = {
     "shape",
@@ -33,37 +49,48 @@ _GEN_OPTIONAL = {
 
 
 def generate_spec(name: str, gen: Any) -> dict:
-    """Expand a `generate:` block into the full spec form (a plain dict)."""
+    """Expand a `generate:` block into the full spec form (a plain dict).
+
+    The counts of nodes, GPUs, switches and links it would make are checked against the cluster
+    limits (`ranges`) before anything is generated; SpecError names the field to shrink.
+    """
     errs = _Errors()
     if not _check_keys(errs, "generate", gen, _GEN_REQUIRED, _GEN_OPTIONAL):
         errs.raise_if_any()
     shape = gen["shape"]
     if shape not in SHAPES:
-        errs.add("generate.shape", f"must be one of {', '.join(SHAPES)}, got {shape!r}")
-    spines = _count(errs, "generate.spines", gen["spines"])
-    leaves = _count(errs, "generate.leaves", gen["leaves"])
-    per_leaf = _count(errs, "generate.nodes_per_leaf", gen["nodes_per_leaf"])
-    gpn = _count(errs, "generate.gpus_per_node", gen["gpus_per_node"])
-    model = _name(errs, "generate.gpu_model", gen["gpu_model"])
-    peak = _positive(errs, "generate.peak_tflops", gen["peak_tflops"])
-    nvbw = _positive(errs, "generate.nvlink_bw_GBps", gen["nvlink_bw_GBps"])
-    nicbw = _positive(errs, "generate.nic_bw_GBps", gen["nic_bw_GBps"])
-    nics = _count(errs, "generate.nics_per_node", gen["nics_per_node"])
-    upbw = _positive(errs, "generate.uplink_bw_GBps", gen["uplink_bw_GBps"])
-    pods = _count(errs, "generate.pods", gen.get("pods", 1))
-    cores = _count(errs, "generate.cores", gen.get("cores", 0), minimum=0)
-    core_bw = _positive(errs, "generate.core_uplink_bw_GBps", gen.get("core_uplink_bw_GBps", upbw))
-    dom_nodes = _count(errs, "generate.nvlink_domain_nodes", gen.get("nvlink_domain_nodes", 1))
-    nvlat = _positive(errs, "generate.nvlink_latency_us", gen.get("nvlink_latency_us", 2.0))
-    niclat = _positive(errs, "generate.nic_latency_us", gen.get("nic_latency_us", 1.5))
-    uplat = _positive(errs, "generate.uplink_latency_us", gen.get("uplink_latency_us", 1.0))
-    corelat = _positive(errs, "generate.core_uplink_latency_us", gen.get("core_uplink_latency_us", 1.0))
+        errs.add("generate.shape", f"must be one of {', '.join(SHAPES)}, got {cut(shape)}")
+    spines = _count(errs, "generate.spines", gen["spines"], maximum=MAX_GEN_SWITCHES)
+    leaves = _count(errs, "generate.leaves", gen["leaves"], maximum=MAX_GEN_SWITCHES)
+    per_leaf = _count(errs, "generate.nodes_per_leaf", gen["nodes_per_leaf"], maximum=MAX_GEN_NODES_PER_LEAF)
+    gpn = _count(errs, "generate.gpus_per_node", gen["gpus_per_node"], maximum=MAX_NODE_GPUS)
+    model = _name(errs, "generate.gpu_model", gen["gpu_model"], pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP)
+    peak = _positive(errs, "generate.peak_tflops", gen["peak_tflops"], maximum=MAX_PEAK_TFLOPS)
+    nvbw = _bw(errs, "generate.nvlink_bw_GBps", gen["nvlink_bw_GBps"])
+    nicbw = _bw(errs, "generate.nic_bw_GBps", gen["nic_bw_GBps"])
+    nics = _count(errs, "generate.nics_per_node", gen["nics_per_node"], maximum=MAX_NODE_NICS)
+    upbw = _bw(errs, "generate.uplink_bw_GBps", gen["uplink_bw_GBps"])
+    pods = _count(errs, "generate.pods", gen.get("pods", 1), maximum=MAX_GEN_PODS)
+    cores = _count(errs, "generate.cores", gen.get("cores", 0), minimum=0, maximum=MAX_GEN_SWITCHES)
+    core_bw = _bw(errs, "generate.core_uplink_bw_GBps", gen.get("core_uplink_bw_GBps", upbw))
+    dom_nodes = _count(
+        errs,
+        "generate.nvlink_domain_nodes",
+        gen.get("nvlink_domain_nodes", 1),
+        maximum=MAX_NVLINK_DOMAIN_NODES,
+    )
+    nvlat = _latency(errs, "generate.nvlink_latency_us", gen.get("nvlink_latency_us", 2.0))
+    niclat = _latency(errs, "generate.nic_latency_us", gen.get("nic_latency_us", 1.5))
+    uplat = _latency(errs, "generate.uplink_latency_us", gen.get("uplink_latency_us", 1.0))
+    corelat = _latency(errs, "generate.core_uplink_latency_us", gen.get("core_uplink_latency_us", 1.0))
     if gpn % nics:
         errs.add("generate.nics_per_node", f"must divide gpus_per_node ({gpn}), got {nics}")
     if shape == "rail-optimized" and leaves % nics:
         errs.add("generate.leaves", f"must be a multiple of nics_per_node ({nics}) for rail-optimized")
     if pods > 1 and cores == 0:
         errs.add("generate.cores", "must be at least 1 when pods > 1")
+    errs.raise_if_any()
+    _check_totals(errs, shape, spines, leaves, per_leaf, gpn, nics, pods, cores)
     errs.raise_if_any()
 
     units = leaves // nics if shape == "rail-optimized" else leaves
@@ -128,3 +155,32 @@ def generate_spec(name: str, gen: Any) -> dict:
         "links": links,
         "nodes": nodes,
     }
+
+
+def _check_totals(
+    errs: _Errors,
+    shape: str,
+    spines: int,
+    leaves: int,
+    per_leaf: int,
+    gpn: int,
+    nics: int,
+    pods: int,
+    cores: int,
+) -> None:
+    """What the block would generate, against the cluster limits, from the counts alone."""
+    units = leaves // nics if shape == "rail-optimized" else leaves
+    n_nodes = pods * units * per_leaf
+    totals = (
+        ("generate.nodes_per_leaf", "nodes", n_nodes, MAX_NODES),
+        ("generate.gpus_per_node", "GPUs", n_nodes * gpn, MAX_CLUSTER_GPUS),
+        ("generate.leaves", "switches", cores + pods * (spines + leaves), MAX_SWITCHES),
+        ("generate.spines", "links", pods * spines * (leaves + cores), MAX_LINKS),
+    )
+    for field, what, count, limit in totals:
+        if count > limit:
+            errs.add(
+                field,
+                f"would generate {count} {what}; the limit is {limit} (pods={pods}, spines={spines},"
+                f" leaves={leaves}, nodes_per_leaf={per_leaf}, gpus_per_node={gpn}, cores={cores})",
+            )

@@ -1,12 +1,11 @@
-"""Spec text and files: YAML/JSON parsing, reading a spec file, and `topology_to_spec`."""
+"""Spec files and `topology_to_spec`; spec text is parsed by `safeload.parse_spec_text`."""
 
 from __future__ import annotations
 
-import re
-from functools import lru_cache
 from typing import Any
 
-from .model import SpecError, Topology
+from .model import Topology
+from .safeload import read_spec_file
 from .validate import load_topology
 
 
@@ -52,42 +51,3 @@ def topology_to_spec(topo: Topology) -> dict:
 def load_topology_file(path: str) -> Topology:
     """Read a YAML or JSON spec file (YAML is a superset of JSON) and load it."""
     return load_topology(read_spec_file(path))
-
-
-def read_spec_file(path: str) -> Any:
-    with open(path, encoding="utf-8") as fh:
-        return parse_spec_text(fh.read())
-
-
-_FLOAT_RE = (
-    r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
-    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-    r"|[-+]?\.(?:inf|Inf|INF)"
-    r"|\.(?:nan|NaN|NAN))$"
-)
-
-
-@lru_cache(maxsize=1)
-def _spec_yaml_loader():
-    """A safe YAML loader that reads `1.2e9` as a float (YAML 1.2 / JSON), not as a string."""
-    import yaml
-
-    class SpecLoader(yaml.SafeLoader):
-        pass
-
-    SpecLoader.yaml_implicit_resolvers = {
-        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
-        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_RE), list("-+0123456789."))
-    return SpecLoader
-
-
-def parse_spec_text(text: str) -> Any:
-    """Parse YAML or JSON text; a syntax error becomes a SpecError."""
-    import yaml
-
-    try:
-        return yaml.load(text, Loader=_spec_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise SpecError([("", f"not valid YAML or JSON: {exc}")]) from exc

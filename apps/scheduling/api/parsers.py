@@ -1,28 +1,44 @@
-"""Request body parsers shared by the TopoWeb APIs: YAML job and topology specs."""
+"""Request body parsers shared by the TopoWeb APIs: JSON and YAML job and topology specs.
+
+Every spec body goes through the core's bounded loader (`parse_spec_text`) with the view's
+`spec_limits` (size, nesting, YAML aliases, number length; TOPOLOGY_LIMITS when a view sets none).
+"""
 
 from __future__ import annotations
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
-from apps.placement.topology import SpecError, parse_spec_text
+from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
+
+
+def parse_spec_body(stream, parser_context, *, json_only: bool = False):
+    """The body parsed within the view's `spec_limits`; ParseError (400) naming the problem."""
+    limits = getattr((parser_context or {}).get("view"), "spec_limits", TOPOLOGY_LIMITS)
+    # One byte past the limit is enough to know the body is too large.
+    raw = stream.read(limits.max_bytes + 1) if stream is not None else b""
+    try:
+        return parse_spec_text(raw, limits, json_only=json_only)
+    except SpecError as exc:
+        raise ParseError(str(exc)) from None
+
+
+class JSONParser(BaseParser):
+    """A JSON body, read by the bounded spec loader (NaN, Infinity, deep nesting refused)."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return parse_spec_body(stream, parser_context, json_only=True)
 
 
 class YAMLParser(BaseParser):
-    """A YAML (or JSON) body, read with the spec loader (so `1.2e9` is a number)."""
+    """A YAML (or JSON) body, read by the bounded spec loader (so `1.2e9` is a number)."""
 
     media_type = "application/yaml"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        encoding = (parser_context or {}).get("encoding", "utf-8")
-        try:
-            text = stream.read().decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise ParseError(f"YAML body is not valid {encoding}: {exc}") from exc
-        try:
-            return parse_spec_text(text)
-        except SpecError as exc:
-            raise ParseError(str(exc)) from exc
+        return parse_spec_body(stream, parser_context)
 
 
 class TextYAMLParser(YAMLParser):

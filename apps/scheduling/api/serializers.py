@@ -165,6 +165,7 @@ class SchedulingCycleSerializer(serializers.ModelSerializer):
             "placed_jobs",
             "preempted_jobs",
             "skipped",
+            "failed_jobs",
             "status",
             "error",
         ]

@@ -12,7 +12,6 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -20,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
-from apps.placement.topology import SpecError
+from apps.placement.topology import JOB_LIMITS, SpecError
 
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
@@ -30,7 +29,7 @@ from ..proposals import ProposalStateError
 from .authentication import LauncherAuthentication, launcher_of
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .pagination import StandardPagination
-from .parsers import TextYAMLParser, YAMLParser
+from .parsers import JSONParser, TextYAMLParser, YAMLParser
 from .permissions import JobPermission
 from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from .serializers import (
@@ -91,6 +90,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     authentication_classes = AUTHENTICATION
     permission_classes = [JobPermission]
     parser_classes = SPEC_PARSERS
+    spec_limits = JOB_LIMITS
     filter_backends = [NamedFilterBackend, OrderingFilter]
     filterset_class = JobFilter
     ordering_fields = ["submitted_at", "priority", "id", "placed_at", "gpus"]
@@ -260,6 +260,7 @@ class PlacementPreviewView(APIView):
     authentication_classes = AUTHENTICATION[:2]
     permission_classes = [IsAuthenticated]
     parser_classes = SPEC_PARSERS
+    spec_limits = JOB_LIMITS
 
     @extend_schema(
         summary="Preview every policy's placement and the lower bound (nothing booked)",

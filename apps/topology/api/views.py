@@ -10,16 +10,16 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.placement.topology import SpecError, parse_spec_text
+from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
 from apps.scheduling.api.authentication import LauncherAuthentication, launcher_of
 from apps.scheduling.api.pagination import StandardPagination
-from apps.scheduling.api.parsers import TextYAMLParser, YAMLParser
+from apps.scheduling.api.parsers import JSONParser, TextYAMLParser, YAMLParser
 from apps.scheduling.api.permissions import ClusterPermission
 from apps.scheduling.api.renderers import YAMLRenderer
 from apps.scheduling.models import Allocation
@@ -151,9 +151,10 @@ def _spec_from_request(request: Request):
     upload = request.FILES.get("file") if hasattr(request, "FILES") else None
     if upload is not None:
         try:
-            return parse_spec_text(upload.read().decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise SpecError([("file", f"not UTF-8 text: {exc}")]) from exc
+            # One byte past the limit is enough for the loader to refuse it.
+            return parse_spec_text(upload.read(TOPOLOGY_LIMITS.max_bytes + 1))
+        except SpecError as exc:
+            raise SpecError([(f"file{'.' + f if f else ''}", m) for f, m in exc.errors]) from None
     data = request.data
     if hasattr(data, "getlist"):
         # A form without a file: nothing to import.

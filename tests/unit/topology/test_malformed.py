@@ -129,7 +129,7 @@ CASES = [
         "links join adjacent tiers",
     ),
     ("generate-shape", broken(_generate), "generate.shape", "must be one of leaf-spine, rail-optimized"),
-    ("name-too-long", broken(lambda s: s.update(name="x" * 101)), "name", "at most 100 are stored"),
+    ("name-too-long", broken(lambda s: s.update(name="x" * 101)), "name", "string of at most 100"),
 ]
 
 
