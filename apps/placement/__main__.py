@@ -27,18 +27,26 @@ from typing import Any
 
 from .bounds import gap, lower_bound
 from .costmodel import Prediction, evaluate
-from .jobs import JobSpec, load_job
+from .jobs import JobSpec, check_peak, load_job
 from .solvers import POLICIES, NoFit, Placement, place, placement_output, prediction_output
-from .topology import SpecError, Topology, load_topology, read_spec_file
+from .topology import (
+    JOB_LIMITS,
+    TOPOLOGY_LIMITS,
+    SpecError,
+    SpecLimits,
+    Topology,
+    load_topology,
+    read_spec_file,
+)
 
 
 class InputError(Exception):
     """Bad input the CLI reports on one line and exits 2 for."""
 
 
-def _read_spec(path: str, flag: str) -> Any:
+def _read_spec(path: str, flag: str, limits: SpecLimits = TOPOLOGY_LIMITS) -> Any:
     try:
-        return _flagged(flag, read_spec_file, path)
+        return _flagged(flag, read_spec_file, path, limits)
     except OSError as exc:
         raise InputError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -236,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         topology = _flagged("--topology", load_topology, _read_spec(args.topology, "--topology"))
-        job = _flagged("--job", load_job, _read_spec(args.job, "--job"))
+        job = _flagged("--job", load_job, _read_spec(args.job, "--job", JOB_LIMITS))
+        _flagged("--job", check_peak, job, float(topology.node_peak_tflops.max()))
         out, status = COMMANDS[args.command](topology, job, args)
     except InputError as exc:
         message = " ".join(str(exc).split())

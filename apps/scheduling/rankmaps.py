@@ -48,6 +48,12 @@ def nccl_ib_hca(nic: str) -> str:
     return f"={nic}" if nic else ""
 
 
+def _comment(value: Any) -> str:
+    """A value shown in a `#` comment line: control characters (a newline would end the comment
+    and start a command) are written as escapes."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
+
+
 def torchrun_commands(
     ranks: Sequence[dict[str, Any]],
     *,
@@ -59,24 +65,30 @@ def torchrun_commands(
     Each local process is mapped to its planned global rank, GPU and NIC: a wrapper exports RANK,
     CUDA_VISIBLE_DEVICES (the rank's GPU only, so it is cuda:0 inside the process) and
     NCCL_IB_HCA from tables indexed by torchrun's LOCAL_RANK. The master is the node of rank 0.
+    Every value in a command is shell-quoted and comments hold no control characters, whatever the
+    names are (spec v1 names are host-name-like, but rows may predate that rule).
     """
     nodes = nodes_in_rank_order(ranks)
     if not nodes:
         return ""
     master = nodes[0]["node"]
     world = sum(len(n["ranks"]) for n in nodes)
+    q = shlex.quote
     out = [
-        f"# {world} ranks on {len(nodes)} nodes; run each block on its node; master {master}:{master_port}\n"
+        f"# {world} ranks on {len(nodes)} nodes; run each block on its node;"
+        f" master {_comment(master)}:{_comment(master_port)}\n"
     ]
     for n in nodes:
         local = n["ranks"]
-        out.append(f"\n# node {n['node']} (node rank {n['node_rank']}): {len(local)} processes\n")
+        out.append(f"\n# node {_comment(n['node'])} (node rank {n['node_rank']}): {len(local)} processes\n")
         for r in local:
             hca = nccl_ib_hca(r["nic"])
-            env = f"CUDA_VISIBLE_DEVICES={r['gpu']}" + (f" NCCL_IB_HCA={hca}" if hca else "")
+            env = f"CUDA_VISIBLE_DEVICES={_comment(r['gpu'])}" + (
+                f" NCCL_IB_HCA={_comment(hca)}" if hca else ""
+            )
             out.append(f"#   local rank {r['local_rank']} -> rank {r['rank']}: {env}\n")
-        rank_table = " ".join(str(r["rank"]) for r in local)
-        gpu_table = " ".join(str(r["gpu"]) for r in local)
+        rank_table = " ".join(q(str(r["rank"])) for r in local)
+        gpu_table = " ".join(q(str(r["gpu"])) for r in local)
         hca_table = " ".join(shlex.quote(nccl_ib_hca(r["nic"])) or "''" for r in local)
         wrapper = (
             f"R=({rank_table}); G=({gpu_table}); H=({hca_table}); "
@@ -89,9 +101,9 @@ def torchrun_commands(
             f" --nnodes={len(nodes)}"
             f" --node-rank={n['node_rank']}"
             f" --nproc-per-node={len(local)}"
-            f" --master-addr={master}"
-            f" --master-port={master_port}"
-            f" --no-python bash -c {shlex.quote(wrapper)} _ python {shlex.quote(entrypoint)}\n"
+            f" --master-addr={q(str(master))}"
+            f" --master-port={q(str(master_port))}"
+            f" --no-python bash -c {q(wrapper)} _ python {q(entrypoint)}\n"
         )
     return "".join(out)
 

@@ -16,6 +16,7 @@ refuses, with a SpecError naming the limit, before building anything large:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -106,7 +107,10 @@ def _json_number(limits: SpecLimits, kind):
             raise SpecError(
                 [("", f"a number of {len(literal)} characters; at most {limits.max_number_chars} are read")]
             )
-        return kind(literal)
+        value = kind(literal)
+        if kind is float and not math.isfinite(value):
+            raise SpecError([("", f"{literal} is not a number a spec may hold")])
+        return value
 
     return parse
 
@@ -244,9 +248,11 @@ def _number_error(chars: int, limits: SpecLimits) -> SpecError:
 def _load_yaml(text: str, limits: SpecLimits) -> Any:
     import yaml
 
-    loader = _spec_yaml_loader()(text)
-    loader.limits = limits
+    loader = None
     try:
+        # The reader checks the characters as soon as the loader is made.
+        loader = _spec_yaml_loader()(text)
+        loader.limits = limits
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         raise SpecError([("", f"not valid YAML or JSON: {shorten(str(exc), 300)}")]) from None
@@ -256,7 +262,8 @@ def _load_yaml(text: str, limits: SpecLimits) -> Any:
         # Values the YAML constructors cannot build (a date such as 2024-02-30, an odd tag).
         raise SpecError([("", f"not valid YAML or JSON: {shorten(str(exc), 200)}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_spec_file(path: str, limits: SpecLimits = TOPOLOGY_LIMITS) -> Any:

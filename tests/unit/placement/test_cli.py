@@ -31,9 +31,10 @@ def write(tmp_path: Path, name: str, data) -> str:
 
 def small_job(tmp_path: Path, **changes) -> str:
     spec = yaml.safe_load(Path(JOB).read_text())
-    spec["model"]["flops_per_step"] = float(spec["model"]["flops_per_step"])
     spec["comm"][0]["bytes"] = float(spec["comm"][0]["bytes"])
     spec.update(changes)
+    # The same FLOPs per GPU as the 16-GPU job: fewer GPUs in the same compute_ms do less work.
+    spec["model"]["flops_per_step"] = float(spec["model"]["flops_per_step"]) * spec["gpus"] / 16
     return write(tmp_path, "job.json", spec)
 
 
