@@ -99,7 +99,10 @@ class ClusterViewSet(
     @action(detail=False, methods=["post"], url_path="import", url_name="import")
     def import_spec(self, request: Request) -> Response:
         """Import a topology spec v1 from a file upload or a JSON/YAML body."""
-        replace = _true(request.query_params.get("replace", "")) or _true(request.data.get("replace", ""))
+        body = request.data
+        replace = _true(request.query_params.get("replace", "")) or (
+            isinstance(body, dict) and _true(body.get("replace", ""))
+        )
         return self._import(request, replace=replace)
 
     def _import(self, request: Request, *, replace: bool) -> Response:
