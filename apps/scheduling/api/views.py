@@ -20,6 +20,11 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
+from apps.api.authentication import LauncherAuthentication, launcher_of
+from apps.api.pagination import StandardPagination
+from apps.api.parsers import TextYAMLParser, YAMLParser
+from apps.api.permissions import JobPermission
+from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from apps.placement.topology import SpecError
 
 from .. import rankmaps, selectors, services
@@ -27,12 +32,7 @@ from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
-from .authentication import LauncherAuthentication, launcher_of
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
-from .pagination import StandardPagination
-from .parsers import TextYAMLParser, YAMLParser
-from .permissions import JobPermission
-from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from .serializers import (
     LIST_COLUMNS,
     JobFailSerializer,

@@ -16,12 +16,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api.authentication import LauncherAuthentication, launcher_of
+from apps.api.pagination import StandardPagination
+from apps.api.parsers import TextYAMLParser, YAMLParser
+from apps.api.permissions import ClusterPermission
+from apps.api.renderers import YAMLRenderer
 from apps.placement.topology import SpecError, parse_spec_text
-from apps.scheduling.api.authentication import LauncherAuthentication, launcher_of
-from apps.scheduling.api.pagination import StandardPagination
-from apps.scheduling.api.parsers import TextYAMLParser, YAMLParser
-from apps.scheduling.api.permissions import ClusterPermission
-from apps.scheduling.api.renderers import YAMLRenderer
 from apps.scheduling.models import Allocation
 
 from .. import selectors, services

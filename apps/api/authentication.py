@@ -7,7 +7,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
-from ..models import LauncherToken
+from apps.scheduling.models import LauncherToken
 
 
 class LauncherAuthentication(BaseAuthentication):
