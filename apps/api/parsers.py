@@ -1,14 +1,24 @@
-"""Request body parsers shared by the TopoWeb APIs: YAML job and topology specs."""
+"""Request body parsers shared by the TopoWeb APIs: JSON and YAML bodies, each checked by the
+validation layer (no NUL bytes, no integers wider than a column, no NaN or infinity)."""
 
 from __future__ import annotations
 
+from rest_framework import parsers
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import BaseParser
 
-from apps.placement.topology import SpecError, parse_spec_text
+from apps.placement.topology import parse_spec_text
+
+from .validation import check_body
 
 
-class YAMLParser(BaseParser):
+class JSONParser(parsers.JSONParser):
+    """A JSON body, checked by `check_body`."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return check_body(super().parse(stream, media_type, parser_context))
+
+
+class YAMLParser(parsers.BaseParser):
     """A YAML (or JSON) body, read with the spec loader (so `1.2e9` is a number)."""
 
     media_type = "application/yaml"
@@ -20,12 +30,17 @@ class YAMLParser(BaseParser):
         except UnicodeDecodeError as exc:
             raise ParseError(f"YAML body is not valid {encoding}: {exc}") from exc
         try:
-            return parse_spec_text(text)
-        except SpecError as exc:
-            raise ParseError(str(exc)) from exc
+            data = parse_spec_text(text)
+        except ValueError as exc:
+            # SpecError, and integers past Python's digit limit.
+            raise ParseError(str(exc)[:500]) from exc
+        return check_body(data)
 
 
 class TextYAMLParser(YAMLParser):
     """The same parser for `text/yaml` bodies."""
 
     media_type = "text/yaml"
+
+
+SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]

@@ -35,11 +35,13 @@ def cluster_for_spec(*, spec: Any, name: str | None = None) -> Cluster:
     name = name or (spec.get("cluster") if isinstance(spec, dict) else None)
     if not name:
         raise SpecError([("cluster", "required: name the cluster in the spec or submit to one")])
-    found = Cluster.objects.filter(name=str(name)).first()
-    if found is None and str(name).isdigit():
+    name = str(name)
+    found = Cluster.objects.filter(name=name).first()
+    # An id is up to 18 ASCII digits ("²" passes isdigit() but int() refuses it).
+    if found is None and name.isascii() and name.isdigit() and len(name) <= 18:
         found = Cluster.objects.filter(pk=int(name)).first()
     if found is None:
-        raise SpecError([("cluster", f"unknown cluster {name!r}")])
+        raise SpecError([("cluster", f"unknown cluster {name[:40]!r}")])
     return found
 
 

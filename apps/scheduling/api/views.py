@@ -5,14 +5,12 @@ Views validate and translate; every write is a service call.
 
 from __future__ import annotations
 
-from django.http import QueryDict
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -22,10 +20,10 @@ from rest_framework.views import APIView
 
 from apps.api.authentication import LauncherAuthentication, launcher_of
 from apps.api.pagination import StandardPagination
-from apps.api.parsers import TextYAMLParser, YAMLParser
+from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import JobPermission
 from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
-from apps.placement.topology import SpecError
+from apps.api.validation import int_param, object_body
 
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
@@ -43,7 +41,6 @@ from .serializers import (
 )
 
 AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
-SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]
 
 SPEC_BODY = {
     "application/json": OpenApiTypes.OBJECT,
@@ -58,19 +55,6 @@ STATE_ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The job's status
 CLUSTER_PARAM = OpenApiParameter(
     "cluster", str, description="Cluster name or id; defaults to the spec's `cluster` field", required=False
 )
-
-
-def spec_body(request: Request):
-    """The request body as a spec object, or a SpecError for form-encoded bodies."""
-    data = request.data
-    if isinstance(data, QueryDict):
-        raise SpecError([("", "send the spec as a JSON or YAML body (application/json or application/yaml)")])
-    return data
-
-
-def spec_error(exc: SpecError) -> Response:
-    """A 400 whose body maps each bad spec field to its messages."""
-    return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
 
 
 def state_error(exc: Exception, current: str) -> Response:
@@ -122,13 +106,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
         in this process, queued when a worker runs it)."""
-        try:
-            data = spec_body(request)
-            name = request.query_params.get("cluster")
-            cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
-            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
-        except SpecError as exc:
-            return spec_error(exc)
+        data = object_body(request)
+        name = request.query_params.get("cluster")
+        cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
+        job = services.job_submit(user=request.user, spec=data, cluster=cluster)
         if cycles_run_inline():
             # The cycle ran on commit in this process and may have placed it: re-read (one query).
             job = self.get_queryset().get(pk=job.pk)
@@ -230,14 +211,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     )
     def rankmap(self, request: Request, pk=None) -> Response:
         """The rank map as ?format=openmpi, slurm-hostfile, torchrun or json."""
+        port = int_param(
+            request.query_params.get("master_port"),
+            field="master_port",
+            low=1,
+            high=65535,
+            default=rankmaps.DEFAULT_MASTER_PORT,
+        )
         job = self.get_object()
         ranks = selectors.job_ranks(job=job)
         if not ranks:
             return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
-        port_text = request.query_params.get("master_port", str(rankmaps.DEFAULT_MASTER_PORT))
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            return Response({"master_port": [f"must be a port number, got {port_text!r}"]}, status=400)
-        port = int(port_text)
         fmt = request.accepted_renderer.format
         if fmt == "openmpi":
             return Response(rankmaps.openmpi_rankfile(ranks))
@@ -269,14 +253,9 @@ class PlacementPreviewView(APIView):
     )
     def post(self, request: Request) -> Response:
         """Every policy's placement of the posted spec on the free GPUs, and the lower bound."""
-        try:
-            data = spec_body(request)
-            cluster = selectors.cluster_for_spec(spec=data, name=request.query_params.get("cluster"))
-            out = selectors.placement_preview(
-                cluster=cluster, spec=data, username=request.user.get_username()
-            )
-        except SpecError as exc:
-            return spec_error(exc)
+        data = object_body(request)
+        cluster = selectors.cluster_for_spec(spec=data, name=request.query_params.get("cluster"))
+        out = selectors.placement_preview(cluster=cluster, spec=data, username=request.user.get_username())
         return Response(out)
 
 

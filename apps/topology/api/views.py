@@ -10,7 +10,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -18,10 +18,11 @@ from rest_framework.response import Response
 
 from apps.api.authentication import LauncherAuthentication, launcher_of
 from apps.api.pagination import StandardPagination
-from apps.api.parsers import TextYAMLParser, YAMLParser
+from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ClusterPermission
 from apps.api.renderers import YAMLRenderer
-from apps.placement.topology import SpecError, parse_spec_text
+from apps.api.validation import check_body, field_error, object_body
+from apps.placement.topology import parse_spec_text
 from apps.scheduling.models import Allocation
 
 from .. import selectors, services
@@ -75,7 +76,7 @@ class ClusterViewSet(
     permission_classes = [ClusterPermission]
     serializer_class = ClusterSerializer
     pagination_class = StandardPagination
-    parser_classes = [JSONParser, YAMLParser, TextYAMLParser, MultiPartParser]
+    parser_classes = [*SPEC_PARSERS, MultiPartParser]
     queryset = Cluster.objects.none()
 
     def get_queryset(self):
@@ -99,29 +100,23 @@ class ClusterViewSet(
     @action(detail=False, methods=["post"], url_path="import", url_name="import")
     def import_spec(self, request: Request) -> Response:
         """Import a topology spec v1 from a file upload or a JSON/YAML body."""
-        replace = _true(request.query_params.get("replace", "")) or _true(request.data.get("replace", ""))
+        # A multipart form carries `replace` as a field; a spec body's keys are the spec's own.
+        form = request.data if hasattr(request.data, "getlist") else {}
+        replace = _true(request.query_params.get("replace", "")) or _true(form.get("replace", ""))
         return self._import(request, replace=replace)
 
     def _import(self, request: Request, *, replace: bool) -> Response:
-        try:
-            data = _spec_from_request(request)
-            token = launcher_of(request)
-            if token is not None:
-                name = data.get("name") if isinstance(data, dict) else None
-                if name != token.cluster.name:
-                    return Response(
-                        {
-                            "name": [
-                                f"a launcher token of {token.cluster.name!r} may only re-import that cluster"
-                            ]
-                        },
-                        status=status.HTTP_403_FORBIDDEN,
-                    )
-                replace = True
-            existed = isinstance(data, dict) and Cluster.objects.filter(name=data.get("name")).exists()
-            cluster = services.cluster_import(data=data, replace=replace)
-        except SpecError as exc:
-            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+        data = _spec_from_request(request)
+        token = launcher_of(request)
+        if token is not None:
+            if data.get("name") != token.cluster.name:
+                return Response(
+                    {"name": [f"a launcher token of {token.cluster.name!r} may only re-import that cluster"]},
+                    status=status.HTTP_403_FORBIDDEN,
+                )
+            replace = True
+        existed = Cluster.objects.filter(name=str(data.get("name"))).exists()
+        cluster = services.cluster_import(data=data, replace=replace)
         body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
         return Response(body, status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
@@ -139,11 +134,7 @@ class ClusterViewSet(
     @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, TopologySpecRenderer, YAMLRenderer])
     def export(self, request: Request, pk=None) -> Response:
         """The cluster as topology spec v1."""
-        cluster = self.get_object()
-        try:
-            return Response(services.cluster_to_spec(cluster=cluster))
-        except SpecError as exc:
-            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+        return Response(services.cluster_to_spec(cluster=self.get_object()))
 
 
 def _spec_from_request(request: Request):
@@ -151,14 +142,16 @@ def _spec_from_request(request: Request):
     upload = request.FILES.get("file") if hasattr(request, "FILES") else None
     if upload is not None:
         try:
-            return parse_spec_text(upload.read().decode("utf-8"))
+            data = parse_spec_text(upload.read().decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise SpecError([("file", f"not UTF-8 text: {exc}")]) from exc
-    data = request.data
-    if hasattr(data, "getlist"):
+            raise field_error("file", f"not UTF-8 text: {exc}") from exc
+        if not isinstance(data, dict):
+            raise field_error("file", f"must hold a topology spec object, got {type(data).__name__}")
+        return check_body(data)
+    if hasattr(request.data, "getlist"):
         # A form without a file: nothing to import.
-        raise SpecError([("file", "upload a topology spec file, or send the spec as a JSON or YAML body")])
-    return data
+        raise field_error("file", "upload a topology spec file, or send the spec as a JSON or YAML body")
+    return object_body(request)
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):

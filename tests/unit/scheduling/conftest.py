@@ -129,3 +129,9 @@ def committed(django_capture_on_commit_callbacks):
             return fn(*args, **kwargs)
 
     return _run
+
+
+@pytest.fixture
+def admin_api(db) -> APIClient:
+    """A superuser's client."""
+    return token_client(get_user_model().objects.create_superuser("root", password="pw-root"))
