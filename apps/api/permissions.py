@@ -1,81 +1,88 @@
-"""Who may do what: users their own jobs, staff everything, launchers their cluster's lifecycle."""
+"""Who may do what, by Django model permissions (the role set in roles.py), so the admin site and
+the API agree; launcher tokens by the actions a view grants them on their own cluster."""
 
 from __future__ import annotations
 
-from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission, DjangoModelPermissions
 
+from . import roles
 from .authentication import launcher_of
 
 LIFECYCLE_ACTIONS = frozenset({"start", "complete", "fail"})
-LAUNCHER_JOB_ACTIONS = frozenset({"list", "retrieve", "placement", "rankmap"}) | LIFECYCLE_ACTIONS
+JOB_READS = frozenset({"list", "retrieve", "placement", "rankmap"})
 
 
-def is_staff(request) -> bool:
-    """True for an authenticated staff user."""
-    user = getattr(request, "user", None)
-    return bool(user and user.is_authenticated and user.is_staff)
+def cluster_id_of(obj) -> int | None:
+    """The cluster an object belongs to: its `cluster_id`, or its own pk for a cluster."""
+    if hasattr(obj, "cluster_id"):
+        return obj.cluster_id
+    job = getattr(obj, "job", None)
+    if job is not None:
+        return job.cluster_id
+    return obj.pk if obj._meta.model_name == "cluster" else None
 
 
-def is_user(request) -> bool:
-    """True for any authenticated user (not a launcher token)."""
-    user = getattr(request, "user", None)
-    return bool(user and user.is_authenticated)
+class LauncherTokenPermission(BasePermission):
+    """A launcher token may call the view actions in `launcher_actions` (a view attribute, or this
+    class's default) on objects of its own cluster, and nothing else. Compose it with a user
+    permission: `permission_classes = [LauncherTokenPermission | JobPermission]`."""
+
+    message = "A launcher token may only start, complete or fail its own cluster's jobs."
+    launcher_actions: frozenset[str] = JOB_READS | LIFECYCLE_ACTIONS
+
+    def has_permission(self, request, view) -> bool:
+        if launcher_of(request) is None:
+            return False
+        allowed = getattr(view, "launcher_actions", self.launcher_actions)
+        return getattr(view, "action", None) in allowed
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        token = launcher_of(request)
+        return token is not None and cluster_id_of(obj) == token.cluster_id
 
 
 class JobPermission(BasePermission):
-    """Users read, submit and cancel their own jobs (the queryset hides others' jobs: 404);
-    lifecycle actions need staff or a launcher token of the job's cluster; staff do anything."""
+    """Users (never launchers): reads for any signed-in user (the queryset hides other users' jobs
+    unless the user may see all); submit with `can_submit`; cancel their own jobs, or any with
+    scheduling.change_job, which the lifecycle actions (start, complete, fail) always need."""
 
-    message = "Job lifecycle actions need a staff user or the cluster's launcher token."
+    message = "This needs the operator role (scheduling.change_job) or your own job."
 
     def has_permission(self, request, view) -> bool:
-        action = getattr(view, "action", None)
-        if launcher_of(request) is not None:
-            return action in LAUNCHER_JOB_ACTIONS
-        if not is_user(request):
+        user = request.user
+        if launcher_of(request) is not None or not user.is_authenticated:
             return False
+        action = getattr(view, "action", None)
+        if action == "create":
+            return roles.can_submit(user)
         if action in LIFECYCLE_ACTIONS:
-            return is_staff(request)
+            return roles.can(user, roles.MANAGE_JOBS)
         return True
 
     def has_object_permission(self, request, view, obj) -> bool:
-        token = launcher_of(request)
-        if token is not None:
-            return obj.cluster_id == token.cluster_id
-        return is_staff(request) or obj.owner_id == request.user.pk
-
-
-class StaffWrites(BasePermission):
-    """Reads for any authenticated user; writes for staff."""
-
-    message = "Only staff may change this."
-
-    def has_permission(self, request, view) -> bool:
-        if not is_user(request):
-            return False
-        return request.method in SAFE_METHODS or is_staff(request)
-
-
-class ClusterPermission(BasePermission):
-    """Clusters: reads for users and launchers; writes for staff, or for a launcher on its own
-    cluster (settings and topology re-import, not deletion)."""
-
-    message = "Topology writes need a staff user or this cluster's launcher token."
-
-    def has_permission(self, request, view) -> bool:
-        token = launcher_of(request)
-        if request.method in SAFE_METHODS:
-            return token is not None or is_user(request)
-        if is_staff(request):
+        user = request.user
+        if roles.can(user, roles.MANAGE_JOBS):
             return True
-        return token is not None and getattr(view, "action", None) in {
-            "update",
-            "partial_update",
-            "import_spec",
-        }
+        if getattr(view, "action", None) in LIFECYCLE_ACTIONS:
+            return False
+        return obj.owner_id == user.pk or (request.method in SAFE_METHODS and roles.sees_all_jobs(user))
 
-    def has_object_permission(self, request, view, obj) -> bool:
-        token = launcher_of(request)
-        if token is not None:
-            return obj.pk == token.cluster_id
-        return request.method in SAFE_METHODS or is_staff(request)
+
+def holds(perm: str) -> type[BasePermission]:
+    """A permission class: a signed-in user holding `perm` (e.g. "scheduling.view_schedulingcycle")."""
+
+    class Holds(BasePermission):
+        message = f"This needs the {perm} permission."
+
+        def has_permission(self, request, view) -> bool:
+            return roles.can(request.user, perm)
+
+    Holds.__name__ = Holds.__qualname__ = f"Holds({perm})"
+    return Holds
+
+
+class ModelPermissions(DjangoModelPermissions):
+    """Django's model permissions as the admin site applies them: reads for any signed-in user,
+    POST add, PUT and PATCH change, DELETE delete. Launcher tokens are anonymous here: refused."""
+
+    authenticated_users_only = True

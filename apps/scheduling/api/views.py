@@ -8,21 +8,21 @@ from __future__ import annotations
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
-from apps.api.authentication import LauncherAuthentication, launcher_of
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION, launcher_of
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
-from apps.api.permissions import JobPermission
+from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
 from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
+from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
 from apps.api.validation import int_param, object_body
 
 from .. import rankmaps, selectors, services
@@ -39,8 +39,6 @@ from .serializers import (
     MigrationProposalSerializer,
     SchedulingCycleSerializer,
 )
-
-AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
 
 SPEC_BODY = {
     "application/json": OpenApiTypes.OBJECT,
@@ -64,7 +62,7 @@ def state_error(exc: Exception, current: str) -> Response:
 
 @extend_schema_view(
     list=extend_schema(
-        summary="Jobs you may see (yours; all for staff; the cluster's for a launcher)",
+        summary="Jobs you may see (yours; all for viewers, operators, admins; the cluster's for a launcher)",
         description="Each job without its spec, per-group predicted block and flows: GET the job for those.",
     ),
     retrieve=extend_schema(summary="One job with its spec and predicted costs"),
@@ -73,14 +71,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Submit job specs v1, follow them through the queue, and report their lifecycle."""
 
     authentication_classes = AUTHENTICATION
-    permission_classes = [JobPermission]
+    permission_classes = [LauncherTokenPermission | JobPermission]
     parser_classes = SPEC_PARSERS
     filter_backends = [NamedFilterBackend, OrderingFilter]
     filterset_class = JobFilter
     ordering_fields = ["submitted_at", "priority", "id", "placed_at", "gpus"]
     ordering = ["-submitted_at", "-id"]
     pagination_class = StandardPagination
-    throttle_classes = [UserRateThrottle, ScopedRateThrottle]
+    throttle_classes = [CallerRateThrottle, ScopedCallerThrottle]
     queryset = Job.objects.none()
 
     def get_queryset(self):
@@ -260,11 +258,11 @@ class PlacementPreviewView(APIView):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Migration proposals (yours; all for staff)"),
+    list=extend_schema(summary="Migration proposals (yours; all for viewers, operators and admins)"),
     retrieve=extend_schema(summary="One migration proposal"),
 )
 class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Proposed moves of running jobs to better placements; staff apply or reject them."""
+    """Proposed moves of running jobs to better placements; operators apply or reject them."""
 
     authentication_classes = AUTHENTICATION[:2]
     permission_classes = [IsAuthenticated]
@@ -285,7 +283,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
             409: OpenApiResponse(MigrationProposalSerializer, description="Stale or already decided"),
         },
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
     def apply(self, request: Request, pk=None) -> Response:
         """Apply the proposal (200) or report it stale or decided (409)."""
         proposal = self.get_object()
@@ -303,7 +301,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         request=None,
         responses={200: MigrationProposalSerializer, 409: OpenApiResponse(OpenApiTypes.OBJECT)},
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
     def reject(self, request: Request, pk=None) -> Response:
         """Decline the proposal."""
         proposal = self.get_object()
@@ -318,7 +316,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
 @extend_schema_view(
     list=extend_schema(
-        summary="Scheduling cycles (staff): audit of what each cycle placed and why jobs wait"
+        summary="Scheduling cycles (viewers, operators, admins): what each cycle placed and why jobs wait"
     ),
     retrieve=extend_schema(summary="One scheduling cycle"),
 )
@@ -326,7 +324,7 @@ class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     """The scheduling cycle audit log."""
 
     authentication_classes = AUTHENTICATION[:2]
-    permission_classes = [IsAdminUser]
+    permission_classes = [holds(roles.SEE_CYCLES)]
     serializer_class = SchedulingCycleSerializer
     filter_backends = [NamedFilterBackend]
     filterset_class = SchedulingCycleFilter

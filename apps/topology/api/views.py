@@ -8,18 +8,19 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.authentication import LauncherAuthentication, launcher_of
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
-from apps.api.permissions import ClusterPermission
+from apps.api.permissions import ModelPermissions
 from apps.api.renderers import YAMLRenderer
 from apps.api.validation import check_body, field_error, object_body
 from apps.placement.topology import parse_spec_text
@@ -59,9 +60,11 @@ def _true(value) -> bool:
 @extend_schema_view(
     list=extend_schema(summary="Clusters with node, GPU and switch counts"),
     retrieve=extend_schema(summary="One cluster"),
-    update=extend_schema(summary="Change a cluster's description, policy, preemption or backfill (staff)"),
-    partial_update=extend_schema(summary="Change some of a cluster's settings (staff)"),
-    destroy=extend_schema(summary="Delete a cluster and everything on it (staff)"),
+    update=extend_schema(
+        summary="Change a cluster's description, policy, preemption or backfill (topology.change_cluster)"
+    ),
+    partial_update=extend_schema(summary="Change some of a cluster's settings (topology.change_cluster)"),
+    destroy=extend_schema(summary="Delete a cluster and everything on it (topology.delete_cluster)"),
 )
 class ClusterViewSet(
     mixins.ListModelMixin,
@@ -70,10 +73,10 @@ class ClusterViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Clusters: read for every authenticated user, write for staff (or the cluster's launcher)."""
+    """Clusters: read for every signed-in user; writes by Django model permission, as in the admin."""
 
-    authentication_classes = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
-    permission_classes = [ClusterPermission]
+    authentication_classes = AUTHENTICATION
+    permission_classes = [ModelPermissions]
     serializer_class = ClusterSerializer
     pagination_class = StandardPagination
     parser_classes = [*SPEC_PARSERS, MultiPartParser]
@@ -83,7 +86,7 @@ class ClusterViewSet(
         return selectors.cluster_list()
 
     @extend_schema(
-        summary="Create a cluster from a topology spec v1 body (staff)",
+        summary="Create a cluster from a topology spec v1 body (topology.add_cluster)",
         request=SPEC_BODY,
         responses={201: ClusterSerializer, 400: SPEC_ERRORS},
     )
@@ -106,15 +109,9 @@ class ClusterViewSet(
         return self._import(request, replace=replace)
 
     def _import(self, request: Request, *, replace: bool) -> Response:
+        if replace and not roles.can(request.user, roles.CHANGE_CLUSTERS):
+            raise PermissionDenied(f"replacing a cluster's topology needs {roles.CHANGE_CLUSTERS}")
         data = _spec_from_request(request)
-        token = launcher_of(request)
-        if token is not None:
-            if data.get("name") != token.cluster.name:
-                return Response(
-                    {"name": [f"a launcher token of {token.cluster.name!r} may only re-import that cluster"]},
-                    status=status.HTTP_403_FORBIDDEN,
-                )
-            replace = True
         existed = Cluster.objects.filter(name=str(data.get("name"))).exists()
         cluster = services.cluster_import(data=data, replace=replace)
         body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
@@ -155,7 +152,7 @@ def _spec_from_request(request: Request):
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     pagination_class = StandardPagination
     filter_backends = [DjangoFilterBackend]
