@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "apps.api",
     "apps.topology",
     "apps.scheduling",
     "apps.dashboard",
@@ -105,6 +106,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "apps.api.middleware.reject_nul_bytes",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -179,27 +181,32 @@ CACHES = {
     )
 }
 
+# Roles and sign-in (apps/api/roles.py, apps/api/logins.py).
+ANY_USER_SUBMITS = _env_bool("TOPOWEB_ANY_USER_SUBMITS", True)
+AUTHENTICATION_BACKENDS = ["apps.api.logins.ThrottledModelBackend"]
+LOGIN_FAILURE_LIMIT = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT") or 10)
+LOGIN_FAILURE_LIMIT_PER_IP = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT_PER_IP") or 50)
+LOGIN_FAILURE_WINDOW_S = 15 * 60
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "apps.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    # Every JSON body goes through the core's bounded loader (depth, size, NaN); see bodylimits.
-    "DEFAULT_PARSER_CLASSES": [
-        "apps.scheduling.api.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "apps.api.exceptions.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.UserRateThrottle",
-        "rest_framework.throttling.ScopedRateThrottle",
+        "apps.api.throttling.CallerRateThrottle",
+        "apps.api.throttling.ScopedCallerThrottle",
     ],
-    "DEFAULT_THROTTLE_RATES": {"user": "1000/min", "submit": "120/min"},
+    "DEFAULT_THROTTLE_RATES": {"user": "1000/min", "launcher": "1000/min", "submit": "120/min"},
+    # Clients are told apart by the socket's address unless this many proxies add X-Forwarded-For.
+    "NUM_PROXIES": int(_env("TOPOWEB_NUM_PROXIES") or 0),
 }
 
 SPECTACULAR_SETTINGS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
+from apps.api import roles
 from apps.placement.topology import TOPOLOGY_LIMITS
 from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
 from apps.topology.models import Cluster
@@ -28,7 +29,7 @@ class QueueFilterForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        if not user.is_staff:
+        if not roles.sees_all_jobs(user):
             # Other users' jobs stay anonymous: a user filters to their own jobs or sees everyone's.
             self.fields["owner"] = forms.ChoiceField(
                 required=False, choices=[("", "everyone"), (user.get_username(), "my jobs")]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from django.db.models import Count, Max, QuerySet, Sum
 from django.urls import reverse
 
+from apps.api import roles
 from apps.dashboard.jobview import JobView, job_view
 from apps.dashboard.layout import ClusterLayout, cluster_layout
 from apps.placement.jobs import load_job
@@ -40,7 +41,7 @@ def layout_for(topology: Topology) -> ClusterLayout:
 
 def can_see_details(user, job: Job) -> bool:
     """True if `user` may see the job's name, owner, spec, ranks and predictions."""
-    return bool(user.is_staff or job.owner_id == user.pk)
+    return bool(job.owner_id == user.pk or roles.sees_all_jobs(user))
 
 
 def job_label(user, job: Job) -> str:
@@ -51,9 +52,9 @@ def job_label(user, job: Job) -> str:
 
 
 def visible_jobs(user) -> QuerySet[Job]:
-    """The jobs whose page `user` may open: all for staff, their own otherwise."""
+    """The jobs whose page `user` may open: all with scheduling.view_job, their own otherwise."""
     jobs = Job.objects.select_related("cluster", "owner")
-    return jobs if user.is_staff else jobs.filter(owner=user)
+    return jobs if roles.sees_all_jobs(user) else jobs.filter(owner=user)
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,11 @@ def queue_jobs(
 ) -> QuerySet[Job]:
     """Jobs of the queue page, highest priority and oldest first, filtered by status, owner
     username and cluster. Every user sees every job here; labels hide other users' details, and
-    a non-staff user filtering by another owner gets nothing (ownership is not revealed)."""
+    a user who may not see all jobs filtering by another owner gets nothing (ownership is not
+    revealed)."""
     jobs = Job.objects.select_related("cluster", "owner").filter(status__in=list(statuses))
     if owner:
-        if not user.is_staff and owner != user.get_username():
+        if owner != user.get_username() and not roles.sees_all_jobs(user):
             return jobs.none()
         jobs = jobs.filter(owner__username=owner)
     if cluster is not None:
@@ -142,5 +144,5 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
         .values_list("id", "status", "predicted_step_ms")
     )
     stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
-    viewer = "staff" if user.is_staff else user.pk
+    viewer = "all" if roles.sees_all_jobs(user) else user.pk
     return (cluster.pk, stamp, live["n"], live["top"], live["total"], jobs, viewer)

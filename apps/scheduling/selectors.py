@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Exists, OuterRef, QuerySet
 
+from apps.api import roles
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster, Gpu
 
@@ -18,11 +19,12 @@ from .models import Allocation, Job, LauncherToken, MigrationProposal, Schedulin
 def jobs_visible_to(
     *, user: AbstractBaseUser | AnonymousUser, launcher: LauncherToken | None = None
 ) -> QuerySet[Job]:
-    """Jobs a caller may see: staff all, a launcher token its cluster's, a user their own."""
+    """Jobs a caller may see: a launcher token its cluster's, a user holding scheduling.view_job
+    (viewer, operator, admin) all, another user their own."""
     base = Job.objects.select_related("cluster", "owner")
     if launcher is not None:
         return base.filter(cluster_id=launcher.cluster_id)
-    if getattr(user, "is_staff", False):
+    if roles.sees_all_jobs(user):
         return base.all()
     if not getattr(user, "is_authenticated", False):
         return base.none()
@@ -35,11 +37,13 @@ def cluster_for_spec(*, spec: Any, name: str | None = None) -> Cluster:
     name = name or (spec.get("cluster") if isinstance(spec, dict) else None)
     if not name:
         raise SpecError([("cluster", "required: name the cluster in the spec or submit to one")])
-    found = Cluster.objects.filter(name=str(name)).first()
-    if found is None and str(name).isdigit():
+    name = str(name)
+    found = Cluster.objects.filter(name=name).first()
+    # An id is up to 18 ASCII digits ("²" passes isdigit() but int() refuses it).
+    if found is None and name.isascii() and name.isdigit() and len(name) <= 18:
         found = Cluster.objects.filter(pk=int(name)).first()
     if found is None:
-        raise SpecError([("cluster", f"unknown cluster {name!r}")])
+        raise SpecError([("cluster", f"unknown cluster {name[:40]!r}")])
     return found
 
 
@@ -136,9 +140,9 @@ def open_proposals(*, cluster: Cluster | None = None) -> QuerySet[MigrationPropo
 
 
 def proposals_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[MigrationProposal]:
-    """Proposals a user may see: staff all, others those of their own jobs."""
+    """Proposals a user may see: all with scheduling.view_migrationproposal, else their own jobs'."""
     qs = MigrationProposal.objects.select_related("job", "job__cluster", "job__owner")
-    if getattr(user, "is_staff", False):
+    if roles.can(user, "scheduling.view_migrationproposal"):
         return qs.all()
     if not getattr(user, "is_authenticated", False):
         return qs.none()

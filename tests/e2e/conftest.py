@@ -28,6 +28,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
+def _admin(user):
+    """`user` in the admin role."""
+    from apps.api.roles import role_grant
+
+    role_grant(user=user, role="admin")
+    return user
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     """Launch the system Chromium (never a downloaded browser) headless and offline."""
@@ -88,7 +96,7 @@ def scenario(transactional_db):
 
     users = get_user_model()
     people = {
-        "ops": users.objects.create_user("ops", password=PASSWORD, is_staff=True),
+        "ops": _admin(users.objects.create_user("ops", password=PASSWORD, is_staff=True)),
         "alice": users.objects.create_user("alice", password=PASSWORD),
         "bob": users.objects.create_user("bob", password=PASSWORD),
     }

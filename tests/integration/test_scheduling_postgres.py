@@ -124,7 +124,7 @@ def test_case44_flow_with_a_real_worker(worker):
     users = get_user_model().objects
     alice = api_for(users.create_user("alice"))
     dave = api_for(users.create_user("dave"))
-    staff = api_for(users.create_user("ops", is_staff=True))
+    staff = api_for(users.create_superuser("ops"))
     spec = read_spec_file(EXAMPLES / "case-4-4-job.yaml")
 
     first = alice.post("/api/v1/jobs/", spec, format="json")

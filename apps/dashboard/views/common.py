@@ -9,6 +9,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.utils.safestring import SafeString, mark_safe
 
+from apps.api import roles
+
 
 def script_json(value) -> SafeString:
     """`value` as compact JSON safe to embed in a <script type="application/json"> element.
@@ -20,14 +22,17 @@ def script_json(value) -> SafeString:
     return mark_safe(text)
 
 
-def staff_required(view):
-    """Login required, then 403 for users who are not staff (as the API's staff-only writes)."""
+def perm_required(perm: str):
+    """Login required, then 403 for users without `perm` (the permission the API checks too)."""
 
-    @wraps(view)
-    @login_required
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_staff:
-            raise PermissionDenied("this page is for staff")
-        return view(request, *args, **kwargs)
+    def decorate(view):
+        @wraps(view)
+        @login_required
+        def wrapped(request, *args, **kwargs):
+            if not roles.can(request.user, perm):
+                raise PermissionDenied(f"this page needs the {perm} permission")
+            return view(request, *args, **kwargs)
 
-    return wrapped
+        return wrapped
+
+    return decorate

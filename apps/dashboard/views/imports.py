@@ -1,10 +1,12 @@
-"""The topology import page (staff): validate a spec, show errors per field, preview, import."""
+"""The topology import page (topology.add_cluster): validate a spec, show errors per field, preview, import."""
 
 from __future__ import annotations
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 
+from apps.api import roles
 from apps.dashboard.figures import cluster_figure
 from apps.dashboard.forms import TopologyImportForm
 from apps.dashboard.layout import cluster_layout
@@ -12,13 +14,13 @@ from apps.placement.topology import SpecError, load_topology, parse_spec_text
 from apps.topology.models import Cluster
 from apps.topology.services import cluster_import
 
-from .common import script_json, staff_required
+from .common import perm_required, script_json
 from .vendor import plotly_js_url
 
 PREVIEW_MAX_GPUS = 20_000
 
 
-@staff_required
+@perm_required(roles.IMPORT_CLUSTERS)
 def topology_import(request):
     """GET: the empty form. POST `action=preview`: validate and draw the graph; `action=import`:
     validate again and write the cluster (with `replace` to overwrite one of the same name)."""
@@ -31,6 +33,8 @@ def topology_import(request):
     text = form.cleaned_data["text"]
     replace = form.cleaned_data["replace"]
     action = request.POST.get("action", "preview")
+    if replace and action == "import" and not roles.can(request.user, roles.CHANGE_CLUSTERS):
+        raise PermissionDenied(f"replacing a cluster's topology needs the {roles.CHANGE_CLUSTERS} permission")
     try:
         data = parse_spec_text(text)
         topo = load_topology(data)

@@ -8,6 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.api import roles
 from apps.dashboard.charts import timeline_figure, whatif_figure
 from apps.dashboard.jobview import job_view
 from apps.dashboard.selectors import job_label, job_proposals, visible_jobs
@@ -20,7 +21,7 @@ from apps.scheduling.proposals import ProposalStateError
 from apps.scheduling.services import migration_apply, migration_reject
 from apps.scheduling.snapshot import cluster_snapshot
 
-from .common import script_json, staff_required
+from .common import perm_required, script_json
 from .vendor import plotly_js_url
 
 RANKMAP_FORMATS = (
@@ -142,10 +143,10 @@ def job_page(request, pk: int):
     return render(request, "dashboard/job.html", context)
 
 
-@staff_required
+@perm_required(roles.DECIDE_MIGRATIONS)
 @require_POST
 def proposal_decide(request, pk: int, proposal: int, action: str):
-    """POST from the job page: apply or reject an open migration proposal (staff only)."""
+    """POST from the job page: apply or reject an open migration proposal (operators)."""
     prop = get_object_or_404(MigrationProposal, pk=proposal, job_id=pk)
     try:
         if action == "apply":

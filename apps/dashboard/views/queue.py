@@ -20,7 +20,8 @@ REFRESH_S = 10
 
 def queue_rows(user, jobs) -> list[dict]:
     """Table rows for the queue: other users' jobs keep only id, cluster, status, GPUs, age and
-    pending reason. A waiting job has no placement yet: its step time and MFU are the lower
+    the scheduler's pending reason (a finished job's reason may name who cancelled it or carry a
+    launcher's message, so it shows only to those who see the job's details). A waiting job has no placement yet: its step time and MFU are the lower
     bound (the best any placement could do on the empty cluster)."""
     now = timezone.now()
     topologies: dict[int, object] = {}
@@ -37,6 +38,7 @@ def queue_rows(user, jobs) -> list[dict]:
                 "job": job,
                 "details": details,
                 "label": job_label(user, job),
+                "reason": job.pending_reason if details or job.status in WAITING_STATUSES else "",
                 "owner": job.owner.get_username() if details else "other user",
                 "policy": (job.placed_policy or job.policy or job.cluster.policy) if details else "",
                 "step_ms": job.predicted_step_ms if details else None,

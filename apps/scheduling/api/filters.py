@@ -5,15 +5,10 @@ from __future__ import annotations
 import django_filters
 from django_filters.rest_framework import DjangoFilterBackend
 
+from apps.api.filters import FilterSet, IdOrNameFilter, IntegerFilter
+
 from ..choices import JobStatus, ProposalStatus
 from ..models import Job, MigrationProposal, SchedulingCycle
-
-
-def _id_or_name(queryset, field: str, value: str):
-    """Filter `field` (a FK) by primary key when `value` is a number, else by name."""
-    if value.isdigit():
-        return queryset.filter(**{f"{field}_id": int(value)})
-    return queryset.filter(**{f"{field}__name": value})
 
 
 class NamedFilterBackend(DjangoFilterBackend):
@@ -32,13 +27,13 @@ class NamedFilterBackend(DjangoFilterBackend):
         return super().filter_queryset(request, queryset, view)
 
 
-class JobFilter(django_filters.FilterSet):
+class JobFilter(FilterSet):
     """?status=queued&status=running, ?owner=<username or id>, ?cluster=<name or id>, ?overdue=true."""
 
     status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices)
-    owner = django_filters.CharFilter(method="filter_owner", label="owner (username or id)")
-    cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
-    priority_min = django_filters.NumberFilter(field_name="priority", lookup_expr="gte")
+    owner = IdOrNameFilter(path="owner", name_field="username", label="owner (username or id)")
+    cluster = IdOrNameFilter(path="cluster")
+    priority_min = IntegerFilter(field_name="priority", lookup_expr="gte")
     overdue = django_filters.BooleanFilter()
     name = django_filters.CharFilter(lookup_expr="icontains")
 
@@ -46,44 +41,28 @@ class JobFilter(django_filters.FilterSet):
         model = Job
         fields = ["status", "owner", "cluster", "priority_min", "overdue", "name"]
 
-    def filter_owner(self, queryset, name, value):
-        if value.isdigit():
-            return queryset.filter(owner_id=int(value))
-        return queryset.filter(owner__username=value)
 
-    def filter_cluster(self, queryset, name, value):
-        return _id_or_name(queryset, "cluster", value)
-
-
-class MigrationProposalFilter(django_filters.FilterSet):
+class MigrationProposalFilter(FilterSet):
     """?status=proposed, ?cluster=<name or id>, ?job=<id>."""
 
     status = django_filters.MultipleChoiceFilter(choices=ProposalStatus.choices)
-    cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
-    job = django_filters.NumberFilter(field_name="job_id")
+    cluster = IdOrNameFilter(path="job__cluster")
+    job = IntegerFilter(field_name="job_id")
 
     class Meta:
         model = MigrationProposal
         fields = ["status", "cluster", "job"]
 
-    def filter_cluster(self, queryset, name, value):
-        if value.isdigit():
-            return queryset.filter(job__cluster_id=int(value))
-        return queryset.filter(job__cluster__name=value)
 
-
-class SchedulingCycleFilter(django_filters.FilterSet):
+class SchedulingCycleFilter(FilterSet):
     """?cluster=<name or id>, ?placed_min=1."""
 
-    cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
-    placed_min = django_filters.NumberFilter(field_name="placed", lookup_expr="gte")
+    cluster = IdOrNameFilter(path="cluster")
+    placed_min = IntegerFilter(field_name="placed", lookup_expr="gte")
 
     class Meta:
         model = SchedulingCycle
         fields = ["cluster", "placed_min", "status"]
-
-    def filter_cluster(self, queryset, name, value):
-        return _id_or_name(queryset, "cluster", value)
 
 
 __all__ = ["JobFilter", "MigrationProposalFilter", "NamedFilterBackend", "SchedulingCycleFilter"]

@@ -5,33 +5,33 @@ Views validate and translate; every write is a service call.
 
 from __future__ import annotations
 
-from django.http import QueryDict
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
-from apps.placement.topology import JOB_LIMITS, SpecError
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION, launcher_of
+from apps.api.pagination import StandardPagination
+from apps.api.parsers import SPEC_PARSERS
+from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
+from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
+from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
+from apps.api.validation import int_param, object_body
+from apps.placement.topology import JOB_LIMITS
 
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
-from .authentication import LauncherAuthentication, launcher_of
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
-from .pagination import StandardPagination
-from .parsers import JSONParser, TextYAMLParser, YAMLParser
-from .permissions import JobPermission
-from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from .serializers import (
     LIST_COLUMNS,
     JobFailSerializer,
@@ -40,9 +40,6 @@ from .serializers import (
     MigrationProposalSerializer,
     SchedulingCycleSerializer,
 )
-
-AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
-SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]
 
 SPEC_BODY = {
     "application/json": OpenApiTypes.OBJECT,
@@ -59,19 +56,6 @@ CLUSTER_PARAM = OpenApiParameter(
 )
 
 
-def spec_body(request: Request):
-    """The request body as a spec object, or a SpecError for form-encoded bodies."""
-    data = request.data
-    if isinstance(data, QueryDict):
-        raise SpecError([("", "send the spec as a JSON or YAML body (application/json or application/yaml)")])
-    return data
-
-
-def spec_error(exc: SpecError) -> Response:
-    """A 400 whose body maps each bad spec field to its messages."""
-    return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
-
-
 def state_error(exc: Exception, current: str) -> Response:
     """A 409 saying why the current status forbids the action."""
     return Response({"detail": str(exc), "status": current}, status=status.HTTP_409_CONFLICT)
@@ -79,7 +63,7 @@ def state_error(exc: Exception, current: str) -> Response:
 
 @extend_schema_view(
     list=extend_schema(
-        summary="Jobs you may see (yours; all for staff; the cluster's for a launcher)",
+        summary="Jobs you may see (yours; all for viewers, operators, admins; the cluster's for a launcher)",
         description="Each job without its spec, per-group predicted block and flows: GET the job for those.",
     ),
     retrieve=extend_schema(summary="One job with its spec and predicted costs"),
@@ -88,7 +72,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Submit job specs v1, follow them through the queue, and report their lifecycle."""
 
     authentication_classes = AUTHENTICATION
-    permission_classes = [JobPermission]
+    permission_classes = [LauncherTokenPermission | JobPermission]
     parser_classes = SPEC_PARSERS
     spec_limits = JOB_LIMITS
     filter_backends = [NamedFilterBackend, OrderingFilter]
@@ -96,7 +80,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     ordering_fields = ["submitted_at", "priority", "id", "placed_at", "gpus"]
     ordering = ["-submitted_at", "-id"]
     pagination_class = StandardPagination
-    throttle_classes = [UserRateThrottle, ScopedRateThrottle]
+    throttle_classes = [CallerRateThrottle, ScopedCallerThrottle]
     queryset = Job.objects.none()
 
     def get_queryset(self):
@@ -122,13 +106,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
         in this process, queued when a worker runs it)."""
-        try:
-            data = spec_body(request)
-            name = request.query_params.get("cluster")
-            cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
-            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
-        except SpecError as exc:
-            return spec_error(exc)
+        data = object_body(request)
+        name = request.query_params.get("cluster")
+        cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
+        job = services.job_submit(user=request.user, spec=data, cluster=cluster)
         if cycles_run_inline():
             # The cycle ran on commit in this process and may have placed it: re-read (one query).
             job = self.get_queryset().get(pk=job.pk)
@@ -230,14 +211,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     )
     def rankmap(self, request: Request, pk=None) -> Response:
         """The rank map as ?format=openmpi, slurm-hostfile, torchrun or json."""
+        port = int_param(
+            request.query_params.get("master_port"),
+            field="master_port",
+            low=1,
+            high=65535,
+            default=rankmaps.DEFAULT_MASTER_PORT,
+        )
         job = self.get_object()
         ranks = selectors.job_ranks(job=job)
         if not ranks:
             return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
-        port_text = request.query_params.get("master_port", str(rankmaps.DEFAULT_MASTER_PORT))
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            return Response({"master_port": [f"must be a port number, got {port_text!r}"]}, status=400)
-        port = int(port_text)
         fmt = request.accepted_renderer.format
         if fmt == "openmpi":
             return Response(rankmaps.openmpi_rankfile(ranks))
@@ -270,23 +254,18 @@ class PlacementPreviewView(APIView):
     )
     def post(self, request: Request) -> Response:
         """Every policy's placement of the posted spec on the free GPUs, and the lower bound."""
-        try:
-            data = spec_body(request)
-            cluster = selectors.cluster_for_spec(spec=data, name=request.query_params.get("cluster"))
-            out = selectors.placement_preview(
-                cluster=cluster, spec=data, username=request.user.get_username()
-            )
-        except SpecError as exc:
-            return spec_error(exc)
+        data = object_body(request)
+        cluster = selectors.cluster_for_spec(spec=data, name=request.query_params.get("cluster"))
+        out = selectors.placement_preview(cluster=cluster, spec=data, username=request.user.get_username())
         return Response(out)
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Migration proposals (yours; all for staff)"),
+    list=extend_schema(summary="Migration proposals (yours; all for viewers, operators and admins)"),
     retrieve=extend_schema(summary="One migration proposal"),
 )
 class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Proposed moves of running jobs to better placements; staff apply or reject them."""
+    """Proposed moves of running jobs to better placements; operators apply or reject them."""
 
     authentication_classes = AUTHENTICATION[:2]
     permission_classes = [IsAuthenticated]
@@ -307,7 +286,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
             409: OpenApiResponse(MigrationProposalSerializer, description="Stale or already decided"),
         },
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
     def apply(self, request: Request, pk=None) -> Response:
         """Apply the proposal (200) or report it stale or decided (409)."""
         proposal = self.get_object()
@@ -325,7 +304,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         request=None,
         responses={200: MigrationProposalSerializer, 409: OpenApiResponse(OpenApiTypes.OBJECT)},
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
     def reject(self, request: Request, pk=None) -> Response:
         """Decline the proposal."""
         proposal = self.get_object()
@@ -340,7 +319,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
 @extend_schema_view(
     list=extend_schema(
-        summary="Scheduling cycles (staff): audit of what each cycle placed and why jobs wait"
+        summary="Scheduling cycles (viewers, operators, admins): what each cycle placed and why jobs wait"
     ),
     retrieve=extend_schema(summary="One scheduling cycle"),
 )
@@ -348,7 +327,7 @@ class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     """The scheduling cycle audit log."""
 
     authentication_classes = AUTHENTICATION[:2]
-    permission_classes = [IsAdminUser]
+    permission_classes = [holds(roles.SEE_CYCLES)]
     serializer_class = SchedulingCycleSerializer
     filter_backends = [NamedFilterBackend]
     filterset_class = SchedulingCycleFilter

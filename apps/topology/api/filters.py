@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import django_filters
 
+from apps.api.filters import FilterSet, IdOrNameFilter
+
 from ..choices import SwitchTier
 from ..models import Gpu, Link, Node, Switch
 
 
-class _ByCluster(django_filters.FilterSet):
-    cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
-    cluster_path = "cluster"
-
-    def filter_cluster(self, queryset, name, value):
-        if value.isdigit():
-            return queryset.filter(**{f"{self.cluster_path}_id": int(value)})
-        return queryset.filter(**{f"{self.cluster_path}__name": value})
+class _ByCluster(FilterSet):
+    cluster = IdOrNameFilter(path="cluster")
 
 
 class SwitchFilter(_ByCluster):
@@ -46,7 +42,7 @@ class NodeFilter(_ByCluster):
 
 
 class GpuFilter(_ByCluster):
-    cluster_path = "node__cluster"
+    cluster = IdOrNameFilter(path="node__cluster")
     node = django_filters.CharFilter(field_name="node__name", label="node name")
     free = django_filters.BooleanFilter(method="filter_free", label="true: no live allocation")
 

@@ -8,20 +8,22 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION
+from apps.api.pagination import StandardPagination
+from apps.api.parsers import SPEC_PARSERS
+from apps.api.permissions import ModelPermissions
+from apps.api.renderers import YAMLRenderer
+from apps.api.validation import check_body, field_error, object_body
 from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
-from apps.scheduling.api.authentication import LauncherAuthentication, launcher_of
-from apps.scheduling.api.pagination import StandardPagination
-from apps.scheduling.api.parsers import JSONParser, TextYAMLParser, YAMLParser
-from apps.scheduling.api.permissions import ClusterPermission
-from apps.scheduling.api.renderers import YAMLRenderer
 from apps.scheduling.models import Allocation
 
 from .. import selectors, services
@@ -58,9 +60,11 @@ def _true(value) -> bool:
 @extend_schema_view(
     list=extend_schema(summary="Clusters with node, GPU and switch counts"),
     retrieve=extend_schema(summary="One cluster"),
-    update=extend_schema(summary="Change a cluster's description, policy, preemption or backfill (staff)"),
-    partial_update=extend_schema(summary="Change some of a cluster's settings (staff)"),
-    destroy=extend_schema(summary="Delete a cluster and everything on it (staff)"),
+    update=extend_schema(
+        summary="Change a cluster's description, policy, preemption or backfill (topology.change_cluster)"
+    ),
+    partial_update=extend_schema(summary="Change some of a cluster's settings (topology.change_cluster)"),
+    destroy=extend_schema(summary="Delete a cluster and everything on it (topology.delete_cluster)"),
 )
 class ClusterViewSet(
     mixins.ListModelMixin,
@@ -69,20 +73,20 @@ class ClusterViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Clusters: read for every authenticated user, write for staff (or the cluster's launcher)."""
+    """Clusters: read for every signed-in user; writes by Django model permission, as in the admin."""
 
-    authentication_classes = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
-    permission_classes = [ClusterPermission]
+    authentication_classes = AUTHENTICATION
+    permission_classes = [ModelPermissions]
     serializer_class = ClusterSerializer
     pagination_class = StandardPagination
-    parser_classes = [JSONParser, YAMLParser, TextYAMLParser, MultiPartParser]
+    parser_classes = [*SPEC_PARSERS, MultiPartParser]
     queryset = Cluster.objects.none()
 
     def get_queryset(self):
         return selectors.cluster_list()
 
     @extend_schema(
-        summary="Create a cluster from a topology spec v1 body (staff)",
+        summary="Create a cluster from a topology spec v1 body (topology.add_cluster)",
         request=SPEC_BODY,
         responses={201: ClusterSerializer, 400: SPEC_ERRORS},
     )
@@ -99,32 +103,17 @@ class ClusterViewSet(
     @action(detail=False, methods=["post"], url_path="import", url_name="import")
     def import_spec(self, request: Request) -> Response:
         """Import a topology spec v1 from a file upload or a JSON/YAML body."""
-        body = request.data
-        replace = _true(request.query_params.get("replace", "")) or (
-            isinstance(body, dict) and _true(body.get("replace", ""))
-        )
+        # A multipart form carries `replace` as a field; a spec body's keys are the spec's own.
+        form = request.data if hasattr(request.data, "getlist") else {}
+        replace = _true(request.query_params.get("replace", "")) or _true(form.get("replace", ""))
         return self._import(request, replace=replace)
 
     def _import(self, request: Request, *, replace: bool) -> Response:
-        try:
-            data = _spec_from_request(request)
-            token = launcher_of(request)
-            if token is not None:
-                name = data.get("name") if isinstance(data, dict) else None
-                if name != token.cluster.name:
-                    return Response(
-                        {
-                            "name": [
-                                f"a launcher token of {token.cluster.name!r} may only re-import that cluster"
-                            ]
-                        },
-                        status=status.HTTP_403_FORBIDDEN,
-                    )
-                replace = True
-            existed = isinstance(data, dict) and Cluster.objects.filter(name=data.get("name")).exists()
-            cluster = services.cluster_import(data=data, replace=replace)
-        except SpecError as exc:
-            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+        if replace and not roles.can(request.user, roles.CHANGE_CLUSTERS):
+            raise PermissionDenied(f"replacing a cluster's topology needs {roles.CHANGE_CLUSTERS}")
+        data = _spec_from_request(request)
+        existed = Cluster.objects.filter(name=str(data.get("name"))).exists()
+        cluster = services.cluster_import(data=data, replace=replace)
         body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
         return Response(body, status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
@@ -142,11 +131,7 @@ class ClusterViewSet(
     @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, TopologySpecRenderer, YAMLRenderer])
     def export(self, request: Request, pk=None) -> Response:
         """The cluster as topology spec v1."""
-        cluster = self.get_object()
-        try:
-            return Response(services.cluster_to_spec(cluster=cluster))
-        except SpecError as exc:
-            return Response(exc.as_dict(), status=status.HTTP_400_BAD_REQUEST)
+        return Response(services.cluster_to_spec(cluster=self.get_object()))
 
 
 def _spec_from_request(request: Request):
@@ -155,18 +140,20 @@ def _spec_from_request(request: Request):
     if upload is not None:
         try:
             # One byte past the limit is enough for the loader to refuse it.
-            return parse_spec_text(upload.read(TOPOLOGY_LIMITS.max_bytes + 1))
+            data = parse_spec_text(upload.read(TOPOLOGY_LIMITS.max_bytes + 1))
         except SpecError as exc:
             raise SpecError([(f"file{'.' + f if f else ''}", m) for f, m in exc.errors]) from None
-    data = request.data
-    if hasattr(data, "getlist"):
+        if not isinstance(data, dict):
+            raise field_error("file", f"must hold a topology spec object, got {type(data).__name__}")
+        return check_body(data)
+    if hasattr(request.data, "getlist"):
         # A form without a file: nothing to import.
-        raise SpecError([("file", "upload a topology spec file, or send the spec as a JSON or YAML body")])
-    return data
+        raise field_error("file", "upload a topology spec file, or send the spec as a JSON or YAML body")
+    return object_body(request)
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     pagination_class = StandardPagination
     filter_backends = [DjangoFilterBackend]

@@ -44,6 +44,14 @@ def job_spec(gpus: int, *, tp=1, pp=1, dp=None, comm=None, name="job", flops=1e1
     }
 
 
+def _admin(user):
+    """`user` in the admin role."""
+    from apps.api.roles import role_grant
+
+    role_grant(user=user, role="admin")
+    return user
+
+
 @pytest.fixture(scope="session")
 def case44():
     return load_topology_file(str(EXAMPLES / "case-4-4.yaml"))
@@ -83,7 +91,7 @@ def people(db):
 
     users = get_user_model()
     return {
-        "ops": users.objects.create_user("ops", password="pw", is_staff=True),
+        "ops": _admin(users.objects.create_user("ops", password="pw", is_staff=True)),
         "alice": users.objects.create_user("alice", password="pw"),
         "bob": users.objects.create_user("bob", password="pw"),
     }

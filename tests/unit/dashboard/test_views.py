@@ -258,3 +258,16 @@ def test_waiting_job_page_says_why_no_policy_fits_and_draws_no_empty_chart(
         re.search(r'<script id="job-charts" type="application/json">(.*?)</script>', body, re.S)[1]
     )
     assert charts == {}
+
+
+def test_queue_page_hides_who_cancelled_other_users_jobs(client, people, case44_db):
+    from apps.scheduling import services
+
+    job = services.job_submit(user=people["alice"], spec=job_spec(4, name="secret"), cluster=case44_db)
+    services.job_cancel(job=job, user=people["ops"])
+    url = "/queue/?status=cancelled"
+    client.force_login(people["bob"])
+    page = client.get(url).content.decode()
+    assert f"job {job.pk} (other user)" in page and "cancelled by" not in page and "ops" not in page
+    client.force_login(people["alice"])
+    assert "cancelled by ops" in client.get(url).content.decode()

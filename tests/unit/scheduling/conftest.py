@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from apps.api.roles import role_grant
 from apps.placement.topology import read_spec_file
 from apps.topology import services as topology_services
 from topoweb.celery import app as celery_app
@@ -77,8 +78,13 @@ def small_spec(name: str, gpus: int, *, cluster: str = "case-4-4", **extra) -> d
 
 @pytest.fixture
 def make_user(db):
-    def _make(username: str, *, staff: bool = False):
-        return get_user_model().objects.create_user(username, password="pw-" + username, is_staff=staff)
+    def _make(username: str, *, staff: bool = False, role: str = ""):
+        """A user; `staff=True` is a staff user in the admin role, `role` names another role."""
+        user = get_user_model().objects.create_user(username, password="pw-" + username, is_staff=staff)
+        role = role or ("admin" if staff else "")
+        if role:
+            role_grant(user=user, role=role)
+        return user
 
     return _make
 
@@ -129,3 +135,9 @@ def committed(django_capture_on_commit_callbacks):
             return fn(*args, **kwargs)
 
     return _run
+
+
+@pytest.fixture
+def admin_api(db) -> APIClient:
+    """A superuser's client."""
+    return token_client(get_user_model().objects.create_superuser("root", password="pw-root"))

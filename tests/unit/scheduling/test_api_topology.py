@@ -85,12 +85,17 @@ def test_staff_change_a_clusters_scheduling_settings(case44, staff_api):
     assert bad.status_code == 400 and "policy" in bad.json()
 
 
-def test_a_launcher_may_reimport_only_its_own_cluster(case44, pod256):
+def test_a_launcher_may_not_import_or_change_even_its_own_cluster(case44):
     spec = yaml.safe_load((EXAMPLES / "case-4-4.yaml").read_text())
-    own = launcher_client(case44).post("/api/v1/clusters/import/", spec, format="json")
-    assert own.status_code == 200
-    other = launcher_client(pod256).post("/api/v1/clusters/import/", spec, format="json")
-    assert other.status_code == 403
+    launcher = launcher_client(case44)
+    assert launcher.post("/api/v1/clusters/import/", spec, format="json").status_code == 403
+    assert (
+        launcher.patch(f"/api/v1/clusters/{case44.pk}/", {"policy": "naive"}, format="json").status_code
+        == 403
+    )
+    assert launcher.delete(f"/api/v1/clusters/{case44.pk}/").status_code == 403
+    case44.refresh_from_db()
+    assert case44.policy == "topo"
 
 
 def test_export_gives_spec_v1_back(case44, alice_api):

@@ -45,4 +45,17 @@ class YAMLRenderer(BaseRenderer):
     def render(self, data, accepted_media_type=None, renderer_context=None):
         if data is None:
             return b""
-        return yaml.safe_dump(data, sort_keys=False, default_flow_style=None).encode(self.charset)
+        return yaml.safe_dump(plain(data), sort_keys=False, default_flow_style=None).encode(self.charset)
+
+
+def plain(data):
+    """`data` with str, int, float subclasses (DRF's ErrorDetail, enum members) as the base types,
+    which the safe YAML dumper refuses."""
+    if isinstance(data, dict):
+        return {plain(k): plain(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [plain(v) for v in data]
+    for kind in (bool, str, int, float):
+        if isinstance(data, kind):
+            return kind(data)
+    return data

@@ -1,7 +1,8 @@
 """Request body parsers shared by the TopoWeb APIs: JSON and YAML job and topology specs.
 
-Every spec body goes through the core's bounded loader (`parse_spec_text`) with the view's
-`spec_limits` (size, nesting, YAML aliases, number length; TOPOLOGY_LIMITS when a view sets none).
+Every body goes through the core's bounded loader (`parse_spec_text`) with the view's `spec_limits`
+(size, nesting, YAML aliases, number length; TOPOLOGY_LIMITS when a view sets none), then through
+the validation layer (no NUL bytes, no integers wider than a column, no NaN or infinity).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from rest_framework.parsers import BaseParser
 
 from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
 
+from .validation import check_body
+
 
 def parse_spec_body(stream, parser_context, *, json_only: bool = False):
     """The body parsed within the view's `spec_limits`; ParseError (400) naming the problem."""
@@ -18,9 +21,10 @@ def parse_spec_body(stream, parser_context, *, json_only: bool = False):
     # One byte past the limit is enough to know the body is too large.
     raw = stream.read(limits.max_bytes + 1) if stream is not None else b""
     try:
-        return parse_spec_text(raw, limits, json_only=json_only)
+        data = parse_spec_text(raw, limits, json_only=json_only)
     except SpecError as exc:
         raise ParseError(str(exc)) from None
+    return check_body(data)
 
 
 class JSONParser(BaseParser):
@@ -45,3 +49,6 @@ class TextYAMLParser(YAMLParser):
     """The same parser for `text/yaml` bodies."""
 
     media_type = "text/yaml"
+
+
+SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]

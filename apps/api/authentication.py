@@ -1,13 +1,37 @@
-"""`Authorization: Launcher <key>`: a per-cluster launcher token (see LauncherToken)."""
+"""API authentication: user tokens (`Authorization: Token <key>`), sessions, and per-cluster
+launcher tokens (`Authorization: Launcher <key>`). Failed token attempts count against the
+caller's address like failed sign-ins (see logins.py)."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework import authentication
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed, Throttled
 
-from ..models import LauncherToken
+from apps.scheduling.models import LauncherToken
+
+from .logins import failure_keys, failure_record, failures_exceeded
+
+
+def _guarded(request, check):
+    """`check()` unless the caller's address has too many failures; a failure is counted."""
+    keys = failure_keys(request)
+    if failures_exceeded(keys):
+        raise Throttled(detail="too many failed authentication attempts from this address; try again later")
+    try:
+        return check()
+    except AuthenticationFailed:
+        failure_record(keys)
+        raise
+
+
+class TokenAuthentication(authentication.TokenAuthentication):
+    """DRF's user token authentication, with failed keys counted per address."""
+
+    def authenticate(self, request):
+        return _guarded(request._request, lambda: super(TokenAuthentication, self).authenticate(request))
 
 
 class LauncherAuthentication(BaseAuthentication):
@@ -20,19 +44,26 @@ class LauncherAuthentication(BaseAuthentication):
         parts = get_authorization_header(request).split()
         if not parts or parts[0].lower() != self.keyword.lower().encode():
             return None
+        return _guarded(request._request, lambda: self._token(parts))
+
+    def _token(self, parts: list[bytes]):
         if len(parts) != 2:
             raise AuthenticationFailed("Invalid Launcher header: expected 'Authorization: Launcher <key>'.")
         try:
             key = parts[1].decode()
         except UnicodeDecodeError as exc:
             raise AuthenticationFailed("Invalid Launcher header: the key is not text.") from exc
-        token = LauncherToken.objects.select_related("cluster").filter(key=key).first()
+        token = LauncherToken.objects.select_related("cluster").filter(key=key[:100]).first()
         if token is None:
             raise AuthenticationFailed("Invalid launcher token.")
         return AnonymousUser(), token
 
     def authenticate_header(self, request):
         return self.keyword
+
+
+# Every API view authenticates with these, in this order.
+AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
 
 
 def launcher_of(request) -> LauncherToken | None:

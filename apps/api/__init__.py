@@ -1,0 +1,2 @@
+"""API plumbing shared by every app's REST views: authentication, permissions, parsers,
+renderers and pagination."""

@@ -1,0 +1,51 @@
+"""Request throttles keyed by who is calling: a launcher by its token, a user by their id, an
+anonymous client by the socket's address (X-Forwarded-For only through TOPOWEB_NUM_PROXIES
+trusted proxies, so a spoofed header buys no fresh budget)."""
+
+from __future__ import annotations
+
+from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
+
+from .authentication import launcher_of
+
+
+def caller_key(request, view) -> str:
+    """ "launcher:<token id>", "user:<id>" or "ip:<address>"."""
+    token = launcher_of(request)
+    if token is not None:
+        return f"launcher:{token.pk}"
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    return f"ip:{BaseThrottle().get_ident(request)}"
+
+
+class CallerRateThrottle(SimpleRateThrottle):
+    """Every API request, per caller: scope "launcher" for launcher tokens, "user" otherwise."""
+
+    def get_rate(self):
+        # The rate depends on the caller; allow_request picks it.
+        return None
+
+    def allow_request(self, request, view):
+        self.scope = "launcher" if launcher_of(request) is not None else "user"
+        self.rate = self.THROTTLE_RATES.get(self.scope)
+        if self.rate is None:
+            return True
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().allow_request(request, view)
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": caller_key(request, view)}
+
+
+class ScopedCallerThrottle(CallerRateThrottle):
+    """The view's `throttle_scope` (e.g. "submit"), per caller, on top of CallerRateThrottle."""
+
+    def allow_request(self, request, view):
+        self.scope = getattr(view, "throttle_scope", None) or ""
+        self.rate = self.THROTTLE_RATES.get(self.scope) if self.scope else None
+        if self.rate is None:
+            return True
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return SimpleRateThrottle.allow_request(self, request, view)
