@@ -108,6 +108,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "topoweb.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "topoweb.urls"
@@ -166,9 +167,19 @@ STORAGES = {
 }
 
 CACHE_URL = _env("CACHE_URL")
+# Fails open (see topoweb/cache.py): with Redis down, throttling lets requests through, and a
+# request waits at most this long for it.
+CACHE_SOCKET_TIMEOUT_S = 1.0
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+        {
+            "BACKEND": "topoweb.cache.FailOpenRedisCache",
+            "LOCATION": CACHE_URL,
+            "OPTIONS": {
+                "socket_connect_timeout": CACHE_SOCKET_TIMEOUT_S,
+                "socket_timeout": CACHE_SOCKET_TIMEOUT_S,
+            },
+        }
         if CACHE_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "topoweb"}
     )
@@ -223,7 +234,19 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_ACKS_LATE = True
+# A task whose worker process dies (SIGKILL, OOM) goes back to the queue instead of being acked.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A message taken by a worker host that vanished is delivered again after this long; longer than
+# any task may run, so a running task is never delivered twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT + 60}
+# With the broker down, a request gives up queueing a task within about a second (beat retries).
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 from apps.scheduling.tasks import BEAT_SCHEDULE as CELERY_BEAT_SCHEDULE  # noqa: E402, F401
 
 LOGGING = {
