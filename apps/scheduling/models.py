@@ -16,6 +16,8 @@ from apps.topology.models.base import NAME_MAX_LENGTH
 
 from .choices import ACTIVE_STATUSES, CycleStatus, JobStatus, ProposalStatus
 
+IDEMPOTENCY_KEY_MAX_LENGTH = 128
+
 
 class Job(models.Model):
     """A gang-scheduled training job: the validated job spec v1 and its scheduling state.
@@ -49,12 +51,29 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    # Null when submitted without an Idempotency-Key; "" would be a key.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="The submission's Idempotency-Key header: a retry with it returns this job.",
+    )
+    idempotency_digest = models.CharField(
+        max_length=64, blank=True, default="", help_text="SHA-256 of the submitted body and cluster."
+    )
 
     class Meta:
         ordering = ["-priority", "submitted_at", "id"]
         indexes = [
             models.Index(fields=["cluster", "status"], name="job_cluster_status"),
             models.Index(fields=["owner", "status"], name="job_owner_status"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="one_job_per_owner_idempotency_key",
+            )
         ]
 
     def __str__(self) -> str:

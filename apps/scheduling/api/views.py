@@ -5,6 +5,8 @@ Views validate and translate; every write is a service call.
 
 from __future__ import annotations
 
+import re
+
 from django.http import QueryDict
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -25,7 +27,7 @@ from apps.placement.topology import SpecError
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
-from ..models import Job, MigrationProposal, SchedulingCycle
+from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
 from .authentication import LauncherAuthentication, launcher_of
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
@@ -58,6 +60,31 @@ STATE_ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The job's status
 CLUSTER_PARAM = OpenApiParameter(
     "cluster", str, description="Cluster name or id; defaults to the spec's `cluster` field", required=False
 )
+
+
+IDEMPOTENCY_KEY_PARAM = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description="1-128 printable ASCII characters, unique per user: a retried POST returns the first job",
+)
+IDEMPOTENCY_CONFLICT = OpenApiResponse(
+    OpenApiTypes.OBJECT, description="The Idempotency-Key was first used with another body or cluster."
+)
+IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key header, None without one; SpecError if malformed."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise SpecError(
+            [("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} printable ASCII characters")]
+        )
+    return key
 
 
 def spec_body(request: Request):
@@ -115,27 +142,46 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(
         summary="Submit a job spec v1 (JSON or YAML)",
+        description=(
+            "With an `Idempotency-Key` header (1-128 printable ASCII characters, unique per user), a"
+            " retry of the same body returns the job the first request created (again 201, with"
+            " `Idempotent-Replayed: true`) instead of a duplicate; the same key with another body"
+            " or cluster is a 422."
+        ),
         request=SPEC_BODY,
-        parameters=[CLUSTER_PARAM],
-        responses={201: JobSerializer, 400: SPEC_ERRORS},
+        parameters=[CLUSTER_PARAM, IDEMPOTENCY_KEY_PARAM],
+        responses={201: JobSerializer, 400: SPEC_ERRORS, 422: IDEMPOTENCY_CONFLICT},
     )
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
         in this process, queued when a worker runs it)."""
+        replayed = False
         try:
+            key = idempotency_key(request)
             data = spec_body(request)
             name = request.query_params.get("cluster")
             cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
-            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+            if key is None:
+                job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+            else:
+                job, replayed = services.job_submit_once(
+                    user=request.user, spec=data, cluster=cluster, idempotency_key=key
+                )
         except SpecError as exc:
             return spec_error(exc)
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {"Idempotency-Key": [str(exc)], "job": exc.job.pk},
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
         if cycles_run_inline():
             # The cycle ran on commit in this process and may have placed it: re-read (one query).
             job = self.get_queryset().get(pk=job.pk)
         body = JobSerializer(job, context=self.get_serializer_context()).data
-        return Response(
-            body, status=status.HTTP_201_CREATED, headers={"Location": f"{request.path}{job.pk}/"}
-        )
+        headers = {"Location": f"{request.path}{job.pk}/"}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(body, status=status.HTTP_201_CREATED, headers=headers)
 
     @extend_schema(
         summary="Cancel a job and free its GPUs",
