@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -76,11 +77,43 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "localhost,127.0.0.1")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS")
-if _env_bool("TOPOWEB_HTTPS"):
-    # Behind a TLS-terminating proxy: trust its scheme header and keep cookies on https.
+HTTPS = _env_bool("TOPOWEB_HTTPS")
+# Browsers keep Secure cookies on http://localhost too, so docker compose sets this without TLS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS or _env_bool("TOPOWEB_SECURE_COOKIES")
+_HSTS_SECONDS = _env("TOPOWEB_HSTS_SECONDS", "31536000")
+_HSTS_SUBDOMAINS = _env_bool("TOPOWEB_HSTS_INCLUDE_SUBDOMAINS", True)
+_HSTS_PRELOAD = _env_bool("TOPOWEB_HSTS_PRELOAD", True)
+if HTTPS:
+    # Behind a TLS-terminating proxy: trust its scheme header, redirect http, pin https by HSTS.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    # The container health check calls /healthz over plain http on 127.0.0.1.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    try:
+        SECURE_HSTS_SECONDS = int(_HSTS_SECONDS)
+    except ValueError:
+        raise ImproperlyConfigured("TOPOWEB_HSTS_SECONDS must be a whole number of seconds") from None
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _HSTS_SUBDOMAINS
+    SECURE_HSTS_PRELOAD = _HSTS_PRELOAD
+
+# Content-Security-Policy (django-csp): scripts only from this site (the dashboard has no inline
+# script; data rides in <script type="application/json">, which is not executed). Inline styles
+# stay allowed: Plotly and Swagger UI set them. The e2e tests fail on any reported violation.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:", "blob:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "worker-src": [SELF, "blob:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -94,6 +127,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "apps.topology",
     "apps.scheduling",
     "apps.dashboard",
@@ -108,6 +142,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "topoweb.middleware.DatabaseUnavailableMiddleware",
 ]
 
@@ -149,7 +184,7 @@ USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(_env("TOPOWEB_STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Production serves the hashed, compressed output of collectstatic; the embedded default and tests
 # serve straight from the app folders so no collectstatic step is needed.
