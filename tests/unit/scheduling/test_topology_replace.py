@@ -135,3 +135,15 @@ def test_deleting_a_gpu_that_a_live_job_holds_is_refused(case44, alice, committe
     Gpu.objects.filter(pk=gpu.pk).delete()
     row = Allocation.objects.get(job=job, rank=0)
     assert row.gpu_id is None and row.node_name == gpu.node.name and row.gpu_index == gpu.index
+
+
+def test_job_page_of_a_finished_job_renders_after_a_replace_that_shrank_the_cluster(finished, alice):
+    smaller = renamed_case44()
+    smaller["nodes"] = smaller["nodes"][:1]
+    topology_services.cluster_import(data=smaller, replace=True)
+    client = Client()
+    client.force_login(alice)
+    response = client.get(f"/jobs/{finished.pk}/")
+    assert response.status_code == 200
+    rankmap = client.get(f"/api/v1/jobs/{finished.pk}/rankmap/?format=openmpi")
+    assert rankmap.status_code == 200 and "rank 15=node-b slot=7" in rankmap.content.decode()
