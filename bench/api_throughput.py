@@ -38,10 +38,12 @@ TARGET_API_P99_MS = 100.0
 
 SETTINGS_OVERRIDE = """\
 from topoweb.settings import *  # noqa: F401,F403
-from topoweb.settings import REST_FRAMEWORK
+from topoweb.settings import REST_FRAMEWORK, STORAGES
 
 # The benchmark measures the service, not the per-user throttles.
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
+# The API needs no collected static files (gunicorn refuses to start on a missing manifest).
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 """
 
 SETUP = """\

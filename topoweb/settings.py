@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -76,11 +77,43 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "localhost,127.0.0.1")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS")
-if _env_bool("TOPOWEB_HTTPS"):
-    # Behind a TLS-terminating proxy: trust its scheme header and keep cookies on https.
+HTTPS = _env_bool("TOPOWEB_HTTPS")
+# Browsers keep Secure cookies on http://localhost too, so docker compose sets this without TLS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS or _env_bool("TOPOWEB_SECURE_COOKIES")
+_HSTS_SECONDS = _env("TOPOWEB_HSTS_SECONDS", "31536000")
+_HSTS_SUBDOMAINS = _env_bool("TOPOWEB_HSTS_INCLUDE_SUBDOMAINS", True)
+_HSTS_PRELOAD = _env_bool("TOPOWEB_HSTS_PRELOAD", True)
+if HTTPS:
+    # Behind a TLS-terminating proxy: trust its scheme header, redirect http, pin https by HSTS.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    # The container health check calls /healthz over plain http on 127.0.0.1.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    try:
+        SECURE_HSTS_SECONDS = int(_HSTS_SECONDS)
+    except ValueError:
+        raise ImproperlyConfigured("TOPOWEB_HSTS_SECONDS must be a whole number of seconds") from None
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _HSTS_SUBDOMAINS
+    SECURE_HSTS_PRELOAD = _HSTS_PRELOAD
+
+# Content-Security-Policy (django-csp): scripts only from this site (the dashboard has no inline
+# script; data rides in <script type="application/json">, which is not executed). Inline styles
+# stay allowed: Plotly and Swagger UI set them. The e2e tests fail on any reported violation.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:", "blob:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "worker-src": [SELF, "blob:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -94,6 +127,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "apps.api",
     "apps.topology",
     "apps.scheduling",
@@ -111,6 +145,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "topoweb.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "topoweb.urls"
@@ -155,7 +191,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 33 * 1024 * 1024
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(_env("TOPOWEB_STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Production serves the hashed, compressed output of collectstatic; the embedded default and tests
 # serve straight from the app folders so no collectstatic step is needed.
@@ -173,9 +209,19 @@ STORAGES = {
 }
 
 CACHE_URL = _env("CACHE_URL")
+# Fails open (see topoweb/cache.py): with Redis down, throttling lets requests through, and a
+# request waits at most this long for it.
+CACHE_SOCKET_TIMEOUT_S = 1.0
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+        {
+            "BACKEND": "topoweb.cache.FailOpenRedisCache",
+            "LOCATION": CACHE_URL,
+            "OPTIONS": {
+                "socket_connect_timeout": CACHE_SOCKET_TIMEOUT_S,
+                "socket_timeout": CACHE_SOCKET_TIMEOUT_S,
+            },
+        }
         if CACHE_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "topoweb"}
     )
@@ -241,7 +287,19 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_ACKS_LATE = True
+# A task whose worker process dies (SIGKILL, OOM) goes back to the queue instead of being acked.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A message taken by a worker host that vanished is delivered again after this long; longer than
+# any task may run, so a running task is never delivered twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT + 60}
+# With the broker down, a request gives up queueing a task within about a second (beat retries).
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 from apps.scheduling.tasks import BEAT_SCHEDULE as CELERY_BEAT_SCHEDULE  # noqa: E402, F401
 
 LOGGING = {

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from topoweb.views import healthz
 
@@ -15,7 +15,7 @@ urlpatterns = [
     path("api/v1/", include("apps.topology.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),
     path("", include("apps.dashboard.urls")),
 ]

@@ -4,6 +4,10 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from topoweb.startup import check_static_collected
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
 
 application = get_wsgi_application()
+# Fail at start-up, not with a 500 on every page.
+check_static_collected()

@@ -26,6 +26,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Case, F, TextField, Value, When
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from apps.topology.models import Cluster
 
@@ -37,7 +38,7 @@ from .planner import CyclePlan, plan_cycle
 log = logging.getLogger(__name__)
 
 REASON_BATCH = 200  # waiting reasons written per UPDATE
-PENDING_TTL_S = 30  # a lost cycle request blocks new ones at most this long
+PENDING_TTL_S = 5  # a lost cycle request folds new ones into itself at most this long
 MIN_CYCLE_GAP_S = 0.1  # a burst costs one cycle per cluster per this long, not one per arrival
 _LAST_END: dict[int, float] = {}
 _LANES: dict[int, threading.Lock] = {}
@@ -79,20 +80,30 @@ def cycles_run_inline() -> bool:
     return bool(schedule_cluster_task.app.conf.task_always_eager)
 
 
-def request_cycle(cluster_id: int) -> bool:
+def request_cycle(cluster_id: int, *, coalesce: bool = True) -> bool:
     """Queue a scheduling cycle for the cluster now, unless one is queued and has not yet taken
-    its snapshot (that one will see everything committed before this call). Returns whether a
-    task was queued."""
+    its snapshot (that one will see everything committed before this call). `coalesce=False`
+    (beat) queues one regardless, so a request lost with its worker cannot hold scheduling back.
+    Returns whether a task was queued; a broker that refuses the task is logged, not raised: the
+    jobs stay queued in the database and beat's next request picks them up."""
     from .tasks import schedule_cluster_task
 
+    key = _pending_key(cluster_id)
     if coalescing():
         try:
-            if not cache.add(_pending_key(cluster_id), 1, timeout=PENDING_TTL_S):
+            if coalesce and not cache.add(key, 1, timeout=PENDING_TTL_S):
                 return False
+            if not coalesce:
+                cache.set(key, 1, timeout=PENDING_TTL_S)
         except Exception:
             # Without the cache, queue anyway: an extra cycle is harmless, a missing one is not.
             log.warning("cycle coalescing unavailable for cluster %s", cluster_id, exc_info=True)
-    schedule_cluster_task.delay(cluster_id)
+    try:
+        schedule_cluster_task.delay(cluster_id)
+    except BrokerUnavailable as exc:
+        log.warning("could not queue a cycle for cluster %s, beat will: %s", cluster_id, exc)
+        _clear_request(cluster_id)
+        return False
     return True
 
 
@@ -125,6 +136,18 @@ def schedule_requested(*, cluster: Cluster) -> SchedulingCycle:
         return schedule_cluster(cluster=cluster)
     finally:
         _LAST_END[cluster.pk] = time.monotonic()
+
+
+def cycle_record_redelivered(*, cluster: Cluster) -> SchedulingCycle:
+    """Audit a cycle request that the broker delivered again: the worker that took it died or
+    stopped before finishing it (the cycle it may have begun committed nothing)."""
+    return SchedulingCycle.objects.create(
+        cluster=cluster,
+        policy=cluster.policy,
+        status=CycleStatus.FAILED,
+        error="WorkerLost: the worker running this cycle died or stopped before finishing it;"
+        " the request was delivered again and its retry follows",
+    )
 
 
 def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:

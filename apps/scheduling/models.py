@@ -8,11 +8,15 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.deletion import RESTRICT, SET_NULL
 from django.utils import timezone
 
 from apps.topology.choices import PlacementPolicy
+from apps.topology.models.base import NAME_MAX_LENGTH
 
 from .choices import ACTIVE_STATUSES, CycleStatus, JobStatus, ProposalStatus
+
+IDEMPOTENCY_KEY_MAX_LENGTH = 128
 
 
 class Job(models.Model):
@@ -47,12 +51,29 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    # Null when submitted without an Idempotency-Key; "" would be a key.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text="The submission's Idempotency-Key header: a retry with it returns this job.",
+    )
+    idempotency_digest = models.CharField(
+        max_length=64, blank=True, default="", help_text="SHA-256 of the submitted body and cluster."
+    )
 
     class Meta:
         ordering = ["-priority", "submitted_at", "id"]
         indexes = [
             models.Index(fields=["cluster", "status"], name="job_cluster_status"),
             models.Index(fields=["owner", "status"], name="job_owner_status"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="one_job_per_owner_idempotency_key",
+            )
         ]
 
     def __str__(self) -> str:
@@ -82,17 +103,44 @@ class Job(models.Model):
         )
 
 
+def keep_released_allocations(collector, field, sub_objs, using):
+    """on_delete of `Allocation.gpu`: deleting a GPU that a live allocation holds is refused
+    (as RESTRICT: unless the allocation goes too, with its job or cluster); a released allocation
+    stays as job history, keeping its node and GPU by value, and only loses the link."""
+    RESTRICT(collector, field, sub_objs.filter(live=True), using)
+    SET_NULL(collector, field, sub_objs.filter(live=False), using)
+
+
+keep_released_allocations.lazy_sub_objs = True
+
+
 class Allocation(models.Model):
     """Rank `rank` of `job` runs on `gpu`. `live` is False once the job released its GPUs.
 
     At most one live allocation per GPU (a partial unique constraint, on SQLite and Postgres
-    alike): the last guard against double booking.
+    alike): the last guard against double booking. `node_name`, `gpu_index` and `nic_name` copy
+    the GPU's place when booked, so a finished job's placement survives a topology replace (which
+    deletes the GPU rows and leaves `gpu` null on released allocations).
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     rank = models.PositiveIntegerField()
-    # RESTRICT: a topology re-import must not silently drop the GPUs jobs hold.
-    gpu = models.ForeignKey("topology.Gpu", on_delete=models.RESTRICT, related_name="allocations")
+    gpu = models.ForeignKey(
+        "topology.Gpu",
+        on_delete=keep_released_allocations,
+        null=True,
+        blank=True,
+        related_name="allocations",
+    )
+    node_name = models.CharField(
+        max_length=NAME_MAX_LENGTH, blank=True, default="", help_text="The GPU's node, by value."
+    )
+    gpu_index = models.PositiveSmallIntegerField(
+        default=0, help_text="The GPU's index on its node, by value."
+    )
+    nic_name = models.CharField(
+        max_length=NAME_MAX_LENGTH, blank=True, default="", help_text="The GPU's NIC, by value."
+    )
     live = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
@@ -104,6 +152,9 @@ class Allocation(models.Model):
                 fields=["gpu"], condition=Q(live=True), name="one_live_allocation_per_gpu"
             ),
             models.UniqueConstraint(fields=["job", "rank"], name="one_allocation_per_job_rank"),
+            models.CheckConstraint(
+                condition=Q(live=False) | Q(gpu__isnull=False), name="live_allocation_has_gpu"
+            ),
         ]
 
     def __str__(self) -> str:

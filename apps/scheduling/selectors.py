@@ -91,16 +91,19 @@ def gpu_assignments(*, cluster: Cluster) -> dict[tuple[str, int], tuple[int, int
 def job_ranks(*, job: Job) -> list[dict[str, Any]]:
     """The job's current (or, once finished, last) placement by rank: rank, node, gpu index, nic.
 
-    Live rows win; a finished job shows the rows it released.
+    Live rows win; a finished job shows the rows it released, by the values they were booked
+    with (its GPUs may since have been replaced).
     """
     rows = Allocation.objects.filter(job=job)
+    # Live rows name their GPU as the topology names it now; released ones as it was booked.
+    fields = ("rank", "gpu__node__name", "gpu__index", "gpu__nic__name")
     if rows.filter(live=True).exists():
         rows = rows.filter(live=True)
+    else:
+        fields = ("rank", "node_name", "gpu_index", "nic_name")
     return [
         {"rank": rank, "node": node, "gpu": index, "nic": nic or ""}
-        for rank, node, index, nic in rows.order_by("rank").values_list(
-            "rank", "gpu__node__name", "gpu__index", "gpu__nic__name"
-        )
+        for rank, node, index, nic in rows.order_by("rank").values_list(*fields)
     ]
 
 

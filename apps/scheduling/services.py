@@ -8,10 +8,12 @@ job arrives.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -25,6 +27,7 @@ from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
 
 __all__ = [
+    "IdempotencyConflict",
     "JobStateError",
     "job_cancel",
     "job_complete",
@@ -32,6 +35,7 @@ __all__ = [
     "job_preempt",
     "job_start",
     "job_submit",
+    "job_submit_once",
     "launcher_token_create",
     "migration_apply",
     "migration_reject",
@@ -51,18 +55,74 @@ class JobStateError(Exception):
         )
 
 
-def job_submit(*, user: AbstractBaseUser, spec: Any, cluster: Cluster | None = None) -> Job:
+class IdempotencyConflict(Exception):
+    """An Idempotency-Key reused with another body or cluster than its first submission."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        super().__init__(
+            f"this Idempotency-Key was first used for job {job.pk} with another body or cluster;"
+            " use a new key for a new submission"
+        )
+
+
+def submission_digest(*, spec: Any, cluster_name: str | None) -> str:
+    """SHA-256 (hex) of a submission: its body and the cluster it named, key order ignored."""
+    body = json.dumps([spec, cluster_name], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def job_submit_once(
+    *, user: AbstractBaseUser, spec: Any, idempotency_key: str, cluster: Cluster | None = None
+) -> tuple[Job, bool]:
+    """`job_submit` keyed by the client's Idempotency-Key (unique per user): the first call queues
+    the job; a retry with the same key and body returns that job. Returns (job, replayed).
+
+    Raises IdempotencyConflict when the key was used with another body or cluster, SpecError as
+    `job_submit`.
+    """
+    digest = submission_digest(spec=spec, cluster_name=cluster.name if cluster else None)
+
+    def first() -> Job | None:
+        job = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if job is not None and job.idempotency_digest != digest:
+            raise IdempotencyConflict(job)
+        return job
+
+    job = first()
+    if job is not None:
+        return job, True
+    try:
+        return job_submit(user=user, spec=spec, cluster=cluster, idempotency=(idempotency_key, digest)), False
+    except IntegrityError:
+        # A concurrent retry with the same key committed first.
+        job = first()
+        if job is None:
+            raise
+        return job, True
+
+
+def job_submit(
+    *,
+    user: AbstractBaseUser,
+    spec: Any,
+    cluster: Cluster | None = None,
+    idempotency: tuple[str, str] | None = None,
+) -> Job:
     """Validate a job spec v1 and queue it on its cluster; a scheduling cycle follows on commit.
 
     Raises SpecError naming each bad field, including a job larger than the cluster or one no
     placement could ever fit. A job that fits the cluster but not now is queued and the cycle
-    records why it waits.
+    records why it waits. `idempotency` is (key, digest), stored with the job (see
+    `job_submit_once`).
     """
     target = cluster or cluster_for_spec(spec=spec)
     # A cluster looked up here is current; one handed in may be an old instance.
     fields = snap.prepare_submission(
         cluster=target, data=spec, username=user.get_username(), fresh=cluster is None
     )
+    if idempotency is not None:
+        fields["idempotency_key"], fields["idempotency_digest"] = idempotency
     with transaction.atomic():
         job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
         # The cluster and owner are rows in hand; re-checking that they exist costs two queries.

@@ -345,14 +345,26 @@ def book_many(
     DELETE and one multi-row INSERT for all of them."""
     now = now or timezone.now()
     pks = snapshot.index.gpu_pk
+    nics = snapshot.index.nic_name
+    topo = snapshot.topology
     ids: list[int] = []
     rows: list[Allocation] = []
     for job_id, gids in bookings:
         ids.append(job_id)
-        rows += [
-            Allocation(job_id=job_id, rank=rank, gpu_id=pks[int(gid)], live=True, created_at=now)
-            for rank, gid in enumerate(gids)
-        ]
+        for rank, gid in enumerate(int(g) for g in gids):
+            node, index = topo.gpu_key(gid)
+            rows.append(
+                Allocation(
+                    job_id=job_id,
+                    rank=rank,
+                    gpu_id=pks[gid],
+                    node_name=node,
+                    gpu_index=index,
+                    nic_name=nics[gid],
+                    live=True,
+                    created_at=now,
+                )
+            )
     if not ids:
         return
     # A job placed before (then preempted) still has its released rows; ranks are unique per job.

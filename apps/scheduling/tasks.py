@@ -24,18 +24,21 @@ BEAT_SCHEDULE = {
 }
 
 
-@shared_task(name="scheduling.schedule_cluster", ignore_result=True)
-def schedule_cluster_task(cluster_id: int) -> int | None:
+@shared_task(name="scheduling.schedule_cluster", ignore_result=True, bind=True)
+def schedule_cluster_task(self, cluster_id: int) -> int | None:
     """Run one scheduling cycle on cluster `cluster_id`; returns the cycle id (None if the
-    cluster is gone)."""
+    cluster is gone). A request the broker delivers again (its worker died or stopped before
+    finishing it) first leaves a failed cycle record saying so."""
     from apps.topology.models import Cluster
 
-    from .cycle import schedule_requested
+    from .cycle import cycle_record_redelivered, schedule_requested
 
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None
     try:
+        if (self.request.delivery_info or {}).get("redelivered"):
+            cycle_record_redelivered(cluster=cluster)
         return schedule_requested(cluster=cluster).pk
     except Cluster.DoesNotExist:
         return None
@@ -43,13 +46,14 @@ def schedule_cluster_task(cluster_id: int) -> int | None:
 
 @shared_task(name="scheduling.schedule_all_clusters", ignore_result=True)
 def schedule_all_clusters_task() -> int:
-    """Request a cycle for every cluster; returns how many were queued (not already pending)."""
+    """Queue a cycle for every cluster, pending request or not: a request lost with its worker
+    holds a cluster back until this tick at most. Returns how many were queued."""
     from apps.topology.models import Cluster
 
     from .cycle import request_cycle
 
     ids = list(Cluster.objects.values_list("pk", flat=True))
-    return sum(request_cycle(cluster_id) for cluster_id in ids)
+    return sum(request_cycle(cluster_id, coalesce=False) for cluster_id in ids)
 
 
 @shared_task(name="scheduling.propose_migrations", ignore_result=True)

@@ -16,7 +16,7 @@ from django.db.models import ProtectedError, RestrictedError
 
 from apps.placement.topology import SpecError, Topology, load_topology, topology_to_spec
 
-from .models import Cluster, Node, touch_cluster
+from .models import Cluster, Gpu, Node, touch_cluster
 from .rows import check_storable, create_rows, delete_rows, rows_to_spec
 
 
@@ -28,8 +28,9 @@ def cluster_import(*, data: Any, replace: bool = False) -> Cluster:
     """Validate a parsed spec v1 (full or `generate:` form) and write it as one cluster, atomically.
 
     With `replace=True` a cluster of the same name keeps its row (id, policy, settings) and has all
-    its topology rows replaced. Raises SpecError (ClusterExistsError on a name clash); on any error
-    nothing is written.
+    its topology rows replaced; its finished jobs keep their placements by value, waiting jobs are
+    planned on the new topology. Raises SpecError (ClusterExistsError on a name clash,
+    ClusterBusyError naming the jobs that hold its GPUs); on any error nothing is written.
     """
     topo = load_topology(data)
     check_storable(topo)
@@ -52,6 +53,7 @@ def cluster_import(*, data: Any, replace: bool = False) -> Cluster:
                 # Another import of the same name committed between our read and our insert.
                 raise ClusterExistsError([("name", f"a cluster named {topo.name!r} already exists")]) from exc
         else:
+            _check_replaceable(cluster)
             try:
                 delete_rows(cluster=cluster)
             except (ProtectedError, RestrictedError) as exc:
@@ -67,6 +69,37 @@ def cluster_import(*, data: Any, replace: bool = False) -> Cluster:
         cluster.save(update_fields=["updated_at"])
     _forget(cluster.pk)
     return cluster
+
+
+LIVE_JOBS_NAMED = 10  # live jobs named in a refused replace; the rest are counted
+
+
+class ClusterBusyError(SpecError):
+    """Replace of a cluster some of whose jobs hold GPUs."""
+
+
+def _check_replaceable(cluster: Cluster) -> None:
+    """Raise ClusterBusyError naming the jobs that hold GPUs of `cluster` (called under its row
+    lock, which the scheduling cycle takes too, so no job is placed meanwhile)."""
+    live = list(
+        Gpu.objects.filter(node__cluster=cluster, allocations__live=True)
+        .order_by("allocations__job_id")
+        .values_list("allocations__job_id", "allocations__job__name", "allocations__job__status")
+        .distinct()
+    )
+    if not live:
+        return
+    named = ", ".join(f"job {pk} {name!r} ({status})" for pk, name, status in live[:LIVE_JOBS_NAMED])
+    more = f" and {len(live) - LIVE_JOBS_NAMED} more" if len(live) > LIVE_JOBS_NAMED else ""
+    raise ClusterBusyError(
+        [
+            (
+                "name",
+                f"cluster {cluster.name!r} cannot be replaced while jobs hold its GPUs: {named}{more};"
+                " replace it once they have finished, or cancel them",
+            )
+        ]
+    )
 
 
 def cluster_to_spec(*, cluster: Cluster) -> dict:

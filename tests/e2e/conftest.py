@@ -135,3 +135,20 @@ def login(page, live_server):
         page.wait_for_url(f"{live_server.url}/**")
 
     return _login
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violations(request):
+    """Fail an e2e test whose pages broke the Content-Security-Policy (Chromium reports each
+    blocked script, style, image or eval as a console error)."""
+    if "page" not in request.fixturenames:
+        yield
+        return
+    page = request.getfixturevalue("page")
+    blocked: list[str] = []
+    page.on(
+        "console",
+        lambda msg: blocked.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    yield
+    assert not blocked, f"Content-Security-Policy violations: {blocked}"

@@ -5,6 +5,8 @@ Views validate and translate; every write is a service call.
 
 from __future__ import annotations
 
+import re
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -23,13 +25,13 @@ from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
 from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
 from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
-from apps.api.validation import int_param, object_body
+from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 
 from .. import rankmaps, selectors, services
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
-from ..models import Job, MigrationProposal, SchedulingCycle
+from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .serializers import (
@@ -54,6 +56,31 @@ STATE_ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The job's status
 CLUSTER_PARAM = OpenApiParameter(
     "cluster", str, description="Cluster name or id; defaults to the spec's `cluster` field", required=False
 )
+
+
+IDEMPOTENCY_KEY_PARAM = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description="1-128 printable ASCII characters, unique per user: a retried POST returns the first job",
+)
+IDEMPOTENCY_CONFLICT = OpenApiResponse(
+    OpenApiTypes.OBJECT, description="The Idempotency-Key was first used with another body or cluster."
+)
+IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key header, None without one; a 400 naming it if malformed."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise field_error(
+            "Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} printable ASCII characters"
+        )
+    return key
 
 
 def state_error(exc: Exception, current: str) -> Response:
@@ -99,24 +126,44 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(
         summary="Submit a job spec v1 (JSON or YAML)",
+        description=(
+            "With an `Idempotency-Key` header (1-128 printable ASCII characters, unique per user), a"
+            " retry of the same body returns the job the first request created (again 201, with"
+            " `Idempotent-Replayed: true`) instead of a duplicate; the same key with another body"
+            " or cluster is a 422."
+        ),
         request=SPEC_BODY,
-        parameters=[CLUSTER_PARAM],
-        responses={201: JobSerializer, 400: SPEC_ERRORS},
+        parameters=[CLUSTER_PARAM, IDEMPOTENCY_KEY_PARAM],
+        responses={201: JobSerializer, 400: SPEC_ERRORS, 422: IDEMPOTENCY_CONFLICT},
     )
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
         in this process, queued when a worker runs it)."""
         data = object_body(request)
+        key = idempotency_key(request)
         name = request.query_params.get("cluster")
         cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
-        job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+        replayed = False
+        if key is None:
+            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+        else:
+            try:
+                job, replayed = services.job_submit_once(
+                    user=request.user, spec=data, cluster=cluster, idempotency_key=key
+                )
+            except services.IdempotencyConflict as exc:
+                return Response(
+                    {"Idempotency-Key": [str(exc)], "job": exc.job.pk},
+                    status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+                )
         if cycles_run_inline():
             # The cycle ran on commit in this process and may have placed it: re-read (one query).
             job = self.get_queryset().get(pk=job.pk)
         body = JobSerializer(job, context=self.get_serializer_context()).data
-        return Response(
-            body, status=status.HTTP_201_CREATED, headers={"Location": f"{request.path}{job.pk}/"}
-        )
+        headers = {"Location": f"{request.path}{job.pk}/"}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(body, status=status.HTTP_201_CREATED, headers=headers)
 
     @extend_schema(
         summary="Cancel a job and free its GPUs",

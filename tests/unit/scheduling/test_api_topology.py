@@ -144,4 +144,4 @@ def test_replacing_the_topology_under_allocated_gpus_is_refused(case44, alice, s
     spec = yaml.safe_load((EXAMPLES / "case-4-4.yaml").read_text())
     response = staff_api.post("/api/v1/clusters/import/?replace=true", spec, format="json")
     assert response.status_code == 400
-    assert "cannot be replaced while rows refer to its GPUs" in response.json()["name"][0]
+    assert "cannot be replaced while jobs hold its GPUs" in response.json()["name"][0]

@@ -1,0 +1,133 @@
+"""The documented production configuration: `check --deploy` clean, https settings, the
+Content-Security-Policy header, secrets kept out of git and the image, and a clear start-up error
+when the static files were not collected."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from tests.unit.test_project import COMPOSE, REPO
+
+MANIFEST_STORAGE = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+
+def compose_env(**overrides: str) -> dict[str, str]:
+    """The app containers' environment from docker-compose.yml, `${VAR:-default}` resolved to its
+    default, with a real-looking secret key and `overrides` on top."""
+    env = {}
+    for name, value in COMPOSE["services"]["web"]["environment"].items():
+        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+        env[name] = value
+    env["SECRET_KEY"] = secrets.token_urlsafe(50)
+    return {**env, **overrides}
+
+
+def manage(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    full_env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "topoweb.settings", **env}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=full_env, capture_output=True, text=True
+    )
+
+
+def test_check_deploy_is_clean_in_the_production_configuration():
+    run = manage(["check", "--deploy", "--fail-level", "WARNING"], compose_env(TOPOWEB_HTTPS="1"))
+    assert run.returncode == 0, run.stderr
+    assert "System check identified no issues" in run.stdout
+    assert "WARNINGS" not in run.stderr + run.stdout
+
+
+def test_without_https_check_deploy_names_the_missing_https_settings():
+    run = manage(["check", "--deploy"], compose_env(TOPOWEB_HTTPS="0"))
+    report = run.stdout + run.stderr
+    assert "security.W004" in report and "security.W008" in report
+    # Cookies are secure in compose even without TLS.
+    assert "security.W012" not in report and "security.W016" not in report
+
+
+def test_https_settings_and_the_health_check_exemption():
+    probe = (
+        "import json, django; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_REDIRECT_EXEMPT, "
+        "s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_PROXY_SSL_HEADER]))"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "topoweb.settings",
+        **compose_env(TOPOWEB_HTTPS="1"),
+    }
+    run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (
+        '[true, 31536000, ["^healthz$"], true, true, ["HTTP_X_FORWARDED_PROTO", "https"]]'
+    )
+
+
+def test_env_files_stay_out_of_git_and_the_image():
+    run = subprocess.run(["git", "check-ignore", ".env"], cwd=REPO, capture_output=True, text=True)
+    assert run.stdout.split() == [".env"]
+    assert ".env" in (REPO / ".dockerignore").read_text().split()
+
+
+@pytest.mark.django_db
+def test_every_page_and_api_answer_carries_the_csp(client):
+    for path in ("/accounts/login/", "/api/docs/", "/api/v1/jobs/", "/healthz"):
+        policy = client.get(path)["Content-Security-Policy"]
+        assert "default-src 'self'" in policy and "script-src 'self';" in policy, path
+        assert "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
+        assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+
+
+@pytest.mark.django_db
+def test_the_swagger_ui_script_is_a_file_not_inline(client):
+    html = client.get("/api/docs/").content.decode()
+    assert re.search(r"<script>\s*\S", html) is None
+    script = client.get("/api/docs/?script=")
+    assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
+
+
+def test_pages_have_no_inline_scripts_or_handlers():
+    for template in (REPO / "templates").rglob("*.html"):
+        text = template.read_text()
+        for tag in re.findall(r"<script\b[^>]*>", text):
+            assert "src=" in tag or 'type="application/json"' in tag, (template, tag)
+        assert re.search(r"\son[a-z]+=", text) is None, template
+
+
+def test_start_up_refuses_uncollected_static_files_with_a_clear_error(tmp_path):
+    from topoweb.startup import check_static_collected
+
+    with override_settings(STORAGES=MANIFEST_STORAGE, STATIC_ROOT=tmp_path):
+        with pytest.raises(ImproperlyConfigured, match="static files were not collected.*collectstatic"):
+            check_static_collected()
+        (tmp_path / "staticfiles.json").write_text(
+            '{"version": "1.1", "paths": {"dashboard/base.js": "dashboard/base.1.js"}}'
+        )
+        check_static_collected()
+
+
+def test_the_wsgi_application_fails_at_import_without_collected_static_files(tmp_path):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        **compose_env(DATABASE_URL="postgres://nobody@127.0.0.1:1/none", TOPOWEB_STATIC_ROOT=str(tmp_path)),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", "import topoweb.wsgi"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0
+    assert "ImproperlyConfigured: static files were not collected" in run.stderr
+
+
+def test_embedded_default_and_tests_need_no_collected_static_files():
+    from topoweb.startup import check_static_collected
+
+    check_static_collected()

@@ -1,0 +1,64 @@
+"""A Redis cache that fails open: with Redis down, reads miss and writes are dropped.
+
+What the cache holds here is advisory (API throttling counters, the scheduling cycle's coalescing
+key), so losing it for a while must not cost a request: throttling then lets requests through and
+every cycle request queues its own cycle. Each failure is logged, at most once per LOG_EVERY_S.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from django.core.cache.backends.redis import RedisCache
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 30.0
+
+
+_last_logged = float("-inf")
+
+
+def _degraded(op: str, exc: Exception) -> None:
+    global _last_logged
+    now = time.monotonic()
+    if now - _last_logged >= LOG_EVERY_S:
+        _last_logged = now
+        log.warning("cache unavailable, %s degraded (fails open): %s", op, exc)
+
+
+def _fails_open(method, answer):
+    """`method` of RedisCache, answering `answer(*args, **kwargs)` instead of a Redis error."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except RedisError as exc:
+            _degraded(method.__name__, exc)
+            return answer(*args, **kwargs)
+
+    return guarded
+
+
+def _missing(*args, **kwargs):
+    return None
+
+
+class FailOpenRedisCache(RedisCache):
+    """Django's RedisCache whose get/add/set/touch/delete, their *_many forms and has_key never
+    raise a Redis error: they answer as if the key were absent (`add` as if it were added,
+    `set_many` as if every key failed)."""
+
+    add = _fails_open(RedisCache.add, lambda *args, **kwargs: True)
+    get = _fails_open(RedisCache.get, lambda key, default=None, *args, **kwargs: default)
+    set = _fails_open(RedisCache.set, _missing)
+    touch = _fails_open(RedisCache.touch, lambda *args, **kwargs: False)
+    delete = _fails_open(RedisCache.delete, lambda *args, **kwargs: False)
+    get_many = _fails_open(RedisCache.get_many, lambda *args, **kwargs: {})
+    set_many = _fails_open(RedisCache.set_many, lambda data, *args, **kwargs: list(data))
+    delete_many = _fails_open(RedisCache.delete_many, _missing)
+    has_key = _fails_open(RedisCache.has_key, lambda *args, **kwargs: False)
