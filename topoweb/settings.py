@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "apps.topology",
     "apps.scheduling",
+    "apps.metrics",
     "apps.dashboard",
 ]
 
@@ -224,7 +225,10 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-from apps.scheduling.tasks import BEAT_SCHEDULE as CELERY_BEAT_SCHEDULE  # noqa: E402, F401
+from apps.metrics.tasks import BEAT_SCHEDULE as _METRICS_BEAT  # noqa: E402
+from apps.scheduling.tasks import BEAT_SCHEDULE as _SCHEDULING_BEAT  # noqa: E402
+
+CELERY_BEAT_SCHEDULE = {**_SCHEDULING_BEAT, **_METRICS_BEAT}
 
 LOGGING = {
     "version": 1,
