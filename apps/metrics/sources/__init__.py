@@ -6,11 +6,15 @@ that already scrapes them. Both return parsed readings per node, or the node's e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..exposition import Scrape
+
+# One INFO line per request would be thousands per pass; node states carry the failures.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True, slots=True)
