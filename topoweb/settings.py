@@ -206,6 +206,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "apps.scheduling.choices.JobStatus",
         "CycleStatusEnum": "apps.scheduling.choices.CycleStatus",
         "ProposalStatusEnum": "apps.scheduling.choices.ProposalStatus",
+        "MeasureSourceEnum": "apps.metrics.choices.MeasureSource",
     },
 }
 
