@@ -92,6 +92,47 @@ def test_the_naive_case_job_is_measured_busy_at_half_the_mfu_with_half_of_each_s
     assert proposal.reason.startswith("measured: comm share")
 
 
+def _three_passes(cluster, exporter):
+    start = timezone.now() - timedelta(seconds=30)
+    for i in range(3):
+        exporter.refresh()
+        metrics_collect(cluster=cluster, now=start + timedelta(seconds=15 * i))
+
+
+def test_the_cluster_page_shows_measured_values_hotspot_and_proposal(simulated_case44, client):
+    from django.contrib.auth import get_user_model
+
+    cluster, exporter = simulated_case44
+    _three_passes(cluster, exporter)
+    job = Job.objects.get(cluster=cluster)
+    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    body = client.get("/clusters/case-4-4/").content.decode()
+    assert 'id="hotspots"' in body and f"job {job.pk} bert-large-16" in body
+    assert "faster predicted" in body and "no fresh measurements" not in body
+    measured = client.get("/clusters/case-4-4/measured/").json()
+    assert len(measured["gids"]) == 16 and measured["age_s"] is not None
+    assert all(u > 0.9 for u in measured["util"])
+    assert all(0.45 < c < 0.65 for c in measured["comm"])
+
+
+def test_the_job_page_charts_measured_beside_predicted(simulated_case44, client):
+    import json
+    import re
+
+    from django.contrib.auth import get_user_model
+
+    cluster, exporter = simulated_case44
+    _three_passes(cluster, exporter)
+    job = Job.objects.get(cluster=cluster)
+    client.force_login(get_user_model().objects.get(username="alice"))
+    body = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "est. from tensor-active" in body and 'id="measured-age"' in body and 'id="job-hotspots"' in body
+    charts = json.loads(re.search(r'id="job-charts"[^>]*>(.*?)</script>', body, re.S).group(1))
+    names = [t["name"] for t in charts["mfu"]["data"]]
+    assert names == ["predicted", "measured", "GPU utilisation (measured)"]
+    assert len(charts["comm"]["data"][1]["y"]) == 3
+
+
 def test_two_intervals_over_the_threshold_are_not_yet_a_hotspot(simulated_case44):
     cluster, exporter = simulated_case44
     start = timezone.now()
