@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from .measures import ESTIMATE, REPORT
+
 
 class SourceKind(models.TextChoices):
     """Where a cluster's measurements come from."""
@@ -23,8 +25,8 @@ class ScrapeState(models.TextChoices):
 class MeasureSource(models.TextChoices):
     """Where a per-job figure comes from."""
 
-    REPORT = "report", "the job's own report"
-    ESTIMATE = "estimate", "estimated from DCGM counters"
+    REPORT = REPORT, "the job's own report"
+    ESTIMATE = ESTIMATE, "estimated from DCGM counters"
 
 
 class HotspotKind(models.TextChoices):

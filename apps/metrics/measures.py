@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .choices import MeasureSource
+# The values of choices.MeasureSource (this module stays free of Django).
+REPORT = "report"
+ESTIMATE = "estimate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +78,17 @@ def job_measure(
         step_ms = report.step_ms
         flops = report.flops_per_step or flops_per_step
         if flops and step_ms > 0:
-            mfu, mfu_source = flops / (step_ms / 1e3 * peak_total), MeasureSource.REPORT
+            mfu, mfu_source = flops / (step_ms / 1e3 * peak_total), REPORT
     if mfu is None and tensor is not None:
-        mfu, mfu_source = tensor, MeasureSource.ESTIMATE
+        mfu, mfu_source = tensor, ESTIMATE
         if flops_per_step and tensor > 0 and step_ms is None:
             step_ms = flops_per_step / (tensor * peak_total) * 1e3
     comm = None
     if report is not None and report.comm_ms is not None and report.step_ms > 0:
-        comm, comm_source = min(report.comm_ms / report.step_ms, 1.0), MeasureSource.REPORT
+        comm, comm_source = min(report.comm_ms / report.step_ms, 1.0), REPORT
     elif step_ms is not None:
         comm = exposed_share(step_ms, compute_ms)
-        comm_source = MeasureSource.REPORT if report is not None else MeasureSource.ESTIMATE
+        comm_source = REPORT if report is not None else ESTIMATE
     return JobMeasure(
         gpus_measured=len(
             [v for v in tensor_active if v is not None] or [v for v in gpu_util if v is not None]
