@@ -131,6 +131,7 @@ INSTALLED_APPS = [
     "apps.api",
     "apps.topology",
     "apps.scheduling",
+    "apps.metrics",
     "apps.dashboard",
 ]
 
@@ -269,6 +270,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "apps.scheduling.choices.JobStatus",
         "CycleStatusEnum": "apps.scheduling.choices.CycleStatus",
         "ProposalStatusEnum": "apps.scheduling.choices.ProposalStatus",
+        "MeasureSourceEnum": "apps.metrics.choices.MeasureSource",
     },
 }
 
@@ -300,7 +302,10 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_step": 0.2,
     "interval_max": 0.5,
 }
-from apps.scheduling.tasks import BEAT_SCHEDULE as CELERY_BEAT_SCHEDULE  # noqa: E402, F401
+from apps.metrics.tasks import BEAT_SCHEDULE as _METRICS_BEAT  # noqa: E402
+from apps.scheduling.tasks import BEAT_SCHEDULE as _SCHEDULING_BEAT  # noqa: E402
+
+CELERY_BEAT_SCHEDULE = {**_SCHEDULING_BEAT, **_METRICS_BEAT}
 
 LOGGING = {
     "version": 1,

@@ -1,7 +1,8 @@
 """Plotly charts of the job page: MFU and comm share over time, predicted step time by policy.
 
-Builders over plain data that return Plotly JSON (`data` and `layout`). With no measured samples
-the time charts show the predicted value as a flat dashed line over the job's run so far.
+Builders over plain data that return Plotly JSON (`data` and `layout`). The time charts show the
+measured series beside the prediction; with no measured samples, the predicted value as a flat
+dashed line over the job's run so far.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from apps.dashboard.whatif import WhatIfRow
 
 PREDICTED_COLOR = "#1f77b4"
 MEASURED_COLOR = "#d62728"
+UTIL_COLOR = "#2e7d32"
 
 
 def _base_layout(title: str, y_title: str, *, percent: bool) -> dict:
@@ -39,31 +41,39 @@ def timeline_figure(
     until: datetime,
     samples: Sequence[tuple[datetime, float]] = (),
     percent: bool = True,
+    predicted_samples: Sequence[tuple[datetime, float]] = (),
+    extra: Sequence[tuple[str, Sequence[tuple[datetime, float]], str]] = (),
 ) -> dict:
     """A quantity over time: measured `samples` (time, value) as a line and the predicted value
-    as a dashed flat line from `since` to `until`. Values are fractions when `percent`."""
+    as a dashed line: stepping through `predicted_samples` (the prediction at each measurement,
+    which re-pricing moves) then `predicted` until `until`, or flat from `since` without them.
+    `extra` adds (name, samples, colour) measured lines. Values are fractions when `percent`."""
     data = []
-    if predicted is not None and since is not None:
+    if predicted is not None and (since is not None or predicted_samples):
+        points = list(predicted_samples) or [(since, predicted)]
+        points.append((until, predicted))
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines",
                 "name": "predicted",
-                "x": [since.isoformat(), until.isoformat()],
-                "y": [predicted, predicted],
-                "line": {"color": PREDICTED_COLOR, "dash": "dash", "width": 2},
+                "x": [t.isoformat() for t, _ in points],
+                "y": [v for _, v in points],
+                "line": {"color": PREDICTED_COLOR, "dash": "dash", "width": 2, "shape": "hv"},
                 "hovertemplate": "predicted %{y:.1%}<extra></extra>" if percent else None,
             }
         )
-    if samples:
+    for name, points, color in (("measured", samples, MEASURED_COLOR), *extra):
+        if not points:
+            continue
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": "measured",
-                "x": [t.isoformat() for t, _ in samples],
-                "y": [v for _, v in samples],
-                "line": {"color": MEASURED_COLOR, "width": 2},
+                "name": name,
+                "x": [t.isoformat() for t, _ in points],
+                "y": [v for _, v in points],
+                "line": {"color": color, "width": 2},
             }
         )
     layout = _base_layout(title, y_title, percent=percent)

@@ -92,6 +92,7 @@ def client_data(
         "nic_leaf": lay.nic_leaf.tolist(),
         "leaf_names": list(topo.leaf_names),
         "node_x": rounded(lay.node_x),
+        "node_group": lay.group_of_node.tolist(),
         "group_x0": rounded([lay.node_x0[lay.group_of_node == g].min() for g in range(len(lay.group_names))]),
         "group_x1": rounded([lay.node_x1[lay.group_of_node == g].max() for g in range(len(lay.group_names))]),
         "nic_x": rounded(lay.nic_x),

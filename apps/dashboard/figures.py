@@ -39,9 +39,9 @@ DETAIL_ROLES = frozenset({"gpu-free", "gpu-job", "gpu-metric", "wire", "domain",
 
 OVERLAYS = (
     ("placement", "Job placement"),
-    ("mfu", "MFU (predicted)"),
-    ("util", "GPU utilisation (predicted)"),
-    ("comm", "Comm share (predicted)"),
+    ("mfu", "MFU"),
+    ("util", "GPU utilisation"),
+    ("comm", "Comm share"),
     ("load", "Leaf-spine link load (predicted)"),
 )
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("clusters/", cluster.cluster_pick, name="cluster-pick"),
     path("clusters/<str:name>/", cluster.cluster_page, name="cluster"),
     path("clusters/<str:name>/version/", cluster.cluster_version, name="cluster-version"),
+    path("clusters/<str:name>/measured/", cluster.cluster_measured, name="cluster-measured"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),
     path(

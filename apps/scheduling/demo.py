@@ -221,8 +221,8 @@ def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dic
 
 
 def load_demo_jobs() -> dict[str, int]:
-    """Submit, place and start the demo jobs on pod-256, su-h100 and case-4-4 (as users alice and
-    bob) and record migration proposals; returns how many jobs each cluster got (0: already there)."""
+    """Submit, place and start the demo jobs on pod-256, su-h100 and case-4-4 (the seed's job,
+    placed naive) as users alice and bob, and record migration proposals; returns how many jobs each cluster got (0: already there)."""
     users = _users()
     loaded: dict[str, int] = {}
     for name, jobs in ((POD, pod_jobs()), (SU, su_jobs())):
@@ -237,6 +237,8 @@ def load_demo_jobs() -> dict[str, int]:
     case = Cluster.objects.filter(name=CASE).first()
     if case is not None:
         spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
+        # The seed's pattern: placed free-GPU-first, every DP group straddles the two nodes.
+        spec["policy"] = "naive"
         if Job.objects.filter(cluster=case, name=spec["name"]).exists():
             loaded[CASE] = 0
         else:

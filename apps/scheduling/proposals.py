@@ -53,25 +53,49 @@ def migrations_propose(*, cluster: Cluster) -> list[MigrationProposal]:
             if job is None:
                 continue
             option = migration_option(snapshot, active, snap.job_spec(job), policy="topo", min_gain=MIN_GAIN)
-            if option is None:
-                continue
-            proposal = MigrationProposal(
-                job=job,
-                policy="topo",
-                old_mapping=snap.mapping(snapshot.topology, option.old_gids),
-                new_mapping=snap.mapping(snapshot.topology, option.new_gids),
-                predicted_gain=option.gain,
-                predicted_old_step_ms=option.old_step_ms,
-                predicted_new_step_ms=option.new_step_ms,
-                reason=(
-                    f"the topo placement on GPUs free now predicts {option.new_step_ms:.1f} ms per step"
-                    f" instead of {option.old_step_ms:.1f} ms ({option.gain:.0%} faster)"
-                ),
-            )
-            proposal.full_clean()
-            proposal.save()
-            created.append(proposal)
+            if option is not None:
+                created.append(_record(snapshot, job, option, ""))
         return created
+
+
+def _record(snapshot: snap.ClusterSnapshot, job: Job, option, evidence: str) -> MigrationProposal:
+    reason = (
+        f"the topo placement on GPUs free now predicts {option.new_step_ms:.1f} ms per step"
+        f" instead of {option.old_step_ms:.1f} ms ({option.gain:.0%} faster)"
+    )
+    proposal = MigrationProposal(
+        job=job,
+        policy="topo",
+        old_mapping=snap.mapping(snapshot.topology, option.old_gids),
+        new_mapping=snap.mapping(snapshot.topology, option.new_gids),
+        predicted_gain=option.gain,
+        predicted_old_step_ms=option.old_step_ms,
+        predicted_new_step_ms=option.new_step_ms,
+        reason=f"{evidence}; {reason}" if evidence else reason,
+    )
+    proposal.full_clean()
+    proposal.save()
+    return proposal
+
+
+def migration_propose_measured(*, job: Job, evidence: str) -> MigrationProposal | None:
+    """A proposal for a running job that measurements show in trouble (`evidence` says how): its
+    open proposal, with the evidence added to the reason, or a new one when the topo placement on
+    the free GPUs plus its own predicts any gain. None when no better placement exists."""
+    with transaction.atomic():
+        locked = Cluster.objects.select_for_update().get(pk=job.cluster_id)
+        existing = MigrationProposal.objects.filter(job=job, status=ProposalStatus.PROPOSED).first()
+        if existing is not None:
+            if "measured:" not in existing.reason:
+                existing.reason = f"measured: {evidence}; {existing.reason}"
+                existing.save(update_fields=["reason"])
+            return existing
+        snapshot = snap.cluster_snapshot(cluster=locked)
+        active = next((a for a in snapshot.active if a.job_id == job.pk and a.gids), None)
+        if active is None:
+            return None
+        option = migration_option(snapshot, active, snap.job_spec(job), policy="topo", min_gain=0.0)
+        return None if option is None else _record(snapshot, job, option, f"measured: {evidence}")
 
 
 def _stale(proposal: MigrationProposal, reason: str) -> MigrationProposal:
@@ -144,4 +168,11 @@ def migration_reject(
         return proposal
 
 
-__all__ = ["MIN_GAIN", "ProposalStateError", "migration_apply", "migration_reject", "migrations_propose"]
+__all__ = [
+    "MIN_GAIN",
+    "ProposalStateError",
+    "migration_apply",
+    "migration_propose_measured",
+    "migration_reject",
+    "migrations_propose",
+]

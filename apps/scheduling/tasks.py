@@ -17,6 +17,10 @@ BEAT_SCHEDULE = {
         "task": "scheduling.schedule_all_clusters",
         "schedule": SCHEDULE_INTERVAL_S,
     },
+    "scheduling-reprice-active-jobs": {
+        "task": "scheduling.reprice_all_clusters",
+        "schedule": SCHEDULE_INTERVAL_S,
+    },
     "scheduling-propose-migrations": {
         "task": "scheduling.propose_all_migrations",
         "schedule": PROPOSE_INTERVAL_S,
@@ -81,3 +85,20 @@ def propose_all_migrations_task() -> int:
     for cluster_id in ids:
         propose_migrations_task.delay(cluster_id)
     return len(ids)
+
+
+@shared_task(name="scheduling.reprice_all_clusters", ignore_result=True)
+def reprice_all_clusters_task() -> int:
+    """Re-price the active jobs of every cluster (topology edits, link loads); returns how many
+    jobs' predictions changed."""
+    from apps.topology.models import Cluster
+
+    from .pricing import active_jobs_reprice
+
+    changed = 0
+    for cluster in Cluster.objects.order_by("pk"):
+        try:
+            changed += len(active_jobs_reprice(cluster=cluster))
+        except Cluster.DoesNotExist:
+            continue
+    return changed

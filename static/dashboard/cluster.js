@@ -4,7 +4,9 @@
   "use strict";
   const timing = { scriptStart: performance.now() };
 
-  const METRICS = { mfu: "MFU (predicted)", util: "GPU utilisation (predicted)", comm: "Comm share (predicted)" };
+  const METRICS = { mfu: "MFU", util: "GPU utilisation", comm: "Comm share" };
+  // Predicted values come with the figure; measured ones are polled (fresh only, with their age).
+  const SOURCES = { predicted: "predicted", measured: "measured", diff: "measured − predicted" };
   const graph = document.getElementById("cluster-graph");
   const source = document.getElementById("cluster-data");
   if (!graph || !source) return;
@@ -13,6 +15,7 @@
   const client = payload.client;
   const state = {
     overlay: "placement",
+    source: "predicted",
     aggregate: client.n_nodes > client.aggregate_above_nodes,
     job: null,
     range: fig.layout.xaxis.range.slice(),
@@ -27,6 +30,43 @@
     (roleIndex[role] = roleIndex[role] || []).push(i);
   });
   const first = function (role) { return (roleIndex[role] || [])[0]; };
+  const busyGids = [];
+  client.gpu_job.forEach(function (j, g) { if (j >= 0) busyGids.push(g); });
+  let measured = null;
+
+  function metricValues(key) {
+    const pred = client.metrics[key];
+    if (state.source === "predicted" || !measured) return pred;
+    const m = measured.map[key];
+    return busyGids.map(function (g, i) {
+      const v = m[g];
+      const p = pred[i];
+      const has = v !== undefined && v !== null;
+      if (state.source === "measured") return has ? v : p;
+      return has && p !== null ? Math.round((v - p) * 1e4) / 1e4 : null;
+    });
+  }
+  function aggregateValues(key, values) {
+    if (state.source === "predicted" || !measured) return client.aggregate[key];
+    const sum = {};
+    const count = {};
+    busyGids.forEach(function (g, i) {
+      const v = values[i];
+      if (v === null || v === undefined) return;
+      const k = client.node_group[client.gpu_node[g]];
+      sum[k] = (sum[k] || 0) + v;
+      count[k] = (count[k] || 0) + 1;
+    });
+    return client.aggregate[key].map(function (_, k) {
+      return count[k] ? Math.round((sum[k] / count[k]) * 1e4) / 1e4 : null;
+    });
+  }
+  function metricTitle(key) { return METRICS[key] + " (" + SOURCES[state.source] + ")"; }
+  function scaleFor() {
+    return state.source === "diff"
+      ? { "marker.colorscale": "RdBu", "marker.cmin": -0.5, "marker.cmax": 0.5 }
+      : { "marker.colorscale": "Viridis", "marker.cmin": 0, "marker.cmax": 1 };
+  }
 
   // GPU hover text, built here from compact per-GPU data rather than sent as 16k strings.
   const KINDS = ["tp", "pp", "dp", "ep"];
@@ -101,14 +141,18 @@
         u["line.width"] = isLoad ? t.meta.load_width : 1;
         u.showlegend = isLoad;
       } else if (role === "gpu-metric" && isMetric) {
-        u["marker.color"] = client.metrics[state.overlay];
-        u["marker.colorbar.title.text"] = METRICS[state.overlay];
+        u["marker.color"] = metricValues(state.overlay);
+        u["marker.colorbar.title.text"] = metricTitle(state.overlay);
+        Object.assign(u, scaleFor());
       } else if (role === "agg") {
         const key = isMetric ? state.overlay : "placement";
-        u["marker.color"] = client.aggregate[key];
+        u["marker.color"] = isMetric ? aggregateValues(key, metricValues(key)) : client.aggregate[key];
         u["marker.colorscale"] = isMetric ? "Viridis" : [[0, "#c4c8cc"], [1, "#1f77b4"]];
+        u["marker.cmin"] = 0;
+        u["marker.cmax"] = 1;
+        if (isMetric) Object.assign(u, scaleFor());
         u["marker.showscale"] = true;
-        u["marker.colorbar.title.text"] = isMetric ? METRICS[state.overlay] : "busy share";
+        u["marker.colorbar.title.text"] = isMetric ? metricTitle(state.overlay) : "busy share";
       }
       updates.push([i, u]);
     });
@@ -140,9 +184,10 @@
     if (!el) return;
     const mode = state.aggregate ? "per-leaf aggregate (zoom in for GPUs)" : "every GPU";
     const job = state.job === null ? "" : " · highlighted: " + client.jobs[state.job].label;
-    el.textContent = "View: " + mode + job;
+    el.textContent = "View: " + mode + job + " · values: " + sourceText();
     graph.dataset.aggregate = state.aggregate ? "1" : "0";
     graph.dataset.overlay = state.overlay;
+    graph.dataset.source = state.source;
   }
 
   function segmentsFor(job) {
@@ -232,6 +277,34 @@
     return restyleAll();
   }
 
+  function sourceText() {
+    if (state.overlay === "load" && state.source !== "predicted") return "link load is predicted (no uplink counters)";
+    if (state.source === "predicted") return "predicted by the cost model";
+    if (!measured || measured.n === 0) return "no fresh measurements: predicted shown";
+    const pred = state.source === "diff" ? "" : "; predicted where none";
+    return SOURCES[state.source] + ", measured " + measured.age_s + " s ago on " + measured.n + " of " +
+      busyGids.length + " busy GPUs" + pred;
+  }
+  function setSource(key) {
+    state.source = key;
+    return restyleAll();
+  }
+  function loadMeasured() {
+    if (!graph.dataset.measuredUrl) return Promise.resolve();
+    return fetch(graph.dataset.measuredUrl, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (v) {
+        if (!v) return;
+        const map = { util: {}, mfu: {}, comm: {} };
+        v.gids.forEach(function (g, i) { map.util[g] = v.util[i]; map.mfu[g] = v.mfu[i]; map.comm[g] = v.comm[i]; });
+        measured = { map: map, age_s: v.age_s, n: v.gids.length };
+        graph.dataset.measuredGpus = String(v.gids.length);
+        if (state.source !== "predicted" && graph.dataset.rendered === "1") return restyleAll();
+        updateStatus();
+      })
+      .catch(function () { /* the next poll tries again */ });
+  }
+
   styleTraces().forEach(function (pair) {
     const t = fig.data[pair[0]];
     Object.keys(pair[1]).forEach(function (a) { setPath(t, a, pair[1][a]); });
@@ -252,6 +325,11 @@
   document.querySelectorAll("input[name=overlay]").forEach(function (input) {
     input.addEventListener("change", function () { if (input.checked) setOverlay(input.value); });
   });
+  document.querySelectorAll("input[name=source]").forEach(function (input) {
+    input.addEventListener("change", function () { if (input.checked) setSource(input.value); });
+  });
+  const measuredLoaded = drawn.then(loadMeasured);
+  window.setInterval(function () { if (!document.hidden) loadMeasured(); }, 5000);
   const select = document.getElementById("job-select");
   if (select) {
     select.addEventListener("change", function () {
@@ -271,5 +349,8 @@
         .catch(function () { /* the next poll tries again */ });
     }, POLL_MS);
   }
-  window.topoweb = { state: state, client: client, drawn: drawn, timing: timing, highlight: highlight, setOverlay: setOverlay };
+  window.topoweb = {
+    state: state, client: client, drawn: drawn, timing: timing, highlight: highlight, setOverlay: setOverlay,
+    setSource: setSource, measuredLoaded: measuredLoaded, metricValues: metricValues,
+  };
 })();

@@ -14,9 +14,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET
 
 from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, JOB_PALETTE, OVERLAYS, cluster_figure
+from apps.dashboard.measured import jobs_measured, overlay_values
 from apps.dashboard.selectors import cluster_graph_data, graph_signature
+from apps.metrics.selectors import open_hotspots
 from apps.scheduling.choices import ACTIVE_STATUSES
 from apps.topology.models import Cluster
+from apps.topology.services import cluster_topology
 
 from .common import script_json
 from .vendor import plotly_js_url
@@ -55,7 +58,20 @@ def cluster_page(request, name: str | None = None):
     context = graph_context(cluster, request.user)
     context["cluster"] = cluster
     context["version"] = graph_version(cluster, request.user)
+    # Measured values change every collection: added per request, outside the cached graph.
+    measured = jobs_measured(cluster=cluster)
+    context["jobs"] = [{**row, "measured": measured.get(row["view"].id)} for row in context["jobs"]]
+    context["hotspots"] = list(open_hotspots(cluster=cluster))
     return render(request, "dashboard/cluster.html", context)
+
+
+@login_required
+@require_GET
+def cluster_measured(request, name: str):
+    """`/clusters/NAME/measured/`: measured overlay values per busy GPU and their age, polled by
+    the page (the predicted values come with the graph)."""
+    cluster = get_object_or_404(Cluster, name=name)
+    return JsonResponse(overlay_values(cluster=cluster, topology=cluster_topology(cluster=cluster)))
 
 
 def graph_version(cluster: Cluster, user) -> str:

@@ -9,10 +9,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.api import roles
-from apps.dashboard.charts import timeline_figure, whatif_figure
+from apps.dashboard.charts import UTIL_COLOR, timeline_figure, whatif_figure
 from apps.dashboard.jobview import job_view
+from apps.dashboard.measured import job_series_points
 from apps.dashboard.selectors import job_label, job_proposals, visible_jobs
 from apps.dashboard.whatif import what_if
+from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
 from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
@@ -110,11 +112,27 @@ def job_page(request, pk: int):
     now = timezone.now()
     since = job.started_at or job.placed_at
     charts = {}
+    points = job_series_points(job=job)
     if view is not None:
         charts = {
-            "mfu": timeline_figure(title="MFU", y_title="MFU", predicted=view.mfu, since=since, until=now),
+            "mfu": timeline_figure(
+                title="MFU beside GPU utilisation",
+                y_title="fraction",
+                predicted=view.mfu,
+                since=since,
+                until=now,
+                samples=points["mfu"],
+                predicted_samples=points["predicted_mfu"],
+                extra=[("GPU utilisation (measured)", points["util"], UTIL_COLOR)],
+            ),
             "comm": timeline_figure(
-                title="Comm share", y_title="comm share", predicted=view.comm_share, since=since, until=now
+                title="Comm share",
+                y_title="comm share",
+                predicted=view.comm_share,
+                since=since,
+                until=now,
+                samples=points["comm"],
+                predicted_samples=points["predicted_comm"],
             ),
         }
     if any(r.fits for r in whatif_rows):
@@ -134,6 +152,9 @@ def job_page(request, pk: int):
         "free_gpus": int(snap.free.sum()),
         "bound": lower_bound(topo, spec),
         "proposals": list(job_proposals(job=job)),
+        "measured": metrics.job_latest_sample(job=job, fresh_s=metrics.freshness_s(cluster=job.cluster)),
+        "report": metrics.job_latest_report(job=job),
+        "hotspots": list(metrics.open_hotspots(job=job)),
         "rankmaps": [
             (fmt, label, f"/api/v1/jobs/{job.pk}/rankmap/?format={fmt}") for fmt, label in RANKMAP_FORMATS
         ],

@@ -1,0 +1,69 @@
+"""The embedded default's metrics: the simulated exporter served in-process and a thread that
+collects every cluster each `interval_s` seconds (celery beat does the latter in production)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import close_old_connections
+
+from .fake import SimulatedExporter
+
+log = logging.getLogger(__name__)
+
+_STARTED: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+class PeriodicCollector(threading.Thread):
+    """Runs a collection pass on every cluster every `interval_s` seconds until `stop()`."""
+
+    def __init__(self, interval_s: float):
+        super().__init__(name="topoweb-metrics-collector", daemon=True)
+        if interval_s <= 0:
+            raise ValueError(f"interval_s: must be positive, got {interval_s!r}")
+        self.interval_s = float(interval_s)
+        self._stop_event = threading.Event()
+        self.passes = 0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """One pass over every cluster; a failing cluster is logged, the others still run."""
+        from apps.topology.models import Cluster
+
+        from .services import metrics_collect
+
+        close_old_connections()
+        try:
+            for cluster in Cluster.objects.order_by("pk"):
+                try:
+                    metrics_collect(cluster=cluster)
+                except Exception:
+                    log.exception("metrics collection on cluster %s failed", cluster.name)
+        finally:
+            self.passes += 1
+            close_old_connections()
+
+
+def start_embedded_metrics(*, host: str, port: int, interval_s: float = 5.0) -> SimulatedExporter:
+    """Serve the simulated exporter for every cluster on host:port, point the nodes without an
+    exporter (or with a simulated one) at it, and collect every `interval_s` seconds. Once per
+    process; returns the exporter."""
+    with _LOCK:
+        if "exporter" not in _STARTED:
+            exporter = SimulatedExporter()
+            server = exporter.serve(host, port, refresh_s=interval_s)
+            bound = f"http://{host}:{server.server_address[1]}"
+            changed = exporter.point_nodes(bound)
+            log.info("simulated dcgm-exporter on %s (%d nodes pointed at it)", bound, changed)
+            collector = PeriodicCollector(interval_s)
+            collector.start()
+            _STARTED.update(exporter=exporter, collector=collector)
+        return _STARTED["exporter"]

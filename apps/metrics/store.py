@@ -1,0 +1,197 @@
+"""Writing one collection pass: latest values per GPU, raw samples, NIC counters and node states,
+each as one bulk statement (upserts on SQLite and Postgres alike)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Count
+
+from apps.topology.models import Cluster, Gpu, Node
+
+from .choices import ScrapeState
+from .exposition import VALUE_FIELDS, Scrape
+from .models import GpuLatest, GpuSample, NicLatest, NodeScrape
+from .sources import NodeResult, Target
+
+BATCH = 2000
+STALE_INTERVALS = 4  # a failed node's last values stay usable (stale) for this many intervals
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a pass wrote: nodes read and failed, GPU readings (whole GPUs and MIG instances)."""
+
+    nodes_ok: int
+    nodes_failed: int
+    readings: int
+
+
+_GPU_PKS: dict[tuple[int, datetime], dict[tuple[int, int], int]] = {}
+_GPU_PKS_LOCK = threading.Lock()
+
+
+def gpu_pks(*, cluster: Cluster) -> dict[tuple[int, int], int]:
+    """(node id, GPU index) -> Gpu row id, cached per cluster and `updated_at`."""
+    key = (cluster.pk, cluster.updated_at)
+    with _GPU_PKS_LOCK:
+        cached = _GPU_PKS.get(key)
+    if cached is not None:
+        return cached
+    pks = {
+        (node_id, index): pk
+        for pk, node_id, index in Gpu.objects.filter(node__cluster=cluster).values_list(
+            "pk", "node_id", "index"
+        )
+    }
+    with _GPU_PKS_LOCK:
+        for old in [k for k in _GPU_PKS if k[0] == cluster.pk]:
+            del _GPU_PKS[old]
+        _GPU_PKS[key] = pks
+    return pks
+
+
+def cluster_targets(*, cluster: Cluster) -> list[Target]:
+    """Every node of the cluster as a collection target, in node order."""
+    rows = (
+        Node.objects.filter(cluster=cluster)
+        .annotate(n_gpus=Count("gpus"))
+        .order_by("position", "id")
+        .values_list("id", "name", "dcgm_url", "n_gpus")
+    )
+    return [Target(pk, name, url or "", n) for pk, name, url, n in rows]
+
+
+def _gpu_rows(results: Iterable[NodeResult], pks: dict[tuple[int, int], int], now: datetime):
+    latest, samples = [], []
+    for result in results:
+        scrape: Scrape = result.scrape
+        for (index, instance), reading in scrape.gpus.items():
+            pk = pks.get((result.node_id, index))
+            if pk is None:
+                continue
+            values = {name: reading.values.get(name) for name in VALUE_FIELDS}
+            latest.append(GpuLatest(gpu_id=pk, instance=instance, at=now, **values))
+            samples.append(GpuSample(gpu_id=pk, instance=instance, at=now, **values))
+    return latest, samples
+
+
+def _nic_rows(results: Iterable[NodeResult], now: datetime) -> list[NicLatest]:
+    ok = [r for r in results if r.scrape.nics]
+    if not ok:
+        return []
+    previous = {
+        (n.node_id, n.device, n.port): n
+        for n in NicLatest.objects.filter(node_id__in=[r.node_id for r in ok])
+    }
+    rows = []
+    for result in ok:
+        for (device, port), nic in result.scrape.nics.items():
+            row = NicLatest(
+                node_id=result.node_id,
+                device=device,
+                port=port,
+                at=now,
+                tx_bytes_total=nic.tx_bytes_total,
+                rx_bytes_total=nic.rx_bytes_total,
+            )
+            before = previous.get((result.node_id, device, port))
+            if before is not None:
+                seconds = (now - before.at).total_seconds()
+                row.tx_Bps = _rate(before.tx_bytes_total, nic.tx_bytes_total, seconds)
+                row.rx_Bps = _rate(before.rx_bytes_total, nic.rx_bytes_total, seconds)
+            rows.append(row)
+    return rows
+
+
+def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
+    # A counter that went down was reset (driver reload): no rate for this interval.
+    if before is None or after is None or seconds <= 0 or after < before:
+        return None
+    return (after - before) / seconds
+
+
+def _states(results: Sequence[NodeResult], now: datetime, stale_s: float) -> list[NodeScrape]:
+    known = {
+        s.node_id: s
+        for s in NodeScrape.objects.filter(node_id__in=[r.node_id for r in results]).only(
+            "node_id", "last_success_at", "last_error", "last_error_at"
+        )
+    }
+    rows = []
+    for r in results:
+        before = known.get(r.node_id)
+        row = NodeScrape(
+            node_id=r.node_id,
+            last_attempt_at=now,
+            duration_ms=r.fetch_ms + r.parse_ms,
+            last_success_at=before.last_success_at if before else None,
+            last_error=before.last_error if before else "",
+            last_error_at=before.last_error_at if before else None,
+        )
+        if r.ok:
+            row.state = ScrapeState.OK
+            row.last_success_at = now
+            row.gpus_read = len(r.scrape.gpus)
+            row.rejected = r.scrape.rejected_count
+            if r.scrape.rejected:
+                row.last_error, row.last_error_at = "; ".join(r.scrape.rejected[:5]), now
+        else:
+            recent = row.last_success_at is not None and now - row.last_success_at <= timedelta(
+                seconds=stale_s
+            )
+            row.state = ScrapeState.STALE if recent else ScrapeState.ERROR
+            row.last_error, row.last_error_at = r.error, now
+        rows.append(row)
+    return rows
+
+
+STATE_FIELDS = [
+    "state",
+    "last_attempt_at",
+    "last_success_at",
+    "last_error",
+    "last_error_at",
+    "duration_ms",
+    "gpus_read",
+    "rejected",
+]
+
+
+def results_store(
+    *, cluster: Cluster, results: Sequence[NodeResult], now: datetime, interval_s: float
+) -> Stored:
+    """Write one pass: upsert latest values and NIC counters of the nodes read, append raw samples,
+    and upsert every node's state. A failed node keeps its earlier values."""
+    ok = [r for r in results if r.ok]
+    latest, samples = _gpu_rows(ok, gpu_pks(cluster=cluster), now)
+    nics = _nic_rows(ok, now)
+    states = _states(results, now, stale_s=STALE_INTERVALS * interval_s)
+    with transaction.atomic():
+        GpuLatest.objects.bulk_create(
+            latest,
+            batch_size=BATCH,
+            update_conflicts=True,
+            unique_fields=["gpu", "instance"],
+            update_fields=["at", *VALUE_FIELDS],
+        )
+        GpuSample.objects.bulk_create(samples, batch_size=BATCH)
+        NicLatest.objects.bulk_create(
+            nics,
+            batch_size=BATCH,
+            update_conflicts=True,
+            unique_fields=["node", "device", "port"],
+            update_fields=["at", "tx_bytes_total", "rx_bytes_total", "tx_Bps", "rx_Bps"],
+        )
+        NodeScrape.objects.bulk_create(
+            states,
+            batch_size=BATCH,
+            update_conflicts=True,
+            unique_fields=["node"],
+            update_fields=STATE_FIELDS,
+        )
+    return Stored(len(ok), len(results) - len(ok), len(latest))
