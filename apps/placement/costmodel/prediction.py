@@ -12,7 +12,7 @@ from ..groups import group_arrays
 from ..jobs import JobSpec
 from ..topology import LEVELS, Topology
 from .formulas import FLAT_FORMS, hierarchical_allreduce_ms, mfu, p2p_ms, step_ms, volume_ms
-from .paths import KindStats, kind_stats, pair_paths
+from .paths import KindStats, kind_stats, nic_sharing, pair_paths
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 
@@ -157,14 +157,22 @@ def _entry(
     share = np.full(st.members.shape[0], math.inf)
     if crossing.any():
         share[crossing] = _leaf_share(topo, load, own)[st.leaves[crossing]].min(axis=1)
-    eff_bw = np.minimum(st.path_bw, share)
     if collective == "volume":
+        # The seed's accounting: each rank's bytes over its own bottleneck, no NIC sharing.
+        eff_bw = np.minimum(st.path_bw, share)
         return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own
+    # Groups of one kind that cross the same NIC at once share its rate.
+    share = np.minimum(share, st.nic_share)
+    eff_bw = np.minimum(st.path_bw, share)
     t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
     t = np.broadcast_to(t, eff_bw.shape).copy()
     if hier.any():
         aligned = st.rail_aligned[hier]
-        inter_bw = np.where(aligned, st.nic_bw[hier], np.minimum(st.inter_bw[hier], share[hier]))
+        inter_bw = np.where(
+            aligned,
+            np.minimum(st.nic_bw[hier], st.nic_share[hier]),
+            np.minimum(st.inter_bw[hier], share[hier]),
+        )
         inter_lat = np.where(aligned, st.nic_lat[hier], st.inter_lat[hier])
         t[hier] = hierarchical_allreduce_ms(
             st.k_max[hier],
@@ -188,6 +196,11 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
     la, lb = topo.gpu_leaf[a.ravel()], topo.gpu_leaf[b.ravel()]
     crossing = level >= 2
     crossing &= (la >= 0) & (lb >= 0)
+    # Hops that leave their NVLink domain share the NICs they send and receive through.
+    netted = (level >= 1) & (la >= 0) & (lb >= 0)
+    if netted.any():
+        bw = bw.copy()
+        bw[netted] = np.minimum(bw[netted], nic_sharing(topo, a.ravel()[netted], b.ravel()[netted]))
     own = np.zeros(load.size)
     if crossing.any():
         own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
