@@ -18,6 +18,26 @@ from ..topology import Topology
 
 _NIC_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NIC_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CORE_TOTALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pod_core_total(topo: Topology) -> np.ndarray:
+    """Per pod: the summed rate (GB/s) of its spines' links to core switches (0 without cores)."""
+    cached = _CORE_TOTALS.get(topo)
+    if cached is None:
+        tier = {s.name: s.tier for s in topo.switches}
+        spine_pod: dict[str, int] = {}
+        for lk in topo.links:
+            for leaf, spine in ((lk.a, lk.b), (lk.b, lk.a)):
+                if tier.get(leaf) == "leaf" and tier.get(spine) == "spine" and leaf in topo.leaf_by_name:
+                    spine_pod[spine] = int(topo.leaf_pod[topo.leaf_by_name[leaf]])
+        cached = np.zeros(len(topo.pod_core_bw))
+        for lk in topo.links:
+            for spine, core in ((lk.a, lk.b), (lk.b, lk.a)):
+                if tier.get(core) == "core" and spine in spine_pod:
+                    cached[spine_pod[spine]] += lk.bw_GBps
+        _CORE_TOTALS[topo] = cached
+    return cached
 
 
 def nic_ids(topo: Topology) -> tuple[np.ndarray, int]:

@@ -21,7 +21,7 @@ from .formulas import (
     step_ms,
     volume_ms,
 )
-from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths
+from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 
@@ -137,6 +137,24 @@ def _leaf_share(topo: Topology, load: np.ndarray, own: np.ndarray) -> np.ndarray
         return np.where((own > 0) & (total > 0), total / denom, math.inf)
 
 
+def _core_share(topo: Topology, pods: np.ndarray, rings: np.ndarray | None) -> np.ndarray:
+    """Per row of `pods` (each member's pod, groups crossing pods): the least fair share (GB/s) of
+    a pod's core links over the flows the rows put on them: `rings` per pod a ring row spans, or
+    one per member for alltoall and volume (rings None)."""
+    total = pod_core_total(topo)
+    if rings is None:
+        flows = np.bincount(pods.ravel(), minlength=total.size).astype(float)
+    else:
+        srt = np.sort(pods, axis=1)
+        first = np.ones(srt.shape, dtype=bool)
+        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
+        flows = np.bincount(srt[first], weights=weights, minlength=total.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_pod = np.where((flows > 0) & (total > 0), total / flows, math.inf)
+    return per_pod[pods].min(axis=1)
+
+
 def _entry(
     topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,6 +184,14 @@ def _entry(
     share = np.full(st.members.shape[0], math.inf)
     if crossing.any():
         share[crossing] = _leaf_share(topo, load, own)[st.leaves[crossing]].min(axis=1)
+        # Groups crossing pods also share their pods' links to the cores, flow for flow.
+        across = crossing & (st.level == 3)
+        if across.any():
+            pods = topo.leaf_pod[np.maximum(st.leaves[across], 0)]
+            ring = collective in RING_COLLECTIVES
+            share[across] = np.minimum(
+                share[across], _core_share(topo, pods, st.rails_min[across] if ring else None)
+            )
     if collective == "volume":
         # The seed's accounting: each rank's bytes over its own bottleneck, no NIC sharing.
         eff_bw = np.minimum(st.path_bw, share)
@@ -249,6 +275,12 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
         own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
         share = _leaf_share(topo, load, own)
         hop_share = np.minimum(share[la[crossing]], share[lb[crossing]])
+        # Hops between pods also share their pods' links to the cores: one flow on each end's pod.
+        pa, pb = topo.leaf_pod[la[crossing]], topo.leaf_pod[lb[crossing]]
+        across = pa != pb
+        if across.any():
+            core = _core_share(topo, np.stack([pa[across], pb[across]], axis=1), None)
+            hop_share[across] = np.minimum(hop_share[across], core)
         bw = bw.copy()
         bw[crossing] = np.minimum(bw[crossing], hop_share)
     bw = bw.reshape(a.shape)

@@ -195,3 +195,46 @@ def test_search_uses_only_free_gpus():
     start = np.flatnonzero(free)[:16]
     gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300, budget_s=10)
     assert free[gids].all() and np.unique(gids).size == 16
+
+
+# --------------------------------------------------------------------------- core links
+
+
+def test_groups_crossing_pods_share_the_pods_core_links():
+    # 2 pods x 2 leaves x 2 nodes x 4 GPUs; each pod's 2 spines reach 1 core at 25 GB/s each (50 in
+    # all), where a leaf has 800 GB/s of uplinks: crossing pods is the narrow way, as it is.
+    topo = load_topology(
+        {
+            "version": 1,
+            "name": "cores",
+            "generate": {
+                "shape": "leaf-spine",
+                "spines": 2,
+                "leaves": 2,
+                "nodes_per_leaf": 2,
+                "gpus_per_node": 4,
+                "gpu_model": "H100",
+                "peak_tflops": 989,
+                "nvlink_bw_GBps": 450,
+                "nic_bw_GBps": 50,
+                "nics_per_node": 4,
+                "uplink_bw_GBps": 400,
+                "pods": 2,
+                "cores": 1,
+                "core_uplink_bw_GBps": 25,
+            },
+        }
+    )
+    j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+
+    def on(a: str, b: str) -> float:
+        return evaluate(
+            topo, j, [topo.gid(a, i) for i in range(4)] + [topo.gid(b, i) for i in range(4)]
+        ).comm_ms
+
+    in_pod = on("node-001", "node-003")  # leaf-1 to leaf-2 through a spine
+    across = on("node-001", "node-005")  # pod 1 to pod 2 through the core
+    # Four DP pairs cross at once: 4 flows on each pod's 50 GB/s of core links, 12.5 GB/s each
+    # (a 2-member allreduce moves S once; its microseconds of latency are below the tolerance).
+    assert across == pytest.approx(1e9 / 12.5e6, rel=1e-3)
+    assert across > 3 * in_pod
