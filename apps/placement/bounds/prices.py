@@ -7,17 +7,20 @@ assignment every group of K at `nvlink` sits in one domain holding whole blocks 
 higher level lies outside every region of the level below: at `leaf` it spans domains (best NIC,
 two NIC latencies); at `spine` it also crosses leaves without being rail-aligned (a rail-aligned
 group's domains share a leaf, so they lie in one leaf region): the best uplink and two uplink
-latencies join in; at `core` it crosses pods: the best core uplink joins in. An allreduce spanning
-m domains is hierarchical: its fullest domain's k members reduce-scatter and allgather, a ring
-joins the m domains over its fewest rails r (S/r each); the time rises with k and m and falls with
-r. Each domain holds whole blocks of the nvlink kinds (B0 ranks), each meeting the group in c ranks
+latencies join in; at `core` it crosses pods: the best core uplink joins in. An allreduce,
+allgather or reduce-scatter spanning m domains costs the lesser of its hierarchical form (its
+fullest domain's k members work inside the domain, a ring joins the m domains over its fewest
+rails r, S/r each) and the pipelined one (B = min(NVLink, r x NIC), a tree's depth over m for
+allreduce; no NVLink stage when k = 1); each rises with k and m and falls with r. Each domain holds whole blocks of the nvlink kinds (B0 ranks), each meeting the group in c ranks
 (the product of their shared dimensions), so domain d holds at most a_d = min(n, c*floor(g_d/B0))
 members (g_d its GPUs). Free splits: with the a_d largest first, m domains hold the n members only
 if the m largest sum to n or more; their fullest then holds at least the least k with
 sum(min(a_(i), k), i <= m) >= n, since no m domains hold more than the m largest at k each (the
 greedy cover by count is the best cover); and r is at most floor(n/m), a_(m) and the m-th most NICs
 in one domain (the smallest of any m domains' values is at most the m-th largest). So each m's
-price is at most every m-domain placement's, and the allreduce is priced at the best m.
+price is at most every m-domain placement's, and the collective is priced at the best m. An
+alltoall spanning m domains has a member with at most n // m peers in its domain, so it sends at
+least (n - n // m) / n of S through its NIC: priced at the fewest domains that can hold the group.
 `costmodel.evaluate` can only match or exceed each term (other jobs' flows only lower bandwidth),
 so no placement's comm time is below.
 
@@ -30,7 +33,7 @@ one of that block's region's leaves (lambda at most): a ring on every leaf it sp
 on its hop out of the region, an alltoall or volume group one per member GPU (B1 per block). A
 region meeting x such crossing lines thus has q = ceil(x * flows / lambda) of the entry's flows
 on one leaf, and a group there gets at most T/q GB/s (T: the largest leaf's total uplinks), per
-rail T/(q*rails) for the allreduce with the fewest rails there. K at `spine` is priced at that
+rail T/(q*rails) for the hierarchical collective with the fewest rails there. K at `spine` is priced at that
 share (x = 1 at least); K at `core` at the worse of its pod-crossing group (uncongested) and the
 congested one.
 
@@ -58,7 +61,7 @@ import math
 
 import numpy as np
 
-from ..costmodel import FLAT_FORMS, hierarchical_allreduce_ms, p2p_ms, volume_ms
+from ..costmodel import FLAT_FORMS, HIERARCHICAL_FORMS, alltoall_spanning_ms, p2p_ms, spanning_ms, volume_ms
 from ..jobs import GROUP_KINDS, JobSpec
 from ..topology import Topology
 from .capacity import _MEMO_SIZE, _Capacity
@@ -100,7 +103,7 @@ def _flat(collective: str, n: int, nbytes: float, bw, lat):
 
 
 def _splits(cap: _Capacity, n: int, block0: int, shared0: int):
-    """(m, k, rails) int arrays: each count m of domains an n-member allreduce could span, the
+    """(m, k, rails) int arrays: each count m of domains an n-member hierarchical collective could span, the
     fewest members its fullest domain can hold and the most rails it can have, when each domain
     holds whole nvlink blocks of `block0` ranks meeting the group in `shared0` (module docstring,
     free splits)."""
@@ -128,21 +131,21 @@ def _splits(cap: _Capacity, n: int, block0: int, shared0: int):
 
 def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, split: tuple, flows: int):
     """[(time ms, GB/s)] at leaf, spine and core of an n-rank group spread over NVLink domains
-    (an allreduce's `split`: its nvlink block and the ranks each block shares with it), with
-    `flows` of its kind's flows on one leaf (0: unknown). An allreduce takes its best split over
+    (a hierarchical collective's `split`: its nvlink block and the ranks each block shares with it),
+    with `flows` of its kind's flows on one leaf (0: unknown). It takes its best split over
     the free domains (`_splits`)."""
     nets = [_network(cap, level) for level in ("leaf", "spine", "core", "spine")]
     bw = np.array([b for b, _ in nets])[:, None]
     lat = np.array([a for _, a in nets])[:, None]
-    if collective == "allreduce":
+    if collective in HIERARCHICAL_FORMS:
         m, k, rails = _splits(cap, n, *split)
         bw = np.broadcast_to(bw, (4, m.size)).copy()
         if flows:
             # Row 3: the congested group's fair share of its leaf's uplinks, per rail.
             bw[3] = np.minimum(bw[3], cap.uplink_total / (flows * rails))
-        t = np.asarray(
-            hierarchical_allreduce_ms(k, m, nbytes, cap.intra_bw, cap.intra_lat, bw, lat, rails=rails)
-        )
+        # A split whose fullest domain holds one member has no NVLink stage at all.
+        intra_bw = np.where(k > 1, cap.intra_bw, math.inf)
+        t = np.asarray(spanning_ms(collective, n, k, m, nbytes, intra_bw, cap.intra_lat, bw, lat, rails))
         best = np.argmin(t, axis=1).tolist()
         rows = [
             (float(t[j, i]), min(float(bw[j, i]), cap.intra_bw if k[i] > 1 else math.inf))
@@ -152,7 +155,13 @@ def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, split: tup
         bw = bw[:, 0]
         if flows:
             bw[3] = min(bw[3], cap.uplink_total / flows)
-        t = np.broadcast_to(_flat(collective, n, nbytes, bw, lat[:, 0]), bw.shape)
+        if collective == "alltoall":
+            # Over m >= m_min domains some member has at most n // m_min peers in its domain, so it
+            # sends at least (n - n // m_min) / n of S through its NIC; every pair is at latency.
+            m_min = int(_splits(cap, n, *split)[0].min())
+            t = alltoall_spanning_ms(n, n - n // m_min, nbytes, bw, lat[:, 0])
+        else:
+            t = np.broadcast_to(_flat(collective, n, nbytes, bw, lat[:, 0]), bw.shape)
         rows = [(float(x), float(b)) for x, b in zip(t.tolist(), bw.tolist(), strict=True)]
     # At core the worst group is at least the pod-crossing one and at least the congested one.
     return [rows[0], rows[3], (max(rows[2][0], rows[3][0]), min(rows[2][1], rows[3][1]))]
@@ -191,7 +200,7 @@ def _most_cells(n1: int, n2: int, room: int) -> np.ndarray:
 
 class _Prices:
     """Prices of a job's comm entries; one collective's price is memoised per topology on what it
-    depends on: the level, the nvlink block (in-domain; an allreduce's also when it spans domains),
+    depends on: the level, the nvlink block (in-domain; a hierarchical one's also when it spans domains),
     and the flows on one leaf."""
 
     def __init__(self, topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[str, int]):
@@ -216,7 +225,9 @@ class _Prices:
             if level >= 2 and block1 and math.isfinite(cap.uplink_total):
                 per_block = block1 if e.collective in ("alltoall", "volume") else block1 // shared1
                 flows = -(-per_block * lines // cap.region_leaves)
-            split = (block0, shared0) if e.collective == "allreduce" else ()
+            split = (
+                (block0, shared0) if e.collective in HIERARCHICAL_FORMS or e.collective == "alltoall" else ()
+            )
             key = (e.collective, n, e.bytes, split, flows)
         hit = cap.prices.get(key)
         if hit is None:

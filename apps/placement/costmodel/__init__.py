@@ -17,16 +17,25 @@ effect, `Topology.group_path`) and a its latency:
   member NIC and uplink), allgather inside each domain. When every domain of the group has members
   under the same set of leaves (rail-aligned, as in rail-optimised clusters), each rail's ring stays
   under one leaf: B and a are the NICs' alone, and no uplink is used;
-- allgather, reducescatter, alltoall over several domains: the flat closed form, B across nodes is
-  one NIC's rate (or less, the group's bottleneck);
+- allgather and reducescatter over several domains: hierarchical the same way (between the domains
+  over the rails, S/rails each, and inside each domain), so that a reduce-scatter and an allgather
+  cost exactly the allreduce they compose;
+- each of these three takes the faster of its hierarchical form and NCCL's pipelined ring (tree for
+  allreduce) with one channel per rail, B = min(NVLink, rails x NIC), `pipelined_ms`: what NCCL's
+  tuner does by message size (`spanning_ms`); calibrated against published nccl-tests figures in
+  `calibration/`;
+- alltoall over several domains: each member sends S/n to every peer, those outside its domain
+  through its own NIC (shared by every spanning member on it, capped by the group's path and
+  uplink share), those inside over NVLink; the group takes its slowest member
+  (`alltoall_spanning_ms` for the NIC part), so 7+1, 4+4 and one rank per node differ;
 - p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1);
 - volume: `S/B` with the group's bottleneck and no latency (the seed's accounting).
 
 Congestion, and what a "flow" is. A flow is one stream of a comm entry through a leaf switch's
 uplinks (to the spines), counted on that leaf while the entry runs:
 - ring collectives (allreduce, allgather, reducescatter) run leaf by leaf, so a group whose traffic
-  crosses leaves puts one flow per parallel ring on each leaf it spans (rails for a hierarchical
-  allreduce, one ring for the flat forms); a rail-aligned allreduce puts none;
+  crosses leaves puts one flow per parallel ring (rail) on each leaf it spans; a rail-aligned one
+  puts none;
 - alltoall and volume: every member GPU of a group that spans leaves is one flow on its own leaf;
 - p2p: every hop between consecutive members under different leaves is one flow on each of the two.
 A leaf's uplinks (`Topology.leaf_uplink_total_bw`, GB/s) are shared fairly by every flow on them:
@@ -37,13 +46,19 @@ is this job's flows per leaf, the maximum over its comm entries (entries run one
 
 from .formulas import (
     FLAT_FORMS,
+    HIERARCHICAL_FORMS,
     allgather_ms,
     alltoall_ms,
+    alltoall_spanning_ms,
+    hierarchical_allgather_ms,
     hierarchical_allreduce_ms,
+    hierarchical_reducescatter_ms,
     mfu,
     p2p_ms,
+    pipelined_ms,
     reducescatter_ms,
     ring_allreduce_ms,
+    spanning_ms,
     step_ms,
     volume_ms,
 )
@@ -52,21 +67,27 @@ from .prediction import GroupCost, Prediction, check_gids, evaluate, load_array
 
 __all__ = [
     "FLAT_FORMS",
+    "HIERARCHICAL_FORMS",
     "GroupCost",
     "KindStats",
     "Prediction",
     "allgather_ms",
     "alltoall_ms",
+    "alltoall_spanning_ms",
     "check_gids",
     "evaluate",
+    "hierarchical_allgather_ms",
     "hierarchical_allreduce_ms",
+    "hierarchical_reducescatter_ms",
     "kind_stats",
     "load_array",
     "mfu",
     "p2p_ms",
+    "pipelined_ms",
     "pair_paths",
     "reducescatter_ms",
     "ring_allreduce_ms",
+    "spanning_ms",
     "step_ms",
     "volume_ms",
 ]

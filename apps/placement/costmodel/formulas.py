@@ -51,6 +51,16 @@ def alltoall_ms(n, bytes, bw_GBps, latency_us):
     return allgather_ms(n, bytes, bw_GBps, latency_us)
 
 
+def alltoall_spanning_ms(n, off_peers, bytes, bw_GBps, latency_us):
+    """All-to-all of `bytes` per rank over n ranks, for the member with `off_peers` of its n - 1
+    peers outside its NVLink domain, sending their share (S/n each) through its NIC at B:
+    (n-1)·a + off/n·S/B, in ms. One NIC per rank: NCCL does not aggregate NICs for all-to-all."""
+    n = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (n - 1) * np.asarray(latency_us) / 1e3 + _ms(np.multiply(np.divide(off_peers, n), bytes), bw_GBps)
+    return _out(np.where(n > 1, t, 0.0))
+
+
 def p2p_ms(bytes, bw_GBps, latency_us):
     """One point-to-point send of `bytes`: a + S/B, in ms."""
     return _out(np.asarray(latency_us) / 1e3 + _ms(bytes, bw_GBps))
@@ -73,6 +83,105 @@ def hierarchical_allreduce_ms(
     inter = ring_allreduce_ms(n_inter, per_rail, inter_bw_GBps, inter_latency_us)
     gather = allgather_ms(n_intra, bytes, intra_bw_GBps, intra_latency_us)
     return _out(np.asarray(scatter) + np.asarray(inter) + np.asarray(gather))
+
+
+def hierarchical_allgather_ms(
+    n_intra, n_inter, bytes, intra_bw_GBps, intra_latency_us, inter_bw_GBps, inter_latency_us, rails=None
+):
+    """Allgather across NVLink domains, in ms: an allgather between the n_inter domains over `rails`
+    parallel links per domain (each carrying S/rails of the result, NCCL's PXN and multi-NIC
+    channels), then an allgather inside each domain (n_intra ranks). With
+    `hierarchical_reducescatter_ms` it composes `hierarchical_allreduce_ms` exactly."""
+    rails = n_intra if rails is None else rails
+    per_rail = np.divide(bytes, np.maximum(rails, 1))
+    inter = allgather_ms(n_inter, per_rail, inter_bw_GBps, inter_latency_us)
+    intra = allgather_ms(n_intra, bytes, intra_bw_GBps, intra_latency_us)
+    return _out(np.asarray(inter) + np.asarray(intra))
+
+
+def hierarchical_reducescatter_ms(
+    n_intra, n_inter, bytes, intra_bw_GBps, intra_latency_us, inter_bw_GBps, inter_latency_us, rails=None
+):
+    """Reduce-scatter across NVLink domains, in ms: inside each domain, then between the domains over
+    `rails` parallel links (the mirror image of `hierarchical_allgather_ms`, the same time)."""
+    return hierarchical_allgather_ms(
+        n_intra, n_inter, bytes, intra_bw_GBps, intra_latency_us, inter_bw_GBps, inter_latency_us, rails
+    )
+
+
+# Collectives priced hierarchically when a group spans NVLink domains.
+HIERARCHICAL_FORMS = {
+    "allreduce": hierarchical_allreduce_ms,
+    "allgather": hierarchical_allgather_ms,
+    "reducescatter": hierarchical_reducescatter_ms,
+}
+
+
+def pipelined_ms(
+    collective,
+    n,
+    n_intra,
+    n_inter,
+    bytes,
+    intra_bw_GBps,
+    intra_latency_us,
+    inter_bw_GBps,
+    inter_latency_us,
+    rails,
+):
+    """NCCL's ring (allgather, reduce-scatter) or tree (allreduce) across NVLink domains, in ms: one
+    channel per rail, NVLink and network hops pipelined, so the bandwidth is the lesser of the
+    domain's NVLink and the rails' summed rate, B = min(B_intra, rails·B_inter). Allreduce:
+    2(n-1)/n·S/B + 2·(ceil(log2 n_inter)·a_inter + (n_intra-1)·a_intra) (a tree's depth over the
+    domains); allgather and reduce-scatter: (n-1)/n·S/B + (n-1)·a_inter."""
+    n = np.asarray(n, dtype=float)
+    bw = np.minimum(intra_bw_GBps, np.multiply(np.maximum(rails, 1), inter_bw_GBps))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if collective == "allreduce":
+            depth = np.ceil(np.log2(np.maximum(n_inter, 1)))
+            lat = 2 * (
+                depth * np.asarray(inter_latency_us)
+                + (np.asarray(n_intra) - 1) * np.asarray(intra_latency_us)
+            )
+            t = lat / 1e3 + 2 * (n - 1) / n * _ms(bytes, bw)
+        else:
+            t = (n - 1) * np.asarray(inter_latency_us) / 1e3 + (n - 1) / n * _ms(bytes, bw)
+    return _out(np.where(n > 1, t, 0.0))
+
+
+def spanning_ms(
+    collective,
+    n,
+    n_intra,
+    n_inter,
+    bytes,
+    intra_bw_GBps,
+    intra_latency_us,
+    inter_bw_GBps,
+    inter_latency_us,
+    rails,
+):
+    """An allreduce, allgather or reduce-scatter over n ranks spanning n_inter NVLink domains (the
+    fullest holding n_intra, `rails` parallel NICs per domain), in ms: the faster of the
+    hierarchical form and the pipelined one (`pipelined_ms`), as NCCL's tuner picks its algorithm
+    by size: the hierarchical form's fewer network steps win for small messages over many nodes,
+    the pipelined one's overlap of NVLink and network for large ones."""
+    hier = HIERARCHICAL_FORMS[collective](
+        n_intra, n_inter, bytes, intra_bw_GBps, intra_latency_us, inter_bw_GBps, inter_latency_us, rails
+    )
+    piped = pipelined_ms(
+        collective,
+        n,
+        n_intra,
+        n_inter,
+        bytes,
+        intra_bw_GBps,
+        intra_latency_us,
+        inter_bw_GBps,
+        inter_latency_us,
+        rails,
+    )
+    return _out(np.minimum(hier, piped))
 
 
 FLAT_FORMS = {

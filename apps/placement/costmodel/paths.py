@@ -17,6 +17,27 @@ import numpy as np
 from ..topology import Topology
 
 _NIC_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NIC_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CORE_TOTALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pod_core_total(topo: Topology) -> np.ndarray:
+    """Per pod: the summed rate (GB/s) of its spines' links to core switches (0 without cores)."""
+    cached = _CORE_TOTALS.get(topo)
+    if cached is None:
+        tier = {s.name: s.tier for s in topo.switches}
+        spine_pod: dict[str, int] = {}
+        for lk in topo.links:
+            for leaf, spine in ((lk.a, lk.b), (lk.b, lk.a)):
+                if tier.get(leaf) == "leaf" and tier.get(spine) == "spine" and leaf in topo.leaf_by_name:
+                    spine_pod[spine] = int(topo.leaf_pod[topo.leaf_by_name[leaf]])
+        cached = np.zeros(len(topo.pod_core_bw))
+        for lk in topo.links:
+            for spine, core in ((lk.a, lk.b), (lk.b, lk.a)):
+                if tier.get(core) == "core" and spine in spine_pod:
+                    cached[spine_pod[spine]] += lk.bw_GBps
+        _CORE_TOTALS[topo] = cached
+    return cached
 
 
 def nic_ids(topo: Topology) -> tuple[np.ndarray, int]:
@@ -27,6 +48,17 @@ def nic_ids(topo: Topology) -> tuple[np.ndarray, int]:
         ids = topo.gpu_node.astype(np.int64) * width + (topo.gpu_rail.astype(np.int64) + 1)
         cached = (ids, max(int(len(topo.nodes) * width), 1))
         _NIC_IDS[topo] = cached
+    return cached
+
+
+def nic_rates(topo: Topology) -> np.ndarray:
+    """Rate (GB/s) of every NIC id of `nic_ids`, 0 for ids no GPU uses."""
+    cached = _NIC_RATES.get(topo)
+    if cached is None:
+        ids, n_nics = nic_ids(topo)
+        cached = np.zeros(n_nics)
+        cached[ids] = topo.gpu_nic_bw
+        _NIC_RATES[topo] = cached
     return cached
 
 
@@ -51,6 +83,7 @@ class KindStats:
     inter_lat: np.ndarray  # us
     nic_bw: np.ndarray  # slowest member NIC (GB/s)
     nic_lat: np.ndarray  # the two slowest member NICs' latencies summed (us)
+    nic_share: np.ndarray  # a member NIC's rate over the groups of this kind crossing it, the least (GB/s)
 
 
 def kind_stats(topo: Topology, members: np.ndarray) -> KindStats:
@@ -80,6 +113,7 @@ def kind_stats(topo: Topology, members: np.ndarray) -> KindStats:
         inter_lat=np.zeros(rows),
         nic_bw=np.full(rows, math.inf),
         nic_lat=np.zeros(rows),
+        nic_share=np.full(rows, math.inf),
     )
     s = np.flatnonzero(spans)
     if s.size:
@@ -147,6 +181,11 @@ def _spanning(topo: Topology, st: KindStats, s: np.ndarray, ds: np.ndarray, size
     st.intra_lat[s] = np.maximum.reduceat(run_ilat, first_run)
     st.inter_bw[s] = ibw
     st.inter_lat[s] = ilat
+    # Groups on each NIC: every (row, NIC) run of the sorted keys is one group on that NIC.
+    nic = key % n_nics
+    groups_on = np.bincount(nic[nic_start], minlength=n_nics)
+    share = (nic_rates(topo)[nic] / groups_on[nic]).reshape(-1, size).min(axis=1)
+    st.nic_share[s] = np.where(standalone, 0.0, share)
     st.nic_bw[s] = np.where(standalone, 0.0, nic_bw)
     st.nic_lat[s] = np.where(standalone, math.inf, nic_lat)
     st.path_bw[s] = np.minimum(ibw, intra_bw)
@@ -156,6 +195,17 @@ def _spanning(topo: Topology, st: KindStats, s: np.ndarray, ds: np.ndarray, size
     # Rail-aligned: each domain has members under every leaf of the group, so each rail's ring
     # between domains can stay under one leaf (rail-optimised clusters).
     st.rail_aligned[s] = (pairs == nd * n_leaves) & ~standalone
+
+
+def nic_sharing(topo: Topology, sends: np.ndarray, receives: np.ndarray) -> np.ndarray:
+    """Per transfer (sender gid -> receiver gid, all at once): the least of the sender's NIC rate
+    over the transfers it sends and the receiver's over those it receives (GB/s)."""
+    ids, n_nics = nic_ids(topo)
+    out_count = np.bincount(ids[sends], minlength=n_nics)
+    in_count = np.bincount(ids[receives], minlength=n_nics)
+    return np.minimum(
+        topo.gpu_nic_bw[sends] / out_count[ids[sends]], topo.gpu_nic_bw[receives] / in_count[ids[receives]]
+    )
 
 
 def pair_paths(topo: Topology, g, h) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

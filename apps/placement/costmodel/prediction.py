@@ -11,8 +11,17 @@ import numpy as np
 from ..groups import group_arrays
 from ..jobs import JobSpec
 from ..topology import LEVELS, Topology
-from .formulas import FLAT_FORMS, hierarchical_allreduce_ms, mfu, p2p_ms, step_ms, volume_ms
-from .paths import KindStats, kind_stats, pair_paths
+from .formulas import (
+    FLAT_FORMS,
+    HIERARCHICAL_FORMS,
+    alltoall_spanning_ms,
+    mfu,
+    p2p_ms,
+    spanning_ms,
+    step_ms,
+    volume_ms,
+)
+from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 
@@ -128,6 +137,24 @@ def _leaf_share(topo: Topology, load: np.ndarray, own: np.ndarray) -> np.ndarray
         return np.where((own > 0) & (total > 0), total / denom, math.inf)
 
 
+def _core_share(topo: Topology, pods: np.ndarray, rings: np.ndarray | None) -> np.ndarray:
+    """Per row of `pods` (each member's pod, groups crossing pods): the least fair share (GB/s) of
+    a pod's core links over the flows the rows put on them: `rings` per pod a ring row spans, or
+    one per member for alltoall and volume (rings None)."""
+    total = pod_core_total(topo)
+    if rings is None:
+        flows = np.bincount(pods.ravel(), minlength=total.size).astype(float)
+    else:
+        srt = np.sort(pods, axis=1)
+        first = np.ones(srt.shape, dtype=bool)
+        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
+        flows = np.bincount(srt[first], weights=weights, minlength=total.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_pod = np.where((flows > 0) & (total > 0), total / flows, math.inf)
+    return per_pod[pods].min(axis=1)
+
+
 def _entry(
     topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,14 +165,14 @@ def _entry(
         return _p2p(topo, st, nbytes, load)
     own = np.zeros(n_leaves)
     crossing = st.multi_leaf.copy()
-    hier = st.spans if collective == "allreduce" else np.zeros_like(st.spans)
-    if collective == "allreduce":
+    hier = st.spans if collective in HIERARCHICAL_FORMS else np.zeros_like(st.spans)
+    if collective in HIERARCHICAL_FORMS:
         crossing &= ~st.rail_aligned
     if crossing.any():
         lv = st.leaves[crossing]
         if collective in RING_COLLECTIVES:
             # Each parallel ring of the group leaves every leaf it spans once.
-            rings = st.rails_min[crossing] if collective == "allreduce" else np.ones(lv.shape[0])
+            rings = st.rails_min[crossing]
             srt = np.sort(lv, axis=1)
             first = np.ones(srt.shape, dtype=bool)
             first[:, 1:] = srt[:, 1:] != srt[:, :-1]
@@ -157,16 +184,41 @@ def _entry(
     share = np.full(st.members.shape[0], math.inf)
     if crossing.any():
         share[crossing] = _leaf_share(topo, load, own)[st.leaves[crossing]].min(axis=1)
-    eff_bw = np.minimum(st.path_bw, share)
+        # Groups crossing pods also share their pods' links to the cores, flow for flow.
+        across = crossing & (st.level == 3)
+        if across.any():
+            pods = topo.leaf_pod[np.maximum(st.leaves[across], 0)]
+            ring = collective in RING_COLLECTIVES
+            share[across] = np.minimum(
+                share[across], _core_share(topo, pods, st.rails_min[across] if ring else None)
+            )
     if collective == "volume":
+        # The seed's accounting: each rank's bytes over its own bottleneck, no NIC sharing.
+        eff_bw = np.minimum(st.path_bw, share)
         return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own
+    uplink_share = share
+    # Groups of one kind that cross the same NIC at once share its rate.
+    share = np.minimum(share, st.nic_share)
+    eff_bw = np.minimum(st.path_bw, share)
     t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
     t = np.broadcast_to(t, eff_bw.shape).copy()
+    if collective == "alltoall" and st.spans.any():
+        sp = st.spans
+        eff_bw = eff_bw.copy()
+        t[sp], eff_bw[sp] = _alltoall_spanning(
+            topo, st, sp, nbytes, np.minimum(st.inter_bw, uplink_share)[sp]
+        )
     if hier.any():
         aligned = st.rail_aligned[hier]
-        inter_bw = np.where(aligned, st.nic_bw[hier], np.minimum(st.inter_bw[hier], share[hier]))
+        inter_bw = np.where(
+            aligned,
+            np.minimum(st.nic_bw[hier], st.nic_share[hier]),
+            np.minimum(st.inter_bw[hier], share[hier]),
+        )
         inter_lat = np.where(aligned, st.nic_lat[hier], st.inter_lat[hier])
-        t[hier] = hierarchical_allreduce_ms(
+        t[hier] = spanning_ms(
+            collective,
+            n,
             st.k_max[hier],
             st.n_domains[hier],
             nbytes,
@@ -174,11 +226,36 @@ def _entry(
             st.intra_lat[hier],
             inter_bw,
             inter_lat,
-            rails=st.rails_min[hier],
+            st.rails_min[hier],
         )
         eff_bw = eff_bw.copy()
         eff_bw[hier] = np.minimum(st.intra_bw[hier], inter_bw)
     return t, eff_bw, own
+
+
+def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: float, path_bw: np.ndarray):
+    """(ms, GB/s) per group of an alltoall whose groups span NVLink domains. Member i sends S/n to
+    each peer: those in other domains through its own NIC (one NIC per rank, NCCL does not
+    aggregate NICs for all-to-all; shared by every spanning member on it, capped by the group's
+    path and uplink share `path_bw`), those in its domain over NVLink; the group takes its slowest
+    member, plus (n-1) path latencies. So 7+1, 4+4 and one rank per node differ."""
+    m = st.members[sp]
+    rows, n = m.shape
+    dom = topo.gpu_domain[m].astype(np.int64)
+    row = np.repeat(np.arange(rows, dtype=np.int64), n)
+    _, inverse, counts = np.unique(
+        row * (int(dom.max()) + 1) + dom.ravel(), return_inverse=True, return_counts=True
+    )
+    together = counts[inverse.reshape(-1)].reshape(rows, n)
+    ids, n_nics = nic_ids(topo)
+    nic = ids[m]
+    on_nic = np.bincount(nic.ravel(), minlength=n_nics)[nic]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bw = np.minimum(path_bw[:, None], topo.gpu_nic_bw[m] / on_nic)
+    lat = st.path_lat[sp][:, None]
+    inter = alltoall_spanning_ms(n, n - together, nbytes, bw, lat)
+    intra = alltoall_spanning_ms(n, together - 1, nbytes, topo.domain_bw[dom], lat)
+    return np.maximum(inter, intra).max(axis=1), bw.min(axis=1)
 
 
 def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
@@ -188,11 +265,22 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
     la, lb = topo.gpu_leaf[a.ravel()], topo.gpu_leaf[b.ravel()]
     crossing = level >= 2
     crossing &= (la >= 0) & (lb >= 0)
+    # Hops that leave their NVLink domain share the NICs they send and receive through.
+    netted = (level >= 1) & (la >= 0) & (lb >= 0)
+    if netted.any():
+        bw = bw.copy()
+        bw[netted] = np.minimum(bw[netted], nic_sharing(topo, a.ravel()[netted], b.ravel()[netted]))
     own = np.zeros(load.size)
     if crossing.any():
         own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
         share = _leaf_share(topo, load, own)
         hop_share = np.minimum(share[la[crossing]], share[lb[crossing]])
+        # Hops between pods also share their pods' links to the cores: one flow on each end's pod.
+        pa, pb = topo.leaf_pod[la[crossing]], topo.leaf_pod[lb[crossing]]
+        across = pa != pb
+        if across.any():
+            core = _core_share(topo, np.stack([pa[across], pb[across]], axis=1), None)
+            hop_share[across] = np.minimum(hop_share[across], core)
         bw = bw.copy()
         bw[crossing] = np.minimum(bw[crossing], hop_share)
     bw = bw.reshape(a.shape)

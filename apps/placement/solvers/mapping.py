@@ -1,10 +1,12 @@
 """Rank-to-GPU mappings of a chosen GPU set, nested by group.
 
 Slots are the set's GPUs in hierarchy order (pod, unit, NVLink domain, node, GPU index). Ranks are
-laid on the slots sorted by their coordinates, one dimension nested inside the next: TP fastest
-(so a TP group fills consecutive slots of one domain), then EP (an EP group fills one domain or
-spreads evenly over few), then DP and PP in either order (PP outermost keeps stages adjacent and
-DP groups rail-aligned; DP outermost suits jobs whose pipeline traffic dominates). A second slot
+laid on the slots sorted by their coordinates, one dimension nested inside the next. The first
+nesting follows the job's declared traffic (`traffic_nesting`: the kind moving the most bytes per
+rank innermost, so its groups fill consecutive slots of one domain; a long pipeline with large
+activations and small TP keeps its stages inside a node and splits TP across same-rail nodes).
+Then the rank order, and TP fastest followed by EP, DP and PP in either order (PP outermost
+keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs). A second slot
 order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
 TP-sharded jobs that leave part of each node free still meet on one rail's leaf; a third is plain
 GPU id order.
@@ -26,12 +28,46 @@ def _sizes(job: JobSpec) -> dict[str, int]:
     return {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
 
 
+# Bytes a rank moves per byte of payload, by collective (ring allreduce twice, the others once).
+TRAFFIC_FACTOR = {
+    "allreduce": 2.0,
+    "allgather": 1.0,
+    "reducescatter": 1.0,
+    "alltoall": 1.0,
+    "p2p": 1.0,
+    "volume": 1.0,
+}
+
+
+def declared_traffic(job: JobSpec) -> dict[str, float]:
+    """Bytes each rank moves per step in each group kind, from the job's comm entries (payload x
+    count x the collective's factor); 0 for a kind without entries or of size 1."""
+    sizes = _sizes(job)
+    sizes["dp"] = job.dp
+    out = dict.fromkeys(("tp", "ep", "dp", "pp"), 0.0)
+    for c in job.comm:
+        if sizes[c.group] > 1:
+            out[c.group] += c.bytes * c.count * TRAFFIC_FACTOR[c.collective]
+    return out
+
+
+def traffic_nesting(job: JobSpec) -> tuple[str, ...]:
+    """Dimensions nested by declared traffic: the heaviest kind innermost (fastest), so its groups
+    take consecutive slots of one NVLink domain; ties keep the rank order."""
+    traffic = declared_traffic(job)
+    # An EP group lies inside its DP group, so ep never nests outside dp.
+    traffic["ep"] = max(traffic["ep"], traffic["dp"])
+    order = {d: i for i, d in enumerate(job.dims)}
+    return tuple(sorted(job.dims, key=lambda d: (-traffic[d], order[d])))
+
+
 def nestings(job: JobSpec) -> list[tuple[str, ...]]:
-    """Distinct dimension nestings (fastest first) to try; size-1 dimensions do not count."""
+    """Distinct dimension nestings (fastest first) to try, by declared traffic first; size-1
+    dimensions do not count."""
     sizes = _sizes(job)
     out: list[tuple[str, ...]] = []
     seen: set[tuple[str, ...]] = set()
-    for nest in (job.dims, *NESTINGS):
+    for nest in (traffic_nesting(job), job.dims, *NESTINGS):
         effective = tuple(d for d in nest if sizes[d] > 1)
         if effective not in seen:
             seen.add(effective)

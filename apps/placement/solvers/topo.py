@@ -6,13 +6,16 @@
    Below the chosen block, children are taken best-fit first (`best_fit_cover`), every NVLink
    domain in whole chunks (TP*EP or TP GPUs, so no such group straddles domains) and every unit in
    whole PP stages, DP replicas or TP groups; when the free set cannot supply aligned pieces the
-   pieces shrink (`chunk_ladder`), and a looser alignment is kept only if it fits lower.
+   pieces shrink (`chunk_ladder`), and a looser alignment is kept only if it fits lower. Beside
+   these, the job split evenly over the nodes with the fastest network per GPU (`fast.py`), so
+   that link speed, not only GPU count, decides the set.
 2. Which rank where: rank blocks nested by group (`mapping.py`).
 3. When the best of these misses the lower bound over the free GPUs (`bounds.lower_bound` with
    `free`): a job spanning units of a pod is also spread evenly over more units with its (pp, dp)
    grid cut into sub-grids (`spread.py`), and every baseline's placement (and the baselines' GPU
    sets in the nested mappings) joins the candidates, so topo never prices above any baseline.
-4. On irregular free sets, swaps against the cost model (`refine.py`).
+4. On irregular free sets, swaps against the cost model (`refine.py`); then, for any job still
+   above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`).
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
 """
@@ -32,8 +35,10 @@ from ..topology import Topology
 from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
+from .fast import fast_sets
 from .mapping import candidate_mappings
 from .refine import refine
+from .search import search
 from .spread import spread_candidates
 
 # Blocks priced per level and chunk size: the best few by fit, so large clusters stay fast.
@@ -46,6 +51,12 @@ SETS_REMAPPED = 2
 PODS_SPREAD = 1
 # Jobs up to this many GPUs get swap refinement on irregular free sets.
 REFINE_MAX_GPUS = 64
+# Local search after the constructive stage, when it missed the bound: cost-model calls, and
+# seconds for jobs up to SEARCH_LARGE_GPUS GPUs and above (whose evaluations cost more each).
+SEARCH_EVALS = 400
+SEARCH_S = 0.1
+SEARCH_LARGE_S = 0.03
+SEARCH_LARGE_GPUS = 512
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -72,6 +83,9 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             f"needs {job.gpus} GPUs joined by a network or one NVLink domain: {networked} networked GPUs "
             f"free, the largest free NVLink domain has {int(counts.domain.max())}"
         )
+    if counts.domain.max() < job.gpus:
+        # Link-aware sets beside the best-fit ones, ranked after them on fit.
+        plans += [(gset, math.inf, False) for gset in fast_sets(topology, idx, counts, job)]
     # Stage 1 prices every candidate set in its first mapping; stage 2 tries the other mappings
     # of the best few sets only, since the cost model is the expensive part.
     first: list[tuple[tuple[float, float], int, np.ndarray]] = []
@@ -97,6 +111,18 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     gids = best_gids
     if not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
+    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+        gids, _ = search(
+            topology,
+            job,
+            gids,
+            free,
+            leaf_load,
+            bound_ms,
+            seed=seed,
+            max_evals=SEARCH_EVALS,
+            budget_s=SEARCH_S if job.gpus <= SEARCH_LARGE_GPUS else SEARCH_LARGE_S,
+        )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
 

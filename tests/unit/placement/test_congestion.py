@@ -6,7 +6,7 @@ import pytest
 
 from apps.placement.costmodel import (
     allgather_ms,
-    alltoall_ms,
+    alltoall_spanning_ms,
     evaluate,
     hierarchical_allreduce_ms,
     p2p_ms,
@@ -30,7 +30,7 @@ def test_alltoall_counts_every_member_as_a_flow_and_shares_the_uplinks(thin):
     p = evaluate(thin, job(8, dp=8, ep=8, comm=[("ep", "alltoall", 1e9)]), _two_nodes(thin))
     assert p.flows == {"leaf-1": 4.0, "leaf-2": 4.0}
     # 100 GB/s over 4 flows = 25 GB/s each, below the 50 GB/s NIC; 2 NICs + 2 uplinks of latency.
-    assert p.comm_ms == pytest.approx(alltoall_ms(8, 1e9, 25, 5.0))
+    assert p.comm_ms == pytest.approx(alltoall_spanning_ms(8, 4, 1e9, 25, 5.0))
     assert p.groups[0].bottleneck_GBps == 25.0
 
 
@@ -38,20 +38,21 @@ def test_other_jobs_flows_shrink_the_share_on_the_leaf_they_load(thin):
     j = job(8, dp=8, ep=8, comm=[("ep", "alltoall", 1e9)])
     p = evaluate(thin, j, _two_nodes(thin), {"leaf-1": 4})
     # leaf-1: 100 / (4 + 4) = 12.5 GB/s is the smaller share of the two leaves crossed.
-    assert p.comm_ms == pytest.approx(alltoall_ms(8, 1e9, 12.5, 5.0))
+    assert p.comm_ms == pytest.approx(alltoall_spanning_ms(8, 4, 1e9, 12.5, 5.0))
     assert p.flows == {"leaf-1": 4.0, "leaf-2": 4.0}
 
 
 def test_a_share_above_the_path_bottleneck_changes_nothing():
     roomy = load_topology(generated(spines=1, uplink_bw_GBps=1000))
     p = evaluate(roomy, job(8, dp=8, ep=8, comm=[("ep", "alltoall", 1e9)]), _two_nodes(roomy))
-    assert p.comm_ms == pytest.approx(alltoall_ms(8, 1e9, 50, 5.0))
+    assert p.comm_ms == pytest.approx(alltoall_spanning_ms(8, 4, 1e9, 50, 5.0))
 
 
-def test_a_flat_ring_puts_one_flow_on_each_leaf_it_spans(thin):
+def test_a_hierarchical_allgather_puts_one_flow_per_rail_on_each_leaf(thin):
     p = evaluate(thin, job(8, comm=[("dp", "allgather", 1e9)]), _two_nodes(thin))
-    assert p.flows == {"leaf-1": 1.0, "leaf-2": 1.0}
-    assert p.comm_ms == pytest.approx(allgather_ms(8, 1e9, 50, 5.0))
+    assert p.flows == {"leaf-1": 4.0, "leaf-2": 4.0}
+    # Between the two nodes over 4 rails (S/4 each, 100/4 = 25 GB/s per ring), then inside each.
+    assert p.comm_ms == pytest.approx(allgather_ms(2, 1e9 / 4, 25, 5.0) + allgather_ms(4, 1e9, 450, 2.0))
 
 
 def test_hierarchical_allreduce_puts_one_flow_per_rail_on_each_leaf(thin):
@@ -77,7 +78,7 @@ def test_traffic_under_one_leaf_makes_no_flows(thin):
     gids = [thin.gid("node-001", i) for i in range(4)] + [thin.gid("node-002", i) for i in range(4)]
     p = evaluate(thin, job(8, dp=8, ep=8, comm=[("ep", "alltoall", 1e9)]), gids, {"leaf-1": 100})
     assert p.flows == {}
-    assert p.comm_ms == pytest.approx(alltoall_ms(8, 1e9, 50, 3.0))
+    assert p.comm_ms == pytest.approx(alltoall_spanning_ms(8, 4, 1e9, 50, 3.0))
 
 
 def test_rail_aligned_allreduce_stays_under_the_rail_leaves(rail):

@@ -1,0 +1,59 @@
+"""Link-aware candidate sets: the job split evenly over the nodes with the fastest network per GPU.
+
+Best fit counts free GPUs; it cannot tell two whole nodes whose 8 GPUs share one NIC from 8-NIC
+nodes with 5 free GPUs each. These sets are priced beside the best-fit ones, so the cost model
+chooses: for each split of the job into k equal per-node parts (the largest parts first), the k
+nodes with room for a part and the highest NIC rate per free GPU (distinct NICs serving their free
+GPUs, GB/s, over the free GPU count), ties to the quieter unit and then hierarchy order, so that
+equal nodes stay together under as few leaves as possible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.paths import nic_ids
+from ..jobs import JobSpec
+from ..topology import Topology
+from .base import HierarchyIndex
+from .blocks import Free, canonical
+
+# Splits (per-node part sizes) tried, largest parts first.
+SPLITS_TRIED = 3
+
+
+def node_rates(topology: Topology, counts: Free) -> np.ndarray:
+    """Per node: the summed rate (GB/s) of the distinct NICs serving its free GPUs, per free GPU."""
+    ids, _ = nic_ids(topology)
+    net = counts.ids[topology.gpu_nic_bw[counts.ids] > 0]
+    _, first = np.unique(ids[net], return_index=True)
+    served = net[first]
+    total = np.bincount(
+        topology.gpu_node[served], weights=topology.gpu_nic_bw[served], minlength=counts.node.size
+    )
+    return total / np.maximum(counts.node, 1)
+
+
+def fast_sets(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec) -> list[np.ndarray]:
+    """GPU sets (canonical order) of the job split evenly over the fastest nodes, one per split."""
+    n = job.gpus
+    rate = node_rates(topology, counts)
+    out: list[np.ndarray] = []
+    for per in range(min(n, idx.max_node_gpus), 0, -1):
+        if len(out) >= SPLITS_TRIED:
+            break
+        if n % per or per % job.tp and job.tp % per:
+            continue
+        k = n // per
+        ok = np.flatnonzero(counts.node >= per)
+        if ok.size < k or k < 2:
+            continue
+        unit = idx.gpu_unit[idx.node_first_gid[ok]]
+        pick = ok[
+            np.lexsort((idx.position[idx.node_first_gid[ok]], unit, counts.unit_load[unit], -rate[ok]))[:k]
+        ]
+        # Each picked node's `per` lowest free GPUs.
+        start = np.searchsorted(counts.ids, idx.node_first_gid[pick])
+        gset = counts.ids[(start[:, None] + np.arange(per)).ravel()]
+        out.append(canonical(idx, gset))
+    return out

@@ -1,0 +1,176 @@
+"""Local search over rank -> GPU maps against the cost model, for any job size, within a budget.
+
+Started from topo's cheapest constructive candidate, it tries moves and keeps any that lowers the
+predicted comm time, or keeps it and scatters the communicating groups no more (`_spread`, the
+declared traffic times the member pairs each group splits between domains and leaves): equal moves let it cross
+plateaus, such as a group that only gets faster once both of its slow nodes are replaced, or an
+entry priced by its slowest group while many are slow. Moves:
+- node move: the job's ranks on one node go to another node's GPUs, in GPU order, exchanging
+  with the job's ranks there or taking its unused free GPUs (this is what repairs a set chosen
+  blind to link speed: two nodes whose GPUs share one NIC traded for 8-NIC nodes);
+- group swap: two groups of one kind exchange their GPUs member by member (repairs nesting);
+- rank swap: two ranks on different nodes exchange GPUs;
+- rank move: a rank moves to an unused free GPU.
+It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
+improve nothing, after `max_evals` cost-model calls or after `budget_s` seconds, whichever comes
+first. Seeded, so the same inputs give the same map
+(unless the time budget cuts it short).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..costmodel import evaluate
+from ..groups import group_arrays
+from ..jobs import JobSpec
+from ..topology import Topology
+from .mapping import declared_traffic
+
+# Target nodes a node move may pick from: the best by free network rate per GPU.
+TARGET_NODES = 48
+# Moves in a row that improve neither the cost nor the spread before the search gives up.
+STALL_EVALS = 200
+
+
+def search(
+    topology: Topology,
+    job: JobSpec,
+    gids: np.ndarray,
+    free: np.ndarray,
+    leaf_load: np.ndarray,
+    bound_ms: float,
+    *,
+    seed: int = 0,
+    max_evals: int = 600,
+    budget_s: float = 0.25,
+    stall_evals: int = STALL_EVALS,
+) -> tuple[np.ndarray, float]:
+    """A map at most as costly (predicted comm ms) as `gids` on the `free` GPUs, and its cost."""
+    deadline = time.perf_counter() + budget_s
+    rng = np.random.default_rng(seed)
+    cur = np.array(gids, dtype=np.int64)
+
+    arrays = group_arrays(job)
+    traffic = declared_traffic(job)
+    weighted = [(arrays[k], w) for k, w in traffic.items() if w > 0 and arrays[k].shape[1] > 1]
+
+    def cost(trial: np.ndarray) -> tuple[float, float]:
+        return evaluate(topology, job, trial, leaf_load, detail=False).comm_ms, _spread(
+            topology, trial, weighted
+        )
+
+    cur_cost = cost(cur)
+    stop = bound_ms * (1 + 1e-9) + 1e-9
+    owner = np.full(topology.n_gpus, -1, dtype=np.int64)
+    owner[cur] = np.arange(cur.size)
+    targets = _target_nodes(topology, free, cur)
+    groups = [a for a in arrays.values() if a.shape[0] > 1 and a.shape[1] > 1]
+    moves = (_node_move, _group_swap, _rank_swap, _rank_move)
+    weights = np.array([0.35, 0.25 if groups else 0.0, 0.25, 0.15])
+    weights /= weights.sum()
+    evals = stalled = 0
+    while (
+        evals < max_evals and stalled < stall_evals and cur_cost[0] > stop and time.perf_counter() < deadline
+    ):
+        move = moves[int(rng.choice(len(moves), p=weights))]
+        trial = move(topology, rng, cur, owner, free, targets, groups)
+        if trial is None:
+            evals += 1
+            continue
+        c = cost(trial)
+        evals += 1
+        better = c[0] < cur_cost[0] - 1e-12 or (c[0] <= cur_cost[0] + 1e-12 and c[1] < cur_cost[1] - 1e-9)
+        stalled = 0 if better else stalled + 1
+        if better or (c[0] <= cur_cost[0] + 1e-12 and c[1] <= cur_cost[1] + 1e-9):
+            owner[cur] = -1
+            cur, cur_cost = trial, c
+            owner[cur] = np.arange(cur.size)
+    return cur, cur_cost[0]
+
+
+def _spread(topology: Topology, gids: np.ndarray, weighted: list[tuple[np.ndarray, float]]) -> float:
+    """How scattered the communicating groups are: per kind, its declared traffic per rank times
+    the member pairs of its groups in different NVLink domains and under different leaves, over
+    the group size. Breaks the cost model's ties, since an entry costs only its slowest group:
+    moving one of many slow groups changes nothing until the last one is repaired."""
+    total = 0.0
+    for arr, weight in weighted:
+        rows, size = arr.shape
+        row = np.repeat(np.arange(rows, dtype=np.int64), size)
+        for per_gpu in (topology.gpu_domain, topology.gpu_leaf):
+            ids = per_gpu[gids[arr]].astype(np.int64).ravel() + 1
+            _, together = np.unique(row * (int(ids.max()) + 1) + ids, return_counts=True)
+            apart = (rows * size * size - int((together.astype(np.int64) ** 2).sum())) / 2
+            total += weight * apart / size
+    return total
+
+
+def _node_gids(topology: Topology, node: int) -> np.ndarray:
+    first = int(topology.node_first_gid[node])
+    return np.arange(first, first + int(topology.node_gpu_count[node]))
+
+
+def _target_nodes(topology: Topology, free: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """Nodes a node move may use: the job's own and those with free GPUs, the fastest network
+    rate per free GPU first, at most TARGET_NODES."""
+    usable = free.copy()
+    usable[cur] = True
+    per_node = np.bincount(topology.gpu_node[usable], minlength=len(topology.nodes))
+    rate = np.bincount(
+        topology.gpu_node[usable], weights=topology.gpu_nic_bw[usable], minlength=per_node.size
+    )
+    nodes = np.flatnonzero(per_node)
+    order = np.lexsort((nodes, -per_node[nodes], -rate[nodes] / per_node[nodes]))
+    own = np.unique(topology.gpu_node[cur])
+    return np.union1d(nodes[order[:TARGET_NODES]], own)
+
+
+def _node_move(topology, rng, cur, owner, free, targets, groups):
+    own_nodes = np.unique(topology.gpu_node[cur])
+    a = int(rng.choice(own_nodes))
+    b = int(rng.choice(targets))
+    if a == b:
+        return None
+    ga, gb = _node_gids(topology, a), _node_gids(topology, b)
+    ranks_a = owner[ga][owner[ga] >= 0]
+    # Node b's GPUs the job may take: its own ranks' and the free ones.
+    slots_b = gb[(owner[gb] >= 0) | free[gb]]
+    if slots_b.size < ranks_a.size:
+        return None
+    trial = cur.copy()
+    ranks_b = owner[slots_b[: ranks_a.size]]
+    back = ga[(owner[ga] >= 0)][: int((ranks_b >= 0).sum())]
+    trial[ranks_a] = slots_b[: ranks_a.size]
+    trial[ranks_b[ranks_b >= 0]] = back
+    return trial
+
+
+def _group_swap(topology, rng, cur, owner, free, targets, groups):
+    kind = groups[int(rng.integers(len(groups)))]
+    i, j = rng.choice(kind.shape[0], size=2, replace=False)
+    trial = cur.copy()
+    trial[kind[i]], trial[kind[j]] = cur[kind[j]], cur[kind[i]]
+    return trial
+
+
+def _rank_swap(topology, rng, cur, owner, free, targets, groups):
+    a, b = rng.choice(cur.size, size=2, replace=False)
+    if topology.gpu_node[cur[a]] == topology.gpu_node[cur[b]]:
+        return None
+    trial = cur.copy()
+    trial[a], trial[b] = cur[b], cur[a]
+    return trial
+
+
+def _rank_move(topology, rng, cur, owner, free, targets, groups):
+    node = int(rng.choice(targets))
+    g = _node_gids(topology, node)
+    spare = g[free[g] & (owner[g] < 0)]
+    if not spare.size:
+        return None
+    trial = cur.copy()
+    trial[int(rng.integers(cur.size))] = int(rng.choice(spare))
+    return trial

@@ -1,0 +1,240 @@
+"""Shared NICs in the cost model, and topo's traffic-aware nesting, link-aware sets and search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apps.placement.bounds import lower_bound
+from apps.placement.costmodel import evaluate, ring_allreduce_ms
+from apps.placement.groups import group_arrays
+from apps.placement.jobs import load_job
+from apps.placement.solvers import Placement, place
+from apps.placement.solvers.mapping import traffic_nesting
+from apps.placement.solvers.search import search
+from apps.placement.topology import load_topology
+
+
+def node(name: str, nics: int, leaf: str = "leaf-1", gpus: int = 8, nic_bw: float = 50.0) -> dict:
+    per = gpus // nics
+    return {
+        "name": name,
+        "gpu_model": "H100",
+        "gpus": gpus,
+        "nvlink": {"domain": name, "bw_GBps": 450, "latency_us": 2.0},
+        "nics": [
+            {
+                "name": f"mlx5_{i}",
+                "gpus": list(range(i * per, (i + 1) * per)),
+                "leaf": leaf,
+                "bw_GBps": nic_bw,
+            }
+            | {"latency_us": 1.5}
+            for i in range(nics)
+        ],
+    }
+
+
+def cluster(nodes: list[dict]):
+    return load_topology(
+        {
+            "version": 1,
+            "name": "links",
+            "gpu_models": {"H100": {"peak_tflops": 989}},
+            "switches": [{"name": "leaf-1", "tier": "leaf"}],
+            "links": [],
+            "nodes": nodes,
+        }
+    )
+
+
+def job(tp=1, pp=1, dp=1, ep=1, comm=(), name="j"):
+    return load_job(
+        {
+            "version": 1,
+            "name": name,
+            "gpus": tp * pp * dp,
+            "parallelism": {"tp": tp, "pp": pp, "dp": dp, "ep": ep},
+            "step": {"compute_ms": 100},
+            "comm": list(comm),
+        }
+    )
+
+
+def test_groups_crossing_one_shared_nic_share_its_rate():
+    # tp8 x dp2 over two nodes: eight DP pairs cross between the nodes at once.
+    j = job(tp=8, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+    gids = np.arange(16)
+    one = evaluate(cluster([node("a", 1), node("b", 1)]), j, gids).comm_ms
+    eight = evaluate(cluster([node("a", 8), node("b", 8)]), j, gids).comm_ms
+    latency_ms = 2 * 3.0 / 1e3
+    assert eight == pytest.approx(ring_allreduce_ms(2, 1e9, 50, 3.0))
+    assert one - latency_ms == pytest.approx(8 * (eight - latency_ms))
+
+
+def test_pipelines_through_one_shared_nic_share_its_rate():
+    # tp8 x pp2: the eight stage-0 -> stage-1 hops all leave through node a's NIC(s).
+    j = job(tp=8, pp=2, comm=[{"group": "pp", "collective": "p2p", "bytes": 1e9}])
+    gids = np.arange(16)
+    one = evaluate(cluster([node("a", 1), node("b", 1)]), j, gids).comm_ms
+    eight = evaluate(cluster([node("a", 8), node("b", 8)]), j, gids).comm_ms
+    assert one == pytest.approx(3.0 / 1e3 + 8 * 1e9 / 50e6)
+    assert eight == pytest.approx(3.0 / 1e3 + 1e9 / 50e6)
+
+
+def test_volume_entries_keep_the_seeds_per_rank_accounting():
+    j = job(tp=8, dp=2, comm=[{"group": "dp", "collective": "volume", "bytes": 1.2e9}])
+    got = evaluate(cluster([node("a", 1, nic_bw=11), node("b", 1, nic_bw=11)]), j, np.arange(16)).comm_ms
+    assert got == pytest.approx(1.2e9 / 11e6)
+
+
+# --------------------------------------------------------------------------- nesting by traffic
+
+SHAPES = [(2, 8, 1), (2, 8, 2), (4, 4, 1), (4, 4, 2), (8, 2, 2)]
+
+
+def _tp_pp_job(tp, pp, dp, tp_bytes, pp_bytes):
+    return job(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        comm=[
+            {"group": "tp", "collective": "allreduce", "bytes": tp_bytes, "count": 16},
+            {"group": "pp", "collective": "p2p", "bytes": pp_bytes, "count": 16},
+        ],
+    )
+
+
+def _inside_nodes(topo, gids, groups) -> bool:
+    return bool((topo.gpu_node[gids[groups]] == topo.gpu_node[gids[groups[:, :1]]]).all())
+
+
+@pytest.fixture(scope="module")
+def eight_nics():
+    return cluster([node(f"n{i}", 8) for i in range(4)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(SHAPES), st.sampled_from([1e6, 4e6]), st.sampled_from([2e8, 4e8]))
+def test_nesting_follows_declared_traffic(eight_nics, shape, light, heavy):
+    tp, pp, dp = shape
+    free = np.ones(eight_nics.n_gpus, dtype=bool)
+    for tp_bytes, pp_bytes, inner in ((heavy, light, "tp"), (light, heavy, "pp")):
+        j = _tp_pp_job(tp, pp, dp, tp_bytes, pp_bytes)
+        assert traffic_nesting(j)[0] == inner
+        placed = place(eight_nics, free, None, j)
+        assert isinstance(placed, Placement)
+        # The heavier kind's groups ride NVLink inside a node; swapping the volumes flips it.
+        assert _inside_nodes(eight_nics, np.asarray(placed.gids), group_arrays(j)[inner])
+
+
+def test_a_long_pipeline_with_small_tp_keeps_its_stages_in_a_node(eight_nics):
+    j = _tp_pp_job(2, 8, 1, 1e6, 4e8)
+    placed = place(eight_nics, np.ones(eight_nics.n_gpus, dtype=bool), None, j)
+    tp_first = evaluate(eight_nics, j, np.arange(16)).comm_ms
+    assert placed.prediction.comm_ms < tp_first / 5
+
+
+# --------------------------------------------------------------------------- link-aware sets
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(4, 7), st.sampled_from([1e8, 1e9]), st.sampled_from([2, 4]))
+def test_a_faster_disjoint_free_set_is_preferred_to_a_tighter_slow_one(free_per_fast_node, nbytes, slow):
+    # `slow` nodes whose GPUs share one NIC, wholly free (a tight fit), and four 8-NIC nodes with
+    # only some GPUs free each: a DP job of 16 is faster on the latter.
+    nodes = [node(f"slow{i}", 1) for i in range(slow)] + [node(f"fast{i}", 8) for i in range(4)]
+    topo = cluster(nodes)
+    free = np.zeros(topo.n_gpus, dtype=bool)
+    free[: slow * 8] = True
+    for i in range(4):
+        first = (slow + i) * 8
+        free[first : first + free_per_fast_node] = True
+    j = job(dp=16, comm=[{"group": "dp", "collective": "allreduce", "bytes": nbytes}])
+    placed = place(topo, free, None, j)
+    assert isinstance(placed, Placement)
+    used = {topo.nodes[int(topo.gpu_node[g])].name for g in placed.gids}
+    assert all(name.startswith("fast") for name in used)
+    slow_set = evaluate(topo, j, np.arange(16)).comm_ms
+    assert placed.prediction.comm_ms < slow_set / 2
+
+
+# --------------------------------------------------------------------------- search
+
+
+def test_search_improves_a_poor_map_and_never_raises_the_cost(eight_nics):
+    j = _tp_pp_job(2, 8, 2, 1e6, 4e8)
+    free = np.ones(eight_nics.n_gpus, dtype=bool)
+    start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
+    bound = lower_bound(eight_nics, j, free=free).comm_ms
+    before = evaluate(eight_nics, j, start).comm_ms
+    gids, cost = search(
+        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, budget_s=10, stall_evals=3000
+    )
+    assert cost == pytest.approx(evaluate(eight_nics, j, gids).comm_ms)
+    assert bound <= cost < before / 2
+    assert free[gids].all() and np.unique(gids).size == j.gpus
+
+
+def test_search_stops_at_once_when_the_start_meets_the_bound(eight_nics):
+    j = _tp_pp_job(2, 8, 2, 1e6, 4e8)
+    free = np.ones(eight_nics.n_gpus, dtype=bool)
+    start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
+    gids, cost = search(eight_nics, j, start, free, np.zeros(1), 1e9, max_evals=3000, budget_s=10)
+    assert (gids == start).all()
+    assert cost == pytest.approx(evaluate(eight_nics, j, start).comm_ms)
+
+
+def test_search_uses_only_free_gpus():
+    topo = cluster([node(f"n{i}", 1 + 7 * (i % 2)) for i in range(4)])
+    free = np.ones(topo.n_gpus, dtype=bool)
+    free[8:12] = False
+    j = job(dp=16, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+    start = np.flatnonzero(free)[:16]
+    gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300, budget_s=10)
+    assert free[gids].all() and np.unique(gids).size == 16
+
+
+# --------------------------------------------------------------------------- core links
+
+
+def test_groups_crossing_pods_share_the_pods_core_links():
+    # 2 pods x 2 leaves x 2 nodes x 4 GPUs; each pod's 2 spines reach 1 core at 25 GB/s each (50 in
+    # all), where a leaf has 800 GB/s of uplinks: crossing pods is the narrow way, as it is.
+    topo = load_topology(
+        {
+            "version": 1,
+            "name": "cores",
+            "generate": {
+                "shape": "leaf-spine",
+                "spines": 2,
+                "leaves": 2,
+                "nodes_per_leaf": 2,
+                "gpus_per_node": 4,
+                "gpu_model": "H100",
+                "peak_tflops": 989,
+                "nvlink_bw_GBps": 450,
+                "nic_bw_GBps": 50,
+                "nics_per_node": 4,
+                "uplink_bw_GBps": 400,
+                "pods": 2,
+                "cores": 1,
+                "core_uplink_bw_GBps": 25,
+            },
+        }
+    )
+    j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+
+    def on(a: str, b: str) -> float:
+        return evaluate(
+            topo, j, [topo.gid(a, i) for i in range(4)] + [topo.gid(b, i) for i in range(4)]
+        ).comm_ms
+
+    in_pod = on("node-001", "node-003")  # leaf-1 to leaf-2 through a spine
+    across = on("node-001", "node-005")  # pod 1 to pod 2 through the core
+    # Four DP pairs cross at once: 4 flows on each pod's 50 GB/s of core links, 12.5 GB/s each
+    # (a 2-member allreduce moves S once; its microseconds of latency are below the tolerance).
+    assert across == pytest.approx(1e9 / 12.5e6, rel=1e-3)
+    assert across > 3 * in_pod
