@@ -19,10 +19,9 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from apps.placement.costmodel import evaluate
-from apps.placement.solvers import NoFit, Placement, place
-
-from .snapshot import ActiveJob, ClusterSnapshot, QueuedJob
+from .costmodel import evaluate
+from .planning import ActiveJob, ClusterSnapshot, QueuedJob
+from .solvers import NoFit, Placement, place
 
 
 @dataclass(slots=True)
