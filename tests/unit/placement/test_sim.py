@@ -15,7 +15,7 @@ from apps.placement.sim.metrics import time_weighted_mean
 from apps.placement.sim.profiles import Profile, assign_profiles
 
 ROOT = Path(__file__).resolve().parents[3]
-TRACES = Path(__file__).resolve().parent / "data" / "traces"
+TRACES = ROOT / "examples" / "traces"
 SHARED = Path("/work/shared/data/traces")
 POD256 = str(ROOT / "examples" / "pod-256.yaml")
 
