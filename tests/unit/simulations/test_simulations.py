@@ -151,3 +151,13 @@ def test_the_simulate_command_records_a_run_and_prints_the_comparison(pod256):
         call_command("simulate", "--cluster", "pod-256", "--trace", TRACE, "--limit", "0")
     with pytest.raises(CommandError, match="--trace"):
         call_command("simulate", "--cluster", "pod-256", "--trace", "nope.csv")
+
+
+def test_the_demo_simulation_is_run_once_and_finished(pod256):
+    from apps.simulations.demo import load_demo_simulation
+
+    run = load_demo_simulation()
+    assert run.status == RunStatus.DONE
+    assert set(run.result["policies"]) == {"topo", "tree_best_fit", "first_fit", "naive"}
+    assert load_demo_simulation().pk == run.pk
+    assert SimulationRun.objects.count() == 1
