@@ -15,6 +15,8 @@ mean GPUs per job, mean and median runtime, mean queueing), with the differences
 
     .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--scaling]
 
+--quick is a smoke run (the first 100 jobs of each trace, pod-256 only).
+
 Traces are read from ../shared/data/traces (or --traces DIR); the benchmark exits 0 with a note
 when they are absent.
 """
@@ -48,12 +50,13 @@ ACME = "acmetrace_cluster_summary_seren_kalos_philly_helios_pai.csv"
 NAIVE_TARGET, TREE_TARGET = 0.7, 0.9
 
 
-def _clusters():
+def _clusters(quick: bool):
+    """The replay clusters by name, and the 16,384-GPU cluster of the scaling run (None if quick)."""
+    pod = load_topology_file(str(ROOT / "examples" / "pod-256.yaml"))
+    if quick:
+        return {"pod-256": pod}, None
     every = quality_clusters(False)
-    return {
-        "pod-256": load_topology_file(str(ROOT / "examples" / "pod-256.yaml")),
-        "rail-1024": every["superpod-1024"],
-    }, every["3tier-16384"]
+    return {"pod-256": pod, "rail-1024": every["superpod-1024"]}, every["3tier-16384"]
 
 
 def _h(seconds: float | None) -> str:
@@ -89,12 +92,12 @@ def _acme_philly(folder: Path) -> dict | None:
     return None
 
 
-def _crosscheck(folder: Path, replay: dict, jobs, limit: int | None) -> None:
+def _crosscheck(folder: Path, replay: dict, jobs) -> None:
     acme = _acme_philly(folder)
     if acme is None:
         print("  (AcmeTrace summary absent: no cross-check)")
         return
-    full = read_trace(str(folder / "philly_pollux_derived_first40000_chrono.csv"), limit=limit)
+    full = read_trace(str(folder / "philly_pollux_derived_first40000_chrono.csv"))
     runtimes = sorted(j.duration_s for j in full.jobs)
     rows = [
         ("jobs", float(acme["gpu_job_num"]), float(len(full.jobs)), "first 40,000 of 82,247 derived rows"),
@@ -137,7 +140,9 @@ def _scaling(folder: Path, big, rail, seed: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the first 1,500 jobs of each trace")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: the first 100 jobs of each trace on pod-256"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", type=float, default=0.9, help="offered load the arrivals are scaled to")
     ap.add_argument("--scaling", action="store_true", help="also time 10,000 jobs on 1,024 and 16,384 GPUs")
@@ -149,8 +154,8 @@ def main() -> int:
     if not folder.exists():
         print(f"traces not found under {args.traces}: nothing to replay")
         return 0
-    limit = 1500 if args.quick else None
-    topologies, big = _clusters()
+    limit = 100 if args.quick else None
+    topologies, big = _clusters(args.quick)
     verdicts = []
     philly_topo = None
     philly_jobs = None
@@ -189,8 +194,8 @@ def main() -> int:
         print(f"  {trace_name:<20}{cluster:<11} {vs_naive:6.3f} {vs_tree:6.3f} {frag:6.3f}  {marks}")
     print("\nCross-check against AcmeTrace's Philly summary (InternLM/AcmeTrace, CC BY 4.0)")
     if philly_topo is not None:
-        _crosscheck(folder, philly_topo, philly_jobs, limit)
-    if args.scaling:
+        _crosscheck(folder, philly_topo, philly_jobs)
+    if args.scaling and big is not None:
         print("\nScaling")
         _scaling(folder, big, topologies["rail-1024"], args.seed)
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,3 +291,23 @@ def test_cli_simulate_reports_malformed_lines_and_bad_flags(capsys, tmp_path):
     assert "--limit" in capsys.readouterr().err
     assert main(["simulate", "--topology", path, "--trace", path]) == 2
     assert "--topology" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="the shared traces are not on this machine")
+def test_the_trace_benchmark_quick_run_prints_every_policy_and_the_targets():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "simulate_traces.py"), "--quick", "--traces", str(SHARED)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    for text in (
+        "philly-multigpu on pod-256",
+        "alibaba-multigpu50 on pod-256",
+        "topo mean JCT / naive",
+        "Targets",
+    ):
+        assert text in done.stdout
+    assert "mean GPUs/job" in done.stdout and "AcmeTrace" in done.stdout
