@@ -80,7 +80,7 @@ def metric_rows(result: dict) -> list[tuple[str, list[str]]]:
             elif key == "jobs":
                 cells.append(str(v))
             else:
-                cells.append(f"{v:,.0f}")
+                cells.append(f"{v:,.1f}")
         rows.append((policy, cells))
     return rows
 
