@@ -4,8 +4,9 @@ Traces: the Philly multi-GPU jobs (philly_pollux_derived_multigpu_all_chrono.csv
 2-128 GPUs) and Alibaba 2023 openb multigpu50 (GPU pods; 2-, 4- and 8-GPU pods oversampled).
 Clusters: pod-256 (examples/pod-256.yaml) and a 1,024-GPU rail-optimized SuperPOD (4 scalable
 units, as in bench/placement_quality.py). Arrival times are scaled so that the offered load is
---load of the cluster (default 0.9; the raw traces offer very different loads to different
-clusters, see the printed `offered`); workload profiles are the simulator's seeded mix.
+--load of the cluster (default 0.6; the raw traces offer very different loads to different
+clusters, see the printed `offered`, and above about 0.6 the Philly queue on pod-256 grows without
+bound under EASY backfill); workload profiles are the simulator's seeded mix.
 
 Printed, in one run: every policy's metrics per (trace, cluster); topo's ratios of mean JCT to
 naive and to tree_best_fit and of fragmentation to tree_best_fit, against the targets (<= 0.7,
@@ -13,7 +14,7 @@ naive and to tree_best_fit and of fragmentation to tree_best_fit, against the ta
 mean GPUs per job, mean and median runtime, mean queueing), with the differences; and, with
 --scaling, the wall time of 10,000 Philly jobs (topo) on 1,024 GPUs and on 16,384 GPUs.
 
-    .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--scaling]
+    .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--cluster C] [--scaling]
 
 --quick is a smoke run (the first 100 jobs of each trace, pod-256 only).
 
@@ -144,7 +145,8 @@ def main() -> int:
         "--quick", action="store_true", help="smoke run: the first 100 jobs of each trace on pod-256"
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--load", type=float, default=0.9, help="offered load the arrivals are scaled to")
+    ap.add_argument("--load", type=float, default=0.6, help="offered load the arrivals are scaled to")
+    ap.add_argument("--cluster", choices=("pod-256", "rail-1024"), help="replay on this cluster only")
     ap.add_argument("--scaling", action="store_true", help="also time 10,000 jobs on 1,024 and 16,384 GPUs")
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "data" / "traces"))
     args = ap.parse_args()
@@ -156,6 +158,8 @@ def main() -> int:
         return 0
     limit = 100 if args.quick else None
     topologies, big = _clusters(args.quick)
+    if args.cluster:
+        topologies = {args.cluster: topologies[args.cluster]}
     verdicts = []
     philly_topo = None
     philly_jobs = None
@@ -197,7 +201,7 @@ def main() -> int:
         _crosscheck(folder, philly_topo, philly_jobs)
     if args.scaling and big is not None:
         print("\nScaling")
-        _scaling(folder, big, topologies["rail-1024"], args.seed)
+        _scaling(folder, big, _clusters(False)[0]["rail-1024"], args.seed)
     return 0
 
 

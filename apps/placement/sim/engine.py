@@ -23,6 +23,7 @@ import numpy as np
 
 from ..bounds import lower_bound
 from ..costmodel import evaluate
+from ..jobs import JobSpec
 from ..planner import migration_option, plan_cycle
 from ..planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 from ..solvers import NoFit, Placement, place
@@ -94,7 +95,7 @@ class _Run:
     """A running job's state: `left_s` is work still to do in ideal-placement seconds."""
 
     job_id: int
-    spec: object
+    spec: JobSpec
     outcome: JobOutcome
     gids: tuple[int, ...]
     own: np.ndarray  # its flows per leaf
@@ -341,7 +342,7 @@ class Replay:
             if not run.leaves or run.leaves.isdisjoint(hit):
                 continue
             self._advance(run, t)
-            prediction = evaluate(self.topo, run.spec, run.gids, self.load - run.own)
+            prediction = evaluate(self.topo, run.spec, run.gids, np.maximum(self.load - run.own, 0.0))
             if float(prediction.step_ms) == run.step_ms:
                 continue
             self._price(run, prediction)
