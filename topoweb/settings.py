@@ -133,6 +133,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.metrics",
     "apps.dashboard",
+    "apps.simulations",
 ]
 
 MIDDLEWARE = [
@@ -314,3 +315,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": _env("TOPOWEB_LOG_LEVEL", "INFO").upper()},
 }
+
+# Simulations: a folder of trace CSVs besides the bundled samples (examples/traces); the embedded
+# default runs replays in a thread, since its eager Celery would hold the web request.
+SIMULATION_TRACE_DIR = _env("SIMULATION_TRACE_DIR") or str(BASE_DIR.parent / "shared" / "data" / "traces")
+SIMULATIONS_IN_THREAD = EMBEDDED and CELERY_TASK_ALWAYS_EAGER and not TESTING

@@ -18,5 +18,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),
+    path("simulations/", include("apps.simulations.urls")),
     path("", include("apps.dashboard.urls")),
 ]

@@ -3,6 +3,7 @@
   place    --topology T --job J [--policy P] [--busy B] [--seed S]
   evaluate --topology T --job J --ranks R [--busy B]
   bound    --topology T --job J [--busy B]
+  simulate --topology T --trace X [--policies P,Q] ... (see apps/placement/sim/cli.py)
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
@@ -28,6 +29,7 @@ from typing import Any
 from .bounds import gap, lower_bound
 from .costmodel import Prediction, evaluate
 from .jobs import JobSpec, check_peak, load_job
+from .sim import cli as sim_cli
 from .solvers import POLICIES, NoFit, Placement, place, placement_output, prediction_output
 from .topology import (
     JOB_LIMITS,
@@ -162,6 +164,11 @@ def _free(topology: Topology, args: argparse.Namespace):
     return _flagged("--busy", busy_mask, topology, _read_json(args.busy, "--busy"))
 
 
+def _read_topology(path: str, flag: str) -> Topology:
+    """A topology spec file read and validated; InputError naming `flag` otherwise."""
+    return _flagged(flag, load_topology, _read_spec(path, flag))
+
+
 def cmd_place(topology: Topology, job: JobSpec, args: argparse.Namespace) -> tuple[dict, int]:
     free = _free(topology, args)
     policy = args.policy or job.policy or "topo"
@@ -233,6 +240,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int, default=0, help="seed of the random policy")
         if name == "evaluate":
             s.add_argument("--ranks", required=True, help="JSON file: a placement output or its ranks list")
+    sim_cli.add_parser(sub)
     return p
 
 
@@ -243,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 done, 1 no fit, 2 bad input)."""
     args = parser().parse_args(argv)
     try:
+        if args.command == "simulate":
+            return sim_cli.run(args, _read_topology)
         topology = _flagged("--topology", load_topology, _read_spec(args.topology, "--topology"))
         job = _flagged("--job", load_job, _read_spec(args.job, "--job", JOB_LIMITS))
         _flagged("--job", check_peak, job, float(topology.node_peak_tflops.max()))

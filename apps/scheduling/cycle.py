@@ -28,12 +28,12 @@ from django.db.models import Case, F, TextField, Value, When
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from apps.placement.planner import CyclePlan, plan_cycle
 from apps.topology.models import Cluster
 
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
-from .planner import CyclePlan, plan_cycle
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,13 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from apps.placement.planner import migration_option
 from apps.topology.models import Cluster
 
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, ProposalStatus
 from .cycle import queue_cycle
 from .models import Job, MigrationProposal
-from .planner import migration_option
 
 MIN_GAIN = 0.05  # fraction of step time a move must save to be proposed
 

@@ -12,7 +12,6 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +21,7 @@ from django.utils import timezone
 
 from apps.placement.costmodel import Prediction, evaluate
 from apps.placement.jobs import JobSpec, check_peak, job_to_spec, load_job
+from apps.placement.planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
 from apps.placement.topology import SpecError, Topology, shorten
 from apps.topology.models import Cluster, Gpu
@@ -29,57 +29,6 @@ from apps.topology.services import cluster_topology
 
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
 from .models import Allocation, Job
-
-
-@dataclass(frozen=True, slots=True)
-class GpuIndex:
-    """gid <-> Gpu row id for one cluster, plus each gid's NIC name ("" for standalone nodes)."""
-
-    gpu_pk: tuple[int, ...]
-    gid_of_pk: Mapping[int, int]
-    nic_name: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveJob:
-    """A job holding GPUs: its ranks' gids, its own flows per leaf and when it should end."""
-
-    job_id: int
-    priority: int
-    gids: tuple[int, ...]
-    flows: Mapping[str, float]
-    begin: datetime | None
-    expected_end: datetime | None
-    running: bool
-    started_at: datetime | None
-    estimated_runtime_s: float | None
-    overdue: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedJob:
-    """A waiting job as the planner sees it."""
-
-    job_id: int
-    priority: int
-    submitted_at: datetime
-    spec: JobSpec
-    policy: str | None
-    pending_reason: str
-
-
-@dataclass(slots=True)
-class ClusterSnapshot:
-    """What a cycle plans against: topology, free mask over gids, link loads per leaf (sum of the
-    active jobs' flows), and the active jobs."""
-
-    cluster_id: int
-    topology: Topology
-    index: GpuIndex
-    free: np.ndarray
-    link_load: dict[str, float]
-    active: list[ActiveJob] = field(default_factory=list)
-
 
 _INDEX_CACHE: dict[tuple[int, Any], GpuIndex] = {}
 _INDEX_LOCK = threading.Lock()

@@ -8,11 +8,11 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from apps.placement.planner import plan_cycle
 from apps.placement.topology import SpecError
 from apps.scheduling import cycle, selectors, services, snapshot
 from apps.scheduling.choices import CycleStatus, JobStatus
 from apps.scheduling.models import Allocation, Job, SchedulingCycle
-from apps.scheduling.planner import plan_cycle
 from apps.topology.models import Gpu
 
 from .conftest import small_spec

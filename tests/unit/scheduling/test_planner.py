@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from apps.placement.jobs import load_job
+from apps.placement.planner import overdue_flags, plan_cycle
+from apps.placement.planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 from apps.placement.topology import load_topology_file
-from apps.scheduling.planner import overdue_flags, plan_cycle
-from apps.scheduling.snapshot import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

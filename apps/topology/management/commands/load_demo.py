@@ -17,6 +17,7 @@ DEMO_FILES = ("examples/pod-256.yaml", "examples/case-4-4.yaml", "examples/su-h1
 DEMO_USER = "admin"
 DEMO_PASSWORD = "admin"
 DEMO_JOBS_MODULE = "apps.scheduling.demo"
+DEMO_SIMULATION_MODULE = "apps.simulations.demo"
 
 
 class Command(BaseCommand):
@@ -41,6 +42,10 @@ class Command(BaseCommand):
         if importlib.util.find_spec(DEMO_JOBS_MODULE) is not None:
             importlib.import_module(DEMO_JOBS_MODULE).load_demo_jobs()
             self.stdout.write("Loaded the demo jobs")
+        if importlib.util.find_spec(DEMO_SIMULATION_MODULE) is not None:
+            run = importlib.import_module(DEMO_SIMULATION_MODULE).load_demo_simulation()
+            if run is not None:
+                self.stdout.write(f"Demo simulation {run.pk}: {run.status}")
 
     def _demo_admin(self) -> None:
         if not settings.EMBEDDED:

@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from apps.placement.costmodel import evaluate
-from apps.placement.solvers import NoFit, Placement, place
-from apps.placement.topology import shorten
-
-from .snapshot import ActiveJob, ClusterSnapshot, QueuedJob
+from .costmodel import evaluate
+from .planning import ActiveJob, ClusterSnapshot, QueuedJob
+from .solvers import NoFit, Placement, place
+from .solvers.base import shortage
+from .topology import shorten
 
 
 @dataclass(slots=True)
@@ -64,8 +64,15 @@ class Reservation:
     priority: int
     start: datetime | None
     spare: int
+    _text: str = field(default="", init=False, repr=False, compare=False)
 
     def text(self) -> str:
+        # Built once: every job waiting behind the head quotes it.
+        if not self._text:
+            self._text = self._compose()
+        return self._text
+
+    def _compose(self) -> str:
         if self.start is None:
             return (
                 f"waiting behind job {self.job_id} (priority {self.priority}), whose start time is unknown"
@@ -116,10 +123,12 @@ def plan_cycle(
                     plan.waiting[job.job_id] = blocked
                     continue
             shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
-            if shape in no_fit and int(np.count_nonzero(free)) >= spec.gpus:
+            # Too few GPUs free: every solver says so first; asking it costs more in a long queue.
+            result = shortage(spec, free)
+            if result is None and shape in no_fit:
                 # Free GPUs only shrink during the walk: a shape that did not fit still does not.
                 result = no_fit[shape]
-            else:
+            elif result is None:
                 result = place(topo, free, load, spec, policy=policy)
             if isinstance(result, NoFit):
                 no_fit[shape] = result

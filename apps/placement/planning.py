@@ -1,0 +1,66 @@
+"""The plain data a scheduling cycle plans over: a cluster snapshot, its active and queued jobs.
+
+The control plane fills these from ORM rows (`apps/scheduling/snapshot.py`); the simulator fills
+them from a trace. Both hand them to the same planner (`apps.placement.planner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from .jobs import JobSpec
+from .topology import Topology
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIndex:
+    """gid <-> Gpu row id for one cluster, plus each gid's NIC name ("" for standalone nodes)."""
+
+    gpu_pk: tuple[int, ...]
+    gid_of_pk: Mapping[int, int]
+    nic_name: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveJob:
+    """A job holding GPUs: its ranks' gids, its own flows per leaf and when it should end."""
+
+    job_id: int
+    priority: int
+    gids: tuple[int, ...]
+    flows: Mapping[str, float]
+    begin: datetime | None
+    expected_end: datetime | None
+    running: bool
+    started_at: datetime | None
+    estimated_runtime_s: float | None
+    overdue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A waiting job as the planner sees it."""
+
+    job_id: int
+    priority: int
+    submitted_at: datetime
+    spec: JobSpec
+    policy: str | None
+    pending_reason: str
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    """What a cycle plans against: topology, free mask over gids, link loads per leaf (sum of the
+    active jobs' flows), and the active jobs."""
+
+    cluster_id: int
+    topology: Topology
+    index: GpuIndex
+    free: np.ndarray
+    link_load: dict[str, float]
+    active: list[ActiveJob] = field(default_factory=list)
