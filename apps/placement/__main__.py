@@ -3,6 +3,7 @@
   place    --topology T --job J [--policy P] [--busy B] [--seed S]
   evaluate --topology T --job J --ranks R [--busy B]
   bound    --topology T --job J [--busy B]
+  convert  --from F --to G IN... [-o OUT] [--defaults D] [--set KEY=VALUE]  (see convert/cli.py)
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .bounds import gap, lower_bound
+from .convert import cli as convert_cli
 from .costmodel import Prediction, evaluate
 from .jobs import JobSpec, load_job
 from .solvers import POLICIES, NoFit, Placement, place, placement_output, prediction_output
@@ -225,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int, default=0, help="seed of the random policy")
         if name == "evaluate":
             s.add_argument("--ranks", required=True, help="JSON file: a placement output or its ranks list")
+    convert_cli.add_parser(sub)
     return p
 
 
@@ -234,6 +237,8 @@ COMMANDS = {"place": cmd_place, "evaluate": cmd_evaluate, "bound": cmd_bound}
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 done, 1 no fit, 2 bad input)."""
     args = parser().parse_args(argv)
+    if args.command == "convert":
+        return convert_cli.run(args)
     try:
         topology = _flagged("--topology", load_topology, _read_spec(args.topology, "--topology"))
         job = _flagged("--job", load_job, _read_spec(args.job, "--job"))
