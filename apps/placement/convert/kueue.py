@@ -138,7 +138,7 @@ def _nodes(source: Source) -> list[tuple[dict, str]]:
             objs = data.get("items") if isinstance(data, dict) and "items" in data else [data]
             for obj in objs if isinstance(objs, list) else []:
                 items.append((obj, at(source, lines.get(id(obj)))))
-    return [(o, w) for o, w in items if not (isinstance(o, dict) and o.get("kind") not in (None, "Node"))]
+    return items
 
 
 def _line_of(text: str, obj) -> int | None:
@@ -151,7 +151,13 @@ def _line_of(text: str, obj) -> int | None:
 
 def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
     """kueue: nodes and their topology labels from `kubectl get nodes -o json` (or manifests)."""
-    nodes = [item for s in sources for item in _nodes(s)]
+    objects = [item for s in sources for item in _nodes(s)]
+    nodes = [(o, w) for o, w in objects if not (isinstance(o, dict) and o.get("kind") not in (None, "Node"))]
+    # The Topology this module writes names the cluster, unless the operator gave a name.
+    topologies = [o for o, _ in objects if isinstance(o, dict) and o.get("kind") == "Topology"]
+    name = (topologies[0].get("metadata") or {}).get("name") if topologies else None
+    if isinstance(name, str) and name and "name" not in defaults.given:
+        defaults.update({"name": name}, where="Topology.metadata")
     if not nodes:
         raise fail(sources[0].name if sources else "input", "no Node objects found")
     parsed = []
