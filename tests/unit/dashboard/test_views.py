@@ -258,3 +258,23 @@ def test_waiting_job_page_says_why_no_policy_fits_and_draws_no_empty_chart(
         re.search(r'<script id="job-charts" type="application/json">(.*?)</script>', body, re.S)[1]
     )
     assert charts == {}
+
+
+def test_import_converts_another_tools_file_and_lists_the_defaults_it_used(client, people):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client.force_login(people["ops"])
+    conf = b"SwitchName=s0 Nodes=gpu[01-02]\nSwitchName=s1 Nodes=gpu[03-04]\nSwitchName=top Switches=s[0-1]\n"
+    upload = SimpleUploadedFile("topology.conf", conf)
+    fields = {"format": "slurm-tree", "defaults": "name: lab\ngpus_per_node: 4\n"}
+    preview = client.post(reverse("dashboard:import"), {**fields, "file": upload, "action": "preview"})
+    assert preview.status_code == 200
+    body = preview.content.decode()
+    assert gpu_count(payload(preview)) == 16
+    assert "gpus_per_node=4," in body and "(default)" in body
+    done = client.post(reverse("dashboard:import"), {**fields, "text": conf.decode(), "action": "import"})
+    assert done.status_code == 302 and done["Location"] == "/clusters/lab/"
+    bad = client.post(
+        reverse("dashboard:import"), {**fields, "text": "SwitchName=s0 Nodes=a[1-\n", "action": "preview"}
+    )
+    assert bad.status_code == 400 and "<code>pasted:1</code>" in bad.content.decode()
