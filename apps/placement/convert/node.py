@@ -90,18 +90,19 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
                 }
             )
         bw, lat, kind = _domain(hw, defaults)
+        entry = {
+            "name": hw.name,
+            "gpu_model": model,
+            "gpus": hw.gpus,
+            "nvlink": {"domain": hw.name, "bw_GBps": bw, "latency_us": lat},
+            "nics": nics,
+        }
         if kind != "nvlink":
-            notes.append(f"{hw.name}: {kind}; its one NVLink domain is priced at {bw} GB/s")
+            entry["intra"] = intra_spec(hw, [c["name"] for c in nics], defaults)
+            entry["nvlink"]["bw_GBps"] = max(c["bw_GBps"] for c in entry["intra"]["classes"].values())
+            notes.append(f"{hw.name}: {kind}; GPU pairs described by link class (intra)")
         origins[f"nodes[{len(spec_nodes)}]"] = hw.where
-        spec_nodes.append(
-            {
-                "name": hw.name,
-                "gpu_model": model,
-                "gpus": hw.gpus,
-                "nvlink": {"domain": hw.name, "bw_GBps": bw, "latency_us": lat},
-                "nics": nics,
-            }
-        )
+        spec_nodes.append(entry)
     leaves = [f"leaf-{k + 1}" for k in range(n_leaves)]
     switches = [{"name": lf, "tier": "leaf"} for lf in leaves]
     links = []
@@ -127,9 +128,32 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
 
 def _domain(hw: NodeHW, defaults: Defaults) -> tuple[float, float, str]:
     """(bw_GBps, latency_us, what) of the node's one domain: its slowest NVLink pair when every
-    pair has NVLink, else PCIe."""
+    pair has NVLink, else PCIe (and the pairs go into `intra`)."""
     links = [nv_links(hw.pairs.get((i, j), "SYS")) for i in range(hw.gpus) for j in range(i + 1, hw.gpus)]
     if links and min(links) > 0:
         return min(links) * defaults.take("nvlink_link_GBps"), defaults.take("nvlink_latency_us"), "nvlink"
     kind = "NVLink between some GPU pairs only" if any(links) else "no NVLink (PCIe only)"
     return defaults.take("pcie_bw_GBps"), defaults.take("pcie_latency_us"), kind
+
+
+# Share of pcie_bw_GBps a GPU pair or GPU-NIC path of each PCIe class gets: peer traffic through
+# the CPU's root complex (PHB, NODE) or across sockets (SYS) is slower than under one switch.
+# Assumed, not measured; an operator can put measured values in the spec's `intra.classes`.
+PCIE_CLASS_SHARE = {"PIX": 1.0, "PXB": 0.9, "PHB": 0.6, "NODE": 0.5, "SYS": 0.35}
+
+
+def intra_spec(hw: NodeHW, nics: list[str], defaults: Defaults) -> dict:
+    """The spec's `intra` block of a node: its pair classes, their bandwidths and latencies, and
+    the class from each of its NICs to each GPU."""
+    links = [["X" if i == j else hw.pairs[(i, j)] for j in range(hw.gpus)] for i in range(hw.gpus)]
+    nic_links = {n: [hw.nic_class.get((n, g), "SYS") for g in range(hw.gpus)] for n in nics}
+    used = sorted({c for row in links for c in row if c != "X"} | {c for r in nic_links.values() for c in r})
+    classes = {}
+    for c in used:
+        k = nv_links(c)
+        if k:
+            bw, lat = k * defaults.take("nvlink_link_GBps"), defaults.take("nvlink_latency_us")
+        else:
+            bw, lat = PCIE_CLASS_SHARE[c] * defaults.take("pcie_bw_GBps"), defaults.take("pcie_latency_us")
+        classes[c] = {"bw_GBps": round(bw, 3), "latency_us": lat}
+    return {"links": links, "classes": classes, "nic_links": nic_links}

@@ -8,6 +8,7 @@ from typing import Any
 from .build import _build
 from .checks import _check_keys, _count, _Errors, _name, _positive
 from .generate import generate_spec
+from .intra import load_intra
 from .model import TIERS, GpuModel, Link, Nic, Node, SpecError, Switch, Topology
 
 
@@ -113,7 +114,7 @@ def _list(errs: _Errors, path: str, value: Any) -> list:
 
 def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
     if not _check_keys(
-        errs, p, n, {"name", "gpu_model", "gpus", "nvlink"}, {"nics", "dcgm_url", "standalone"}
+        errs, p, n, {"name", "gpu_model", "gpus", "nvlink"}, {"nics", "dcgm_url", "standalone", "intra"}
     ):
         return None
     nname = _name(errs, f"{p}.name", n["name"])
@@ -182,6 +183,9 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
             )
     elif nics:
         errs.add(f"{p}.standalone", "a standalone node has no NICs")
+    intra = None
+    if n.get("intra") is not None:
+        intra = load_intra(errs, f"{p}.intra", n["intra"], gpus, [c.name for c in nics])
     return Node(
         nname,
         str(n["gpu_model"]),
@@ -190,4 +194,5 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
         tuple(nics),
         dcgm if isinstance(dcgm, str) else None,
         standalone,
+        intra,
     )
