@@ -75,3 +75,32 @@ def test_export_in_another_format_re_imports(tmp_path):
     tree = io.StringIO()
     call_command("export_topology", "lab", "--format", "slurm-tree", stdout=tree)
     assert "SwitchName=s0 Nodes=gpu[01-02]" in tree.getvalue()
+
+
+def test_intra_node_links_survive_the_database(tmp_path):
+    from apps.topology import services
+
+    matrix = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\n"
+        "GPU0\t X \tPIX\tSYS\tSYS\tPIX\tSYS\n"
+        "GPU1\tPIX\t X \tSYS\tSYS\tPIX\tSYS\n"
+        "GPU2\tSYS\tSYS\t X \tPIX\tSYS\tPIX\n"
+        "GPU3\tSYS\tSYS\tPIX\t X \tSYS\tPIX\n"
+        "NIC0\tPIX\tPIX\tSYS\tSYS\t X \tSYS\n"
+        "NIC1\tSYS\tSYS\tPIX\tPIX\tSYS\t X \n"
+    )
+    (tmp_path / "box.txt").write_text(matrix)
+    call_command(
+        "import_topology",
+        str(tmp_path / "box.txt"),
+        "--format",
+        "nvidia-smi",
+        "--name",
+        "pcie",
+        stdout=io.StringIO(),
+    )
+    topo = services.cluster_topology(cluster=Cluster.objects.get(name="pcie"), fresh=True)
+    assert topo.path(0, 1).bw_GBps > topo.path(0, 2).bw_GBps
+    out = io.StringIO()
+    call_command("export_topology", "pcie", stdout=out)
+    assert yaml.safe_load(out.getvalue())["nodes"][0]["intra"]["links"][0] == ["X", "PIX", "SYS", "SYS"]
