@@ -118,3 +118,17 @@ def test_dgx1_pcie_view_pairs_each_nic_with_its_pix_gpus():
     name = "nvidia-smi-topo-mp_DGX-1-V100_8gpu_4nic_pcie-view.txt"
     topo = import_sources("nvidia-smi", [Source(name, (SHARED / name).read_text())]).topology()
     assert [n.gpus for n in topo.nodes[0].nics] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_the_pcie_lab_example_is_its_matrices_converted():
+    from apps.placement.convert.base import yaml_documents
+    from apps.placement.topology import load_topology_file, topology_to_spec
+
+    lab = Path(__file__).resolve().parents[3] / "examples"
+    site = yaml_documents(Source("site.yaml", (lab / "pcie-lab" / "site.yaml").read_text()))[0][0]
+    files = [lab / "pcie-lab" / f"{name}.txt" for name in ("pcie-box", "mesh-box")]
+    sources = [Source(str(p), p.read_text()) for p in files]
+    converted = import_sources("nvidia-smi", sources, Defaults.from_mapping(site)).topology()
+    example = load_topology_file(str(lab / "pcie-lab.yaml"))
+    assert topology_to_spec(converted) == topology_to_spec(example)
+    assert sorted(n.name for n in example.nodes if n.intra is not None) == ["mesh-box", "pcie-box"]
