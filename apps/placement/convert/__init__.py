@@ -15,6 +15,7 @@ validated Topology in another format. Formats:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import yaml
@@ -31,7 +32,14 @@ def _import_spec(sources: list[Source], defaults: Defaults) -> Imported:
     if len(sources) != 1:
         raise fail("input", f"topology-v1 takes one file, got {len(sources)}")
     check_size(sources[0])
-    return Imported(parse_spec_text(sources[0].text), [])
+    text = sources[0].text
+    if text.lstrip().startswith("{"):
+        # JSON needs no YAML parser: the stdlib's C decoder reads a 16,384-GPU spec in a fraction of a second.
+        try:
+            return Imported(json.loads(text), [])
+        except json.JSONDecodeError as exc:
+            raise fail(f"{sources[0].name}:{exc.lineno}", f"not valid JSON: {exc.msg}") from None
+    return Imported(parse_spec_text(text), [])
 
 
 def _export_spec(topo: Topology) -> str:

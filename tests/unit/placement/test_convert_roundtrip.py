@@ -129,3 +129,20 @@ def test_defaults_refuse_unknown_keys_and_out_of_range_values():
         Defaults.from_mapping({"gpus_per_nod": 8})
     with pytest.raises(Exception, match="0..1e7"):
         Defaults.from_mapping({"nic_bw_GBps": "inf"})
+
+
+def test_convert_benchmark_quick_run_prints_its_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "convert_speed.py"), "--quick"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "slurm-tree" in done.stdout and "slowest other format" in done.stdout
