@@ -19,7 +19,6 @@ intra:
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ import numpy as np
 from .checks import _check_keys, _Errors, _positive
 
 _CLASS = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,15}$")
-# Subset bandwidths are exact (every subset tried) up to this many GPUs on a node.
-EXACT_MAX_GPUS = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,20 +41,6 @@ class IntraLinks:
     nic_links: dict[str, tuple[str, ...]]
     bw: np.ndarray
     latency: np.ndarray
-
-    def best_subset_bw(self, k: int) -> float:
-        """The highest slowest-pair bandwidth any k GPUs of the node reach (GB/s)."""
-        n = self.bw.shape[0]
-        if k < 2:
-            return math.inf
-        off = self.bw[~np.eye(n, dtype=bool)]
-        if n > EXACT_MAX_GPUS or k > n:
-            return float(off.max())
-        best = 0.0
-        for subset in itertools.combinations(range(n), k):
-            sub = self.bw[np.ix_(subset, subset)]
-            best = max(best, float(sub[~np.eye(k, dtype=bool)].min()))
-        return best
 
     def nic_bw(self, nic: str, gpu: int) -> float:
         """What the PCIe path between a NIC and a GPU carries (GB/s), inf when not described."""

@@ -278,3 +278,15 @@ def test_import_converts_another_tools_file_and_lists_the_defaults_it_used(clien
         reverse("dashboard:import"), {**fields, "text": "SwitchName=s0 Nodes=a[1-\n", "action": "preview"}
     )
     assert bad.status_code == 400 and "<code>pasted:1</code>" in bad.content.decode()
+
+
+def test_cluster_page_of_the_pcie_lab_draws_its_intra_node_pairs(client, people):
+    from apps.placement.topology import read_spec_file
+    from apps.topology.services import cluster_import
+
+    cluster_import(data=read_spec_file(str(EXAMPLES / "pcie-lab.yaml")))
+    client.force_login(people["alice"])
+    response = client.get(reverse("dashboard:cluster", args=["pcie-lab"]))
+    assert response.status_code == 200
+    names = {t["name"] for t in payload(response)["figure"]["data"]}
+    assert {"NVLink pairs", "PCIe switch pairs", "intra-node links"} <= names
