@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from apps.api import roles
+from apps.placement.convert import IMPORTERS
 from apps.placement.topology import TOPOLOGY_LIMITS
 from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
 from apps.topology.models import Cluster
@@ -42,7 +43,7 @@ class QueueFilterForm(forms.Form):
 
 
 class TopologyImportForm(forms.Form):
-    """A topology spec v1 as an uploaded file or pasted YAML/JSON text."""
+    """A topology spec v1 (or another tool's file, by `format`) as an upload or pasted text."""
 
     file = forms.FileField(required=False, help_text="A topology spec v1 file (YAML or JSON).")
     text = forms.CharField(
@@ -53,6 +54,20 @@ class TopologyImportForm(forms.Form):
     replace = forms.BooleanField(
         required=False, help_text="Replace the topology of an existing cluster of the same name."
     )
+    format = forms.ChoiceField(
+        required=False,
+        choices=[(f, f) for f in IMPORTERS],
+        initial="topology-v1",
+        help_text="The file's format: topology spec v1, or another tool's (converted to spec v1).",
+    )
+    defaults = forms.CharField(
+        required=False,
+        max_length=4096,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        help_text="Values the file lacks, as YAML (e.g. name: lab, gpus_per_node: 4, nic_bw_GBps: 50).",
+    )
+    # The uploaded file's name, kept between preview and import: per-node formats name the node after it.
+    source_name = forms.CharField(required=False, max_length=255, widget=forms.HiddenInput)
 
     def clean(self):
         data = super().clean()
@@ -61,6 +76,7 @@ class TopologyImportForm(forms.Form):
             if upload.size > MAX_SPEC_BYTES:
                 self.add_error("file", f"is {upload.size} bytes; the limit is {MAX_SPEC_BYTES} bytes")
                 return data
+            data["source_name"] = upload.name
             try:
                 data["text"] = upload.read().decode("utf-8")
             except UnicodeDecodeError:

@@ -129,6 +129,53 @@ def domain_traces(lay: geo.ClusterLayout) -> list[dict]:
         [geo.Y_NODE - 0.1 + pad] * len(d_ids),
     )
     out.append(lines("NVLink domain", xs, ys, DOMAIN_COLOR, 1.5, "domain", legend=True))
+    return out + intra_traces(lay)
+
+
+# Intra-node pairs drawn as lines: NVLink pairs, and PCIe pairs under one switch (PIX, PXB); the
+# rest (through a CPU or across sockets) are the node box itself.
+INTRA_DRAWN = {"NV": ("NVLink pairs", "#2e7d32"), "PCIe": ("PCIe switch pairs", "#78909c")}
+
+
+def intra_traces(lay: geo.ClusterLayout) -> list[dict]:
+    """Inside nodes with intra links (PCIe-only, partial NVLink): a line per NVLink pair and per
+    pair under one PCIe switch, and a hover at each line's middle with the class and bandwidth."""
+    topo = lay.topology
+    if not topo.node_intra:
+        return []
+    segs: dict[str, tuple[list, list]] = {k: ([], []) for k in INTRA_DRAWN}
+    mid_x, mid_y, text = [], [], []
+    for ni, intra in topo.node_intra.items():
+        first = int(topo.node_first_gid[ni])
+        n = intra.bw.shape[0]
+        for i in range(n):
+            for j in range(i + 1, n):
+                cls = intra.links[i][j]
+                kind = "NV" if cls.startswith("NV") else "PCIe" if cls in ("PIX", "PXB") else None
+                if kind is None:
+                    continue
+                a, b = first + i, first + j
+                xs, ys = segs[kind]
+                xs += [float(lay.gpu_x[a]), float(lay.gpu_x[b]), None]
+                ys += [float(lay.gpu_y[a]), float(lay.gpu_y[b]), None]
+                mid_x.append((lay.gpu_x[a] + lay.gpu_x[b]) / 2)
+                mid_y.append((lay.gpu_y[a] + lay.gpu_y[b]) / 2)
+                text.append(
+                    f"{topo.nodes[ni].name} GPU {i} - GPU {j}: {cls}, {intra.bw[i, j]:.4g} GB/s, "
+                    f"{intra.latency[i, j]:.3g} us"
+                )
+    out = []
+    for kind, (name, color) in INTRA_DRAWN.items():
+        xs, ys = segs[kind]
+        if xs:
+            trace = lines(name, xs, ys, color, 1.5 if kind == "NV" else 1, "domain", legend=True)
+            if kind == "PCIe":
+                trace["line"]["dash"] = "dot"
+            out.append(trace)
+    if text:
+        out.append(
+            markers("intra-node links", mid_x, mid_y, text, "domain", marker={"size": 4, "color": "#546e7a"})
+        )
     return out
 
 

@@ -4,6 +4,7 @@
   evaluate --topology T --job J --ranks R [--busy B]
   bound    --topology T --job J [--busy B]
   simulate --topology T --trace X [--policies P,Q] ... (see apps/placement/sim/cli.py)
+  convert  --from F --to G IN... [-o OUT] [--defaults D] [--set KEY=VALUE]  (see convert/cli.py)
 
 T and J are topology / job spec v1 files (YAML or JSON). B is a JSON list of {"node", "gpu"} that
 are taken. R is a JSON file holding a placement output or just its `ranks` list. The output is the
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .bounds import gap, lower_bound
+from .convert import cli as convert_cli
 from .costmodel import Prediction, evaluate
 from .jobs import JobSpec, check_peak, load_job
 from .sim import cli as sim_cli
@@ -241,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "evaluate":
             s.add_argument("--ranks", required=True, help="JSON file: a placement output or its ranks list")
     sim_cli.add_parser(sub)
+    convert_cli.add_parser(sub)
     return p
 
 
@@ -250,6 +253,8 @@ COMMANDS = {"place": cmd_place, "evaluate": cmd_evaluate, "bound": cmd_bound}
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 done, 1 no fit, 2 bad input)."""
     args = parser().parse_args(argv)
+    if args.command == "convert":
+        return convert_cli.run(args)
     try:
         if args.command == "simulate":
             return sim_cli.run(args, _read_topology)

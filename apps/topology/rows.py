@@ -98,6 +98,7 @@ def create_rows(*, cluster: Cluster, topo: Topology) -> None:
                 dcgm_url=n.dcgm_url or "",
                 standalone=n.standalone,
                 position=i,
+                intra=n.intra.to_spec() if n.intra is not None else None,
             )
             for i, n in enumerate(topo.nodes)
         ]
@@ -186,8 +187,8 @@ def rows_to_spec(*, cluster: Cluster) -> tuple[dict[str, Any], list[tuple[str, s
 
     nodes = []
     node_rows = Node.objects.filter(cluster=cluster).order_by("position", "id")
-    for i, (pk, name, model_id, leaf_id, dcgm_url, standalone) in enumerate(
-        node_rows.values_list("id", "name", "gpu_model_id", "leaf_id", "dcgm_url", "standalone")
+    for i, (pk, name, model_id, leaf_id, dcgm_url, standalone, intra) in enumerate(
+        node_rows.values_list("id", "name", "gpu_model_id", "leaf_id", "dcgm_url", "standalone", "intra")
     ):
         entry, node_problems = _node_entry(
             f"nodes[{i}]",
@@ -202,6 +203,8 @@ def rows_to_spec(*, cluster: Cluster) -> tuple[dict[str, Any], list[tuple[str, s
             switch_name,
         )
         problems.extend(node_problems)
+        if intra is not None:
+            entry["intra"] = intra
         nodes.append(entry)
     spec = {
         "version": 1,

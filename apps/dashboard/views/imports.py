@@ -1,4 +1,5 @@
-"""The topology import page (topology.add_cluster): validate a spec, show errors per field, preview, import."""
+"""The topology import page (topology.add_cluster): validate a spec (or convert another tool's
+file), show errors per field or file line, preview, import."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from apps.api import roles
 from apps.dashboard.figures import cluster_figure
 from apps.dashboard.forms import TopologyImportForm
 from apps.dashboard.layout import cluster_layout
+from apps.placement.convert import Source
 from apps.placement.topology import SpecError, load_topology, parse_spec_text
+from apps.topology.conversion import defaults_from_text, spec_from_format
 from apps.topology.models import Cluster
 from apps.topology.services import cluster_import
 
@@ -32,11 +35,20 @@ def topology_import(request):
         )
     text = form.cleaned_data["text"]
     replace = form.cleaned_data["replace"]
+    fmt = form.cleaned_data["format"] or "topology-v1"
+    defaults = form.cleaned_data["defaults"]
+    source_name = form.cleaned_data["source_name"] or "pasted"
     action = request.POST.get("action", "preview")
     if replace and action == "import" and not roles.can(request.user, roles.CHANGE_CLUSTERS):
         raise PermissionDenied(f"replacing a cluster's topology needs the {roles.CHANGE_CLUSTERS} permission")
+    notes: list[str] = []
     try:
-        data = parse_spec_text(text)
+        if fmt == "topology-v1" and not defaults.strip():
+            data = parse_spec_text(text)
+        else:
+            data, notes = spec_from_format(
+                fmt=fmt, sources=[Source(source_name, text)], defaults=defaults_from_text(defaults)
+            )
         topo = load_topology(data)
         if action == "import":
             cluster = cluster_import(data=data, replace=replace)
@@ -48,12 +60,21 @@ def topology_import(request):
         context.update(errors=sorted(exc.as_dict().items()), text=text)
         return render(request, "dashboard/import.html", context, status=400)
     # A valid preview: keep the text so the import button posts exactly what was checked.
-    form = TopologyImportForm(initial={"text": text, "replace": replace})
+    form = TopologyImportForm(
+        initial={
+            "text": text,
+            "replace": replace,
+            "format": fmt,
+            "defaults": defaults,
+            "source_name": source_name,
+        }
+    )
     tiers = [s.tier for s in topo.switches]
     context.update(
         form=form,
         text=text,
         valid=True,
+        notes=notes,
         exists=Cluster.objects.filter(name=topo.name).exists(),
         summary={
             "name": topo.name,

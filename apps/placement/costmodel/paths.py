@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..topology import Topology
+from .intra import apply_intra, intra_pair_paths
 
 _NIC_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NIC_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -118,6 +119,8 @@ def kind_stats(topo: Topology, members: np.ndarray) -> KindStats:
     s = np.flatnonzero(spans)
     if s.size:
         _spanning(topo, st, s, dom[s], size)
+    if topo.node_intra:
+        apply_intra(topo, st)
     return st
 
 
@@ -215,12 +218,11 @@ def pair_paths(topo: Topology, g, h) -> tuple[np.ndarray, np.ndarray, np.ndarray
     dg, dh = topo.gpu_domain[g], topo.gpu_domain[h]
     same = dg == dh
     if not topo.leaf_names:
-        level = np.where(same, 0, 3)
-        return (
-            np.where(same, topo.domain_bw[dg], 0.0).astype(float),
-            np.where(same, topo.domain_latency[dg], math.inf).astype(float),
-            level,
-        )
+        bw = np.where(same, topo.domain_bw[dg], 0.0).astype(float)
+        lat = np.where(same, topo.domain_latency[dg], math.inf).astype(float)
+        if topo.node_intra:
+            intra_pair_paths(topo, g, h, bw, lat)
+        return bw, lat, np.where(same, 0, 3)
     lg, lh = topo.gpu_leaf[g], topo.gpu_leaf[h]
     standalone = (lg < 0) | (lh < 0)
     lg0, lh0 = np.maximum(lg, 0), np.maximum(lh, 0)
@@ -238,7 +240,9 @@ def pair_paths(topo: Topology, g, h) -> tuple[np.ndarray, np.ndarray, np.ndarray
     level = np.where(cross_pod | standalone, 3, np.where(cross_leaf, 2, 1))
     bw = np.where(standalone, 0.0, bw)
     lat = np.where(standalone, math.inf, lat)
-    bw = np.where(same, topo.domain_bw[dg], bw)
-    lat = np.where(same, topo.domain_latency[dg], lat)
+    bw = np.where(same, topo.domain_bw[dg], bw).astype(float)
+    lat = np.where(same, topo.domain_latency[dg], lat).astype(float)
     level = np.where(same, 0, level)
-    return bw.astype(float), lat.astype(float), level
+    if topo.node_intra:
+        intra_pair_paths(topo, g, h, bw, lat)
+    return bw, lat, level

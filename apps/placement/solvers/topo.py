@@ -36,6 +36,7 @@ from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
 from .fast import fast_sets
+from .intra import intra_candidates
 from .mapping import candidate_mappings
 from .refine import refine
 from .search import search
@@ -137,7 +138,10 @@ def _wider_candidates(
     seed: int,
 ) -> Iterator[tuple[np.ndarray, float, bool]]:
     """Spread layouts over more units of the best pods, then every baseline's placement, then the
-    baselines' GPU sets in the nested mappings; as (gids, fit score, regular?)."""
+    baselines' GPU sets in the nested mappings; as (gids, fit score, regular?). Jobs that fit on
+    a node with intra links also get that node's best GPU subsets and TP splits first."""
+    for gids in intra_candidates(topology, free, job):
+        yield gids, 0.0, True
     for pod, chunk, fewest in spreads:
         for gids, fit in spread_candidates(idx, counts, job, pod, chunk, fewest):
             yield gids, fit, True

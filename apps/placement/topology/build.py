@@ -130,6 +130,15 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
             gpu_nic_bw[ids] = c.bw_GBps
             gpu_nic_lat[ids] = c.latency_us
         gid += n.gpus
+    node_intra = apply_intra(nodes, domains, dom_idx, node_first, gpu_nic_bw, errs)
+    domain_bw = np.array([domains[d]["bw"] for d in dom_names], dtype=float)
+    domain_lat = np.array([domains[d]["lat"] for d in dom_names], dtype=float)
+    for ni, intra in node_intra.items():
+        # A node with intra links prices its domain at its fastest pair: bounds stay below any placement.
+        d = node_domain[ni]
+        off = ~np.eye(intra.bw.shape[0], dtype=bool)
+        if off.any():
+            domain_bw[d], domain_lat[d] = float(intra.bw[off].max()), float(intra.latency[off].min())
     gpu_pod = np.where(gpu_leaf >= 0, leaf_pod[np.maximum(gpu_leaf, 0)] if nl else -1, -1).astype(np.int32)
     plane_arr = np.asarray(pod_plane, dtype=np.int32)
     gpu_plane = np.where(gpu_pod >= 0, plane_arr[np.maximum(gpu_pod, 0)] if n_pods else -1, -1).astype(
@@ -152,8 +161,8 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
         gpu_nic_latency=gpu_nic_lat,
         gpu_rail=gpu_rail,
         domain_names=dom_names,
-        domain_bw=np.array([domains[d]["bw"] for d in dom_names], dtype=float),
-        domain_latency=np.array([domains[d]["lat"] for d in dom_names], dtype=float),
+        domain_bw=domain_bw,
+        domain_latency=domain_lat,
         leaf_names=leaf_names,
         leaf_spine_bw=leaf_spine_bw,
         leaf_spine_latency=leaf_spine_lat,
@@ -166,4 +175,27 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
         node_domain=node_domain,
         node_leaf=node_leaf,
         node_peak_tflops=node_peak,
+        node_intra=node_intra,
     )
+
+
+def apply_intra(nodes, domains, dom_idx, node_first, gpu_nic_bw, errs) -> dict:
+    """Nodes with intra links by index; checks each has its domain alone and caps each GPU's NIC
+    bandwidth by the PCIe class between them."""
+    out = {}
+    for ni, n in enumerate(nodes):
+        if n.intra is None:
+            continue
+        if domains[n.domain]["nodes"] != [n.name]:
+            errs.add(
+                f"nodes[{ni}].intra",
+                f"node {n.name!r} shares NVLink domain {n.domain!r}; intra links need a domain of its own",
+            )
+            continue
+        for c in n.nics:
+            for g in c.gpus:
+                gid = int(node_first[ni]) + g
+                gpu_nic_bw[gid] = min(gpu_nic_bw[gid], n.intra.nic_bw(c.name, g))
+        out[ni] = n.intra
+    errs.raise_if_any()
+    return out

@@ -35,6 +35,8 @@ def topology_to_spec(topo: Topology) -> dict:
                 }
                 for c in n.nics
             ]
+        if n.intra is not None:
+            entry["intra"] = n.intra.to_spec()
         nodes.append(entry)
     return {
         "version": 1,

@@ -10,8 +10,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .intra import IntraLinks
 
 LEVELS = ("nvlink", "leaf", "spine", "core")
 LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
@@ -79,6 +83,7 @@ class Node:
     nics: tuple[Nic, ...]
     dcgm_url: str | None = None
     standalone: bool = False
+    intra: IntraLinks | None = None  # GPU-pair links when not one uniform NVLink domain
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,8 @@ class Topology:
     node_domain: np.ndarray = field(repr=False)
     node_leaf: np.ndarray = field(repr=False)  # leaf of the node's first NIC, -1 standalone
     node_peak_tflops: np.ndarray = field(repr=False)
+    # Nodes with intra-node links (`Node.intra`) by node index; their domain is theirs alone.
+    node_intra: Mapping[int, IntraLinks] = field(default_factory=dict, repr=False)
 
     @property
     def n_gpus(self) -> int:
@@ -166,6 +173,10 @@ class Topology:
         """Bandwidth (GB/s), latency (us) and level of the path between GPUs g and h."""
         dg, dh = self.gpu_domain[g], self.gpu_domain[h]
         if dg == dh:
+            intra = self.node_intra.get(int(self.gpu_node[g])) if self.node_intra else None
+            if intra is not None:
+                i, j = self.gpu_index[g], self.gpu_index[h]
+                return Path(float(intra.bw[i, j]), float(intra.latency[i, j]), "nvlink")
             return Path(float(self.domain_bw[dg]), float(self.domain_latency[dg]), "nvlink")
         lg, lh = self.gpu_leaf[g], self.gpu_leaf[h]
         if lg < 0 or lh < 0:
@@ -183,6 +194,15 @@ class Topology:
         lat += self.pod_core_latency[pg] + self.pod_core_latency[ph]
         return Path(float(bw), float(lat), "core")
 
+    def intra_pairs(self, gids) -> tuple[float, float]:
+        """Slowest pair bandwidth (GB/s) and latency (us) among GPUs of one node with intra links."""
+        g = np.asarray(gids, dtype=np.int64)
+        intra = self.node_intra[int(self.gpu_node[g[0]])]
+        i = self.gpu_index[g]
+        bw = intra.bw[np.ix_(i, i)]
+        off = ~np.eye(i.size, dtype=bool)
+        return float(bw[off].min()), float(intra.latency[np.ix_(i, i)][off].max())
+
     def group_path(self, gids) -> Path:
         """The bottleneck path of a group, in O(len(gids)) from the hierarchy: the bandwidth
         (GB/s) and level of its slowest member pair, exactly; the latency (us) sums the slowest
@@ -195,6 +215,9 @@ class Topology:
         doms = self.gpu_domain[g]
         if (doms == doms[0]).all():
             d = doms[0]
+            if self.node_intra and int(self.gpu_node[g[0]]) in self.node_intra:
+                bw, lat = self.intra_pairs(g)
+                return Path(bw, lat, "nvlink")
             return Path(float(self.domain_bw[d]), float(self.domain_latency[d]), "nvlink")
         leaves = self.gpu_leaf[g]
         if (leaves < 0).any():
@@ -209,6 +232,12 @@ class Topology:
         if (counts > 1).any():
             bw = min(bw, float(self.domain_bw[ud[counts > 1]].min()))
             dom_lat = float(self.domain_latency[ud[counts > 1]].max())
+            if self.node_intra:
+                for d in ud[counts > 1]:
+                    sub = g[doms == d]
+                    if int(self.gpu_node[sub[0]]) in self.node_intra:
+                        ibw, ilat = self.intra_pairs(sub)
+                        bw, dom_lat = min(bw, ibw), max(dom_lat, ilat)
         ul = np.unique(leaves)
         if ul.size == 1:
             return Path(bw, max(lat, dom_lat), "leaf")

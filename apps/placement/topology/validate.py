@@ -8,6 +8,7 @@ from typing import Any
 from .build import _build
 from .checks import _bw, _check_keys, _count, _Errors, _key, _latency, _name, _positive
 from .generate import generate_spec
+from .intra import load_intra
 from .model import TIERS, GpuModel, Link, Nic, Node, SpecError, Switch, Topology
 from .ranges import (
     GPU_MODEL_HELP,
@@ -149,7 +150,7 @@ def _cluster_gpus_ok(errs: _Errors, nodes: list) -> bool:
 
 def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
     if not _check_keys(
-        errs, p, n, {"name", "gpu_model", "gpus", "nvlink"}, {"nics", "dcgm_url", "standalone"}
+        errs, p, n, {"name", "gpu_model", "gpus", "nvlink"}, {"nics", "dcgm_url", "standalone", "intra"}
     ):
         return None
     nname = _name(errs, f"{p}.name", n["name"])
@@ -227,6 +228,9 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
             )
     elif nics:
         errs.add(f"{p}.standalone", "a standalone node has no NICs")
+    intra = None
+    if n.get("intra") is not None:
+        intra = load_intra(errs, f"{p}.intra", n["intra"], gpus, [c.name for c in nics])
     return Node(
         nname,
         str(n["gpu_model"]),
@@ -235,4 +239,5 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
         tuple(nics),
         dcgm if isinstance(dcgm, str) else None,
         standalone,
+        intra,
     )

@@ -3,6 +3,8 @@ nodes and GPUs. Writes go through apps.topology.services."""
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import Count, OuterRef, Prefetch, Subquery
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -22,13 +24,16 @@ from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ModelPermissions
 from apps.api.renderers import YAMLRenderer
-from apps.api.validation import check_body, field_error, object_body
+from apps.api.validation import check_body, field_error, object_body, shown
+from apps.placement.convert import IMPORTERS, MEDIA_TYPES, Source
+from apps.placement.convert.base import MAX_SOURCE_BYTES
 from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
 from apps.scheduling.models import Allocation
 
-from .. import selectors, services
+from .. import conversion, selectors, services
 from ..models import Cluster, Gpu, Link, Nic, Node, Switch
 from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
+from .renderers import CONVERTED_FORMATS, CONVERTED_RENDERERS
 from .serializers import (
     ClusterImportSerializer,
     ClusterSerializer,
@@ -95,9 +100,15 @@ class ClusterViewSet(
         return self._import(request, replace=False)
 
     @extend_schema(
-        summary="Import a topology spec v1: a multipart `file` or a JSON/YAML body; ?replace=true overwrites",
+        summary="Import a topology spec v1 (a multipart `file` or a JSON/YAML body), or another tool's files "
+        "with ?from= (multipart `file` fields and an optional `defaults` mapping); ?replace=true overwrites",
         request=SPEC_BODY,
-        parameters=[OpenApiParameter("replace", bool, description="replace the cluster of the same name")],
+        parameters=[
+            OpenApiParameter("replace", bool, description="replace the cluster of the same name"),
+            OpenApiParameter(
+                "from", str, enum=list(IMPORTERS), description="input format, default topology-v1"
+            ),
+        ],
         responses={201: ClusterSerializer, 200: ClusterSerializer, 400: SPEC_ERRORS},
     )
     @action(detail=False, methods=["post"], url_path="import", url_name="import")
@@ -111,27 +122,51 @@ class ClusterViewSet(
     def _import(self, request: Request, *, replace: bool) -> Response:
         if replace and not roles.can(request.user, roles.CHANGE_CLUSTERS):
             raise PermissionDenied(f"replacing a cluster's topology needs {roles.CHANGE_CLUSTERS}")
-        data = _spec_from_request(request)
+        fmt = request.query_params.get("from") or _form_value(request, "from") or "topology-v1"
+        notes = None
+        if fmt == "topology-v1":
+            data = _spec_from_request(request)
+        else:
+            data, notes = _converted_from_request(request, fmt)
         existed = Cluster.objects.filter(name=str(data.get("name"))).exists()
         cluster = services.cluster_import(data=data, replace=replace)
         body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
+        if notes is not None:
+            body = {**body, "notes": notes}
         return Response(body, status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
 
     @extend_schema(
-        summary="Export the cluster as topology spec v1 (?format=topology-v1 JSON, or yaml)",
+        summary="Export the cluster as topology spec v1 (?format=topology-v1 JSON, or yaml) or in another "
+        "tool's format (?format=slurm-tree, slurm-block, slurm-yaml, topograph, kueue)",
         parameters=[
-            OpenApiParameter("format", str, enum=["topology-v1", "json", "yaml"], description="default json")
+            OpenApiParameter(
+                "format",
+                str,
+                enum=["topology-v1", "json", "yaml", *CONVERTED_FORMATS],
+                description="default json",
+            )
         ],
         responses={
             (200, "application/json"): OpenApiTypes.OBJECT,
             (200, "application/yaml"): OpenApiTypes.OBJECT,
+            (200, "text/plain"): OpenApiTypes.STR,
             400: SPEC_ERRORS,
         },
     )
-    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, TopologySpecRenderer, YAMLRenderer])
+    @action(
+        detail=True,
+        methods=["get"],
+        renderer_classes=[JSONRenderer, TopologySpecRenderer, YAMLRenderer, *CONVERTED_RENDERERS],
+    )
     def export(self, request: Request, pk=None) -> Response:
-        """The cluster as topology spec v1."""
-        return Response(services.cluster_to_spec(cluster=self.get_object()))
+        """The cluster as topology spec v1, or in another tool's format."""
+        cluster = self.get_object()
+        fmt = request.accepted_renderer.format
+        if fmt in CONVERTED_FORMATS:
+            text = conversion.cluster_export_format(cluster=cluster, fmt=fmt)
+            filename = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{cluster.name}.{fmt}.{MEDIA_TYPES[fmt][1]}")
+            return Response(text, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+        return Response(services.cluster_to_spec(cluster=cluster))
 
 
 def _spec_from_request(request: Request):
@@ -150,6 +185,32 @@ def _spec_from_request(request: Request):
         # A form without a file: nothing to import.
         raise field_error("file", "upload a topology spec file, or send the spec as a JSON or YAML body")
     return object_body(request)
+
+
+def _form_value(request: Request, key: str) -> str | None:
+    """A multipart form field's value (None for JSON and YAML bodies)."""
+    data = request.data
+    return data.get(key) if hasattr(data, "getlist") else None
+
+
+def _converted_from_request(request: Request, fmt: str) -> tuple[dict, list[str]]:
+    """(spec v1, notes) from multipart `file` uploads in format `fmt` and an optional `defaults`
+    field (a YAML or JSON mapping of the values the files lack)."""
+    if fmt not in IMPORTERS:
+        raise SpecError([("from", f"unknown input format {shown(fmt)}; one of {', '.join(IMPORTERS)}")])
+    uploads = request.FILES.getlist("file") if hasattr(request, "FILES") else []
+    if not uploads:
+        raise SpecError([("file", f"upload the {fmt} file(s) as multipart `file` fields")])
+    sources = []
+    for upload in uploads:
+        if upload.size > MAX_SOURCE_BYTES:
+            raise SpecError([("file", f"{upload.name} is larger than {MAX_SOURCE_BYTES} bytes")])
+        try:
+            sources.append(Source(upload.name, upload.read().decode("utf-8")))
+        except UnicodeDecodeError as exc:
+            raise SpecError([("file", f"{upload.name} is not UTF-8 text: {exc}")]) from exc
+    defaults = conversion.defaults_from_text(_form_value(request, "defaults") or "")
+    return conversion.spec_from_format(fmt=fmt, sources=sources, defaults=defaults)
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):

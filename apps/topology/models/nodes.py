@@ -57,6 +57,10 @@ class Node(ClusterRow):
     )
     standalone = models.BooleanField(default=False, help_text="A node without NICs.")
     position = models.PositiveIntegerField(default=0, help_text="Order in the exported spec.")
+    # Spec v1's optional `intra` block as written (checked by the spec loader on every snapshot).
+    intra = models.JSONField(
+        null=True, blank=True, help_text="Intra-node links by GPU pair (PCIe-only or partial NVLink nodes)."
+    )
 
     class Meta:
         ordering = ["cluster_id", "position", "id"]

@@ -192,3 +192,43 @@ def test_large_clusters_draw_per_gpu_layers_with_webgl_and_the_rest_with_svg():
     assert kinds["agg"] == kinds["load"] == kinds["switch"] == "scatter"
     small = cluster_figure(cluster_layout(load_topology(generated("leaf-spine"))), [])
     assert {t["type"] for t in small.figure["data"]} == {"scatter"}
+
+
+def test_nodes_with_intra_links_draw_their_nvlink_and_pcie_switch_pairs():
+    from apps.dashboard.figures import cluster_figure
+    from apps.dashboard.layout import cluster_layout
+    from apps.placement.topology import load_topology
+
+    links = [
+        ["X", "NV2", "PIX", "SYS"],
+        ["NV2", "X", "SYS", "PIX"],
+        ["PIX", "SYS", "X", "NV1"],
+        ["SYS", "PIX", "NV1", "X"],
+    ]
+    classes = {
+        c: {"bw_GBps": bw, "latency_us": 2} for c, bw in (("NV2", 50), ("NV1", 25), ("PIX", 20), ("SYS", 8))
+    }
+    spec = {
+        "version": 1,
+        "name": "mesh",
+        "gpu_models": {"V100": {"peak_tflops": 125}},
+        "switches": [{"name": "leaf-1", "tier": "leaf"}],
+        "nodes": [
+            {
+                "name": "n1",
+                "gpu_model": "V100",
+                "gpus": 4,
+                "nvlink": {"domain": "n1", "bw_GBps": 50, "latency_us": 2},
+                "nics": [
+                    {"name": "mlx5_0", "gpus": [0, 1, 2, 3], "leaf": "leaf-1", "bw_GBps": 12, "latency_us": 1}
+                ],
+                "intra": {"links": links, "classes": classes},
+            }
+        ],
+    }
+    fig = cluster_figure(cluster_layout(load_topology(spec)), []).figure
+    by_name = {t["name"]: t for t in fig["data"]}
+    assert by_name["NVLink pairs"]["x"].count(None) == 2  # 0-1 and 2-3
+    assert by_name["PCIe switch pairs"]["x"].count(None) == 2  # 0-2 and 1-3
+    hovers = by_name["intra-node links"]["text"]
+    assert "n1 GPU 0 - GPU 1: NV2, 50 GB/s, 2 us" in hovers and not any("SYS" in h for h in hovers)

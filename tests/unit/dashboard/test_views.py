@@ -271,3 +271,35 @@ def test_queue_page_hides_who_cancelled_other_users_jobs(client, people, case44_
     assert f"job {job.pk} (other user)" in page and "cancelled by" not in page and "ops" not in page
     client.force_login(people["alice"])
     assert "cancelled by ops" in client.get(url).content.decode()
+
+
+def test_import_converts_another_tools_file_and_lists_the_defaults_it_used(client, people):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client.force_login(people["ops"])
+    conf = b"SwitchName=s0 Nodes=gpu[01-02]\nSwitchName=s1 Nodes=gpu[03-04]\nSwitchName=top Switches=s[0-1]\n"
+    upload = SimpleUploadedFile("topology.conf", conf)
+    fields = {"format": "slurm-tree", "defaults": "name: lab\ngpus_per_node: 4\n"}
+    preview = client.post(reverse("dashboard:import"), {**fields, "file": upload, "action": "preview"})
+    assert preview.status_code == 200
+    body = preview.content.decode()
+    assert gpu_count(payload(preview)) == 16
+    assert "gpus_per_node=4," in body and "(default)" in body
+    done = client.post(reverse("dashboard:import"), {**fields, "text": conf.decode(), "action": "import"})
+    assert done.status_code == 302 and done["Location"] == "/clusters/lab/"
+    bad = client.post(
+        reverse("dashboard:import"), {**fields, "text": "SwitchName=s0 Nodes=a[1-\n", "action": "preview"}
+    )
+    assert bad.status_code == 400 and "<code>pasted:1</code>" in bad.content.decode()
+
+
+def test_cluster_page_of_the_pcie_lab_draws_its_intra_node_pairs(client, people):
+    from apps.placement.topology import read_spec_file
+    from apps.topology.services import cluster_import
+
+    cluster_import(data=read_spec_file(str(EXAMPLES / "pcie-lab.yaml")))
+    client.force_login(people["alice"])
+    response = client.get(reverse("dashboard:cluster", args=["pcie-lab"]))
+    assert response.status_code == 200
+    names = {t["name"] for t in payload(response)["figure"]["data"]}
+    assert {"NVLink pairs", "PCIe switch pairs", "intra-node links"} <= names

@@ -39,8 +39,13 @@ def test_load_demo_imports_the_demo_clusters_and_the_admin_login_once(demo_jobs)
     out = io.StringIO()
     call_command("load_demo", stdout=out)
     call_command("load_demo", stdout=out)
-    assert sorted(Cluster.objects.values_list("name", flat=True)) == ["case-4-4", "pod-256", "su-h100"]
-    assert Gpu.objects.count() == 16 + 256 + 256
+    assert sorted(Cluster.objects.values_list("name", flat=True)) == [
+        "case-4-4",
+        "pcie-lab",
+        "pod-256",
+        "su-h100",
+    ]
+    assert Gpu.objects.count() == 16 + 256 + 256 + 16
     admin = get_user_model().objects.get(username="admin")
     assert admin.is_superuser and admin.check_password("admin")
     assert "Demo admin login: user 'admin', password 'admin'" in out.getvalue()
@@ -54,7 +59,7 @@ def test_load_demo_skips_the_demo_jobs_when_the_module_is_absent(monkeypatch):
     out = io.StringIO()
     call_command("load_demo", stdout=out)
     assert "Loaded the demo jobs" not in out.getvalue()
-    assert Cluster.objects.count() == 3
+    assert Cluster.objects.count() == 4
 
 
 @pytest.mark.django_db

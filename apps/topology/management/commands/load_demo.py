@@ -13,7 +13,13 @@ from apps.topology.models import Cluster
 
 from .import_topology import spec_error_text
 
-DEMO_FILES = ("examples/pod-256.yaml", "examples/case-4-4.yaml", "examples/su-h100-rail.yaml")
+DEMO_FILES = (
+    "examples/pod-256.yaml",
+    "examples/case-4-4.yaml",
+    "examples/su-h100-rail.yaml",
+    # Converted from `nvidia-smi topo -m` (examples/pcie-lab/): a PCIe-only and a partial-NVLink node.
+    "examples/pcie-lab.yaml",
+)
 DEMO_USER = "admin"
 DEMO_PASSWORD = "admin"
 DEMO_JOBS_MODULE = "apps.scheduling.demo"

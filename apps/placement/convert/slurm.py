@@ -1,0 +1,331 @@
+"""Slurm topology: topology.conf (`slurm-tree`: SwitchName lines; `slurm-block`: BlockName and
+BlockSizes lines) and topology.yaml (`slurm-yaml`: several tree, block and flat topologies)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..topology import Topology
+from .base import (
+    Defaults,
+    Imported,
+    Source,
+    SwitchTree,
+    TreeSwitch,
+    at,
+    check_size,
+    domain_groups,
+    fail,
+    hosts,
+    leaf_groups,
+    tree_to_spec,
+    uplinks,
+    yaml_documents,
+)
+from .hostlist import compress
+
+_KEYS = {
+    "switchname": {"switches", "nodes", "linkspeed"},
+    "blockname": {"nodes"},
+    "blocksizes": set(),
+    "ringname": {"nodes"},
+}
+_CANON = {"switches": "Switches", "nodes": "Nodes", "linkspeed": "LinkSpeed"}
+
+
+@dataclass
+class Statement:
+    kind: str  # switchname | blockname | blocksizes | ringname
+    name: str
+    fields: dict[str, str]
+    where: str
+
+
+def parse_conf(source: Source) -> list[Statement]:
+    """The statements of a topology.conf: comments dropped, `\\` continuation lines joined, keys
+    case-insensitive; SpecError with the file's line number on anything else."""
+    check_size(source)
+    out: list[Statement] = []
+    pending, start = "", 0
+    for no, raw in enumerate(source.text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not pending:
+            start = no
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        if line.strip():
+            out.append(_statement(line, at(source, start)))
+    if pending.strip():
+        out.append(_statement(pending, at(source, start)))
+    return out
+
+
+def _statement(line: str, where: str) -> Statement:
+    pairs: list[tuple[str, str]] = []
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise fail(where, f"expected Key=Value, got {token!r}")
+        pairs.append((key.lower(), value))
+    kind, name = pairs[0]
+    if kind not in _KEYS:
+        raise fail(
+            where,
+            f"unknown statement {pairs[0][0]!r}; expected SwitchName, BlockName, BlockSizes or RingName",
+        )
+    if not name:
+        raise fail(where, f"{pairs[0][0]} needs a value")
+    fields: dict[str, str] = {}
+    for key, value in pairs[1:]:
+        if key not in _KEYS[kind]:
+            raise fail(where, f"unknown key {key!r} for {pairs[0][0]}")
+        if key in fields:
+            raise fail(where, f"{key!r} given twice")
+        fields[key] = value
+    return Statement(kind, name, fields, where)
+
+
+def _link_speed(st: Statement) -> float | None:
+    raw = st.fields.get("linkspeed")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise fail(st.where, f"LinkSpeed must be a number, got {raw!r}") from None
+    if not 0 < value < 1e9:
+        raise fail(st.where, f"LinkSpeed must be positive, got {raw!r}")
+    return value
+
+
+def _block_sizes(st: Statement) -> list[int]:
+    sizes = []
+    for item in st.name.split(","):
+        if not item.strip().isdigit() or int(item) < 1:
+            raise fail(st.where, f"BlockSizes must be positive whole numbers, got {st.name!r}")
+        sizes.append(int(item))
+    if sizes != sorted(set(sizes)):
+        raise fail(st.where, f"BlockSizes must increase, got {st.name!r}")
+    return sizes
+
+
+def _tree_from_statements(statements: list[Statement], want: str, defaults: Defaults) -> SwitchTree:
+    tree = SwitchTree()
+    sizes_at = None
+    rings = 0
+    for st in statements:
+        if st.kind == "blocksizes":
+            if want != "block":
+                raise fail(st.where, "BlockSizes belongs to a block topology (--from slurm-block)")
+            sizes_at = (st, _block_sizes(st))
+            continue
+        if st.kind == "switchname" and want != "tree":
+            raise fail(st.where, "SwitchName belongs to a tree topology (--from slurm-tree)")
+        if st.kind == "blockname" and want != "block":
+            raise fail(st.where, "BlockName belongs to a block topology (--from slurm-block)")
+        names = hosts(st.fields["nodes"], st.where) if "nodes" in st.fields else []
+        children = hosts(st.fields["switches"], st.where) if "switches" in st.fields else []
+        if st.kind != "switchname" and not names:
+            raise fail(st.where, f"{st.kind} {st.name!r} needs Nodes=")
+        if st.kind == "switchname" and not names and not children:
+            raise fail(st.where, f"switch {st.name!r} needs Nodes= or Switches=")
+        tree.add(TreeSwitch(st.name, st.where, children, names, _link_speed(st)))
+        if st.kind == "ringname":
+            rings += 1
+        if st.kind == "blockname" and defaults.take("blocks_are_nvlink_domains"):
+            for n in names:
+                tree.domains[n] = st.name
+    if not tree.switches:
+        raise fail(statements[0].where if statements else "input", "no switches, blocks or rings")
+    if rings:
+        tree.notes.append(f"{rings} ring(s) imported as one leaf switch each; ring order is not modelled")
+    if want == "block":
+        as_domains = (
+            "each an NVLink domain and a leaf" if defaults.blocks_are_nvlink_domains else "each a leaf"
+        )
+        tree.notes.append(f"{len(tree.switches)} blocks imported, {as_domains}")
+        if sizes_at is not None:
+            st, sizes = sizes_at
+            small = min(len(s.nodes) for s in tree.switches.values())
+            if sizes[0] > small:
+                raise fail(
+                    st.where,
+                    f"the base block size {sizes[0]} is larger than the smallest block ({small} nodes)",
+                )
+            tree.notes.append(f"BlockSizes={st.name} noted; spec v1 has no block sizes")
+    return tree
+
+
+def import_tree(sources: list[Source], defaults: Defaults) -> Imported:
+    """slurm-tree: one topology.conf with SwitchName lines (RingName lines become leaves)."""
+    return tree_to_spec(
+        _tree_from_statements(parse_conf(_one(sources, "slurm-tree")), "tree", defaults), defaults
+    )
+
+
+def import_block(sources: list[Source], defaults: Defaults) -> Imported:
+    """slurm-block: one topology.conf with BlockName (and BlockSizes) lines."""
+    return tree_to_spec(
+        _tree_from_statements(parse_conf(_one(sources, "slurm-block")), "block", defaults), defaults
+    )
+
+
+def _one(sources: list[Source], fmt: str) -> Source:
+    if len(sources) != 1:
+        raise fail("input", f"{fmt} takes one file, got {len(sources)}")
+    return sources[0]
+
+
+def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
+    """slurm-yaml: topology.yaml, a list of topologies; imports the one named by the `topology`
+    default, else the `cluster_default` one, else the first."""
+    source = _one(sources, "slurm-yaml")
+    docs = yaml_documents(source)
+    if len(docs) != 1 or not isinstance(docs[0][0], list) or not docs[0][0]:
+        raise fail(source.name, "topology.yaml must be one non-empty list of topologies")
+    data, lines = docs[0]
+    found = []
+    for entry in data:
+        where = at(source, lines.get(id(entry)))
+        if not isinstance(entry, dict) or not isinstance(entry.get("topology"), str):
+            raise fail(where, "each entry needs a `topology:` name")
+        kinds = [k for k in ("tree", "block", "flat") if k in entry]
+        unknown = set(entry) - {"topology", "cluster_default", "tree", "block", "flat", "nodes"}
+        if len(kinds) != 1 or unknown:
+            raise fail(where, f"topology {entry['topology']!r} needs exactly one of tree, block, flat")
+        found.append((entry, kinds[0], where))
+    wanted = defaults.topology
+    if wanted:
+        chosen = [f for f in found if f[0]["topology"] == wanted]
+        if not chosen:
+            raise fail(
+                source.name,
+                f"no topology named {wanted!r}; have {', '.join(f[0]['topology'] for f in found)}",
+            )
+    else:
+        chosen = [f for f in found if f[0].get("cluster_default") is True] or found[:1]
+    entry, kind, where = chosen[0]
+    tree = SwitchTree()
+    if kind == "flat":
+        raise fail(where, f"topology {entry['topology']!r} is flat: it lists no switches or nodes to import")
+    body = entry[kind]
+    if kind == "tree":
+        items = body.get("switches") if isinstance(body, dict) else None
+        key = "switch"
+    else:
+        items = body.get("blocks") if isinstance(body, dict) else None
+        key = "block"
+    if not isinstance(items, list) or not items:
+        raise fail(where, f"{kind} of {entry['topology']!r} needs a list of {key}es")
+    for item in items:
+        iw = at(source, lines.get(id(item)))
+        if not isinstance(item, dict) or not isinstance(item.get(key), str):
+            raise fail(iw, f"each entry needs `{key}:` with a name")
+        extra = set(item) - {key, "children", "nodes"}
+        if extra:
+            raise fail(iw, f"unknown field(s) {', '.join(sorted(map(str, extra)))}")
+        children = hosts(item["children"], iw) if "children" in item else []
+        names = hosts(item["nodes"], iw) if "nodes" in item else []
+        if not names and not children:
+            raise fail(iw, f"{key} {item[key]!r} needs nodes or children")
+        tree.add(TreeSwitch(item[key], iw, children, names))
+        if kind == "block" and defaults.take("blocks_are_nvlink_domains"):
+            for n in names:
+                tree.domains[n] = item[key]
+    listing = ", ".join(f"{e['topology']} ({k})" for e, k, _ in found)
+    tree.notes.append(f"topology.yaml holds {listing}; imported {entry['topology']!r}")
+    return tree_to_spec(tree, defaults)
+
+
+# ---- export ---------------------------------------------------------------------------------
+
+
+def tree_levels(topo: Topology) -> list[tuple[str, str, list[str]]]:
+    """(switch, "Nodes" | "Switches", members) for a Slurm tree: leaves that are some node's first
+    leaf with their nodes, then spines and cores with the listed switches below them."""
+    groups = leaf_groups(topo)
+    ups = uplinks(topo)
+    out = [(leaf, "Nodes", nodes) for leaf, nodes in groups.items()]
+    listed = set(groups)
+    for tier in ("spine", "core"):
+        for s in topo.switches:
+            if s.tier != tier:
+                continue
+            below = [c for c in ups[s.name] if c in listed]
+            if below:
+                out.append((s.name, "Switches", below))
+        listed |= {name for name, kind, _ in out if kind == "Switches"}
+    return out
+
+
+def _header(topo: Topology, plugin: str) -> list[str]:
+    return [f"# topology.conf ({plugin}) of cluster {topo.name}, written by TopoWeb from topology spec v1"]
+
+
+def export_tree(topo: Topology) -> str:
+    """topology.conf for topology/tree, hostlists compressed."""
+    lines = _header(topo, "topology/tree")
+    rails = sum(1 for s in topo.switches if s.tier == "leaf") - len(leaf_groups(topo))
+    if rails > 0:
+        lines.append(
+            "# Each node is listed under the leaf of its first NIC (rail 0); its other rails' leaves are left out."
+        )
+    for name, kind, members in tree_levels(topo):
+        lines.append(f"SwitchName={name} {kind}={compress(members)}")
+    return "\n".join(lines) + "\n"
+
+
+def blocks(topo: Topology) -> tuple[list[tuple[str, list[str]]], list[int], str]:
+    """Slurm blocks: multi-node NVLink domains when there are any, else the leaves' node groups;
+    with BlockSizes the base (smallest block) and its double and quadruple that fit."""
+    domains = domain_groups(topo)
+    if any(len(v) > 1 for v in domains.values()):
+        out, basis = list(domains.items()), "NVLink domain"
+    else:
+        out, basis = list(leaf_groups(topo).items()), "leaf"
+    base = min(len(v) for _, v in out)
+    total = sum(len(v) for _, v in out)
+    sizes = [base * k for k in (1, 2, 4) if base * k <= total]
+    return out, sizes, basis
+
+
+def _block_name(name: str) -> str:
+    # Slurm names take no spaces, commas or brackets.
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def export_block(topo: Topology) -> str:
+    """topology.conf for topology/block: one block per NVLink domain (or leaf), and BlockSizes."""
+    out, sizes, basis = blocks(topo)
+    lines = _header(topo, "topology/block") + [f"# one block per {basis}"]
+    for name, nodes in out:
+        lines.append(f"BlockName={_block_name(name)} Nodes={compress(nodes)}")
+    lines.append("BlockSizes=" + ",".join(map(str, sizes)))
+    return "\n".join(lines) + "\n"
+
+
+def export_yaml(topo: Topology) -> str:
+    """topology.yaml: the tree (cluster default), the blocks and a flat topology."""
+    import yaml
+
+    tree = []
+    for name, kind, members in tree_levels(topo):
+        tree.append({"switch": name, "nodes" if kind == "Nodes" else "children": compress(members)})
+    out, sizes, _ = blocks(topo)
+    data = [
+        {"topology": "tree", "cluster_default": True, "tree": {"switches": tree}},
+        {
+            "topology": "block",
+            "cluster_default": False,
+            "block": {
+                "block_sizes": sizes,
+                "blocks": [{"block": _block_name(n), "nodes": compress(v)} for n, v in out],
+            },
+        },
+        {"topology": "flat", "cluster_default": False, "flat": True},
+    ]
+    head = f"# topology.yaml of cluster {topo.name}, written by TopoWeb from topology spec v1\n"
+    return head + yaml.safe_dump(data, sort_keys=False, width=120)
