@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-from apps.scheduling import planner, services
+from apps.placement import planner
+from apps.scheduling import services
 from apps.scheduling.choices import CycleStatus, JobStatus
 from apps.scheduling.models import Job, SchedulingCycle
 
