@@ -205,6 +205,8 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "apps.scheduling.choices.JobStatus",
         "CycleStatusEnum": "apps.scheduling.choices.CycleStatus",
         "ProposalStatusEnum": "apps.scheduling.choices.ProposalStatus",
+        "NodeStateEnum": "apps.scheduling.choices.NodeState",
+        "RankStateEnum": "apps.scheduling.choices.RankState",
     },
 }
 
@@ -233,3 +235,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": _env("TOPOWEB_LOG_LEVEL", "INFO").upper()},
 }
+
+# Node agents (apps/agent): how long an agent's work poll may wait, when a silent node is down,
+# and how long a placed job may take until every rank started before it is requeued.
+TOPOWEB_AGENT_POLL_S = float(_env("TOPOWEB_AGENT_POLL_S", "10"))
+TOPOWEB_AGENT_DOWN_AFTER_S = float(_env("TOPOWEB_AGENT_DOWN_AFTER_S", "30"))
+TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))

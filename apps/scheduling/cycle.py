@@ -33,6 +33,7 @@ from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
 from .planner import CyclePlan, plan_cycle
+from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +189,14 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
     ids = [b.job.job_id for b in plan.bookings]
     # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
     # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
-    waiting = set(
-        Job.objects.select_for_update()
+    # mark_placed moves each of them to its next generation.
+    generations = {
+        pk: generation + 1
+        for pk, generation in Job.objects.select_for_update()
         .filter(pk__in=ids, status__in=WAITING_STATUSES)
-        .values_list("id", flat=True)
-    )
+        .values_list("id", "generation")
+    }
+    waiting = set(generations)
     booked = [b for b in plan.bookings if b.job.job_id in waiting]
     snap.mark_placed(
         updates=[
@@ -200,7 +204,14 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
         ],
         now=now,
     )
-    snap.book_many(snapshot=snapshot, bookings=[(b.job.job_id, b.placement.gids) for b in booked], now=now)
+    snap.book_many(
+        snapshot=snapshot,
+        bookings=[(b.job.job_id, b.placement.gids) for b in booked],
+        generations=generations,
+        now=now,
+    )
+    if booked:
+        notify_cluster(snapshot.cluster_id)
     return [b.job.job_id for b in booked]
 
 

@@ -47,6 +47,9 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    generation = models.PositiveIntegerField(
+        default=0, help_text="Placements so far: each placement or applied migration starts a new one."
+    )
 
     class Meta:
         ordering = ["-priority", "submitted_at", "id"]
@@ -83,7 +86,9 @@ class Job(models.Model):
 
 
 class Allocation(models.Model):
-    """Rank `rank` of `job` runs on `gpu`. `live` is False once the job released its GPUs.
+    """Rank `rank` of generation `generation` of `job` runs on `gpu`. `live` is False once the
+    GPU was released, or while a migration's new rank waits for the old rank on that GPU to exit
+    (`released_at` null).
 
     At most one live allocation per GPU (a partial unique constraint, on SQLite and Postgres
     alike): the last guard against double booking.
@@ -94,6 +99,7 @@ class Allocation(models.Model):
     # RESTRICT: a topology re-import must not silently drop the GPUs jobs hold.
     gpu = models.ForeignKey("topology.Gpu", on_delete=models.RESTRICT, related_name="allocations")
     live = models.BooleanField(default=True)
+    generation = models.PositiveIntegerField(default=1, help_text="The job generation this rank belongs to.")
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -103,7 +109,9 @@ class Allocation(models.Model):
             models.UniqueConstraint(
                 fields=["gpu"], condition=Q(live=True), name="one_live_allocation_per_gpu"
             ),
-            models.UniqueConstraint(fields=["job", "rank"], name="one_allocation_per_job_rank"),
+            models.UniqueConstraint(
+                fields=["job", "generation", "rank"], name="one_allocation_per_job_generation_rank"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -187,3 +195,16 @@ class LauncherToken(models.Model):
 
     def __str__(self) -> str:
         return f"launcher token for cluster {self.cluster_id}"
+
+
+from .agent_models import NodeAgent, RankRun  # noqa: E402  (models of the launch loop)
+
+__all__ = [
+    "Allocation",
+    "Job",
+    "LauncherToken",
+    "MigrationProposal",
+    "NodeAgent",
+    "RankRun",
+    "SchedulingCycle",
+]

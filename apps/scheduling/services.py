@@ -23,6 +23,7 @@ from .cycle import queue_cycle, schedule_cluster
 from .models import Job, LauncherToken
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
+from .wakeups import notify_cluster
 
 __all__ = [
     "JobStateError",
@@ -86,6 +87,8 @@ def _release(job: Job, status: str, *, reason: str = "", now=None) -> Job:
     job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
     # Freed GPUs or a shorter queue may let waiting jobs start.
     queue_cycle(job.cluster_id)
+    # Agents stop what no longer belongs to a running job.
+    notify_cluster(job.cluster_id)
     return job
 
 
