@@ -83,24 +83,28 @@ def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
 
 
 def agent_heartbeat(*, node: Node, beat: Heartbeat, now: datetime | None = None) -> NodeAgent:
-    """Record a heartbeat: the node is seen now; a node that was down is up again."""
+    """Record a heartbeat: the node is seen now; a node that was down is up again. Only the
+    heartbeat's own columns are written, so a drain arriving meanwhile is never undone."""
     now = now or timezone.now()
     unhealthy = _unhealthy(node, beat)
-    agent = NodeAgent.objects.filter(node=node).first()
-    if agent is None:
-        agent = NodeAgent(node=node)
-    changed_health = agent.unhealthy_gpus != unhealthy or agent.state == NodeState.DOWN
-    agent.last_seen = now
-    agent.version = beat.version
-    agent.addr = beat.addr
-    agent.running = beat.running
-    agent.unhealthy_gpus = unhealthy
+    fields = {
+        "last_seen": now,
+        "version": beat.version,
+        "addr": beat.addr,
+        "running": beat.running,
+        "unhealthy_gpus": unhealthy,
+    }
     if beat.inventory is not None:
-        agent.inventory = beat.inventory
-    if agent.state == NodeState.DOWN:
-        agent.state, agent.reason = NodeState.UP, ""
-    agent.save()
-    if changed_health:
+        fields["inventory"] = beat.inventory
+    agent, created = NodeAgent.objects.get_or_create(node=node, defaults=fields)
+    changed = created and bool(unhealthy)
+    if not created:
+        changed = agent.unhealthy_gpus != unhealthy
+        NodeAgent.objects.filter(pk=agent.pk).update(**fields)
+        if NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(state=NodeState.UP, reason=""):
+            changed = True
+        agent.refresh_from_db()
+    if changed:
         queue_cycle(node.cluster_id)
     return agent
 

@@ -87,11 +87,14 @@ def gpu_assignments(*, cluster: Cluster) -> dict[tuple[str, int], tuple[int, int
 def job_ranks(*, job: Job) -> list[dict[str, Any]]:
     """The job's current (or, once finished, last) placement by rank: rank, node, gpu index, nic.
 
-    Live rows win; a finished job shows the rows it released.
+    The rows of its current generation (a migrating job's new GPUs, some still waiting for the
+    old ranks); a job placed before generations existed shows its live rows.
     """
-    rows = Allocation.objects.filter(job=job)
-    if rows.filter(live=True).exists():
-        rows = rows.filter(live=True)
+    rows = Allocation.objects.filter(job=job, generation=job.generation)
+    if not rows.exists():
+        rows = Allocation.objects.filter(job=job)
+        if rows.filter(live=True).exists():
+            rows = rows.filter(live=True)
     return [
         {"rank": rank, "node": node, "gpu": index, "nic": nic or ""}
         for rank, node, index, nic in rows.order_by("rank").values_list(
