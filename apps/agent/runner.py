@@ -26,6 +26,8 @@ from .env import RankPlan, plan_env
 from .gpus import gpu_inventory
 
 log = logging.getLogger("topoweb.agent")
+# One line per poll would drown the agent's own log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 TAIL_BYTES = 4096
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
@@ -97,6 +99,7 @@ class Agent:
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
 
     # -- control -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -104,6 +107,16 @@ class Agent:
         self._stopping.set()
         if self._loop is not None and self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    def terminate_ranks(self) -> int:
+        """SIGTERM every rank process group this agent started, from any thread (for a host
+        process that exits without waiting for the loop); returns how many were signalled."""
+        count = 0
+        for local in list(self.ranks.values()):
+            if local.proc is not None and local.proc.returncode is None:
+                _signal_group(local.proc.pid, signal.SIGTERM)
+                count += 1
+        return count
 
     def _report(self, key: Key, event: str, **fields: Any) -> None:
         job, generation, rank = key
@@ -305,5 +318,6 @@ def run_in_thread(agent: Agent) -> threading.Thread:
     thread = threading.Thread(
         target=lambda: asyncio.run(agent.run()), name=f"agent-{agent.node}", daemon=True
     )
+    agent.thread = thread
     thread.start()
     return thread

@@ -35,16 +35,18 @@ class PeriodicScheduler(threading.Thread):
             self._stop_event.wait(self.interval_s)
 
     def tick(self) -> None:
-        """One round: a cycle, then migration proposals, on every cluster; errors are logged."""
+        """One round on every cluster: node health and start timeouts, a cycle, then migration
+        proposals; errors are logged."""
         from apps.topology.models import Cluster
 
+        from .agents import nodes_check
         from .cycle import schedule_cluster
         from .proposals import migrations_propose
 
         close_old_connections()
         try:
             for cluster in Cluster.objects.order_by("pk"):
-                for step in (schedule_cluster, migrations_propose):
+                for step in (nodes_check, schedule_cluster, migrations_propose):
                     try:
                         step(cluster=cluster)
                     except Cluster.DoesNotExist:

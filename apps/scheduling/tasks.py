@@ -11,11 +11,16 @@ from celery import shared_task
 # Models are imported inside the tasks: settings import BEAT_SCHEDULE before apps are ready.
 SCHEDULE_INTERVAL_S = 10.0
 PROPOSE_INTERVAL_S = 60.0
+NODES_CHECK_INTERVAL_S = 5.0
 
 BEAT_SCHEDULE = {
     "scheduling-cycle-all-clusters": {
         "task": "scheduling.schedule_all_clusters",
         "schedule": SCHEDULE_INTERVAL_S,
+    },
+    "scheduling-check-nodes": {
+        "task": "scheduling.check_all_nodes",
+        "schedule": NODES_CHECK_INTERVAL_S,
     },
     "scheduling-propose-migrations": {
         "task": "scheduling.propose_all_migrations",
@@ -77,3 +82,20 @@ def propose_all_migrations_task() -> int:
     for cluster_id in ids:
         propose_migrations_task.delay(cluster_id)
     return len(ids)
+
+
+@shared_task(name="scheduling.check_all_nodes", ignore_result=True)
+def check_all_nodes_task() -> int:
+    """Mark silent nodes down, drained nodes drained and requeue jobs that never started, on
+    every cluster; returns how many nodes went down."""
+    from apps.topology.models import Cluster
+
+    from .agents import nodes_check
+
+    down = 0
+    for cluster in Cluster.objects.order_by("pk"):
+        try:
+            down += len(nodes_check(cluster=cluster)["down"])
+        except Cluster.DoesNotExist:
+            continue
+    return down

@@ -289,3 +289,21 @@ def test_migration_holds_old_gpus_until_every_old_rank_exited(agents, user, tmp_
     # The old ranks took their 2 s checkpoint: stopped by SIGTERM, not killed.
     assert set(RankRun.objects.filter(job=job, generation=1).values_list("exit_code", flat=True)) == {0}
     assert connection.vendor  # the test ran against the configured database
+
+
+def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, user, tmp_path):
+    from apps.scheduling.demo_agents import start_demo_agents
+
+    job = services.job_submit(user=user, spec=spec(tmp_path, "demo-like", 16, BEHAVIOUR="sleep", SLEEP_S="1"))
+    started = start_demo_agents(server=live_server.url, poll_s=1.0)
+    try:
+        assert sorted(a.node for a in started) == ["node-a", "node-b"]
+        wait_for(status_is(job, JobStatus.RUNNING, JobStatus.COMPLETED), what="running")
+        wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), what="completed")
+        assert job.status == JobStatus.COMPLETED, job.pending_reason
+    finally:
+        for agent in started:
+            agent.stop()
+        for agent in started:
+            agent.thread.join(timeout=15)
+        assert not any(agent.thread.is_alive() for agent in started)
