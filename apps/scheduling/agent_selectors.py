@@ -9,7 +9,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Count, Exists, F, OuterRef, Q
 
 from apps.placement.jobs import load_job
 from apps.topology.models import Node
@@ -134,3 +134,47 @@ def node_work(*, node: Node) -> list[dict[str, Any]]:
         master = entry.pop("master_node")
         entry["master_addr"] = addrs.get(master, master)
     return work
+
+
+def job_generations(*, job: Job) -> list[dict[str, Any]]:
+    """Per generation of the job, newest first: how many ranks started, run, exited 0 and failed."""
+    rows = (
+        RankRun.objects.filter(job=job)
+        .values("generation")
+        .annotate(
+            started=Count("id"),
+            running=Count("id", filter=Q(state=RankState.STARTED)),
+            ok=Count("id", filter=Q(state=RankState.EXITED, exit_code=0)),
+        )
+        .order_by("-generation")
+    )
+    return [
+        {
+            **row,
+            "failed": row["started"] - row["running"] - row["ok"],
+            "current": row["generation"] == job.generation,
+        }
+        for row in rows
+    ]
+
+
+def job_log_tails(*, job: Job, limit: int = 16) -> list[RankRun]:
+    """Rank runs worth reading first: failures of any generation, then the current generation's
+    ranks that shipped output, by rank (at most `limit`)."""
+    failed = list(
+        RankRun.objects.filter(job=job, state=RankState.EXITED)
+        .exclude(exit_code=0)
+        .select_related("node")
+        .order_by("-generation", "exited_at", "rank")[:limit]
+    )
+    rest = limit - len(failed)
+    if rest <= 0:
+        return failed
+    current = (
+        RankRun.objects.filter(job=job, generation=job.generation)
+        .exclude(log_tail="")
+        .exclude(pk__in=[r.pk for r in failed])
+        .select_related("node")
+        .order_by("rank")[:rest]
+    )
+    return failed + list(current)

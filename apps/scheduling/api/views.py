@@ -32,7 +32,12 @@ from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, Sch
 from .pagination import StandardPagination
 from .parsers import TextYAMLParser, YAMLParser
 from .permissions import JobPermission
-from .renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
+from .renderers import (
+    OpenMpiRankfileRenderer,
+    SlurmHostfileRenderer,
+    SlurmScriptRenderer,
+    TorchrunRenderer,
+)
 from .serializers import (
     LIST_COLUMNS,
     JobFailSerializer,
@@ -211,9 +216,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         summary="Rank map for launchers",
         parameters=[
             OpenApiParameter("format", str, enum=list(rankmaps.FORMATS), description="default json"),
-            OpenApiParameter(
-                "entrypoint", str, description="torchrun: the training script (default train.py)"
-            ),
+            OpenApiParameter("entrypoint", str, description="the training script (default train.py)"),
             OpenApiParameter("master_port", int, description="torchrun: rendezvous port (default 29500)"),
         ],
         responses={
@@ -226,10 +229,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(
         detail=True,
         methods=["get"],
-        renderer_classes=[JSONRenderer, OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer],
+        renderer_classes=[
+            JSONRenderer,
+            OpenMpiRankfileRenderer,
+            SlurmScriptRenderer,
+            SlurmHostfileRenderer,
+            TorchrunRenderer,
+        ],
     )
     def rankmap(self, request: Request, pk=None) -> Response:
-        """The rank map as ?format=openmpi, slurm-hostfile, torchrun or json."""
+        """The rank map as ?format=openmpi (appfile), slurm (script), slurm-hostfile, torchrun or json."""
         job = self.get_object()
         ranks = selectors.job_ranks(job=job)
         if not ranks:
@@ -239,12 +248,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"master_port": [f"must be a port number, got {port_text!r}"]}, status=400)
         port = int(port_text)
         fmt = request.accepted_renderer.format
+        entry = request.query_params.get("entrypoint", "train.py")
+        if len(entry) > 1024 or "\x00" in entry:
+            return Response({"entrypoint": ["must be at most 1024 characters, without NUL"]}, status=400)
         if fmt == "openmpi":
-            return Response(rankmaps.openmpi_rankfile(ranks))
+            return Response(rankmaps.openmpi_appfile(ranks, entrypoint=entry))
+        if fmt == "slurm":
+            return Response(rankmaps.slurm_script(ranks, entrypoint=entry, job=job.name))
         if fmt == "slurm-hostfile":
             return Response(rankmaps.slurm_hostfile(ranks))
         if fmt == "torchrun":
-            entry = request.query_params.get("entrypoint", "train.py")
             return Response(rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port))
         return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port))
 
