@@ -14,7 +14,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q
 from apps.placement.jobs import load_job
 from apps.topology.models import Node
 
-from .choices import JobStatus, RankState
+from .choices import JobStatus, NodeState, RankState
 from .models import Allocation, Job, NodeAgent, RankRun
 
 BASE_MASTER_PORT = 20000
@@ -178,3 +178,30 @@ def job_log_tails(*, job: Job, limit: int = 16) -> list[RankRun]:
         .order_by("rank")[:rest]
     )
     return failed + list(current)
+
+
+def cluster_health(*, cluster_id: int) -> dict[str, Any]:
+    """Node health of a cluster at a glance: counts per state (nodes without an agent row count
+    as up), nodes not up with their reasons, and unhealthy GPUs as "node:index (reason)"."""
+    rows = list(
+        NodeAgent.objects.filter(node__cluster_id=cluster_id)
+        .order_by("node__position", "node_id")
+        .values_list("node__name", "state", "reason", "unhealthy_gpus", "last_seen")
+    )
+    total = Node.objects.filter(cluster_id=cluster_id).count()
+    counts = {state: 0 for state in NodeState.values}
+    for _, state, _, _, _ in rows:
+        counts[state] += 1
+    counts[NodeState.UP] += total - len(rows)
+    return {
+        "counts": counts,
+        "agents": sum(1 for r in rows if r[4] is not None),
+        "nodes": [
+            {"node": name, "state": state, "reason": reason, "last_seen": seen}
+            for name, state, reason, _, seen in rows
+            if state != NodeState.UP
+        ],
+        "unhealthy": [
+            f"{name}:{g.get('gpu')} ({g.get('reason', '')})" for name, _, _, bad, _ in rows for g in bad or ()
+        ],
+    }

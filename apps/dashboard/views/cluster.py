@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 
 from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, JOB_PALETTE, OVERLAYS, cluster_figure
 from apps.dashboard.selectors import cluster_graph_data, graph_signature
+from apps.scheduling.agent_selectors import cluster_health
 from apps.scheduling.choices import ACTIVE_STATUSES
 from apps.topology.models import Cluster
 
@@ -55,6 +56,7 @@ def cluster_page(request, name: str | None = None):
     context = graph_context(cluster, request.user)
     context["cluster"] = cluster
     context["version"] = graph_version(cluster, request.user)
+    context["health"] = cluster_health(cluster_id=cluster.pk)
     return render(request, "dashboard/cluster.html", context)
 
 
