@@ -193,7 +193,13 @@ def _finish(job: Job, status: str, reason: str, now: datetime) -> None:
     job.overdue = False
     job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
     queue_cycle(job.cluster_id)
-    notify_cluster(job.cluster_id)
+    notify_job_nodes(job)
+
+
+def notify_job_nodes(job: Job) -> None:
+    """Wake the long-polls of the nodes the job has (or had) ranks on, after commit."""
+    nodes = Allocation.objects.filter(job_id=job.pk).values_list("gpu__node__name", flat=True).distinct()
+    notify_cluster(job.cluster_id, list(nodes))
 
 
 def _migration_continue(job: Job, now: datetime) -> None:
@@ -214,7 +220,7 @@ def _migration_continue(job: Job, now: datetime) -> None:
     job.pending_reason = f"migrated: generation {job.generation} starting on its new GPUs"
     job.save(update_fields=["status", "placed_at", "started_at", "pending_reason"])
     queue_cycle(job.cluster_id)
-    notify_cluster(job.cluster_id)
+    notify_job_nodes(job)
 
 
 def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: tuple[int, ...], now) -> None:
@@ -251,7 +257,7 @@ def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: 
         status=JobStatus.MIGRATING,
         pending_reason=f"migrating: generation {generation - 1} is stopping",
     )
-    notify_cluster(job.cluster_id)
+    notify_job_nodes(job)
 
 
 def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, list]:
@@ -305,7 +311,7 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
         )
         job.save(update_fields=["status", "placed_at", "flows", "pending_reason"])
         queue_cycle(job.cluster_id)
-        notify_cluster(job.cluster_id)
+        notify_job_nodes(job)
         return True
 
 

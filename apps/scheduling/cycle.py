@@ -211,7 +211,9 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
         now=now,
     )
     if booked:
-        notify_cluster(snapshot.cluster_id)
+        topo = snapshot.topology
+        nodes = {topo.nodes[int(topo.gpu_node[g])].name for b in booked for g in b.placement.gids}
+        notify_cluster(snapshot.cluster_id, nodes)
     return [b.job.job_id for b in booked]
 
 

@@ -18,12 +18,12 @@ from django.utils import timezone
 from apps.topology.models import Cluster
 
 from . import snapshot as snap
+from .agents import notify_job_nodes
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
 from .cycle import queue_cycle, schedule_cluster
 from .models import Job, LauncherToken
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
-from .wakeups import notify_cluster
 
 __all__ = [
     "JobStateError",
@@ -88,7 +88,7 @@ def _release(job: Job, status: str, *, reason: str = "", now=None) -> Job:
     # Freed GPUs or a shorter queue may let waiting jobs start.
     queue_cycle(job.cluster_id)
     # Agents stop what no longer belongs to a running job.
-    notify_cluster(job.cluster_id)
+    notify_job_nodes(job)
     return job
 
 

@@ -5,6 +5,7 @@ services in `agents`."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import connection
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -67,7 +68,7 @@ class AgentSyncView(APIView):
                 {"node": [f"no node {data['node']!r} in cluster {token.cluster.name!r}"]},
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        since = epoch(node.cluster_id)
+        since = epoch(node.cluster_id, node.name)
         agent = agents.agent_heartbeat(node=node, beat=body.heartbeat())
         reports = agents.parse_reports(data["reports"])
         if reports:
@@ -76,7 +77,10 @@ class AgentSyncView(APIView):
         wait_s = min(data["wait_s"], MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
         if wait_s > 0 and not reports and running == _keys(work):
-            if wait_for_change(node.cluster_id, since, wait_s):
+            if not connection.in_atomic_block:
+                # A waiting poll holds no database connection: thousands of agents wait at once.
+                connection.close()
+            if wait_for_change(node.cluster_id, node.name, since, wait_s):
                 work = node_work(node=node)
         return Response(
             {
