@@ -241,3 +241,13 @@ LOGGING = {
 TOPOWEB_AGENT_POLL_S = float(_env("TOPOWEB_AGENT_POLL_S", "10"))
 TOPOWEB_AGENT_DOWN_AFTER_S = float(_env("TOPOWEB_AGENT_DOWN_AFTER_S", "30"))
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
+# Thousands of agents' long-polls each take a connection briefly: a pool instead of one
+# connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).
+if _env("TOPOWEB_DB_POOL_MAX") and not EMBEDDED:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": int(_env("TOPOWEB_DB_POOL_MAX")),
+        "timeout": 30,
+    }

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Case, CharField, Count, F, Q, TextField, Value, When
 from django.utils import timezone
 
 from apps.topology.models import Cluster, Node
@@ -73,6 +73,8 @@ class Heartbeat:
 
 def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
     """GPUs to exclude: those the agent flagged, plus topology GPUs missing from its inventory."""
+    if not beat.unhealthy and beat.inventory is None:
+        return []
     bad = {gpu: reason for gpu, reason in beat.unhealthy}
     if beat.inventory is not None:
         found = {int(g["index"]) for g in beat.inventory}
@@ -82,12 +84,16 @@ def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
     return [{"gpu": g, "reason": r} for g, r in sorted(bad.items())]
 
 
-def agent_heartbeat(*, node: Node, beat: Heartbeat, now: datetime | None = None) -> NodeAgent:
-    """Record a heartbeat: the node is seen now; a node that was down is up again. Only the
-    heartbeat's own columns are written, so a drain arriving meanwhile is never undone."""
+def agent_heartbeat(
+    *, node: Node, beat: Heartbeat, agent: NodeAgent | None = None, now: datetime | None = None
+) -> NodeAgent:
+    """Record a heartbeat in one UPDATE: the node is seen now; a node that was down is up again.
+    Only the heartbeat's own columns are written, so a drain arriving meanwhile is never undone.
+    `agent` is the node's row as read with the node (None: never had one). A changed health
+    (back from down, other unhealthy GPUs) requests a scheduling cycle."""
     now = now or timezone.now()
     unhealthy = _unhealthy(node, beat)
-    fields = {
+    fields: dict[str, Any] = {
         "last_seen": now,
         "version": beat.version,
         "addr": beat.addr,
@@ -96,14 +102,29 @@ def agent_heartbeat(*, node: Node, beat: Heartbeat, now: datetime | None = None)
     }
     if beat.inventory is not None:
         fields["inventory"] = beat.inventory
-    agent, created = NodeAgent.objects.get_or_create(node=node, defaults=fields)
-    changed = created and bool(unhealthy)
-    if not created:
-        changed = agent.unhealthy_gpus != unhealthy
-        NodeAgent.objects.filter(pk=agent.pk).update(**fields)
-        if NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(state=NodeState.UP, reason=""):
-            changed = True
-        agent.refresh_from_db()
+    if agent is None:
+        agent, created = NodeAgent.objects.get_or_create(node=node, defaults=fields)
+        if created:
+            if unhealthy:
+                queue_cycle(node.cluster_id)
+            return agent
+    was_down = agent.state == NodeState.DOWN
+    changed = was_down or agent.unhealthy_gpus != unhealthy
+    NodeAgent.objects.filter(pk=agent.pk).update(
+        **fields,
+        state=Case(
+            When(state=NodeState.DOWN, then=Value(NodeState.UP.value)),
+            default=F("state"),
+            output_field=CharField(),
+        ),
+        reason=Case(
+            When(state=NodeState.DOWN, then=Value("")), default=F("reason"), output_field=TextField()
+        ),
+    )
+    for name, value in fields.items():
+        setattr(agent, name, value)
+    if was_down:
+        agent.state, agent.reason = NodeState.UP, ""
     if changed:
         queue_cycle(node.cluster_id)
     return agent

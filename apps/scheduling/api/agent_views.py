@@ -62,14 +62,19 @@ class AgentSyncView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         token = launcher_of(request)
-        node = Node.objects.filter(cluster_id=token.cluster_id, name=data["node"]).first()
+        node = (
+            Node.objects.select_related("agent")
+            .filter(cluster_id=token.cluster_id, name=data["node"])
+            .first()
+        )
         if node is None:
             return Response(
                 {"node": [f"no node {data['node']!r} in cluster {token.cluster.name!r}"]},
                 status=status.HTTP_400_BAD_REQUEST,
             )
         since = epoch(node.cluster_id, node.name)
-        agent = agents.agent_heartbeat(node=node, beat=body.heartbeat())
+        known = getattr(node, "agent", None)
+        agent = agents.agent_heartbeat(node=node, beat=body.heartbeat(), agent=known)
         reports = agents.parse_reports(data["reports"])
         if reports:
             agents.agent_report(node=node, reports=reports)
