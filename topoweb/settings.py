@@ -272,6 +272,8 @@ SPECTACULAR_SETTINGS = {
         "CycleStatusEnum": "apps.scheduling.choices.CycleStatus",
         "ProposalStatusEnum": "apps.scheduling.choices.ProposalStatus",
         "MeasureSourceEnum": "apps.metrics.choices.MeasureSource",
+        "NodeStateEnum": "apps.scheduling.choices.NodeState",
+        "RankStateEnum": "apps.scheduling.choices.RankState",
     },
 }
 
@@ -320,3 +322,19 @@ LOGGING = {
 # default runs replays in a thread, since its eager Celery would hold the web request.
 SIMULATION_TRACE_DIR = _env("SIMULATION_TRACE_DIR") or str(BASE_DIR.parent / "shared" / "data" / "traces")
 SIMULATIONS_IN_THREAD = EMBEDDED and CELERY_TASK_ALWAYS_EAGER and not TESTING
+
+# Node agents (apps/agent): how long an agent's work poll may wait, when a silent node is down,
+# and how long a placed job may take until every rank started before it is requeued.
+TOPOWEB_AGENT_POLL_S = float(_env("TOPOWEB_AGENT_POLL_S", "10"))
+TOPOWEB_AGENT_DOWN_AFTER_S = float(_env("TOPOWEB_AGENT_DOWN_AFTER_S", "30"))
+TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
+# Thousands of agents' long-polls each take a connection briefly: a pool instead of one
+# connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).
+if _env("TOPOWEB_DB_POOL_MAX") and not EMBEDDED:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": int(_env("TOPOWEB_DB_POOL_MAX")),
+        "timeout": 30,
+    }

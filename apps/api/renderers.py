@@ -30,6 +30,11 @@ class SlurmHostfileRenderer(_TextRenderer):
     format = "slurm-hostfile"
 
 
+class SlurmScriptRenderer(_TextRenderer):
+    media_type = "text/x-shellscript"
+    format = "slurm"
+
+
 class TorchrunRenderer(_TextRenderer):
     media_type = "text/x-shellscript"
     format = "torchrun"

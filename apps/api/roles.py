@@ -4,8 +4,8 @@ dashboard all check, so the three agree.
 - viewer: reads everything, including every user's jobs, cycles and migration proposals.
 - submitter: submits jobs and cancels their own (every signed-in user is one while
   `TOPOWEB_ANY_USER_SUBMITS` is on, the default).
-- operator: a viewer who also changes cluster settings (policy, preemption, backfill), cancels,
-  starts, completes and fails any job, and applies or rejects migration proposals.
+- operator: a viewer who also changes cluster settings (policy, preemption, backfill), drains and
+  resumes nodes, cancels, starts, completes and fails any job, and applies or rejects migration proposals.
 - admin: every permission on the topology and scheduling models: imports, replaces and deletes
   clusters, edits topology rows, creates launcher tokens.
 
@@ -31,6 +31,8 @@ VIEW_ALL = (
     "topology.view_gpu",
     "topology.view_gpumodel",
     "topology.view_nvlinkdomain",
+    "scheduling.view_nodeagent",
+    "scheduling.view_rankrun",
 )
 ROLES: dict[str, tuple[str, ...]] = {
     "viewer": VIEW_ALL,
@@ -41,6 +43,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "scheduling.change_job",
         "scheduling.change_migrationproposal",
         "topology.change_cluster",
+        "scheduling.change_nodeagent",
     ),
     # Every permission of APPS (see roles_ensure).
     "admin": (),
@@ -53,6 +56,7 @@ DECIDE_MIGRATIONS = "scheduling.change_migrationproposal"
 SEE_CYCLES = "scheduling.view_schedulingcycle"
 IMPORT_CLUSTERS = "topology.add_cluster"
 CHANGE_CLUSTERS = "topology.change_cluster"
+MANAGE_NODES = "scheduling.change_nodeagent"
 
 
 def can(user: AbstractBaseUser | AnonymousUser | None, perm: str) -> bool:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import cluster, imports, job, queue, vendor
+from .views import cluster, imports, job, nodes, queue, vendor
 
 app_name = "dashboard"
 
@@ -12,6 +12,15 @@ urlpatterns = [
     path("clusters/<str:name>/", cluster.cluster_page, name="cluster"),
     path("clusters/<str:name>/version/", cluster.cluster_version, name="cluster-version"),
     path("clusters/<str:name>/measured/", cluster.cluster_measured, name="cluster-measured"),
+    path(
+        "clusters/<str:name>/nodes/drain/", nodes.node_health_decide, {"action": "drain"}, name="node-drain"
+    ),
+    path(
+        "clusters/<str:name>/nodes/resume/",
+        nodes.node_health_decide,
+        {"action": "resume"},
+        name="node-resume",
+    ),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),
     path(

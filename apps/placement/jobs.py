@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .launch import LAUNCH_FIELDS, LaunchSpec, launch_to_spec, load_launch
 from .topology import (
     JOB_LIMITS,
     SpecError,
@@ -43,7 +44,15 @@ RANK_DIMS = ("tp", "ep", "dp", "pp")
 DEFAULT_RANK_ORDER = "tp-ep-dp-pp"
 
 _TOP_REQUIRED = {"version", "name", "gpus", "parallelism", "step", "comm"}
-_TOP_OPTIONAL = {"cluster", "user", "priority", "rank_order", "model", "estimated_runtime_s", "policy"}
+_TOP_OPTIONAL = {
+    "cluster",
+    "user",
+    "priority",
+    "rank_order",
+    "model",
+    "estimated_runtime_s",
+    "policy",
+} | LAUNCH_FIELDS
 _PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
 
 
@@ -78,6 +87,7 @@ class JobSpec:
     comm: tuple[CommEntry, ...]
     estimated_runtime_s: float | None
     policy: str | None
+    launch: LaunchSpec = LaunchSpec()
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -152,6 +162,7 @@ def load_job(data: Any) -> JobSpec:
     policy = data.get("policy")
     if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
         errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
+    launch = load_launch(errs, data)
     errs.raise_if_any()
     return JobSpec(
         name=name,
@@ -171,6 +182,7 @@ def load_job(data: Any) -> JobSpec:
         comm=tuple(comm),
         estimated_runtime_s=runtime,
         policy=policy,
+        launch=launch,
     )
 
 
@@ -252,6 +264,7 @@ def job_to_spec(job: JobSpec) -> dict:
         out["estimated_runtime_s"] = job.estimated_runtime_s
     if job.policy is not None:
         out["policy"] = job.policy
+    out.update(launch_to_spec(job.launch))
     return out
 
 

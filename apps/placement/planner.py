@@ -253,7 +253,10 @@ def _preempt_for(
 ) -> tuple[list[ActiveJob], Placement | None]:
     """The fewest lower-priority active jobs (lowest priority, then most recent, first) whose GPUs
     let `job` fit, and its placement; ([], None) when no such set exists."""
-    candidates = [a for a in snapshot.active if a.priority < job.priority and a.job_id not in evicted]
+    # A job whose processes run under agents frees its GPUs only once they exited: not a victim.
+    candidates = [
+        a for a in snapshot.active if a.priority < job.priority and a.job_id not in evicted and not a.launched
+    ]
     # Lowest priority first; among equals the most recently started loses the least work.
     candidates.sort(key=lambda a: (a.priority, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id))
     trial_free = free.copy()

@@ -39,6 +39,8 @@ class ActiveJob:
     started_at: datetime | None
     estimated_runtime_s: float | None
     overdue: bool = False
+    # Its processes run under node agents: its GPUs free up only when they exited.
+    launched: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from . import services
-from .models import Allocation, Job, LauncherToken, MigrationProposal, SchedulingCycle
+from . import agents, services
+from .models import Allocation, Job, LauncherToken, MigrationProposal, NodeAgent, SchedulingCycle
 from .proposals import ProposalStateError
 
 
@@ -147,3 +147,40 @@ class LauncherTokenAdmin(admin.ModelAdmin):
     list_display = ["id", "cluster", "created_at"]
     list_filter = ["cluster"]
     readonly_fields = ["key", "created_at"]
+
+
+@admin.register(NodeAgent)
+class NodeAgentAdmin(admin.ModelAdmin):
+    """Node health: drain (the reason field says why) and resume through the services."""
+
+    list_display = ["node", "state", "reason", "last_seen", "version", "running"]
+    list_filter = ["state", "node__cluster"]
+    search_fields = ["node__name"]
+    list_select_related = ["node"]
+    readonly_fields = [
+        "node",
+        "state",
+        "last_seen",
+        "version",
+        "addr",
+        "inventory",
+        "unhealthy_gpus",
+        "running",
+    ]
+    fields = [*readonly_fields[:2], "reason", *readonly_fields[2:]]
+    actions = ["drain", "resume"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Drain the selected nodes (reason: the node's reason field, else 'admin')")
+    def drain(self, request, queryset):
+        for agent in queryset.select_related("node"):
+            agents.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
+        self.message_user(request, f"{queryset.count()} nodes draining or drained", messages.SUCCESS)
+
+    @admin.action(description="Resume the selected nodes")
+    def resume(self, request, queryset):
+        for agent in queryset.select_related("node"):
+            agents.node_resume(node=agent.node)
+        self.message_user(request, f"{queryset.count()} nodes resumed", messages.SUCCESS)

@@ -34,6 +34,7 @@ from apps.topology.models import Cluster
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
+from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
 
@@ -231,11 +232,14 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
     ids = [b.job.job_id for b in plan.bookings]
     # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
     # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
-    waiting = set(
-        Job.objects.select_for_update()
+    # mark_placed moves each of them to its next generation.
+    generations = {
+        pk: generation + 1
+        for pk, generation in Job.objects.select_for_update()
         .filter(pk__in=ids, status__in=WAITING_STATUSES)
-        .values_list("id", flat=True)
-    )
+        .values_list("id", "generation")
+    }
+    waiting = set(generations)
     booked = [b for b in plan.bookings if b.job.job_id in waiting]
     snap.mark_placed(
         updates=[
@@ -243,7 +247,16 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
         ],
         now=now,
     )
-    snap.book_many(snapshot=snapshot, bookings=[(b.job.job_id, b.placement.gids) for b in booked], now=now)
+    snap.book_many(
+        snapshot=snapshot,
+        bookings=[(b.job.job_id, b.placement.gids) for b in booked],
+        generations=generations,
+        now=now,
+    )
+    if booked:
+        topo = snapshot.topology
+        nodes = {topo.nodes[int(topo.gpu_node[g])].name for b in booked for g in b.placement.gids}
+        notify_cluster(snapshot.cluster_id, nodes)
     return [b.job.job_id for b in booked]
 
 

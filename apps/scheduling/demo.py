@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from django.conf import settings
@@ -47,7 +48,31 @@ def _job(
     }
     if policy:
         spec["policy"] = policy
+    spec["command"] = dummy_command(runtime_s)
     return spec
+
+
+# The demo's stand-in for a training script: prints a step line a second, exits 0 after argv[1] s.
+DUMMY_TRAINER = """
+import os, sys, time
+total = float(sys.argv[1])
+rank = os.environ.get("RANK", "?")
+t0 = time.monotonic()
+step = 0
+while time.monotonic() - t0 < total:
+    step += 1
+    print(f"rank {rank} step {step} on GPU {os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    time.sleep(1.0)
+print(f"rank {rank} done after {step} steps", flush=True)
+"""
+DEMO_RUN_S = (60.0, 600.0)  # a demo job's dummy processes run this long, scaled from its estimate
+
+
+def dummy_command(runtime_s: float) -> list[str]:
+    """The argv of the demo's dummy trainer, running a few minutes for a job estimated at days."""
+    low, high = DEMO_RUN_S
+    seconds = min(max(runtime_s / 720.0, low), high)
+    return [sys.executable, "-c", DUMMY_TRAINER, f"{seconds:.0f}"]
 
 
 def pod_jobs() -> list[tuple[str, dict]]:
@@ -215,8 +240,10 @@ def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dic
             services.job_submit(user=users[owner], spec=spec, cluster=cluster) for owner, spec in jobs
         ]
     services.schedule_cluster(cluster=cluster)
+    # Jobs with a command start when the node agents run their ranks (`serve_embedded` runs them).
     for job in Job.objects.filter(pk__in=[j.pk for j in submitted], status=JobStatus.PLACING):
-        services.job_start(job=job)
+        if not job.spec.get("command"):
+            services.job_start(job=job)
     return submitted
 
 
@@ -239,6 +266,7 @@ def load_demo_jobs() -> dict[str, int]:
         spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
         # The seed's pattern: placed free-GPU-first, every DP group straddles the two nodes.
         spec["policy"] = "naive"
+        spec["command"] = dummy_command(spec.get("estimated_runtime_s", 3600))
         if Job.objects.filter(cluster=case, name=spec["name"]).exists():
             loaded[CASE] = 0
         else:

@@ -35,10 +35,11 @@ class PeriodicScheduler(threading.Thread):
             self._stop_event.wait(self.interval_s)
 
     def tick(self) -> None:
-        """One round: a cycle, re-pricing of the active jobs, then migration proposals, on every
-        cluster; errors are logged."""
+        """One round on every cluster: node health and start timeouts, a cycle, re-pricing of the
+        active jobs, then migration proposals; errors are logged."""
         from apps.topology.models import Cluster
 
+        from .agents import nodes_check
         from .cycle import schedule_cluster
         from .pricing import active_jobs_reprice
         from .proposals import migrations_propose
@@ -46,7 +47,7 @@ class PeriodicScheduler(threading.Thread):
         close_old_connections()
         try:
             for cluster in Cluster.objects.order_by("pk"):
-                for step in (schedule_cluster, active_jobs_reprice, migrations_propose):
+                for step in (nodes_check, schedule_cluster, active_jobs_reprice, migrations_propose):
                     try:
                         step(cluster=cluster)
                     except Cluster.DoesNotExist:

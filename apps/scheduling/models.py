@@ -61,6 +61,9 @@ class Job(models.Model):
     idempotency_digest = models.CharField(
         max_length=64, blank=True, default="", help_text="SHA-256 of the submitted body and cluster."
     )
+    generation = models.PositiveIntegerField(
+        default=0, help_text="Placements so far: each placement or applied migration starts a new one."
+    )
 
     class Meta:
         ordering = ["-priority", "submitted_at", "id"]
@@ -115,7 +118,9 @@ keep_released_allocations.lazy_sub_objs = True
 
 
 class Allocation(models.Model):
-    """Rank `rank` of `job` runs on `gpu`. `live` is False once the job released its GPUs.
+    """Rank `rank` of generation `generation` of `job` runs on `gpu`. `live` is False once the
+    GPU was released, or while a migration's new rank waits for the old rank on that GPU to exit
+    (`released_at` null).
 
     At most one live allocation per GPU (a partial unique constraint, on SQLite and Postgres
     alike): the last guard against double booking. `node_name`, `gpu_index` and `nic_name` copy
@@ -142,6 +147,7 @@ class Allocation(models.Model):
         max_length=NAME_MAX_LENGTH, blank=True, default="", help_text="The GPU's NIC, by value."
     )
     live = models.BooleanField(default=True)
+    generation = models.PositiveIntegerField(default=1, help_text="The job generation this rank belongs to.")
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -151,7 +157,9 @@ class Allocation(models.Model):
             models.UniqueConstraint(
                 fields=["gpu"], condition=Q(live=True), name="one_live_allocation_per_gpu"
             ),
-            models.UniqueConstraint(fields=["job", "rank"], name="one_allocation_per_job_rank"),
+            models.UniqueConstraint(
+                fields=["job", "generation", "rank"], name="one_allocation_per_job_generation_rank"
+            ),
             models.CheckConstraint(
                 condition=Q(live=False) | Q(gpu__isnull=False), name="live_allocation_has_gpu"
             ),
@@ -240,3 +248,16 @@ class LauncherToken(models.Model):
 
     def __str__(self) -> str:
         return f"launcher token for cluster {self.cluster_id}"
+
+
+from .agent_models import NodeAgent, RankRun  # noqa: E402  (models of the launch loop)
+
+__all__ = [
+    "Allocation",
+    "Job",
+    "LauncherToken",
+    "MigrationProposal",
+    "NodeAgent",
+    "RankRun",
+    "SchedulingCycle",
+]

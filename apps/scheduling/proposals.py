@@ -11,7 +11,8 @@ from apps.placement.planner import migration_option
 from apps.topology.models import Cluster
 
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, ProposalStatus
+from .agents import migration_generation
+from .choices import ACTIVE_STATUSES, JobStatus, ProposalStatus
 from .cycle import queue_cycle
 from .models import Job, MigrationProposal
 
@@ -108,9 +109,12 @@ def _stale(proposal: MigrationProposal, reason: str) -> MigrationProposal:
 def migration_apply(
     *, proposal: MigrationProposal, user: AbstractBaseUser | None = None
 ) -> MigrationProposal:
-    """Move the job's allocations to the proposal's mapping in one transaction if its target GPUs
-    are still free (or the job's own) and the job still sits where the proposal found it;
-    otherwise mark the proposal stale. Returns the proposal (status applied or stale)."""
+    """Start a new generation of the job on the proposal's mapping if its target GPUs are still
+    free (or the job's own) and the job still sits where the proposal found it; otherwise mark
+    the proposal stale. Returns the proposal (status applied or stale).
+
+    When the job's ranks run under agents it becomes `migrating`: its old GPUs stay allocated
+    until every old rank exited, then the new generation starts (see `agents`)."""
     with transaction.atomic():
         cluster_id = Job.objects.filter(pk=proposal.job_id).values_list("cluster_id", flat=True).first()
         locked = Cluster.objects.select_for_update().get(pk=cluster_id)
@@ -118,7 +122,7 @@ def migration_apply(
         if proposal.status != ProposalStatus.PROPOSED:
             raise ProposalStateError(proposal, "apply")
         job = Job.objects.select_for_update().get(pk=proposal.job_id)
-        if job.status not in ACTIVE_STATUSES:
+        if job.status not in (JobStatus.PLACING, JobStatus.RUNNING):
             return _stale(proposal, f"the job is {job.status}")
         snapshot = snap.cluster_snapshot(cluster=locked)
         active = next((a for a in snapshot.active if a.job_id == job.pk), None)
@@ -143,8 +147,8 @@ def migration_apply(
             policy=proposal.policy,
             own_flows=active.flows,
         )
-        snap.book(job_id=job.pk, snapshot=snapshot, gids=new_gids, now=now)
         Job.objects.filter(pk=job.pk).update(**fields)
+        migration_generation(job=job, snapshot=snapshot, new_gids=new_gids, now=now)
         proposal.status = ProposalStatus.APPLIED
         proposal.applied_at = now
         proposal.decided_by = user

@@ -1,4 +1,5 @@
-"""Rank maps of a placed job for launchers: Open MPI rankfile, SLURM_HOSTFILE, torchrun, JSON.
+"""Rank maps of a placed job for launchers: Open MPI appfile, Slurm (SLURM_HOSTFILE and a GPU
+binding wrapper), torchrun, JSON.
 
 All take the job's ranks as `{"rank", "node", "gpu", "nic"}` entries in rank order (see
 `selectors.job_ranks`). Nodes are numbered (node rank) by their lowest rank.
@@ -6,11 +7,23 @@ All take the job's ranks as `{"rank", "node", "gpu", "nic"}` entries in rank ord
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
-FORMATS = ("openmpi", "slurm-hostfile", "torchrun", "json")
+from apps.agent.env import nccl_ib_hca
+
+FORMATS = ("openmpi", "slurm", "slurm-hostfile", "torchrun", "json")
+# How to use each file (the job page shows these).
+USAGE = {
+    "openmpi": "Open MPI appfile: mpirun --app FILE; line N is rank N with its GPU in CUDA_VISIBLE_DEVICES.",
+    "slurm": "bash script for an allocation of these nodes: writes SLURM_HOSTFILE, runs srun"
+    " --distribution=arbitrary with a wrapper binding each task's GPU by SLURM_PROCID.",
+    "slurm-hostfile": "SLURM_HOSTFILE alone (one host per task, in rank order); bind GPUs yourself.",
+    "torchrun": "one torchrun command per node; CUDA_VISIBLE_DEVICES in local-rank order, so"
+    " torch.cuda.set_device(LOCAL_RANK) selects the planned GPU; RANK set from the plan.",
+}
 DEFAULT_MASTER_PORT = 29500
 
 
@@ -31,10 +44,32 @@ def nodes_in_rank_order(ranks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return list(nodes.values())
 
 
-def openmpi_rankfile(ranks: Sequence[dict[str, Any]]) -> str:
-    """Open MPI rankfile (`mpirun --rankfile F`): one `rank N=host slot=G` line per rank, where G
-    is the GPU index on the host that rank N drives."""
-    return "".join(f"rank {r['rank']}={r['node']} slot={r['gpu']}\n" for r in _check(ranks))
+def _q(value: Any) -> str:
+    """One shell word: every value that goes into a command line is quoted."""
+    return shlex.quote(str(value))
+
+
+def _bash_array(values: Sequence[Any]) -> str:
+    return "(" + " ".join(_q(v) if str(v) else "''" for v in values) + ")"
+
+
+def openmpi_appfile(ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py") -> str:
+    """Open MPI appfile (`mpirun --app F`): one `-np 1 --host H -x CUDA_VISIBLE_DEVICES=G` line
+    per rank, in rank order, so MPI_COMM_WORLD rank N is line N and sees only its planned GPU
+    (device 0 inside the process). A rankfile's `slot=` would name CPU slots, not GPUs."""
+    ordered = _check(ranks)
+    out = [
+        f"# Open MPI appfile: {len(ordered)} ranks, one per line in rank order.\n",
+        "# Run: mpirun --app this-file (each line is one process; its GPU via CUDA_VISIBLE_DEVICES).\n",
+    ]
+    program = " ".join(_q(a) for a in ("python", entrypoint))
+    for r in ordered:
+        env = [f"-x {_q('CUDA_VISIBLE_DEVICES=' + str(r['gpu']))}"]
+        hca = nccl_ib_hca(r["nic"])
+        if hca:
+            env.append(f"-x {_q('NCCL_IB_HCA=' + hca)}")
+        out.append(f"-np 1 --host {_q(r['node'])} {' '.join(env)} {program}\n")
+    return "".join(out)
 
 
 def slurm_hostfile(ranks: Sequence[dict[str, Any]]) -> str:
@@ -42,10 +77,34 @@ def slurm_hostfile(ranks: Sequence[dict[str, Any]]) -> str:
     return "".join(f"{r['node']}\n" for r in _check(ranks))
 
 
-def nccl_ib_hca(nic: str) -> str:
-    """NCCL_IB_HCA value selecting exactly one HCA (a leading '=' turns off prefix matching, so
-    mlx5_1 does not also pick mlx5_10); empty for a GPU without a NIC."""
-    return f"={nic}" if nic else ""
+def slurm_script(ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py", job: str = "job") -> str:
+    """A bash script for a Slurm allocation holding the job's nodes: it writes SLURM_HOSTFILE
+    (task N on the host of rank N) and runs `srun --distribution=arbitrary` through a wrapper that
+    binds each task to its planned GPU and NIC by SLURM_PROCID (`--gpu-bind=map_gpu:` maps by
+    local task id with one list for every node, which an irregular placement cannot express)."""
+    ordered = _check(ranks)
+    hostfile = f"topoweb-hosts-{re.sub(r'[^A-Za-z0-9._-]', '_', job) or 'job'}.txt"
+    gpus = _bash_array([r["gpu"] for r in ordered])
+    hcas = _bash_array([nccl_ib_hca(r["nic"]) for r in ordered])
+    wrapper = (
+        f"G={gpus}; H={hcas}; "
+        "export CUDA_VISIBLE_DEVICES=${G[$SLURM_PROCID]}; "
+        '[ -n "${H[$SLURM_PROCID]}" ] && export NCCL_IB_HCA=${H[$SLURM_PROCID]}; '
+        'exec "$@"'
+    )
+    lines = [
+        "#!/usr/bin/env bash\n",
+        f"# {len(ordered)} tasks, task N on the host of rank N with its planned GPU. Run inside an\n",
+        "# allocation of these nodes (sbatch/salloc --nodelist=...). The hostfile alone: ?format=slurm-hostfile\n",
+        "set -euo pipefail\n",
+        f"cat > {_q(hostfile)} <<'TOPOWEB_HOSTS'\n",
+        slurm_hostfile(ordered),
+        "TOPOWEB_HOSTS\n",
+        f'export SLURM_HOSTFILE="$PWD"/{_q(hostfile)}\n',
+        f"srun --ntasks={len(ordered)} --distribution=arbitrary"
+        f" bash -c {_q(wrapper)} _ python {_q(entrypoint)}\n",
+    ]
+    return "".join(lines)
 
 
 def _comment(value: Any) -> str:
@@ -62,48 +121,46 @@ def torchrun_commands(
 ) -> str:
     """One torchrun command per node (`--nnodes --node-rank --nproc-per-node --master-addr`).
 
-    Each local process is mapped to its planned global rank, GPU and NIC: a wrapper exports RANK,
-    CUDA_VISIBLE_DEVICES (the rank's GPU only, so it is cuda:0 inside the process) and
-    NCCL_IB_HCA from tables indexed by torchrun's LOCAL_RANK. The master is the node of rank 0.
-    Every value in a command is shell-quoted and comments hold no control characters, whatever the
-    names are (spec v1 names are host-name-like, but rows may predate that rule).
+    CUDA_VISIBLE_DEVICES lists the node's planned GPUs in local-rank order, so that
+    `torch.cuda.set_device(LOCAL_RANK)` selects the planned GPU; a wrapper exports each local
+    process's planned global RANK and NCCL_IB_HCA from tables indexed by torchrun's LOCAL_RANK.
+    The master is the node of rank 0. Every value in a command is shell-quoted and comments hold no
+    control characters, whatever the names are (spec v1 names are host-name-like, but rows may
+    predate that rule).
     """
     nodes = nodes_in_rank_order(ranks)
     if not nodes:
         return ""
     master = nodes[0]["node"]
     world = sum(len(n["ranks"]) for n in nodes)
-    q = shlex.quote
     out = [
         f"# {world} ranks on {len(nodes)} nodes; run each block on its node;"
         f" master {_comment(master)}:{_comment(master_port)}\n"
     ]
     for n in nodes:
         local = n["ranks"]
+        visible = ",".join(str(r["gpu"]) for r in local)
         out.append(f"\n# node {_comment(n['node'])} (node rank {n['node_rank']}): {len(local)} processes\n")
         for r in local:
             hca = nccl_ib_hca(r["nic"])
-            env = f"CUDA_VISIBLE_DEVICES={_comment(r['gpu'])}" + (
+            env = f"GPU {_comment(r['gpu'])} (cuda:{r['local_rank']})" + (
                 f" NCCL_IB_HCA={_comment(hca)}" if hca else ""
             )
             out.append(f"#   local rank {r['local_rank']} -> rank {r['rank']}: {env}\n")
-        rank_table = " ".join(q(str(r["rank"])) for r in local)
-        gpu_table = " ".join(q(str(r["gpu"])) for r in local)
-        hca_table = " ".join(shlex.quote(nccl_ib_hca(r["nic"])) or "''" for r in local)
         wrapper = (
-            f"R=({rank_table}); G=({gpu_table}); H=({hca_table}); "
-            "export RANK=${R[$LOCAL_RANK]} CUDA_VISIBLE_DEVICES=${G[$LOCAL_RANK]}; "
+            f"R={_bash_array([r['rank'] for r in local])}; H={_bash_array([nccl_ib_hca(r['nic']) for r in local])}; "
+            "export RANK=${R[$LOCAL_RANK]}; "
             '[ -n "${H[$LOCAL_RANK]}" ] && export NCCL_IB_HCA=${H[$LOCAL_RANK]}; '
             'exec "$@"'
         )
         out.append(
-            "torchrun"
+            f"CUDA_VISIBLE_DEVICES={_q(visible)} torchrun"
             f" --nnodes={len(nodes)}"
             f" --node-rank={n['node_rank']}"
             f" --nproc-per-node={len(local)}"
-            f" --master-addr={q(str(master))}"
-            f" --master-port={q(str(master_port))}"
-            f" --no-python bash -c {q(wrapper)} _ python {q(entrypoint)}\n"
+            f" --master-addr={_q(master)}"
+            f" --master-port={int(master_port)}"
+            f" --no-python bash -c {_q(wrapper)} _ python {_q(entrypoint)}\n"
         )
     return "".join(out)
 
@@ -115,8 +172,10 @@ def rankmap_json(
     nodes = nodes_in_rank_order(ranks)
     per_rank = []
     for n in nodes:
+        visible = ",".join(str(r["gpu"]) for r in n["ranks"])
         for r in n["ranks"]:
-            env = {"CUDA_VISIBLE_DEVICES": str(r["gpu"])}
+            # As the node agent sets it: the node's GPUs in local-rank order.
+            env = {"CUDA_VISIBLE_DEVICES": visible, "LOCAL_RANK": str(r["local_rank"])}
             if r["nic"]:
                 env["NCCL_IB_HCA"] = nccl_ib_hca(r["nic"])
             per_rank.append(

@@ -91,11 +91,14 @@ def gpu_assignments(*, cluster: Cluster) -> dict[tuple[str, int], tuple[int, int
 def job_ranks(*, job: Job) -> list[dict[str, Any]]:
     """The job's current (or, once finished, last) placement by rank: rank, node, gpu index, nic.
 
-    Live rows win; a finished job shows the rows it released, by the values they were booked
-    with (its GPUs may since have been replaced).
+    The rows of its current generation (a migrating job's new GPUs, some still waiting for the
+    old ranks); a job placed before generations existed shows its live rows. Live rows name their
+    GPU as the topology names it now; a finished job's released rows by the values they were
+    booked with (its GPUs may since have been replaced).
     """
-    rows = Allocation.objects.filter(job=job)
-    # Live rows name their GPU as the topology names it now; released ones as it was booked.
+    rows = Allocation.objects.filter(job=job, generation=job.generation)
+    if not rows.exists():
+        rows = Allocation.objects.filter(job=job)
     fields = ("rank", "gpu__node__name", "gpu__index", "gpu__nic__name")
     if rows.filter(live=True).exists():
         rows = rows.filter(live=True)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.topology.models import Cluster
 
 from . import snapshot as snap
+from .agents import notify_job_nodes
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
 from .cycle import queue_cycle, schedule_cluster
 from .models import Job, LauncherToken
@@ -146,6 +147,8 @@ def _release(job: Job, status: str, *, reason: str = "", now=None) -> Job:
     job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
     # Freed GPUs or a shorter queue may let waiting jobs start.
     queue_cycle(job.cluster_id)
+    # Agents stop what no longer belongs to a running job.
+    notify_job_nodes(job)
     return job
 
 

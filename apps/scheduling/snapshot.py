@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from django.db import connection
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.placement.costmodel import Prediction, evaluate
@@ -27,8 +28,8 @@ from apps.placement.topology import SpecError, Topology, shorten
 from apps.topology.models import Cluster, Gpu
 from apps.topology.services import cluster_topology
 
-from .choices import ACTIVE_STATUSES, WAITING_STATUSES, JobStatus
-from .models import Allocation, Job
+from .choices import ACTIVE_STATUSES, UNSCHEDULABLE_NODE_STATES, WAITING_STATUSES, JobStatus, RankState
+from .models import Allocation, Job, NodeAgent, RankRun
 
 _INDEX_CACHE: dict[tuple[int, Any], GpuIndex] = {}
 _INDEX_LOCK = threading.Lock()
@@ -58,31 +59,50 @@ def gpu_index(*, cluster: Cluster, topology: Topology) -> GpuIndex:
 
 
 def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
-    """Topology, busy GPUs, link loads and active jobs of a cluster, read now (3 queries)."""
+    """Topology, busy GPUs, link loads and active jobs of a cluster, read now (5 queries).
+
+    Busy: every live allocation of any generation (a migrating job's old GPUs stay busy until its
+    old ranks exited), the GPUs of down, draining and drained nodes, and GPUs reported unhealthy.
+    An active job's gids are those of its current generation.
+    """
     topology = cluster_topology(cluster=cluster)
     index = gpu_index(cluster=cluster, topology=topology)
     free = np.ones(topology.n_gpus, dtype=bool)
     gid_of_pk = index.gid_of_pk
-    ranks: dict[int, list[int]] = {}
+    ranks: dict[tuple[int, int], list[int]] = {}
     live = (
         Allocation.objects.filter(live=True, job__cluster=cluster)
-        .order_by("job_id", "rank")
-        .values_list("job_id", "gpu_id")
+        .order_by("job_id", "generation", "rank")
+        .values_list("job_id", "generation", "gpu_id")
     )
-    for job_id, gpu_id in live:
+    for job_id, generation, gpu_id in live:
         gid = gid_of_pk[gpu_id]
         free[gid] = False
-        ranks.setdefault(job_id, []).append(gid)
+        ranks.setdefault((job_id, generation), []).append(gid)
+    _mark_unschedulable(cluster, topology, free)
+    launched = set(
+        RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED)
+        .values_list("job_id", flat=True)
+        .distinct()
+    )
     link_load: dict[str, float] = {}
     active: list[ActiveJob] = []
     rows = (
         Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
         .order_by("id")
         .values_list(
-            "id", "priority", "flows", "status", "placed_at", "started_at", "estimated_runtime_s", "overdue"
+            "id",
+            "priority",
+            "flows",
+            "status",
+            "placed_at",
+            "started_at",
+            "estimated_runtime_s",
+            "overdue",
+            "generation",
         )
     )
-    for pk, priority, flows, status, placed_at, started_at, runtime_s, overdue in rows:
+    for pk, priority, flows, status, placed_at, started_at, runtime_s, overdue, generation in rows:
         flows = flows or {}
         for leaf, load in flows.items():
             link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
@@ -91,7 +111,7 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
             ActiveJob(
                 job_id=pk,
                 priority=priority,
-                gids=tuple(ranks.get(pk, ())),
+                gids=tuple(ranks.get((pk, generation), ())),
                 flows=flows,
                 begin=begin,
                 expected_end=None
@@ -101,9 +121,32 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
                 started_at=started_at,
                 estimated_runtime_s=runtime_s,
                 overdue=overdue,
+                launched=pk in launched or status == JobStatus.MIGRATING,
             )
         )
     return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active)
+
+
+def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> None:
+    """Clear from `free` the GPUs of nodes that take no placements and GPUs reported unhealthy."""
+    rows = (
+        NodeAgent.objects.filter(node__cluster=cluster)
+        .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]))
+        .values_list("node__name", "state", "unhealthy_gpus")
+    )
+    by_name = topology.node_by_name
+    for name, state, unhealthy in rows:
+        n = by_name.get(name)
+        if n is None:
+            continue
+        first, count = int(topology.node_first_gid[n]), int(topology.node_gpu_count[n])
+        if state in UNSCHEDULABLE_NODE_STATES:
+            free[first : first + count] = False
+            continue
+        for entry in unhealthy or ():
+            gpu = entry.get("gpu") if isinstance(entry, Mapping) else None
+            if isinstance(gpu, int) and 0 <= gpu < count:
+                free[first + gpu] = False
 
 
 _SPEC_CACHE: OrderedDict[tuple[int, datetime], JobSpec] = OrderedDict()
@@ -265,9 +308,13 @@ def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: dateti
     `prediction_fields`): one statement sent as a batch, not one ORM update per job."""
     fields = [Job._meta.get_field(name) for name in PLACED_FIELDS]
     qn = connection.ops.quote_name
-    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+    gen = qn(Job._meta.get_field("generation").column)
+    # Each placement starts a new generation of the job's processes.
+    sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
         qn(Job._meta.db_table),
         ", ".join(f"{qn(f.column)} = %s" for f in fields),
+        gen,
+        gen,
         qn(Job._meta.pk.column),
     )
     params = []
@@ -279,19 +326,15 @@ def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: dateti
             cursor.executemany(sql, params)
 
 
-def book(*, job_id: int, snapshot: ClusterSnapshot, gids: Iterable[int], now: datetime | None = None) -> None:
-    """Replace the job's allocation rows with live ones for `gids` (rank r on gids[r])."""
-    book_many(snapshot=snapshot, bookings=[(job_id, gids)], now=now)
-
-
 def book_many(
     *,
     snapshot: ClusterSnapshot,
     bookings: Iterable[tuple[int, Iterable[int]]],
+    generations: Mapping[int, int],
     now: datetime | None = None,
 ) -> None:
-    """Replace each (job id, gids) job's allocation rows with live ones, rank r on gids[r]: one
-    DELETE and one multi-row INSERT for all of them."""
+    """Book each (job id, gids) job as live allocation rows of generation `generations[job id]`,
+    rank r on gids[r]: one DELETE of released rows and one multi-row INSERT for all of them."""
     now = now or timezone.now()
     pks = snapshot.index.gpu_pk
     nics = snapshot.index.nic_name
@@ -311,21 +354,53 @@ def book_many(
                     gpu_index=index,
                     nic_name=nics[gid],
                     live=True,
+                    generation=generations[job_id],
                     created_at=now,
                 )
             )
     if not ids:
         return
-    # A job placed before (then preempted) still has its released rows; ranks are unique per job.
-    Allocation.objects.filter(job_id__in=ids).delete()
+    # Rows released before (a preempted job's) go; live rows of an older generation whose rank is
+    # still running stay until it exits.
+    Allocation.objects.filter(job_id__in=ids, live=False).delete()
     Allocation.objects.bulk_create(rows, batch_size=1000)
 
 
-def release(*, job_id: int, now: datetime | None = None) -> int:
-    """Mark the job's live allocations released; returns how many GPUs were freed."""
-    return Allocation.objects.filter(job_id=job_id, live=True).update(
-        live=False, released_at=now or timezone.now()
+def _rank_running():
+    return Exists(
+        RankRun.objects.filter(
+            job_id=OuterRef("job_id"),
+            generation=OuterRef("generation"),
+            rank=OuterRef("rank"),
+            state=RankState.STARTED,
+        )
     )
+
+
+def release(*, job_id: int, now: datetime | None = None) -> int:
+    """Release the job's GPUs except those whose rank process still runs (those are released
+    when its agent reports the exit; a GPU is never handed on while a process may use it).
+    Rows waiting for a migration are dropped. Returns how many GPUs were freed."""
+    now = now or timezone.now()
+    Allocation.objects.filter(job_id=job_id, live=False, released_at__isnull=True).update(released_at=now)
+    return (
+        Allocation.objects.filter(job_id=job_id, live=True)
+        .exclude(_rank_running())
+        .update(live=False, released_at=now)
+    )
+
+
+def release_exited(*, job_id: int, now: datetime | None = None) -> int:
+    """Release the live allocations of the job's generations other than its current one (and of
+    every generation when it no longer holds GPUs) whose rank has no running process."""
+    now = now or timezone.now()
+    job = Job.objects.filter(pk=job_id).values_list("status", "generation").first()
+    if job is None:
+        return 0
+    rows = Allocation.objects.filter(job_id=job_id, live=True)
+    if job[0] in ACTIVE_STATUSES:
+        rows = rows.exclude(generation=job[1])
+    return rows.exclude(_rank_running()).update(live=False, released_at=now)
 
 
 def priced_fields(

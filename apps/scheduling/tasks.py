@@ -11,6 +11,7 @@ from celery import shared_task
 # Models are imported inside the tasks: settings import BEAT_SCHEDULE before apps are ready.
 SCHEDULE_INTERVAL_S = 10.0
 PROPOSE_INTERVAL_S = 60.0
+NODES_CHECK_INTERVAL_S = 5.0
 
 BEAT_SCHEDULE = {
     "scheduling-cycle-all-clusters": {
@@ -20,6 +21,10 @@ BEAT_SCHEDULE = {
     "scheduling-reprice-active-jobs": {
         "task": "scheduling.reprice_all_clusters",
         "schedule": SCHEDULE_INTERVAL_S,
+    },
+    "scheduling-check-nodes": {
+        "task": "scheduling.check_all_nodes",
+        "schedule": NODES_CHECK_INTERVAL_S,
     },
     "scheduling-propose-migrations": {
         "task": "scheduling.propose_all_migrations",
@@ -102,3 +107,20 @@ def reprice_all_clusters_task() -> int:
         except Cluster.DoesNotExist:
             continue
     return changed
+
+
+@shared_task(name="scheduling.check_all_nodes", ignore_result=True)
+def check_all_nodes_task() -> int:
+    """Mark silent nodes down, drained nodes drained and requeue jobs that never started, on
+    every cluster; returns how many nodes went down."""
+    from apps.topology.models import Cluster
+
+    from .agents import nodes_check
+
+    down = 0
+    for cluster in Cluster.objects.order_by("pk"):
+        try:
+            down += len(nodes_check(cluster=cluster)["down"])
+        except Cluster.DoesNotExist:
+            continue
+    return down

@@ -202,7 +202,7 @@ def test_job_page_shows_ranks_groups_predictions_and_every_policy(page, live_ser
     expect(page.locator("#whatif-table tr[data-policy=topo]")).to_contain_text("dp: nvlink")
     predicted = page.evaluate("() => document.getElementById('chart-mfu').data.map(t => t.name)")
     assert predicted == ["predicted"]
-    for label in ("Open MPI rankfile", "Slurm hostfile", "torchrun"):
+    for label in ("Open MPI appfile", "Slurm script", "Slurm hostfile", "torchrun"):
         expect(page.locator(f"a:has-text('{label}')")).to_have_attribute("href", re.compile("/rankmap/"))
     expect(page.locator("button:has-text('Apply')")).to_have_count(0)  # not staff
     shot("job")

@@ -17,6 +17,7 @@ from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, JOB_PALETTE, OVERLAYS,
 from apps.dashboard.measured import jobs_measured, overlay_values
 from apps.dashboard.selectors import cluster_graph_data, graph_signature
 from apps.metrics.selectors import open_hotspots
+from apps.scheduling.agent_selectors import cluster_health
 from apps.scheduling.choices import ACTIVE_STATUSES
 from apps.topology.models import Cluster
 from apps.topology.services import cluster_topology
@@ -62,6 +63,7 @@ def cluster_page(request, name: str | None = None):
     measured = jobs_measured(cluster=cluster)
     context["jobs"] = [{**row, "measured": measured.get(row["view"].id)} for row in context["jobs"]]
     context["hotspots"] = list(open_hotspots(cluster=cluster))
+    context["health"] = cluster_health(cluster_id=cluster.pk)
     return render(request, "dashboard/cluster.html", context)
 
 

@@ -17,9 +17,11 @@ from apps.dashboard.whatif import what_if
 from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
+from apps.scheduling.agent_selectors import job_generations, job_log_tails
 from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
 from apps.scheduling.models import MigrationProposal
 from apps.scheduling.proposals import ProposalStateError
+from apps.scheduling.rankmaps import USAGE as RANKMAP_USAGE
 from apps.scheduling.services import migration_apply, migration_reject
 from apps.scheduling.snapshot import cluster_snapshot
 
@@ -27,7 +29,8 @@ from .common import perm_required, script_json
 from .vendor import plotly_js_url
 
 RANKMAP_FORMATS = (
-    ("openmpi", "Open MPI rankfile"),
+    ("openmpi", "Open MPI appfile"),
+    ("slurm", "Slurm script"),
     ("slurm-hostfile", "Slurm hostfile"),
     ("torchrun", "torchrun"),
 )
@@ -156,8 +159,11 @@ def job_page(request, pk: int):
         "report": metrics.job_latest_report(job=job),
         "hotspots": list(metrics.open_hotspots(job=job)),
         "rankmaps": [
-            (fmt, label, f"/api/v1/jobs/{job.pk}/rankmap/?format={fmt}") for fmt, label in RANKMAP_FORMATS
+            (fmt, label, f"/api/v1/jobs/{job.pk}/rankmap/?format={fmt}", RANKMAP_USAGE[fmt])
+            for fmt, label in RANKMAP_FORMATS
         ],
+        "generations": job_generations(job=job),
+        "log_tails": job_log_tails(job=job),
         "charts": script_json(charts),
         "plotly_js_url": plotly_js_url(),
     }

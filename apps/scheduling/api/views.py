@@ -23,7 +23,12 @@ from apps.api.authentication import AUTHENTICATION, launcher_of
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
-from apps.api.renderers import OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer
+from apps.api.renderers import (
+    OpenMpiRankfileRenderer,
+    SlurmHostfileRenderer,
+    SlurmScriptRenderer,
+    TorchrunRenderer,
+)
 from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
@@ -239,9 +244,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         summary="Rank map for launchers",
         parameters=[
             OpenApiParameter("format", str, enum=list(rankmaps.FORMATS), description="default json"),
-            OpenApiParameter(
-                "entrypoint", str, description="torchrun: the training script (default train.py)"
-            ),
+            OpenApiParameter("entrypoint", str, description="the training script (default train.py)"),
             OpenApiParameter("master_port", int, description="torchrun: rendezvous port (default 29500)"),
         ],
         responses={
@@ -254,10 +257,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(
         detail=True,
         methods=["get"],
-        renderer_classes=[JSONRenderer, OpenMpiRankfileRenderer, SlurmHostfileRenderer, TorchrunRenderer],
+        renderer_classes=[
+            JSONRenderer,
+            OpenMpiRankfileRenderer,
+            SlurmScriptRenderer,
+            SlurmHostfileRenderer,
+            TorchrunRenderer,
+        ],
     )
     def rankmap(self, request: Request, pk=None) -> Response:
-        """The rank map as ?format=openmpi, slurm-hostfile, torchrun or json."""
+        """The rank map as ?format=openmpi (appfile), slurm (script), slurm-hostfile, torchrun or json."""
         port = int_param(
             request.query_params.get("master_port"),
             field="master_port",
@@ -270,12 +279,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if not ranks:
             return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
         fmt = request.accepted_renderer.format
+        entry = request.query_params.get("entrypoint", "train.py")
+        if len(entry) > 1024 or "\x00" in entry:
+            return Response({"entrypoint": ["must be at most 1024 characters, without NUL"]}, status=400)
         if fmt == "openmpi":
-            return Response(rankmaps.openmpi_rankfile(ranks))
+            return Response(rankmaps.openmpi_appfile(ranks, entrypoint=entry))
+        if fmt == "slurm":
+            return Response(rankmaps.slurm_script(ranks, entrypoint=entry, job=job.name))
         if fmt == "slurm-hostfile":
             return Response(rankmaps.slurm_hostfile(ranks))
         if fmt == "torchrun":
-            entry = request.query_params.get("entrypoint", "train.py")
             return Response(rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port))
         return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port))
 

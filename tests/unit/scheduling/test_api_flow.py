@@ -55,19 +55,26 @@ def test_case44_flow_through_the_api(staff_api, make_user, job_spec, committed):
     a, b = node_of[0], node_of[8]
     openmpi = carol.get(url, {"format": "openmpi"})
     assert openmpi["Content-Type"].startswith("text/plain")
-    assert openmpi.content.decode().splitlines() == [
-        f"rank {r}={a if r < 8 else b} slot={r % 8}" for r in range(16)
+    lines = [line for line in openmpi.content.decode().splitlines() if not line.startswith("#")]
+    assert lines == [
+        f"-np 1 --host {a if r < 8 else b} -x CUDA_VISIBLE_DEVICES={r % 8} -x NCCL_IB_HCA==mlx5_0 python train.py"
+        for r in range(16)
     ]
+    slurm = carol.get(url, {"format": "slurm"})
+    assert slurm["Content-Type"].startswith("text/x-shellscript")
+    assert "srun --ntasks=16 --distribution=arbitrary" in slurm.content.decode()
     hostfile = carol.get(url, {"format": "slurm-hostfile"}).content.decode()
     assert hostfile.splitlines() == [a] * 8 + [b] * 8
     torchrun = carol.get(url, {"format": "torchrun"}).content.decode()
-    commands = [shlex.split(line) for line in torchrun.splitlines() if line.startswith("torchrun")]
+    commands = [
+        shlex.split(line)[1:] for line in torchrun.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES")
+    ]
     assert [c[1:6] for c in commands] == [
         ["--nnodes=2", f"--node-rank={i}", "--nproc-per-node=8", f"--master-addr={a}", "--master-port=29500"]
         for i in range(2)
     ]
     assert "R=(8 9 10 11 12 13 14 15)" in commands[1][commands[1].index("-c") + 1]
-    assert "#   local rank 3 -> rank 11: CUDA_VISIBLE_DEVICES=3 NCCL_IB_HCA==mlx5_0" in torchrun
+    assert "#   local rank 3 -> rank 11: GPU 3 (cuda:3) NCCL_IB_HCA==mlx5_0" in torchrun
 
     # A second 16-GPU job waits, with a reason.
     created = committed(carol.post, "/api/v1/jobs/", job_spec(name="bert-second"), format="json")
@@ -111,4 +118,8 @@ def test_json_rankmap_is_the_default(case44, alice_api, job_spec, committed):
     assert body["Content-Type"] == "application/json"
     data = json.loads(body.content)
     assert data["world_size"] == 16 and len(data["nodes"]) == 2
-    assert data["ranks"][9]["env"] == {"CUDA_VISIBLE_DEVICES": "1", "NCCL_IB_HCA": "=mlx5_0"}
+    assert data["ranks"][9]["env"] == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        "LOCAL_RANK": "1",
+        "NCCL_IB_HCA": "=mlx5_0",
+    }

@@ -83,11 +83,17 @@ def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44, s
     assert set(pod_jobs.values_list("owner__username", flat=True)) == {"alice", "bob"}
     waiting = pod_jobs.get(status=JobStatus.QUEUED)
     assert waiting.gpus == 192 and "reserved to start at" in waiting.pending_reason
-    assert pod_jobs.filter(status=JobStatus.RUNNING).count() == 8
+    # Every demo job carries a command: placed, waiting for the node agents to start its ranks.
+    placed = pod_jobs.filter(status=JobStatus.PLACING)
+    assert placed.count() == 8 and all(job.spec["command"] for job in placed)
+    for job in placed:
+        services.job_start(job=job)
+    services.migrations_propose(cluster=pod256)
     proposal = MigrationProposal.objects.get(status=ProposalStatus.PROPOSED)
     assert proposal.job.name == "llm-tp8-dp2-naive" and proposal.predicted_gain > 0.05
     bert = Job.objects.get(cluster=case44)
-    assert bert.status == JobStatus.RUNNING and bert.placed_policy == "naive"
+    # Its ranks start when the node agents run them (serve_embedded runs them; not here).
+    assert bert.status == JobStatus.PLACING and bert.placed_policy == "naive"
     assert bert.predicted_step_ms == pytest.approx(209.09, abs=0.01)
     assert load_demo_jobs() == {"pod-256": 0, "su-h100": 0, "case-4-4": 0}
     assert Job.objects.count() == 12
@@ -96,7 +102,7 @@ def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44, s
 def test_demo_rail_job_keeps_each_dp_ring_on_one_rail_leaf(su_h100):
     load_demo_jobs()
     job = Job.objects.get(cluster=su_h100, name="llm-rail-tp8-dp8")
-    assert job.status == JobStatus.RUNNING
+    assert job.status == JobStatus.PLACING
     dp_levels = {g["level"] for g in job.predicted["groups"] if g["group"] == "dp"}
     assert dp_levels == {"leaf"}
 

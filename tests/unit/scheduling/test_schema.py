@@ -34,6 +34,6 @@ def test_openapi_schema_has_no_warnings_and_covers_the_scheduling_api(tmp_path):
     formats = next(
         p for p in paths["/api/v1/jobs/{id}/rankmap/"]["get"]["parameters"] if p["name"] == "format"
     )
-    assert sorted(formats["schema"]["enum"]) == ["json", "openmpi", "slurm-hostfile", "torchrun"]
+    assert sorted(formats["schema"]["enum"]) == ["json", "openmpi", "slurm", "slurm-hostfile", "torchrun"]
     assert "application/yaml" in paths["/api/v1/jobs/"]["post"]["requestBody"]["content"]
     assert "launcherAuth" in schema["components"]["securitySchemes"]

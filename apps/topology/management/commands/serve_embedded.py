@@ -4,8 +4,12 @@ Django's development server without the autoreloader (one process, so in-process
 stays single), static files served by WhiteNoise so it works with DEBUG off.
 """
 
+import signal
+import sys
+
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
 
 
 class Command(BaseCommand):
@@ -19,8 +23,13 @@ class Command(BaseCommand):
             default=9400,
             help="port of the in-process simulated dcgm-exporter (0: any)",
         )
+        parser.add_argument(
+            "--no-agents",
+            action="store_true",
+            help="do not run the simulated nodes' agents in this process",
+        )
 
-    def handle(self, *args, addr: str, dcgm_port: int, **options):
+    def handle(self, *args, addr: str, dcgm_port: int, no_agents: bool = False, **options):
         self.stdout.write(f"TopoWeb on http://{addr}/ (admin at http://{addr}/admin/)")
         # No celery beat in the embedded default: a thread runs the scheduling cycles instead.
         from apps.scheduling.embedded import start_periodic_scheduler
@@ -30,4 +39,22 @@ class Command(BaseCommand):
         from apps.metrics.embedded import start_embedded_metrics
 
         start_embedded_metrics(host=addr.rsplit(":", 1)[0] or "127.0.0.1", port=dcgm_port)
-        call_command("runserver", addr, use_reloader=False, skip_checks=False)
+        agents = []
+        if not no_agents:
+            # The demo's nodes run their agents here: jobs run real (dummy) rank processes.
+            from apps.scheduling.demo_agents import start_demo_agents
+
+            try:
+                agents = start_demo_agents(server=f"http://{addr}")
+            except DatabaseError as exc:
+                # An unmigrated database serves its pages (and errors) without agents.
+                self.stderr.write(f"no node agents: {exc}")
+            self.stdout.write(f"{len(agents)} node agents run the demo nodes' ranks in this process")
+        # SIGTERM ends the server like Ctrl-C, so the ranks are stopped below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            call_command("runserver", addr, use_reloader=False, skip_checks=False)
+        finally:
+            # Rank processes run in their own sessions: they would outlive the server.
+            for agent in agents:
+                agent.terminate_ranks()

@@ -1,0 +1,60 @@
+"""Each rank's environment, computed from the server's work description (pure, no processes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    """One local rank to start: its global rank, local rank, planned GPU index and environment."""
+
+    rank: int
+    local_rank: int
+    gpu: int
+    env: dict[str, str]
+
+
+def nccl_ib_hca(nic: str) -> str:
+    """NCCL_IB_HCA selecting exactly one HCA ('=' turns off prefix matching, so mlx5_1 does not
+    also pick mlx5_10); empty for a GPU without a NIC."""
+    return f"={nic}" if nic else ""
+
+
+def plan_env(work: Mapping[str, Any], node: str) -> list[RankPlan]:
+    """The ranks of `work` that run on `node`, in local-rank order, each with its environment.
+
+    `work` is one job generation as the server sends it: `job`, `generation`, `world_size`,
+    `master_addr`, `master_port`, `node_rank` and `ranks` (entries `{"rank", "node", "gpu", "nic"}`;
+    entries of other nodes are ignored), plus the job's own `env`. Local ranks number this node's
+    ranks by global rank; CUDA_VISIBLE_DEVICES lists the node's planned GPUs in local-rank order,
+    so `torch.cuda.set_device(LOCAL_RANK)` selects the rank's planned GPU.
+    """
+    local: Sequence[Mapping[str, Any]] = sorted(
+        (r for r in work["ranks"] if r.get("node", node) == node), key=lambda r: int(r["rank"])
+    )
+    visible = ",".join(str(int(r["gpu"])) for r in local)
+    common = {str(k): str(v) for k, v in (work.get("env") or {}).items()}
+    common.update(
+        {
+            "WORLD_SIZE": str(int(work["world_size"])),
+            "LOCAL_WORLD_SIZE": str(len(local)),
+            "MASTER_ADDR": str(work["master_addr"]),
+            "MASTER_PORT": str(int(work["master_port"])),
+            "NODE_RANK": str(int(work.get("node_rank", 0))),
+            "GROUP_RANK": str(int(work.get("node_rank", 0))),
+            "CUDA_VISIBLE_DEVICES": visible,
+            "TOPOWEB_JOB_ID": str(work["job"]),
+            "TOPOWEB_GENERATION": str(int(work["generation"])),
+        }
+    )
+    plans = []
+    for local_rank, r in enumerate(local):
+        env = dict(common, RANK=str(int(r["rank"])), LOCAL_RANK=str(local_rank))
+        hca = nccl_ib_hca(str(r.get("nic") or ""))
+        if hca:
+            env["NCCL_IB_HCA"] = hca
+        plans.append(RankPlan(int(r["rank"]), local_rank, int(r["gpu"]), env))
+    return plans

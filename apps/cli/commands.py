@@ -1,0 +1,172 @@
+"""The CLI's commands: small functions over the API client, a table for people, --json for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .client import Api, CliError
+
+MAX_SPEC_BYTES = 1 << 20
+FINISHED = {"completed": 0, "failed": 1, "cancelled": 1}
+JOB_COLUMNS = ("id", "name", "status", "gpus", "priority", "cluster_name", "owner", "pending_reason")
+NODE_COLUMNS = ("name", "cluster_name", "state", "reason", "running", "unhealthy_gpus", "last_seen")
+RANKMAP_FORMATS = ("openmpi", "slurm", "slurm-hostfile", "torchrun", "json")
+
+
+def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    """A plain text table; long cells are cut at 60 characters."""
+
+    def cell(value: Any) -> str:
+        text = "" if value is None else (json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+        text = text.replace("\n", " ")
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def emit(data: Any, as_json: bool, columns: tuple[str, ...] | None = None) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    elif columns is not None:
+        print(table(data if isinstance(data, list) else [data], columns))
+    else:
+        print(data)
+
+
+def read_spec(path: str) -> Any:
+    """A job spec file (YAML or JSON), at most 1 MiB."""
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise CliError(f"{path}: {size} bytes; a job spec is at most {MAX_SPEC_BYTES} bytes")
+        return yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise CliError(f"{path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not YAML or JSON: {exc}") from exc
+
+
+def wait_job(api: Api, job_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> dict:
+    """Poll the job until it is finished, showing its status on stderr; returns the job."""
+    t0 = time.monotonic()
+    last = ""
+    tty = sys.stderr.isatty()
+    while True:
+        job = api.json("GET", f"jobs/{job_id}/")
+        line = f"job {job_id} {job['status']} ({time.monotonic() - t0:.0f} s)"
+        if job.get("pending_reason") and job["status"] in ("queued", "preempted", "migrating"):
+            line += f": {job['pending_reason'][:80]}"
+        if tty:
+            print(f"\r{line:<120}", end="", file=sys.stderr, flush=True)
+        elif job["status"] != last:
+            print(line, file=sys.stderr, flush=True)
+        last = job["status"]
+        if job["status"] in FINISHED:
+            if tty:
+                print(file=sys.stderr)
+            return job
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise CliError(f"job {job_id} still {job['status']} after {timeout_s:.0f} s", code=1)
+        time.sleep(poll_s)
+
+
+def submit(api: Api, args) -> int:
+    params = {"cluster": args.cluster} if args.cluster else None
+    job = api.json("POST", "jobs/", json=read_spec(args.file), params=params)
+    if not args.wait:
+        emit(job, args.json, JOB_COLUMNS)
+        return 0
+    print(f"submitted job {job['id']} ({job['name']})", file=sys.stderr)
+    job = wait_job(api, job["id"], poll_s=args.poll_s, timeout_s=args.timeout_s)
+    emit(job, args.json, JOB_COLUMNS)
+    if job["status"] != "completed" and job.get("pending_reason"):
+        print(job["pending_reason"], file=sys.stderr)
+    return FINISHED[job["status"]]
+
+
+def status(api: Api, args) -> int:
+    if args.job is None:
+        emit(api.pages("jobs/", {"ordering": "-submitted_at"}, limit=args.limit), args.json, JOB_COLUMNS)
+        return 0
+    job = api.json("GET", f"jobs/{args.job}/")
+    emit(job, args.json, JOB_COLUMNS)
+    return 1 if job["status"] in ("failed", "cancelled") else 0
+
+
+def queue(api: Api, args) -> int:
+    params: dict[str, Any] = {"status": ["queued", "preempted", "placing", "running", "migrating"]}
+    if args.cluster:
+        params["cluster"] = args.cluster
+    emit(api.pages("jobs/", params, limit=args.limit), args.json, JOB_COLUMNS)
+    return 0
+
+
+def cancel(api: Api, args) -> int:
+    emit(api.json("POST", f"jobs/{args.job}/cancel/"), args.json, JOB_COLUMNS)
+    return 0
+
+
+def logs(api: Api, args) -> int:
+    params = {k: v for k, v in (("rank", args.rank), ("generation", args.generation)) if v is not None}
+    runs = api.json("GET", f"jobs/{args.job}/logs/", params=params)
+    if args.json:
+        emit(runs, True)
+        return 0
+    for run in runs:
+        code = "" if run["exit_code"] is None else f" exit {run['exit_code']}"
+        print(f"==> generation {run['generation']} rank {run['rank']} on {run['node']}: {run['state']}{code}")
+        print(run["log_tail"].rstrip("\n"))
+    return 0
+
+
+def rankmap(api: Api, args) -> int:
+    params = {"format": args.format}
+    if args.entrypoint:
+        params["entrypoint"] = args.entrypoint
+    response = api.call("GET", f"jobs/{args.job}/rankmap/", params=params)
+    print(response.text, end="" if response.text.endswith("\n") else "\n")
+    return 0
+
+
+def nodes(api: Api, args) -> int:
+    params = {"cluster": args.cluster} if args.cluster else None
+    emit(api.pages("node-health/", params), args.json, NODE_COLUMNS)
+    return 0
+
+
+def _node(api: Api, name: str, cluster: str | None) -> dict:
+    params = {"node": name, **({"cluster": cluster} if cluster else {})}
+    found = api.pages("node-health/", params)
+    if not found:
+        raise CliError(f"no node {name!r}" + (f" in cluster {cluster!r}" if cluster else ""))
+    if len(found) > 1:
+        clusters = ", ".join(sorted(n["cluster_name"] for n in found))
+        raise CliError(f"node {name!r} is in several clusters ({clusters}): pass --cluster")
+    return found[0]
+
+
+def drain(api: Api, args) -> int:
+    node = _node(api, args.node, args.cluster)
+    emit(
+        api.json("POST", f"node-health/{node['id']}/drain/", json={"reason": args.reason}),
+        args.json,
+        NODE_COLUMNS,
+    )
+    return 0
+
+
+def resume(api: Api, args) -> int:
+    node = _node(api, args.node, args.cluster)
+    emit(api.json("POST", f"node-health/{node['id']}/resume/"), args.json, NODE_COLUMNS)
+    return 0

@@ -1,0 +1,162 @@
+"""Job spec v1 launch fields: what the node agents run for each rank, and how it stops.
+
+`command` (argv list), `env` (extra variables), `workdir` (absolute path), `requeue` (back to the
+queue instead of failing when a node goes down) and `stop_grace_s` (SIGTERM to SIGKILL, the
+checkpoint grace period of a migration or cancel). Every field is bounded; the variables the
+agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) cannot be overridden.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .topology.checks import _Errors
+
+LAUNCH_FIELDS = frozenset({"command", "env", "workdir", "requeue", "stop_grace_s"})
+MAX_ARGS = 256
+MAX_ARG_CHARS = 4096
+MAX_COMMAND_CHARS = 65536
+MAX_ENV_VARS = 128
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_CHARS = 4096
+MAX_WORKDIR_CHARS = 1024
+MAX_STOP_GRACE_S = 3600.0
+DEFAULT_STOP_GRACE_S = 30.0
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Set per rank by the agent: a job may not replace them.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "NCCL_IB_HCA",
+    }
+)
+RESERVED_ENV_PREFIX = "TOPOWEB_"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """How each rank runs: argv, extra environment (sorted name/value pairs), working directory,
+    requeue on node loss, and the stop grace period in seconds."""
+
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    requeue: bool = False
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+
+
+def _text(errs: _Errors, path: str, value: Any, limit: int) -> str | None:
+    if not isinstance(value, str):
+        errs.add(path, f"must be a string, got {type(value).__name__}")
+        return None
+    if len(value) > limit:
+        errs.add(path, f"must be at most {limit} characters, got {len(value)}")
+        return None
+    if "\x00" in value:
+        errs.add(path, "must not contain a NUL character")
+        return None
+    return value
+
+
+def _command(errs: _Errors, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        errs.add("command", "must be a non-empty list of strings (argv), e.g. [python, train.py]")
+        return ()
+    if len(value) > MAX_ARGS:
+        errs.add("command", f"must have at most {MAX_ARGS} arguments, got {len(value)}")
+        return ()
+    args = [_text(errs, f"command[{i}]", a, MAX_ARG_CHARS) for i, a in enumerate(value)]
+    if any(a is None for a in args):
+        return ()
+    if not args[0].strip():
+        errs.add("command[0]", "must name a program")
+        return ()
+    if sum(len(a) for a in args) > MAX_COMMAND_CHARS:
+        errs.add("command", f"must total at most {MAX_COMMAND_CHARS} characters")
+        return ()
+    return tuple(args)
+
+
+def _env(errs: _Errors, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping):
+        errs.add("env", f"must be a mapping of variable names to strings, got {type(value).__name__}")
+        return ()
+    if len(value) > MAX_ENV_VARS:
+        errs.add("env", f"must have at most {MAX_ENV_VARS} variables, got {len(value)}")
+        return ()
+    out = []
+    for name, raw in value.items():
+        path = f"env.{name}"
+        if not isinstance(name, str) or len(name) > MAX_ENV_NAME_CHARS or not ENV_NAME.match(name):
+            errs.add("env", f"variable names match [A-Za-z_][A-Za-z0-9_]* (at most 128), got {name!r}")
+            continue
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+            errs.add(path, "is set per rank by the node agent and cannot be overridden")
+            continue
+        if isinstance(raw, bool) or isinstance(raw, (int, float)):
+            if isinstance(raw, float) and not math.isfinite(raw):
+                errs.add(path, f"must be a string or a finite number, got {raw!r}")
+                continue
+            raw = str(raw).lower() if isinstance(raw, bool) else str(raw)
+        text = _text(errs, path, raw, MAX_ENV_VALUE_CHARS)
+        if text is not None:
+            out.append((name, text))
+    return tuple(sorted(out))
+
+
+def _workdir(errs: _Errors, value: Any) -> str | None:
+    text = _text(errs, "workdir", value, MAX_WORKDIR_CHARS)
+    if text is None:
+        return None
+    if not text.startswith("/"):
+        errs.add("workdir", f"must be an absolute path, got {text!r}")
+        return None
+    return text
+
+
+def load_launch(errs: _Errors, data: Mapping[str, Any]) -> LaunchSpec:
+    """The launch fields of a parsed job spec (absent fields take their defaults); errors go to
+    `errs` under the field's name."""
+    command = _command(errs, data["command"]) if "command" in data else ()
+    env = _env(errs, data["env"]) if "env" in data else ()
+    workdir = _workdir(errs, data["workdir"]) if data.get("workdir") is not None else None
+    requeue = data.get("requeue", False)
+    if not isinstance(requeue, bool):
+        errs.add("requeue", f"must be true or false, got {requeue!r}")
+        requeue = False
+    grace = data.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace):
+        errs.add("stop_grace_s", f"must be a number of seconds, got {grace!r}")
+        grace = DEFAULT_STOP_GRACE_S
+    elif not 0 <= grace <= MAX_STOP_GRACE_S:
+        errs.add("stop_grace_s", f"must be between 0 and {MAX_STOP_GRACE_S:g} s, got {grace!r}")
+        grace = DEFAULT_STOP_GRACE_S
+    return LaunchSpec(command, env, workdir, requeue, float(grace))
+
+
+def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
+    """The job spec v1 fields of a LaunchSpec (only those that differ from the defaults)."""
+    out: dict[str, Any] = {}
+    if launch.command:
+        out["command"] = list(launch.command)
+    if launch.env:
+        out["env"] = dict(launch.env)
+    if launch.workdir is not None:
+        out["workdir"] = launch.workdir
+    if launch.requeue:
+        out["requeue"] = True
+    if launch.stop_grace_s != DEFAULT_STOP_GRACE_S:
+        out["stop_grace_s"] = launch.stop_grace_s
+    return out

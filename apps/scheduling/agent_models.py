@@ -1,0 +1,73 @@
+"""What the node agents tell the server: each node's health and each rank process's life.
+
+Imported by `models.py` (Django finds models there); kept apart so the launch loop's rows live
+in their own module and migration.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .choices import NodeState, RankState
+
+LOG_TAIL_CHARS = 8192
+
+
+class NodeAgent(models.Model):
+    """A node's agent and health: `state` up | draining | drained | down, when it was last heard
+    from, what it runs, and the GPUs it reported unhealthy (`unhealthy_gpus`: list of
+    {"gpu": index, "reason": text}). A node without a row has never had an agent and is up."""
+
+    node = models.OneToOneField("topology.Node", on_delete=models.CASCADE, related_name="agent")
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.UP)
+    reason = models.TextField(blank=True, default="", help_text="Why the node is down or draining.")
+    last_seen = models.DateTimeField(null=True, blank=True)
+    version = models.CharField(max_length=40, blank=True, default="")
+    addr = models.CharField(max_length=255, blank=True, default="", help_text="Address ranks rendezvous on.")
+    inventory = models.JSONField(default=list, blank=True, help_text="GPUs the agent found (nvidia-smi).")
+    unhealthy_gpus = models.JSONField(default=list, blank=True)
+    running = models.PositiveIntegerField(
+        default=0, help_text="Rank processes running at the last heartbeat."
+    )
+
+    class Meta:
+        ordering = ["node_id"]
+        indexes = [models.Index(fields=["state", "last_seen"], name="nodeagent_state_seen")]
+
+    def __str__(self) -> str:
+        return f"agent of node {self.node_id}: {self.state}"
+
+
+class RankRun(models.Model):
+    """One rank process of one job generation as its agent reported it: started, then exited with
+    `exit_code` (negative: killed by that signal). `log_tail` is the end of its output."""
+
+    job = models.ForeignKey("scheduling.Job", on_delete=models.CASCADE, related_name="rank_runs")
+    generation = models.PositiveIntegerField()
+    rank = models.PositiveIntegerField()
+    node = models.ForeignKey("topology.Node", on_delete=models.CASCADE, related_name="rank_runs")
+    state = models.CharField(max_length=16, choices=RankState.choices, default=RankState.STARTED)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    exited_at = models.DateTimeField(null=True, blank=True)
+    log_tail = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["job_id", "generation", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "generation", "rank"], name="one_run_per_job_generation_rank"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["node", "state"], name="rankrun_node_state"),
+            models.Index(
+                fields=["job", "generation"], condition=Q(state="started"), name="rankrun_live_by_job"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} gen {self.generation} rank {self.rank}: {self.state}"

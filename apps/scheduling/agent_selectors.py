@@ -1,0 +1,207 @@
+"""What a node agent should run: its node's work, read only.
+
+A generation's rank map and launch fields never change, so they are cached per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from django.db.models import Count, Exists, F, OuterRef, Q
+
+from apps.placement.jobs import load_job
+from apps.topology.models import Node
+
+from .choices import JobStatus, NodeState, RankState
+from .models import Allocation, Job, NodeAgent, RankRun
+
+BASE_MASTER_PORT = 20000
+MASTER_PORT_SPAN = 20000
+_CACHE: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
+_CACHE_SIZE = 4096
+_LOCK = threading.Lock()
+
+
+def master_port(job_id: int, generation: int) -> int:
+    """The rendezvous port of a job generation (a new generation gets a new port, so a restart
+    never meets the old one's sockets)."""
+    return BASE_MASTER_PORT + (job_id * 64 + generation) % MASTER_PORT_SPAN
+
+
+def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
+    key = (job_id, generation)
+    with _LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    job = Job.objects.filter(pk=job_id).values_list("name", "spec", "gpus").first()
+    if job is None:
+        return None
+    launch = load_job(job[1]).launch
+    nodes = list(
+        Allocation.objects.filter(job_id=job_id, generation=generation)
+        .order_by("rank")
+        .values_list("gpu__node__name", flat=True)
+    )
+    if len(nodes) != job[2]:
+        return None
+    node_rank: dict[str, int] = {}
+    for name in nodes:
+        node_rank.setdefault(name, len(node_rank))
+    info = {
+        "job": job_id,
+        "generation": generation,
+        "name": job[0],
+        "command": list(launch.command),
+        "env": dict(launch.env),
+        "workdir": launch.workdir,
+        "stop_grace_s": launch.stop_grace_s,
+        "world_size": job[2],
+        "master_node": nodes[0],
+        "master_port": master_port(job_id, generation),
+        "node_rank": node_rank,
+    }
+    with _LOCK:
+        _CACHE[key] = info
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return info
+
+
+def node_work(*, node: Node) -> list[dict[str, Any]]:
+    """Every job generation the node should run now, each with this node's ranks: entries of
+    `job`, `generation`, `name`, `command`, `env`, `workdir`, `stop_grace_s`, `world_size`,
+    `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
+    "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
+    launcher runs those)."""
+    exited = RankRun.objects.filter(
+        job_id=OuterRef("job_id"),
+        generation=OuterRef("generation"),
+        rank=OuterRef("rank"),
+        state=RankState.EXITED,
+    )
+    rows = (
+        Allocation.objects.filter(
+            gpu__node=node,
+            live=True,
+            job__status__in=(JobStatus.PLACING, JobStatus.RUNNING),
+            generation=F("job__generation"),
+        )
+        .exclude(Exists(exited))
+        .order_by("job_id", "rank")
+        .values_list("job_id", "generation", "rank", "gpu__index", "gpu__nic__name")
+    )
+    grouped: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    for job_id, generation, rank, index, nic in rows:
+        grouped.setdefault((job_id, generation), []).append((rank, index, nic or ""))
+    if not grouped:
+        return []
+    started = set(
+        RankRun.objects.filter(node=node, state=RankState.STARTED).values_list("job_id", "generation", "rank")
+    )
+    work = []
+    masters: dict[str, str] = {}
+    for (job_id, generation), ranks in grouped.items():
+        info = _generation(job_id, generation)
+        if info is None or not info["command"]:
+            continue
+        masters.setdefault(info["master_node"], info["master_node"])
+        work.append(
+            {
+                **{k: v for k, v in info.items() if k not in ("node_rank", "master_node")},
+                "master_node": info["master_node"],
+                "node_rank": info["node_rank"][node.name],
+                "ranks": [
+                    {
+                        "rank": rank,
+                        "node": node.name,
+                        "gpu": index,
+                        "nic": nic,
+                        "started": (job_id, generation, rank) in started,
+                    }
+                    for rank, index, nic in ranks
+                ],
+            }
+        )
+    addrs = dict(
+        NodeAgent.objects.filter(node__cluster_id=node.cluster_id, node__name__in=list(masters))
+        .exclude(addr="")
+        .values_list("node__name", "addr")
+    )
+    for entry in work:
+        master = entry.pop("master_node")
+        entry["master_addr"] = addrs.get(master, master)
+    return work
+
+
+def job_generations(*, job: Job) -> list[dict[str, Any]]:
+    """Per generation of the job, newest first: how many ranks started, run, exited 0 and failed."""
+    rows = (
+        RankRun.objects.filter(job=job)
+        .values("generation")
+        .annotate(
+            started=Count("id"),
+            running=Count("id", filter=Q(state=RankState.STARTED)),
+            ok=Count("id", filter=Q(state=RankState.EXITED, exit_code=0)),
+        )
+        .order_by("-generation")
+    )
+    return [
+        {
+            **row,
+            "failed": row["started"] - row["running"] - row["ok"],
+            "current": row["generation"] == job.generation,
+        }
+        for row in rows
+    ]
+
+
+def job_log_tails(*, job: Job, limit: int = 16) -> list[RankRun]:
+    """Rank runs worth reading first: failures of any generation, then the current generation's
+    ranks that shipped output, by rank (at most `limit`)."""
+    failed = list(
+        RankRun.objects.filter(job=job, state=RankState.EXITED)
+        .exclude(exit_code=0)
+        .select_related("node")
+        .order_by("-generation", "exited_at", "rank")[:limit]
+    )
+    rest = limit - len(failed)
+    if rest <= 0:
+        return failed
+    current = (
+        RankRun.objects.filter(job=job, generation=job.generation)
+        .exclude(log_tail="")
+        .exclude(pk__in=[r.pk for r in failed])
+        .select_related("node")
+        .order_by("rank")[:rest]
+    )
+    return failed + list(current)
+
+
+def cluster_health(*, cluster_id: int) -> dict[str, Any]:
+    """Node health of a cluster at a glance: counts per state (nodes without an agent row count
+    as up), nodes not up with their reasons, and unhealthy GPUs as "node:index (reason)"."""
+    rows = list(
+        NodeAgent.objects.filter(node__cluster_id=cluster_id)
+        .order_by("node__position", "node_id")
+        .values_list("node__name", "state", "reason", "unhealthy_gpus", "last_seen")
+    )
+    total = Node.objects.filter(cluster_id=cluster_id).count()
+    counts = {state: 0 for state in NodeState.values}
+    for _, state, _, _, _ in rows:
+        counts[state] += 1
+    counts[NodeState.UP] += total - len(rows)
+    return {
+        "counts": counts,
+        "agents": sum(1 for r in rows if r[4] is not None),
+        "nodes": [
+            {"node": name, "state": state, "reason": reason, "last_seen": seen}
+            for name, state, reason, _, seen in rows
+            if state != NodeState.UP
+        ],
+        "unhealthy": [
+            f"{name}:{g.get('gpu')} ({g.get('reason', '')})" for name, _, _, bad, _ in rows for g in bad or ()
+        ],
+    }

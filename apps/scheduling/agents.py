@@ -1,0 +1,411 @@
+"""Node agent services: heartbeats, rank start and exit reports, the job lifecycle they drive,
+node health (down, drain, resume, unhealthy GPUs) and jobs that never start.
+
+The agent's desired state is `node_work` (selectors): every rank of a current generation on the
+node whose job is placing or running and which has not exited. The agent starts what it lacks
+and stops what it runs that is not listed, so stopping a job, a failed job's other ranks or a
+migrating job's old generation needs no separate message. A GPU is released only once its rank's
+process has exited (or its node is down): it is never handed to another job while a process may
+still use it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, CharField, Count, F, Q, TextField, Value, When
+from django.utils import timezone
+
+from apps.topology.models import Cluster, Node
+
+from . import snapshot as snap
+from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
+from .cycle import queue_cycle
+from .models import Allocation, Job, NodeAgent, RankRun
+from .wakeups import notify_cluster
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_CHARS = 8192
+REASON_TAIL_CHARS = 1500
+
+
+def down_after_s() -> float:
+    """Seconds without a heartbeat after which a node is down."""
+    return float(getattr(settings, "TOPOWEB_AGENT_DOWN_AFTER_S", 30.0))
+
+
+def start_timeout_s() -> float:
+    """Seconds a placed job may take until every rank started before it is requeued."""
+    return float(getattr(settings, "TOPOWEB_START_TIMEOUT_S", 600.0))
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """One report of an agent: rank `rank` of `job` generation `generation` `started` or `exited`."""
+
+    job: int
+    generation: int
+    rank: int
+    event: str
+    pid: int | None = None
+    exit_code: int | None = None
+    log_tail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """An agent's heartbeat: version, the address ranks rendezvous on, its GPUs (None when it
+    could not list them) and the GPUs it found unhealthy ({"gpu", "reason"})."""
+
+    version: str
+    addr: str = ""
+    inventory: list[dict[str, Any]] | None = None
+    unhealthy: tuple[tuple[int, str], ...] = ()
+    running: int = 0
+
+
+def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
+    """GPUs to exclude: those the agent flagged, plus topology GPUs missing from its inventory."""
+    if not beat.unhealthy and beat.inventory is None:
+        return []
+    bad = {gpu: reason for gpu, reason in beat.unhealthy}
+    if beat.inventory is not None:
+        found = {int(g["index"]) for g in beat.inventory}
+        for index in node.gpus.values_list("index", flat=True):
+            if index not in found:
+                bad.setdefault(index, "not found by nvidia-smi")
+    return [{"gpu": g, "reason": r} for g, r in sorted(bad.items())]
+
+
+def agent_heartbeat(
+    *, node: Node, beat: Heartbeat, agent: NodeAgent | None = None, now: datetime | None = None
+) -> NodeAgent:
+    """Record a heartbeat in one UPDATE: the node is seen now; a node that was down is up again.
+    Only the heartbeat's own columns are written, so a drain arriving meanwhile is never undone.
+    `agent` is the node's row as read with the node (None: never had one). A changed health
+    (back from down, other unhealthy GPUs) requests a scheduling cycle."""
+    now = now or timezone.now()
+    unhealthy = _unhealthy(node, beat)
+    fields: dict[str, Any] = {
+        "last_seen": now,
+        "version": beat.version,
+        "addr": beat.addr,
+        "running": beat.running,
+        "unhealthy_gpus": unhealthy,
+    }
+    if beat.inventory is not None:
+        fields["inventory"] = beat.inventory
+    if agent is None:
+        agent, created = NodeAgent.objects.get_or_create(node=node, defaults=fields)
+        if created:
+            if unhealthy:
+                queue_cycle(node.cluster_id)
+            return agent
+    was_down = agent.state == NodeState.DOWN
+    changed = was_down or agent.unhealthy_gpus != unhealthy
+    NodeAgent.objects.filter(pk=agent.pk).update(
+        **fields,
+        state=Case(
+            When(state=NodeState.DOWN, then=Value(NodeState.UP.value)),
+            default=F("state"),
+            output_field=CharField(),
+        ),
+        reason=Case(
+            When(state=NodeState.DOWN, then=Value("")), default=F("reason"), output_field=TextField()
+        ),
+    )
+    for name, value in fields.items():
+        setattr(agent, name, value)
+    if was_down:
+        agent.state, agent.reason = NodeState.UP, ""
+    if changed:
+        queue_cycle(node.cluster_id)
+    return agent
+
+
+def agent_report(*, node: Node, reports: Iterable[RankReport], now: datetime | None = None) -> None:
+    """Apply rank reports of one node (a repeated report is harmless) and move each job they
+    touch: running when every rank started, completed when all exited 0, failed at the first
+    rank that exits otherwise; GPUs of exited ranks of stopped jobs are released."""
+    now = now or timezone.now()
+    by_job: dict[int, list[RankReport]] = {}
+    for r in reports:
+        by_job.setdefault(r.job, []).append(r)
+    for job_id, items in by_job.items():
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
+            if job is None:
+                continue
+            for r in items:
+                _record(job, node, r, now)
+            _advance(job, now)
+
+
+def _record(job: Job, node: Node, r: RankReport, now: datetime) -> None:
+    run = RankRun.objects.filter(job=job, generation=r.generation, rank=r.rank).first()
+    if run is None:
+        run = RankRun(job=job, generation=r.generation, rank=r.rank, node=node, started_at=now)
+    elif run.state == RankState.EXITED:
+        return
+    if r.pid is not None:
+        run.pid = r.pid
+    if r.log_tail:
+        run.log_tail = r.log_tail[-LOG_TAIL_CHARS:]
+    if r.event == "exited":
+        run.state = RankState.EXITED
+        run.exit_code = r.exit_code
+        run.exited_at = now
+    run.save()
+
+
+def _fail_reason(run: RankRun) -> str:
+    tail = run.log_tail[-REASON_TAIL_CHARS:].strip()
+    code = run.exit_code
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    text = f"rank {run.rank} on node {run.node.name} {how}"
+    return f"{text}; last output:\n{tail}" if tail else text
+
+
+def _advance(job: Job, now: datetime) -> None:
+    """Move `job` (locked) along what its ranks reported."""
+    runs = RankRun.objects.filter(job=job, generation=job.generation)
+    if job.status in (JobStatus.PLACING, JobStatus.RUNNING):
+        failed = (
+            runs.filter(state=RankState.EXITED)
+            .exclude(exit_code=0)
+            .select_related("node")
+            .order_by("exited_at", "rank")
+            .first()
+        )
+        if failed is not None:
+            _finish(job, JobStatus.FAILED, _fail_reason(failed), now)
+            return
+        counts = runs.aggregate(
+            seen=Count("id"), exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0))
+        )
+        if counts["exited"] == job.gpus:
+            _finish(job, JobStatus.COMPLETED, "", now)
+            return
+        if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:
+            job.status = JobStatus.RUNNING
+            job.started_at = now
+            job.pending_reason = ""
+            job.save(update_fields=["status", "started_at", "pending_reason"])
+        return
+    if job.status == JobStatus.MIGRATING:
+        _migration_continue(job, now)
+        return
+    if snap.release_exited(job_id=job.pk, now=now):
+        queue_cycle(job.cluster_id)
+
+
+def _finish(job: Job, status: str, reason: str, now: datetime) -> None:
+    snap.release(job_id=job.pk, now=now)
+    job.status = status
+    job.pending_reason = reason
+    job.finished_at = now
+    job.overdue = False
+    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
+    queue_cycle(job.cluster_id)
+    notify_job_nodes(job)
+
+
+def notify_job_nodes(job: Job) -> None:
+    """Wake the long-polls of the nodes the job has (or had) ranks on, after commit."""
+    nodes = Allocation.objects.filter(job_id=job.pk).values_list("gpu__node__name", flat=True).distinct()
+    notify_cluster(job.cluster_id, list(nodes))
+
+
+def _migration_continue(job: Job, now: datetime) -> None:
+    """Once no rank of an older generation runs: release the old GPUs, book the waiting ones and
+    let the new generation start (placing)."""
+    if RankRun.objects.filter(job=job, generation__lt=job.generation, state=RankState.STARTED).exists():
+        return
+    # Old rows first: the GPUs shared by both generations then go live for the new one.
+    Allocation.objects.filter(job=job, live=True).exclude(generation=job.generation).update(
+        live=False, released_at=now
+    )
+    Allocation.objects.filter(
+        job=job, generation=job.generation, live=False, released_at__isnull=True
+    ).update(live=True)
+    job.status = JobStatus.PLACING
+    job.placed_at = now
+    job.started_at = None
+    job.pending_reason = f"migrated: generation {job.generation} starting on its new GPUs"
+    job.save(update_fields=["status", "placed_at", "started_at", "pending_reason"])
+    queue_cycle(job.cluster_id)
+    notify_job_nodes(job)
+
+
+def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: tuple[int, ...], now) -> None:
+    """Start generation g+1 of `job` (locked) on `new_gids`: when ranks of generation g still run,
+    the job is migrating, its old GPUs stay live and the new GPUs it already holds wait (not
+    live) until every old rank exited; otherwise the allocations are swapped at once."""
+    generation = job.generation + 1
+    old = set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
+    running = RankRun.objects.filter(job=job, state=RankState.STARTED).exists()
+    pks = snapshot.index.gpu_pk
+    if not running:
+        snap.release(job_id=job.pk, now=now)
+        snap.book_many(
+            snapshot=snapshot, bookings=[(job.pk, new_gids)], generations={job.pk: generation}, now=now
+        )
+        Job.objects.filter(pk=job.pk).update(generation=generation)
+        return
+    Allocation.objects.filter(job=job, live=False).delete()
+    Allocation.objects.bulk_create(
+        [
+            Allocation(
+                job=job,
+                rank=rank,
+                gpu_id=pks[int(gid)],
+                generation=generation,
+                live=pks[int(gid)] not in old,
+                created_at=now,
+            )
+            for rank, gid in enumerate(new_gids)
+        ]
+    )
+    Job.objects.filter(pk=job.pk).update(
+        generation=generation,
+        status=JobStatus.MIGRATING,
+        pending_reason=f"migrating: generation {generation - 1} is stopping",
+    )
+    notify_job_nodes(job)
+
+
+def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, list]:
+    """Mark nodes that missed heartbeats down (their jobs fail, or requeue when their spec says
+    `requeue: true`), draining nodes with nothing left drained, and requeue placed jobs whose
+    ranks did not all start in time. Returns what changed: {"down", "drained", "requeued"}."""
+    now = now or timezone.now()
+    out: dict[str, list] = {"down": [], "drained": [], "requeued": []}
+    cutoff = now - timedelta(seconds=down_after_s())
+    stale = NodeAgent.objects.filter(
+        node__cluster=cluster,
+        state__in=(NodeState.UP, NodeState.DRAINING, NodeState.DRAINED),
+        last_seen__lt=cutoff,
+    ).select_related("node")
+    for agent in stale:
+        node_down(node=agent.node, reason=f"no heartbeat for {down_after_s():.0f} s", now=now)
+        out["down"].append(agent.node.name)
+    draining = NodeAgent.objects.filter(node__cluster=cluster, state=NodeState.DRAINING).select_related(
+        "node"
+    )
+    for agent in draining:
+        if not Allocation.objects.filter(live=True, gpu__node=agent.node).exists():
+            NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DRAINING).update(state=NodeState.DRAINED)
+            out["drained"].append(agent.node.name)
+    deadline = now - timedelta(seconds=start_timeout_s())
+    late = Job.objects.filter(cluster=cluster, status=JobStatus.PLACING, placed_at__lt=deadline)
+    for job in late.only("pk"):
+        if job_requeue_unstarted(job=job, now=now):
+            out["requeued"].append(job.pk)
+    return out
+
+
+def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
+    """Requeue a placed job whose ranks have not all started within the start timeout: its GPUs
+    are released (those of started ranks once they exited) and the reason recorded."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status != JobStatus.PLACING or job.placed_at is None:
+            return False
+        if job.placed_at >= now - timedelta(seconds=start_timeout_s()):
+            return False
+        started = RankRun.objects.filter(job=job, generation=job.generation).count()
+        snap.release(job_id=job.pk, now=now)
+        job.status = JobStatus.QUEUED
+        job.placed_at = None
+        job.flows = {}
+        job.pending_reason = (
+            f"requeued: {started} of {job.gpus} ranks started within the start timeout of"
+            f" {start_timeout_s():.0f} s"
+        )
+        job.save(update_fields=["status", "placed_at", "flows", "pending_reason"])
+        queue_cycle(job.cluster_id)
+        notify_job_nodes(job)
+        return True
+
+
+def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[int]:
+    """The node is down: its GPUs leave the free set, its ranks count as lost, and every job with
+    a rank there fails (or goes back to the queue when its spec says `requeue: true`). Returns the
+    ids of the jobs it touched."""
+    now = now or timezone.now()
+    touched: list[int] = []
+    with transaction.atomic():
+        NodeAgent.objects.update_or_create(node=node, defaults={"state": NodeState.DOWN, "reason": reason})
+        job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
+        RankRun.objects.filter(node=node, state=RankState.STARTED).update(
+            state=RankState.EXITED, exited_at=now, log_tail="lost: node down"
+        )
+        # Its processes are gone with it (or fenced off): those GPUs are out of the free set anyway.
+        Allocation.objects.filter(live=True, gpu__node=node).update(live=False, released_at=now)
+        for job in Job.objects.select_for_update().filter(pk__in=job_ids, status__in=ACTIVE_STATUSES):
+            touched.append(job.pk)
+            why = f"node {node.name} went down ({reason})"
+            if snap.job_spec(job).launch.requeue:
+                snap.release(job_id=job.pk, now=now)
+                Job.objects.filter(pk=job.pk).update(
+                    status=JobStatus.QUEUED,
+                    placed_at=None,
+                    started_at=None,
+                    flows={},
+                    pending_reason=f"requeued: {why}",
+                )
+            else:
+                _finish(job, JobStatus.FAILED, why, now)
+        queue_cycle(node.cluster_id)
+        notify_cluster(node.cluster_id)
+    return touched
+
+
+def node_drain(*, node: Node, reason: str) -> NodeAgent:
+    """Take no new placements on the node; running jobs finish, then it is drained."""
+    with transaction.atomic():
+        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        if agent.state != NodeState.DOWN:
+            busy = Allocation.objects.filter(live=True, gpu__node=node).exists()
+            agent.state = NodeState.DRAINING if busy else NodeState.DRAINED
+        agent.reason = reason
+        agent.save(update_fields=["state", "reason"])
+        return agent
+
+
+def node_resume(*, node: Node) -> NodeAgent:
+    """Return a drained or draining node to service and clear its unhealthy GPUs (a down node
+    comes back by itself at its next heartbeat)."""
+    with transaction.atomic():
+        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        if agent.state in (NodeState.DRAINING, NodeState.DRAINED):
+            agent.state = NodeState.UP
+        agent.reason = ""
+        agent.unhealthy_gpus = []
+        agent.save(update_fields=["state", "reason", "unhealthy_gpus"])
+        queue_cycle(node.cluster_id)
+        return agent
+
+
+def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:
+    """RankReports from validated report dicts."""
+    return [
+        RankReport(
+            job=int(i["job"]),
+            generation=int(i["generation"]),
+            rank=int(i["rank"]),
+            event=str(i["event"]),
+            pid=i.get("pid"),
+            exit_code=i.get("exit_code"),
+            log_tail=str(i.get("log_tail") or ""),
+        )
+        for i in items
+    ]

@@ -1,0 +1,176 @@
+"""Serializers of the launch loop: the agent sync body (every field bounded), node health, drain
+and rank runs (job logs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rest_framework import serializers
+
+from apps.topology.models import Node
+
+from ..agent_models import LOG_TAIL_CHARS
+from ..agents import Heartbeat
+from ..models import NodeAgent, RankRun
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
+MAX_GPUS_PER_NODE = 256
+MAX_REPORTS = 1024
+MAX_RANK = 1_048_575
+MAX_ID = 2**31 - 1
+
+
+class GpuInventorySerializer(serializers.Serializer):
+    """One GPU the agent found (nvidia-smi)."""
+
+    index = serializers.IntegerField(min_value=0, max_value=MAX_GPUS_PER_NODE - 1)
+    uuid = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True)
+
+
+class UnhealthyGpuSerializer(serializers.Serializer):
+    """A GPU the agent found unhealthy and why (an XID, not found)."""
+
+    gpu = serializers.IntegerField(min_value=0, max_value=MAX_GPUS_PER_NODE - 1)
+    reason = serializers.CharField(max_length=200)
+
+
+class RankReportSerializer(serializers.Serializer):
+    """A rank's start or exit, keyed by (job, generation, rank): a repeated report is harmless."""
+
+    job = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    generation = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    rank = serializers.IntegerField(min_value=0, max_value=MAX_RANK)
+    event = serializers.ChoiceField(choices=["started", "exited"])
+    pid = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False, allow_null=True)
+    exit_code = serializers.IntegerField(min_value=-255, max_value=255, required=False, allow_null=True)
+    log_tail = serializers.CharField(
+        max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, trim_whitespace=False
+    )
+
+    def validate(self, attrs):
+        if attrs["event"] == "exited" and attrs.get("exit_code") is None:
+            raise serializers.ValidationError({"exit_code": ["required when event is exited"]})
+        return attrs
+
+
+class AgentSyncSerializer(serializers.Serializer):
+    """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
+
+    node = serializers.RegexField(NAME_PATTERN, max_length=200)
+    version = serializers.CharField(max_length=40)
+    addr = serializers.RegexField(ADDR_PATTERN, max_length=255, required=False, allow_blank=True)
+    gpus = GpuInventorySerializer(many=True, required=False, allow_null=True, max_length=MAX_GPUS_PER_NODE)
+    unhealthy = UnhealthyGpuSerializer(many=True, required=False, max_length=MAX_GPUS_PER_NODE)
+    running = serializers.ListField(
+        child=serializers.ListField(
+            child=serializers.IntegerField(min_value=0, max_value=MAX_ID), min_length=3, max_length=3
+        ),
+        required=False,
+        max_length=MAX_GPUS_PER_NODE * 4,
+        help_text="[job, generation, rank] of every rank process running now.",
+    )
+    reports = RankReportSerializer(many=True, required=False, max_length=MAX_REPORTS)
+    wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
+
+    def validate(self, attrs):
+        attrs.setdefault("running", [])
+        attrs.setdefault("reports", [])
+        return attrs
+
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat part of the validated body."""
+        data = self.validated_data
+        gpus = data.get("gpus")
+        return Heartbeat(
+            version=data["version"],
+            addr=data.get("addr", ""),
+            inventory=None if gpus is None else [dict(g) for g in gpus],
+            unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
+            running=len(data["running"]),
+        )
+
+
+class DrainSerializer(serializers.Serializer):
+    """Why the node is drained."""
+
+    reason = serializers.CharField(max_length=500)
+
+
+class NodeHealthSerializer(serializers.ModelSerializer):
+    """A node and its agent's health (state up without an agent row: never had one)."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    state = serializers.SerializerMethodField()
+    reason = serializers.SerializerMethodField()
+    last_seen = serializers.SerializerMethodField()
+    version = serializers.SerializerMethodField()
+    unhealthy_gpus = serializers.SerializerMethodField()
+    running = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "cluster",
+            "cluster_name",
+            "state",
+            "reason",
+            "last_seen",
+            "version",
+            "unhealthy_gpus",
+            "running",
+        ]
+
+    @staticmethod
+    def _agent(node: Node) -> NodeAgent | None:
+        try:
+            return node.agent
+        except NodeAgent.DoesNotExist:
+            return None
+
+    def get_state(self, node: Node) -> str:
+        agent = self._agent(node)
+        return agent.state if agent else "up"
+
+    def get_reason(self, node: Node) -> str:
+        agent = self._agent(node)
+        return agent.reason if agent else ""
+
+    def get_last_seen(self, node: Node) -> datetime | None:
+        agent = self._agent(node)
+        return agent.last_seen if agent else None
+
+    def get_version(self, node: Node) -> str:
+        agent = self._agent(node)
+        return agent.version if agent else ""
+
+    def get_unhealthy_gpus(self, node: Node) -> list:
+        agent = self._agent(node)
+        return agent.unhealthy_gpus if agent else []
+
+    def get_running(self, node: Node) -> int:
+        agent = self._agent(node)
+        return agent.running if agent else 0
+
+
+class RankRunSerializer(serializers.ModelSerializer):
+    """A rank process: where it ran, its state, exit code and output tail."""
+
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = RankRun
+        fields = [
+            "generation",
+            "rank",
+            "node",
+            "state",
+            "pid",
+            "exit_code",
+            "started_at",
+            "exited_at",
+            "log_tail",
+        ]

@@ -1,0 +1,180 @@
+"""REST views of the launch loop: the node agents' sync (heartbeat, reports, work long-poll),
+node health (list, drain, resume) and job logs. Views validate and translate; writes are
+services in `agents`."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION, LauncherAuthentication, launcher_of
+from apps.api.permissions import holds
+from apps.topology.models import Node
+
+from .. import agents, selectors
+from ..agent_selectors import node_work
+from ..models import RankRun
+from ..wakeups import epoch, wait_for_change
+from .agent_serializers import (
+    AgentSyncSerializer,
+    DrainSerializer,
+    NodeHealthSerializer,
+    RankRunSerializer,
+)
+
+MAX_WAIT_S = 60.0
+
+
+class IsLauncher(BasePermission):
+    """Only a launcher token (the node agents' credential)."""
+
+    message = "Agent calls need a launcher token: 'Authorization: Launcher <key>'."
+
+    def has_permission(self, request, view) -> bool:
+        return launcher_of(request) is not None
+
+
+class AgentSyncView(APIView):
+    """One round trip of a node agent: heartbeat, rank reports, then the node's work."""
+
+    authentication_classes = [LauncherAuthentication]
+    permission_classes = [IsLauncher]
+    # Agents are a known set whose rate the protocol bounds; per-IP throttling would cut a rack off.
+    throttle_classes: list = []
+
+    @extend_schema(
+        summary="Agent: heartbeat, report rank starts and exits, long-poll the node's work",
+        request=AgentSyncSerializer,
+        responses={200: dict, 400: dict},
+    )
+    def post(self, request: Request) -> Response:
+        """Record the heartbeat and reports, then answer the node's work; when nothing changed
+        for the agent (no reports, it runs exactly its work) wait up to `wait_s` for a change."""
+        body = AgentSyncSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        token = launcher_of(request)
+        node = (
+            Node.objects.select_related("agent")
+            .filter(cluster_id=token.cluster_id, name=data["node"])
+            .first()
+        )
+        if node is None:
+            return Response(
+                {"node": [f"no node {data['node']!r} in cluster {token.cluster.name!r}"]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        since = epoch(node.cluster_id, node.name)
+        known = getattr(node, "agent", None)
+        agent = agents.agent_heartbeat(node=node, beat=body.heartbeat(), agent=known)
+        reports = agents.parse_reports(data["reports"])
+        if reports:
+            agents.agent_report(node=node, reports=reports)
+        work = node_work(node=node)
+        wait_s = min(data["wait_s"], MAX_WAIT_S)
+        running = {tuple(k) for k in data["running"]}
+        if wait_s > 0 and not reports and running == _keys(work):
+            if not connection.in_atomic_block:
+                # A waiting poll holds no database connection: thousands of agents wait at once.
+                connection.close()
+            if wait_for_change(node.cluster_id, node.name, since, wait_s):
+                work = node_work(node=node)
+        return Response(
+            {
+                "node": node.name,
+                "state": agent.state,
+                "reason": agent.reason,
+                "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
+                "down_after_s": agents.down_after_s(),
+                "work": work,
+            }
+        )
+
+
+def _keys(work) -> set[tuple[int, int, int]]:
+    return {(w["job"], w["generation"], r["rank"]) for w in work for r in w["ranks"]}
+
+
+class NodeHealthViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Every node with its agent's health; staff drain and resume nodes."""
+
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAuthenticated]
+    serializer_class = NodeHealthSerializer
+    queryset = Node.objects.none()
+
+    def get_queryset(self):
+        nodes = Node.objects.select_related("cluster", "agent").order_by("cluster_id", "position", "id")
+        cluster = self.request.query_params.get("cluster")
+        if cluster:
+            nodes = (
+                nodes.filter(cluster__name=cluster)
+                if not cluster.isdigit()
+                else nodes.filter(cluster_id=cluster)
+            )
+        name = self.request.query_params.get("node")
+        if name:
+            nodes = nodes.filter(name=name)
+        return nodes
+
+    @extend_schema(
+        summary="Drain a node: no new placements, running jobs finish, then drained",
+        request=DrainSerializer,
+        responses={200: NodeHealthSerializer},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.MANAGE_NODES)])
+    def drain(self, request: Request, pk=None) -> Response:
+        """Drain the node with a reason."""
+        node = self.get_object()
+        body = DrainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        agents.node_drain(node=node, reason=body.validated_data["reason"])
+        return Response(NodeHealthSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(summary="Resume a drained node", request=None, responses={200: NodeHealthSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[holds(roles.MANAGE_NODES)])
+    def resume(self, request: Request, pk=None) -> Response:
+        """Return the node to service and clear its unhealthy GPUs."""
+        node = self.get_object()
+        agents.node_resume(node=node)
+        return Response(NodeHealthSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+
+class JobLogsView(APIView):
+    """The tail of each rank's output, as its agent shipped it."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [IsAuthenticated | IsLauncher]
+
+    @extend_schema(
+        summary="Each rank's output tail (current generation unless ?generation=)",
+        parameters=[
+            OpenApiParameter("generation", int, required=False),
+            OpenApiParameter("rank", int, required=False),
+        ],
+        responses={200: RankRunSerializer(many=True)},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        """The job's rank runs with their state, exit code and output tail."""
+        jobs = selectors.jobs_visible_to(user=request.user, launcher=launcher_of(request))
+        job = get_object_or_404(jobs, pk=pk)
+        runs = RankRun.objects.filter(job=job).select_related("node").order_by("generation", "rank")
+        for name in ("generation", "rank"):
+            text = request.query_params.get(name)
+            if text is None:
+                continue
+            if not text.isdigit() or len(text) > 9:
+                return Response({name: [f"must be a whole number, got {text!r}"]}, status=400)
+            runs = runs.filter(**{name: int(text)})
+        if "generation" not in request.query_params:
+            runs = runs.filter(generation=job.generation)
+        return Response(RankRunSerializer(runs[:4096], many=True).data)

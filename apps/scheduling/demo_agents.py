@@ -1,0 +1,43 @@
+"""The embedded demo's node agents: one `apps.agent` Agent per node of every cluster, each on its
+own event loop in a daemon thread of the server process, talking to the server over loopback
+HTTP with its cluster's launcher token, exactly as on a real node."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+
+from apps.agent.runner import Agent, run_in_thread
+from apps.topology.models import Cluster, Node
+
+from .models import LauncherToken
+from .services import launcher_token_create
+
+log = logging.getLogger(__name__)
+
+DEMO_POLL_S = 5.0
+
+
+def start_demo_agents(*, server: str, poll_s: float = DEMO_POLL_S) -> list[Agent]:
+    """Start an agent for every node of every cluster against `server` (base URL); returns them."""
+    log_dir = tempfile.mkdtemp(prefix="topoweb-demo-agents-")
+    started: list[Agent] = []
+    for cluster in Cluster.objects.order_by("pk"):
+        token = LauncherToken.objects.filter(cluster=cluster).first() or launcher_token_create(
+            cluster=cluster
+        )
+        for name in (
+            Node.objects.filter(cluster=cluster).order_by("position", "pk").values_list("name", flat=True)
+        ):
+            agent = Agent(
+                server=server,
+                node=name,
+                token=token.key,
+                log_dir=f"{log_dir}/{cluster.name}/{name}",
+                poll_s=poll_s,
+                addr="127.0.0.1",
+            )
+            run_in_thread(agent)
+            started.append(agent)
+    log.info("started %d demo node agents (rank output in %s)", len(started), log_dir)
+    return started

@@ -1,0 +1,382 @@
+"""2,048 simulated node agents against one web host: request rate, the web host's CPU share, and
+the time from placement to every rank started.
+
+Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
+(16,384 GPUs), starts one gunicorn process (gthread, one thread per open long-poll; scheduling
+cycles run in it, as in the embedded default, so a placement wakes its nodes' polls at once), and
+runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
+POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports every rank the
+server hands it as started at once (no processes). Measured:
+  - idle: sync requests per second and the web process's CPU share (its utime + stime over the
+    window, from /proc) while every agent waits in its long-poll;
+  - placement: --jobs jobs of --job-gpus GPUs submitted one after another; for each, the time
+    from placed_at to started_at (every rank reported started), both server timestamps.
+Goal: the web host well under one core for a 2,048-node cluster. This machine runs other work;
+the 1-minute load average before and after is recorded, and the simulated agents share its cores.
+
+    .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 10] [--seconds 30] [--jobs 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+GPUS_PER_NODE = 8
+NODES_PER_LEAF = 32
+
+SETTINGS_OVERRIDE = """\
+from topoweb.settings import *  # noqa: F401,F403
+from topoweb.settings import REST_FRAMEWORK
+
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
+"""
+
+SETUP = """\
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from apps.topology.services import cluster_import
+from apps.scheduling.services import launcher_token_create
+spec = {{"version": 1, "name": "bench", "generate": {{"shape": "leaf-spine", "spines": 8, "leaves": {leaves},
+        "nodes_per_leaf": {per_leaf}, "gpus_per_node": 8, "gpu_model": "H100", "peak_tflops": 989,
+        "nvlink_bw_GBps": 450, "nic_bw_GBps": 50, "nics_per_node": 8, "uplink_bw_GBps": 3200}}}}
+cluster = cluster_import(data=spec)
+user = get_user_model().objects.create_user("bench", is_staff=True)
+print("TOKEN", Token.objects.create(user=user).key)
+print("LAUNCHER", launcher_token_create(cluster=cluster).key)
+print("NODES", ",".join(cluster.nodes.order_by("position").values_list("name", flat=True)))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process and its threads, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection (httpx's pool does not scale to thousands of open
+    long-polls in one process; an agent has exactly one connection anyway)."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]):
+        self.host, self.port = host, port
+        self.headers = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self.headers}"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        try:
+            self.writer.write(head.encode() + data)
+            await self.writer.drain()
+            status = int((await self.reader.readline()).split()[1])
+            length, close = 0, False
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+                elif name.lower() == "connection" and value.strip().lower() == "close":
+                    close = True
+            payload = await self.reader.readexactly(length) if length else b"{}"
+        except (OSError, IndexError, ValueError, asyncio.IncompleteReadError):
+            self.close()
+            raise
+        if close:
+            self.close()
+        return status, json.loads(payload) if status == 200 else {}
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class SimulatedAgents:
+    """N agents in one event loop: long-poll, report handed-out ranks as started at once."""
+
+    def __init__(self, url: str, token: str, nodes: list[str], poll_s: float):
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        self.token = token
+        self.nodes = nodes
+        self.poll_s = poll_s
+        self.requests = 0
+        self.errors = 0
+        self.stop = False
+
+    async def agent(self, node: str) -> None:
+        await asyncio.sleep(random.uniform(0, self.poll_s))
+        conn = Connection(self.host, self.port, {"Authorization": f"Launcher {self.token}"})
+        running: set[tuple[int, int, int]] = set()
+        reports: list[dict] = []
+        while not self.stop:
+            body = {
+                "node": node,
+                "version": "bench",
+                "running": [list(k) for k in sorted(running)],
+                "reports": reports,
+                "wait_s": 0.0 if reports else self.poll_s,
+            }
+            try:
+                status, answer = await asyncio.wait_for(
+                    conn.post("/api/v1/agents/sync/", body), self.poll_s + 120
+                )
+            except (OSError, IndexError, ValueError, asyncio.IncompleteReadError, TimeoutError):
+                conn.close()
+                self.errors += 1
+                await asyncio.sleep(1.0)
+                continue
+            self.requests += 1
+            if status != 200:
+                self.errors += 1
+                await asyncio.sleep(1.0)
+                continue
+            reports = []
+            wanted = set()
+            for entry in answer["work"]:
+                for r in entry["ranks"]:
+                    key = (entry["job"], entry["generation"], r["rank"])
+                    wanted.add(key)
+                    if key not in running:
+                        reports.append(
+                            {"job": key[0], "generation": key[1], "rank": key[2], "event": "started"}
+                        )
+            running = wanted
+        conn.close()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self.agent(n) for n in self.nodes))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=2048)
+    ap.add_argument("--poll-s", type=float, default=10.0, help="long-poll wait = heartbeat interval")
+    ap.add_argument("--seconds", type=float, default=30.0, help="idle measuring window")
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--job-gpus", type=int, default=256)
+    ap.add_argument(
+        "--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
+    )
+    ap.add_argument(
+        "--db-name", default=f"topoweb_bench_agents_{os.getpid()}", help="scratch database (dropped)"
+    )
+    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "agents_scale.json"))
+    args = ap.parse_args()
+
+    load_before = os.getloadavg()[0]
+    admin = psycopg.connect(f"{args.postgres}/postgres", autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}"')
+    admin.execute(f'CREATE DATABASE "{args.db_name}"')
+    tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-agents-")
+    Path(tmp.name, "bench_settings.py").write_text(SETTINGS_OVERRIDE)
+    env = dict(
+        os.environ,
+        DATABASE_URL=f"{args.postgres}/{args.db_name}",
+        SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
+        DJANGO_SETTINGS_MODULE="bench_settings",
+        PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
+        TOPOWEB_LOG_LEVEL="WARNING",
+        TOPOWEB_AGENT_POLL_S=str(args.poll_s),
+        TOPOWEB_AGENT_DOWN_AFTER_S=str(args.poll_s * 3),
+        # Thousands of threads wait in long-polls: they share a pool of connections.
+        TOPOWEB_DB_POOL_MAX="40",
+    )
+    for name in ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL"):
+        env.pop(name, None)
+    web = None
+    try:
+        subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
+        t0 = time.perf_counter()
+        leaves = -(-args.nodes // NODES_PER_LEAF)
+        out = subprocess.run(
+            [
+                PY,
+                "manage.py",
+                "shell",
+                "-c",
+                SETUP.format(leaves=leaves, per_leaf=min(args.nodes, NODES_PER_LEAF)),
+            ],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        lines = dict(line.split(" ", 1) for line in out.splitlines() if line[:1].isupper() and " " in line)
+        token, launcher, nodes = lines["TOKEN"], lines["LAUNCHER"], lines["NODES"].split(",")
+        print(f"imported {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        port = free_port()
+        threads = len(nodes) + 64
+        web = subprocess.Popen(
+            [
+                str(Path(PY).parent / "gunicorn"),
+                "topoweb.wsgi:application",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                "1",
+                "-k",
+                "gthread",
+                "--threads",
+                str(threads),
+                "--worker-connections",
+                str(threads * 2),
+                "--timeout",
+                "120",
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=open(Path(tmp.name) / "web.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                httpx.get(f"{url}/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        worker_pid = int(
+            subprocess.run(["pgrep", "-P", str(web.pid)], capture_output=True, text=True).stdout.split()[0]
+        )
+        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pid, env))
+        result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
+        return 0
+    finally:
+        if web is not None:
+            web.terminate()
+            web.wait(timeout=30)
+        admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
+
+
+async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env) -> dict:
+    agents = SimulatedAgents(url, launcher, nodes, args.poll_s)
+    task = asyncio.ensure_future(agents.run())
+    pg = await psycopg.AsyncConnection.connect(env["DATABASE_URL"], autocommit=True)
+    # Warm-up: every agent registered, then one more poll period so the polls are spread.
+    deadline = time.monotonic() + args.poll_s * 4 + 120
+    while time.monotonic() < deadline:
+        cur = await pg.execute("SELECT count(*) FROM scheduling_nodeagent")
+        if (await cur.fetchone())[0] >= len(nodes):
+            break
+        await asyncio.sleep(1.0)
+    await asyncio.sleep(args.poll_s)
+
+    def cpu() -> float:
+        return cpu_s(worker_pid) + cpu_s(master_pid)
+
+    r0, c0, t0 = agents.requests, cpu(), time.monotonic()
+    await asyncio.sleep(args.seconds)
+    r1, c1, t1 = agents.requests, cpu(), time.monotonic()
+    idle = {
+        "seconds": round(t1 - t0, 1),
+        "sync_requests_per_s": round((r1 - r0) / (t1 - t0), 1),
+        "expected_requests_per_s": round(len(nodes) / args.poll_s, 1),
+        "web_cpu_share_of_one_core": round((c1 - c0) / (t1 - t0), 3),
+        "web_cpu_ms_per_request": round(1000 * (c1 - c0) / max(r1 - r0, 1), 2),
+    }
+    print(f"idle: {json.dumps(idle)}", file=sys.stderr, flush=True)
+    try:
+        placement = await place_jobs(args, url, token, agents, pg, cpu)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        placement = {"error": f"{type(exc).__name__}: {exc}"}
+    agents.stop = True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await pg.close()
+    return {
+        "nodes": len(nodes),
+        "gpus": len(nodes) * GPUS_PER_NODE,
+        "poll_s": args.poll_s,
+        "idle": idle,
+        "placement": placement,
+        "agent_errors": agents.errors,
+    }
+
+
+async def place_jobs(args, url, token, agents, pg, cpu) -> dict:
+    """Submit jobs one after another; per job the time from placed_at to started_at."""
+
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Token {token}"}, timeout=60
+    ) as api:
+        latencies = []
+        c2, t2, r2 = cpu(), time.monotonic(), agents.requests
+        for i in range(args.jobs):
+            spec = {
+                "version": 1,
+                "name": f"bench-{i}",
+                "cluster": "bench",
+                "gpus": args.job_gpus,
+                "parallelism": {"tp": 8, "pp": 1, "dp": args.job_gpus // 8},
+                "step": {"compute_ms": 100},
+                "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e9}],
+                "command": ["true"],
+            }
+            created = await api.post("/api/v1/jobs/", json=spec)
+            created.raise_for_status()
+            job_id = created.json()["id"]
+            for _ in range(1200):
+                cur = await pg.execute(
+                    "SELECT EXTRACT(EPOCH FROM started_at - placed_at) FROM scheduling_job WHERE id = %s"
+                    " AND started_at IS NOT NULL",
+                    (job_id,),
+                )
+                row = await cur.fetchone()
+                if row is not None:
+                    latencies.append(float(row[0]))
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"job {job_id} did not start")
+        c3, t3, r3 = cpu(), time.monotonic(), agents.requests
+    return {
+        "jobs": args.jobs,
+        "gpus_per_job": args.job_gpus,
+        "nodes_per_job": args.job_gpus // GPUS_PER_NODE,
+        "placed_to_all_started_s_p50": round(percentile(latencies, 0.5), 3),
+        "placed_to_all_started_s_max": round(max(latencies), 3),
+        "web_cpu_share_of_one_core": round((c3 - c2) / (t3 - t2), 3),
+        "sync_requests_per_s": round((r3 - r2) / (t3 - t2), 1),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

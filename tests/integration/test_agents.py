@@ -1,0 +1,309 @@
+"""Node agents on loopback against a live server: real agent processes launch a small program
+that records its environment; the job lifecycle follows their reports."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Count
+
+from apps.placement.topology import read_spec_file
+from apps.scheduling import agents as agent_services
+from apps.scheduling import services
+from apps.scheduling.choices import JobStatus, NodeState, RankState
+from apps.scheduling.models import Allocation, Job, MigrationProposal, NodeAgent, RankRun
+from apps.scheduling.selectors import job_ranks
+from apps.topology import services as topology_services
+from apps.topology.models import Node
+from topoweb.celery import app as celery_app
+
+from .agents import Agents, kill_groups, record_command, recorded, wait_for
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def eager_cycles():
+    """Cycles run in the process that requests them (here and in the live server's thread)."""
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
+
+
+@pytest.fixture
+def cluster(transactional_db, request):
+    name = getattr(request, "param", "case-4-4.yaml")
+    return topology_services.cluster_import(data=read_spec_file(EXAMPLES / name))
+
+
+@pytest.fixture
+def user(transactional_db):
+    return get_user_model().objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def agents(live_server, cluster, tmp_path):
+    token = services.launcher_token_create(cluster=cluster)
+    running = Agents(live_server.url, token.key, tmp_path)
+    yield running
+    running.close()
+    kill_groups(RankRun.objects.filter(state=RankState.STARTED).values_list("pid", flat=True))
+
+
+def spec(tmp_path: Path, name: str, gpus: int, *, cluster="case-4-4", par=None, **env) -> dict:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return {
+        "version": 1,
+        "name": name,
+        "cluster": cluster,
+        "gpus": gpus,
+        "parallelism": par or {"tp": 1, "pp": 1, "dp": gpus},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+        "command": record_command(),
+        "env": {"OUT_DIR": str(out), **env},
+        "stop_grace_s": 2,
+    }
+
+
+def status_is(job: Job, *statuses: str):
+    def check():
+        job.refresh_from_db()
+        return job.status in statuses
+
+    return check
+
+
+def assert_planned_environment(job: Job, out: Path) -> None:
+    planned = {r["rank"]: r for r in job_ranks(job=job)}
+    seen = recorded(out, job.generation)
+    assert sorted(seen) == sorted(planned)
+    for rank, env in seen.items():
+        visible = env["CUDA_VISIBLE_DEVICES"].split(",")
+        assert int(visible[int(env["LOCAL_RANK"])]) == planned[rank]["gpu"]
+        assert env["RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == str(job.gpus)
+        assert env["TOPOWEB_JOB_ID"] == str(job.pk)
+        assert env["NCCL_IB_HCA"] == f"={planned[rank]['nic']}"
+    # Local ranks number each node's ranks 0..k-1 in global rank order.
+    by_node: dict[str, list[int]] = {}
+    for rank in sorted(planned):
+        by_node.setdefault(planned[rank]["node"], []).append(rank)
+    for ranks in by_node.values():
+        assert [int(seen[r]["LOCAL_RANK"]) for r in ranks] == list(range(len(ranks)))
+        assert {seen[r]["LOCAL_WORLD_SIZE"] for r in ranks} == {str(len(ranks))}
+
+
+@pytest.mark.parametrize("policy", ["topo", "naive"])
+def test_every_rank_sees_its_planned_rank_and_gpu_on_case_4_4(agents, user, tmp_path, policy):
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    job = services.job_submit(user=user, spec={**spec(tmp_path, f"bert-{policy}", 16), "policy": policy})
+    wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), what="the job to finish")
+    assert job.status == JobStatus.COMPLETED, job.pending_reason
+    assert job.started_at is not None
+    assert_planned_environment(job, tmp_path / "out")
+    if policy == "naive":
+        ranks = job_ranks(job=job)
+        # The seed's interleaved mapping really is interleaved across the two nodes.
+        assert len({r["node"] for r in ranks[:8]}) == 2
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+@pytest.mark.parametrize("cluster", ["pod-256.yaml"], indirect=True)
+def test_four_agents_on_pod_256_run_a_tp_pp_dp_job(agents, cluster, user, tmp_path):
+    node = Node.objects.filter(cluster=cluster).order_by("position").first()
+    # Hold the job until the agents of its nodes run: placed first, then agents started.
+    body = spec(tmp_path, "llm-32", 32, cluster="pod-256", par={"tp": 8, "pp": 2, "dp": 2}, BEHAVIOUR="sleep")
+    body["env"]["SLEEP_S"] = "1"
+    job = services.job_submit(user=user, spec=body)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING
+    nodes = sorted({r["node"] for r in job_ranks(job=job)})
+    assert len(nodes) == 4 and node is not None
+    for name in nodes:
+        agents.start(name)
+    wait_for(status_is(job, JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.FAILED), what="running")
+    wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), what="the job to finish")
+    assert job.status == JobStatus.COMPLETED, job.pending_reason
+    assert_planned_environment(job, tmp_path / "out")
+
+
+def test_a_failing_rank_fails_the_job_and_stops_the_others(agents, user, tmp_path):
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    body = spec(tmp_path, "fails", 16, BEHAVIOUR="fail", FAIL_RANK="5", SLEEP_S="60")
+    job = services.job_submit(user=user, spec=body)
+    wait_for(status_is(job, JobStatus.FAILED, JobStatus.COMPLETED), what="the job to fail")
+    assert job.status == JobStatus.FAILED
+    assert "rank 5" in job.pending_reason and "code 3" in job.pending_reason
+    assert "boom" in job.pending_reason
+    wait_for(
+        lambda: not RankRun.objects.filter(job=job, state=RankState.STARTED).exists(),
+        what="the other ranks to stop",
+    )
+    assert RankRun.objects.filter(job=job, state=RankState.EXITED).count() == 16
+    wait_for(lambda: not Allocation.objects.filter(job=job, live=True).exists(), what="GPUs released")
+
+
+def test_cancel_stops_every_rank_and_frees_gpus_after_they_exit(agents, user, tmp_path):
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    job = services.job_submit(user=user, spec=spec(tmp_path, "long", 16, BEHAVIOUR="sleep"))
+    wait_for(status_is(job, JobStatus.RUNNING), what="running")
+    services.job_cancel(job=job, user=user)
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    wait_for(
+        lambda: RankRun.objects.filter(job=job, state=RankState.EXITED).count() == 16,
+        what="every rank to exit",
+    )
+    codes = set(RankRun.objects.filter(job=job).values_list("exit_code", flat=True))
+    assert codes <= {-15, 0}
+    wait_for(lambda: not Allocation.objects.filter(job=job, live=True).exists(), what="GPUs released")
+
+
+def test_a_killed_agent_makes_its_node_down_and_its_jobs_fail_or_requeue(agents, user, tmp_path, settings):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 2.0
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    plain = services.job_submit(user=user, spec=spec(tmp_path, "plain", 8, BEHAVIOUR="sleep"))
+    again = services.job_submit(
+        user=user, spec={**spec(tmp_path, "again", 8, BEHAVIOUR="sleep"), "requeue": True}
+    )
+    wait_for(status_is(plain, JobStatus.RUNNING), what="plain running")
+    wait_for(status_is(again, JobStatus.RUNNING), what="again running")
+    victim = job_ranks(job=plain)[0]["node"]
+    other = "node-b" if victim == "node-a" else "node-a"
+    agents.kill(victim)
+    cluster = plain.cluster
+    wait_for(
+        lambda: agent_services.nodes_check(cluster=cluster)["down"] or None,
+        timeout_s=15,
+        what="the node to be marked down",
+    )
+    assert NodeAgent.objects.get(node__name=victim, node__cluster=cluster).state == NodeState.DOWN
+    plain.refresh_from_db()
+    again.refresh_from_db()
+    assert plain.status == JobStatus.FAILED and victim in plain.pending_reason
+    # `again` sat on the other node: it keeps running; the requeue path is taken when its node dies.
+    assert again.status == JobStatus.RUNNING
+    agents.kill(other)
+    time.sleep(2.5)
+    agent_services.nodes_check(cluster=cluster)
+    again.refresh_from_db()
+    assert again.status == JobStatus.QUEUED and again.placed_at is None
+    # Both nodes are down: their GPUs left the free set, so the cycle cannot place it again.
+    assert "0 free" in again.pending_reason
+
+
+def test_drain_then_resume_with_a_running_job(agents, user, tmp_path):
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    body = spec(tmp_path, "short", 8, BEHAVIOUR="sleep", SLEEP_S="2")
+    job = services.job_submit(user=user, spec=body)
+    wait_for(status_is(job, JobStatus.RUNNING), what="running")
+    node = Node.objects.get(cluster=job.cluster, name=job_ranks(job=job)[0]["node"])
+    assert agent_services.node_drain(node=node, reason="firmware").state == NodeState.DRAINING
+    waiting = services.job_submit(user=user, spec=spec(tmp_path, "next", 16, BEHAVIOUR="exit"))
+    wait_for(status_is(job, JobStatus.COMPLETED), what="the running job to finish")
+    agent_services.nodes_check(cluster=job.cluster)
+    assert NodeAgent.objects.get(node=node).state == NodeState.DRAINED
+    waiting.refresh_from_db()
+    assert waiting.status == JobStatus.QUEUED
+    agent_services.node_resume(node=node)
+    wait_for(status_is(waiting, JobStatus.COMPLETED), what="the 16-GPU job to run after resume")
+
+
+def test_migration_holds_old_gpus_until_every_old_rank_exited(agents, user, tmp_path):
+    """The old generation ignores SIGTERM for 2 s: meanwhile no GPU is booked for two jobs and
+    the new generation starts only after the last old rank exited."""
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    body = spec(tmp_path, "moving", 8, BEHAVIOUR="stubborn", STUBBORN_S="2")
+    body["stop_grace_s"] = 10
+    job = services.job_submit(user=user, spec=body)
+    wait_for(status_is(job, JobStatus.RUNNING), what="running")
+    old = job_ranks(job=job)
+    old_node = old[0]["node"]
+    new_node = "node-b" if old_node == "node-a" else "node-a"
+    proposal = MigrationProposal.objects.create(
+        job=job,
+        old_mapping=[{"rank": r["rank"], "node": r["node"], "gpu": r["gpu"]} for r in old],
+        new_mapping=[{"rank": r, "node": new_node, "gpu": 7 - r} for r in range(8)],
+        predicted_gain=0.1,
+        predicted_old_step_ms=110.0,
+        predicted_new_step_ms=100.0,
+    )
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def watch():
+        # A second connection samples the database while the migration goes on.
+        from django.db import connections
+
+        try:
+            while not stop.is_set():
+                doubled = (
+                    Allocation.objects.filter(live=True)
+                    .values("gpu_id")
+                    .annotate(jobs=Count("job_id", distinct=True))
+                    .filter(jobs__gt=1)
+                )
+                if doubled.exists():
+                    violations.append(f"GPU held by two jobs: {list(doubled)}")
+                time.sleep(0.05)
+        finally:
+            connections.close_all()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        services.migration_apply(proposal=proposal, user=user)
+        job.refresh_from_db()
+        assert job.status == JobStatus.MIGRATING and job.generation == 2
+        # A job that wants the old node must wait for the old ranks to exit.
+        other = services.job_submit(user=user, spec=spec(tmp_path, "other", 8, BEHAVIOUR="exit"))
+        other.refresh_from_db()
+        assert other.status == JobStatus.QUEUED
+        wait_for(status_is(job, JobStatus.RUNNING), timeout_s=30, what="the new generation to run")
+        wait_for(status_is(other, JobStatus.COMPLETED), timeout_s=30, what="the other job to run")
+    finally:
+        stop.set()
+        watcher.join()
+    assert not violations
+    old_exits = list(RankRun.objects.filter(job=job, generation=1).values_list("exited_at", flat=True))
+    assert len(old_exits) == 8 and None not in old_exits
+    last_old_exit = max(old_exits)
+    new_starts = RankRun.objects.filter(job=job, generation=2).values_list("started_at", flat=True)
+    assert len(new_starts) == 8 and min(new_starts) >= last_old_exit
+    assert other.placed_at >= last_old_exit
+    assert {r["node"] for r in job_ranks(job=job)} == {new_node}
+    # The old ranks took their 2 s checkpoint: stopped by SIGTERM, not killed.
+    assert set(RankRun.objects.filter(job=job, generation=1).values_list("exit_code", flat=True)) == {0}
+    assert connection.vendor  # the test ran against the configured database
+
+
+def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, user, tmp_path):
+    from apps.scheduling.demo_agents import start_demo_agents
+
+    job = services.job_submit(user=user, spec=spec(tmp_path, "demo-like", 16, BEHAVIOUR="sleep", SLEEP_S="1"))
+    started = start_demo_agents(server=live_server.url, poll_s=1.0)
+    try:
+        assert sorted(a.node for a in started) == ["node-a", "node-b"]
+        wait_for(status_is(job, JobStatus.RUNNING, JobStatus.COMPLETED), what="running")
+        wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), what="completed")
+        assert job.status == JobStatus.COMPLETED, job.pending_reason
+    finally:
+        for agent in started:
+            agent.stop()
+        for agent in started:
+            agent.thread.join(timeout=15)
+        assert not any(agent.thread.is_alive() for agent in started)

@@ -1,0 +1,71 @@
+"""Job spec v1 launch fields: command, env, workdir, requeue, stop_grace_s, each bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.placement.jobs import job_to_spec, load_job
+from apps.placement.topology import SpecError
+
+BASE = {
+    "version": 1,
+    "name": "j",
+    "gpus": 2,
+    "parallelism": {"dp": 2},
+    "step": {"compute_ms": 1},
+    "comm": [],
+}
+
+
+def errors(**fields) -> dict:
+    with pytest.raises(SpecError) as info:
+        load_job({**BASE, **fields})
+    return info.value.as_dict()
+
+
+def test_launch_fields_round_trip():
+    job = load_job(
+        {
+            **BASE,
+            "command": ["python", "train.py", "--lr", "3e-4"],
+            "env": {"NCCL_DEBUG": "INFO", "SEED": 3, "FLAG": True},
+            "workdir": "/scratch/run",
+            "requeue": True,
+            "stop_grace_s": 120,
+        }
+    )
+    assert job.launch.command == ("python", "train.py", "--lr", "3e-4")
+    assert dict(job.launch.env) == {"NCCL_DEBUG": "INFO", "SEED": "3", "FLAG": "true"}
+    assert load_job(job_to_spec(job)) == job
+
+
+def test_a_spec_without_launch_fields_keeps_its_old_form():
+    assert "command" not in job_to_spec(load_job(BASE))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"command": []}, "command"),
+        ({"command": "python train.py"}, "command"),
+        ({"command": ["python", 3]}, "command[1]"),
+        ({"command": ["x" * 5000]}, "command[0]"),
+        ({"command": ["a"] * 300}, "command"),
+        ({"command": ["python", "a\x00b"]}, "command[1]"),
+        ({"env": {"RANK": "1"}}, "env.RANK"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES"),
+        ({"env": {"TOPOWEB_JOB_ID": "1"}}, "env.TOPOWEB_JOB_ID"),
+        ({"env": {"BAD NAME": "1"}}, "env"),
+        ({"env": {"X": "v" * 5000}}, "env.X"),
+        ({"env": {f"V{i}": "1" for i in range(200)}}, "env"),
+        ({"env": ["A=1"]}, "env"),
+        ({"workdir": "relative/dir"}, "workdir"),
+        ({"workdir": "/" + "d" * 2000}, "workdir"),
+        ({"requeue": "yes"}, "requeue"),
+        ({"stop_grace_s": -1}, "stop_grace_s"),
+        ({"stop_grace_s": 1e9}, "stop_grace_s"),
+        ({"stop_grace_s": float("nan")}, "stop_grace_s"),
+    ],
+)
+def test_bad_launch_fields_are_named(fields, field):
+    assert field in errors(**fields)

@@ -1,0 +1,182 @@
+"""The agents' REST side without processes: sync validation and scope, reports driving the job,
+unhealthy GPUs, drain and resume, the start timeout, job logs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.scheduling import agents, services
+from apps.scheduling.choices import JobStatus, NodeState
+from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.scheduling.selectors import job_ranks
+from apps.scheduling.snapshot import cluster_snapshot
+from apps.topology.models import Node
+
+from .conftest import small_spec
+
+COMMAND = ["python", "-c", "pass"]
+
+
+@pytest.fixture
+def launcher(case44) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
+    return client
+
+
+def sync(client: APIClient, node: str = "node-a", **body):
+    return client.post("/api/v1/agents/sync/", {"node": node, "version": "1.0.0", **body}, format="json")
+
+
+def submit(user, committed, name: str, gpus: int, **extra) -> Job:
+    job = committed(services.job_submit, user=user, spec=small_spec(name, gpus, command=COMMAND, **extra))
+    job.refresh_from_db()
+    return job
+
+
+def test_sync_registers_the_node_and_hands_out_its_ranks(launcher, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    body = sync(launcher).json()
+    assert body["state"] == "up"
+    (work,) = body["work"]
+    assert work["job"] == job.pk and work["generation"] == 1 and work["world_size"] == 16
+    assert work["command"] == COMMAND
+    assert len(work["ranks"]) == 8 and all(r["node"] == "node-a" for r in work["ranks"])
+    assert NodeAgent.objects.get(node__name="node-a").last_seen is not None
+
+
+def test_reports_move_the_job_running_then_completed(launcher, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    for node in ("node-a", "node-b"):
+        ranks = [r["rank"] for r in sync(launcher, node).json()["work"][0]["ranks"]]
+        reports = [
+            {"job": job.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in ranks
+        ]
+        committed(sync, launcher, node, reports=reports)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.started_at is not None
+    exits = [
+        {"job": job.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": 0} for r in range(16)
+    ]
+    committed(sync, launcher, "node-a", reports=exits)
+    committed(sync, launcher, "node-a", reports=exits)  # a retried report is harmless
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"node": "no-such-node"}, "node"),
+        ({"node": "node-a; rm"}, "node"),
+        ({"wait_s": 1e9}, "wait_s"),
+        ({"reports": [{"job": 1, "generation": 1, "rank": 0, "event": "exited"}]}, "reports"),
+        ({"reports": [{"job": 1, "generation": 1, "rank": -1, "event": "started"}]}, "reports"),
+        ({"unhealthy": [{"gpu": 999, "reason": "xid"}]}, "unhealthy"),
+        ({"running": [[1, 2]]}, "running"),
+        ({"reports": [{"job": 1, "generation": 1, "rank": 0, "event": "started"}] * 2000}, "reports"),
+    ],
+)
+def test_bad_sync_bodies_are_400_naming_the_field(launcher, body, field):
+    response = sync(launcher, **body)
+    assert response.status_code == 400
+    assert field in response.json()
+
+
+def test_only_a_launcher_token_may_sync(alice_api, case44):
+    assert alice_api.post(
+        "/api/v1/agents/sync/", {"node": "node-a", "version": "1"}, format="json"
+    ).status_code in (
+        401,
+        403,
+    )
+
+
+def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(launcher, case44, staff_api):
+    committed_sync = sync(launcher, unhealthy=[{"gpu": 3, "reason": "XID 79"}])
+    assert committed_sync.status_code == 200
+    snap = cluster_snapshot(cluster=case44)
+    assert int(snap.free.sum()) == 15 and not snap.free[snap.topology.gid("node-a", 3)]
+    node = Node.objects.get(cluster=case44, name="node-a")
+    health = staff_api.get("/api/v1/node-health/", {"cluster": "case-4-4", "node": "node-a"}).json()
+    assert health["results"][0]["unhealthy_gpus"] == [{"gpu": 3, "reason": "XID 79"}]
+    assert staff_api.post(f"/api/v1/node-health/{node.pk}/resume/").status_code == 200
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 16
+
+
+def test_a_gpu_missing_from_nvidia_smi_is_unhealthy(launcher, case44):
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8) if i != 5]
+    assert sync(launcher, gpus=gpus).status_code == 200
+    assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [
+        {"gpu": 5, "reason": "not found by nvidia-smi"}
+    ]
+
+
+def test_drain_takes_no_new_placements_and_resume_returns_the_node(case44, staff_api, alice, committed):
+    node = Node.objects.get(cluster=case44, name="node-a")
+    response = staff_api.post(f"/api/v1/node-health/{node.pk}/drain/", {"reason": "firmware"}, format="json")
+    assert response.status_code == 200 and response.json()["state"] == NodeState.DRAINED
+    job = submit(alice, committed, "j8", 8)
+    assert {r["node"] for r in job_ranks(job=job)} == {"node-b"}
+    big = submit(alice, committed, "j16", 8)
+    assert big.status == JobStatus.QUEUED
+    committed(staff_api.post, f"/api/v1/node-health/{node.pk}/resume/")
+    big.refresh_from_db()
+    assert big.status == JobStatus.PLACING
+
+
+def test_drain_needs_staff_and_a_reason(case44, alice_api, staff_api):
+    node = Node.objects.get(cluster=case44, name="node-a")
+    assert (
+        alice_api.post(f"/api/v1/node-health/{node.pk}/drain/", {"reason": "x"}, format="json").status_code
+        == 403
+    )
+    response = staff_api.post(f"/api/v1/node-health/{node.pk}/drain/", {}, format="json")
+    assert response.status_code == 400 and "reason" in response.json()
+
+
+def test_a_job_whose_ranks_never_start_is_requeued_with_its_gpus_released(case44, alice, committed, settings):
+    settings.TOPOWEB_START_TIMEOUT_S = 60
+    job = submit(alice, committed, "stuck", 16)
+    assert job.status == JobStatus.PLACING
+    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=61))
+    changed = agents.nodes_check(cluster=case44)
+    assert changed["requeued"] == [job.pk]
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+    assert "0 of 16 ranks started within the start timeout of 60 s" in job.pending_reason
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+def test_a_silent_node_goes_down_and_its_job_fails(case44, launcher, alice, committed, settings):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "j", 8)
+    node = job_ranks(job=job)[0]["node"]
+    sync(launcher, node)
+    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and f"node {node} went down" in job.pending_reason
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
+    sync(launcher, node)
+    assert NodeAgent.objects.get(node__name=node).state == NodeState.UP
+
+
+def test_job_logs_show_each_ranks_output_tail(launcher, alice, alice_api, bob_api, committed):
+    job = submit(alice, committed, "j", 2, estimated_runtime_s=60)
+    reports = [
+        {"job": job.pk, "generation": 1, "rank": 0, "event": "started", "pid": 10, "log_tail": "step 1\n"},
+        {"job": job.pk, "generation": 1, "rank": 1, "event": "exited", "exit_code": 2, "log_tail": "oops\n"},
+    ]
+    committed(sync, launcher, job_ranks(job=job)[0]["node"], reports=reports)
+    logs = alice_api.get(f"/api/v1/jobs/{job.pk}/logs/").json()
+    assert [(r["rank"], r["log_tail"]) for r in logs] == [(0, "step 1\n"), (1, "oops\n")]
+    assert bob_api.get(f"/api/v1/jobs/{job.pk}/logs/").status_code == 404
+    assert alice_api.get(f"/api/v1/jobs/{job.pk}/logs/", {"rank": "x"}).status_code == 400
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "rank 1" in job.pending_reason and "oops" in job.pending_reason
