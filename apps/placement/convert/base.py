@@ -17,6 +17,8 @@ from .hostlist import HostlistError, expand
 # One input file may be at most this large: a 16,384-GPU cluster's spec is a few MiB.
 MAX_SOURCE_BYTES = 32 * 1024 * 1024
 MAX_YAML_DEPTH = 64
+# A converted cluster has at most this many nodes (the largest benchmarked cluster has 12,800).
+MAX_NODES = 100_000
 
 
 @dataclass(frozen=True)
@@ -384,6 +386,11 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
     seen: dict[str, str] = {}
     models: dict[str, float] = {}
     nics = defaults.take("nics_per_node")
+    total = 0
+    for s in live.values():
+        total += len(s.nodes)
+        if total > MAX_NODES:
+            raise fail(s.where, f"the tree names more than {MAX_NODES} nodes")
     for s in live.values():
         if not s.nodes:
             continue
