@@ -10,19 +10,8 @@ import re
 import yaml
 
 from ..topology import Topology
-from .base import (
-    Defaults,
-    Imported,
-    Source,
-    SwitchTree,
-    TreeSwitch,
-    at,
-    check_size,
-    fail,
-    node_hierarchy,
-    tree_to_spec,
-    yaml_documents,
-)
+from .base import Defaults, Imported, Source, at, check_size, fail, yaml_documents
+from .tree import SwitchTree, TreeSwitch, node_hierarchy, tree_to_spec
 
 HOSTNAME = "kubernetes.io/hostname"
 ACCELERATOR = "network.topology.nvidia.com/accelerator"
