@@ -252,8 +252,9 @@ class NodeAdmin(ClusterRowAdmin):
     list_filter = ["cluster", ("leaf", admin.RelatedOnlyFieldListFilter), "standalone"]
     list_select_related = ["cluster", "leaf", "gpu_model"]
     search_fields = ["name", "cluster__name", "dcgm_url"]
-    fields = ["cluster", "name", "gpu_model", "leaf", "dcgm_url", "standalone", "position"]
-    readonly_fields = ["leaf"]
+    fields = ["cluster", "name", "gpu_model", "leaf", "dcgm_url", "standalone", "position", "intra"]
+    # Intra links come in with the topology (import or replace); shown, not edited here.
+    readonly_fields = ["leaf", "intra"]
     inlines = [NicInline, GpuInline]
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):

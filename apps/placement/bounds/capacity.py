@@ -60,6 +60,9 @@ class _Capacity:
     core_bw: float
     core_lat: float
     min_peak_tflops: float
+    # per domain class and block size k: best bandwidth of k GPUs in one of its domains (GB/s);
+    # below fit_bw only for classes of nodes with intra links (`topology/intra.py`); None if none
+    fit_bw_by_size: np.ndarray | None = None
     fits: dict = field(default_factory=dict)  # block GPUs -> best (GB/s, us) of domains that large
     prices: dict = field(default_factory=dict)  # (collective, n, bytes, context) -> [(ms, GB/s)] by level
     bounds: dict = field(default_factory=dict)  # JobSpec -> its Prediction
@@ -155,6 +158,7 @@ def _layout(topo: Topology) -> _Layout:
         "core_bw": float(finite_core.max()) if finite_core.size else math.inf,
         "core_lat": float(topo.pod_core_latency.min()) if topo.pod_core_latency.size else 0.0,
         "min_peak_tflops": float(topo.node_peak_tflops.min()),
+        "fit_bw_by_size": _fit_bw_by_size(topo, dom_class.ravel(), classes[0]),
     }
     layout = _Layout(
         dom_class=dom_class.ravel().astype(np.int64),
@@ -177,6 +181,27 @@ def _counts(per_region: np.ndarray) -> tuple:
     """((free GPUs, regions with that many), ...) of the regions with any, by count."""
     values, mult = np.unique(per_region[per_region > 0].astype(np.int64), return_counts=True)
     return tuple(zip(values.tolist(), mult.tolist(), strict=True))
+
+
+def _fit_bw_by_size(topo: Topology, dom_class: np.ndarray, class_bw: np.ndarray) -> np.ndarray | None:
+    """Per domain class and block size: the best bandwidth a block that large reaches in one of
+    its domains. A class of nodes with intra links only gets their best k-subsets (any GPUs, so
+    also an upper bound on free ones); others keep their uniform bandwidth."""
+    if not topo.node_intra:
+        return None
+    width = int(topo.node_gpu_count.max()) + 1
+    out = np.repeat(class_bw.astype(float)[:, None], width, axis=1)
+    intra_dom = {int(topo.node_domain[ni]): intra for ni, intra in topo.node_intra.items()}
+    for c in range(class_bw.size):
+        members = np.flatnonzero(dom_class == c)
+        if not all(int(d) in intra_dom for d in members):
+            continue
+        best = np.zeros(width)
+        for d in members:
+            sub = intra_dom[int(d)].best_subset_bw()
+            best[: sub.size] = np.maximum(best[: sub.size], sub)
+        out[c] = np.minimum(out[c], best)
+    return out
 
 
 def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:

@@ -88,7 +88,9 @@ def _domain_fit(cap: _Capacity, block: int) -> tuple[float, float]:
     hit = cap.fits.get(block)
     if hit is None:
         fits = cap.fit_gpus >= block
-        hit = cap.fits[block] = (float(cap.fit_bw[fits].max()), float(cap.fit_lat[fits].min()))
+        by_size = cap.fit_bw_by_size
+        bw = by_size[fits, block] if by_size is not None and block < by_size.shape[1] else cap.fit_bw[fits]
+        hit = cap.fits[block] = (float(bw.max()), float(cap.fit_lat[fits].min()))
     return hit
 
 

@@ -10,19 +10,8 @@ import re
 import yaml
 
 from ..topology import Topology
-from .base import (
-    Defaults,
-    Imported,
-    Source,
-    SwitchTree,
-    TreeSwitch,
-    at,
-    check_size,
-    fail,
-    node_hierarchy,
-    tree_to_spec,
-    yaml_documents,
-)
+from .base import Defaults, Imported, Source, at, check_size, fail, yaml_documents
+from .tree import SwitchTree, TreeSwitch, node_hierarchy, tree_to_spec
 
 HOSTNAME = "kubernetes.io/hostname"
 ACCELERATOR = "network.topology.nvidia.com/accelerator"
@@ -75,6 +64,8 @@ FAMILIES = (
     ),
 )
 DOMAIN_LABELS = (ACCELERATOR, "nvidia.com/gpu.clique")
+# Stands in for a leaf label when nodes carry NVLink cliques only.
+FALLBACK_LEAF = "topoweb/leaf"
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -172,14 +163,31 @@ def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
     family = next(
         ((fname, keys) for fname, keys in FAMILIES if all(keys[0] in lab for _, lab, _, _ in parsed)), None
     )
-    if family is None:
-        name, _, _, where = parsed[0]
-        known = ", ".join(keys[0] for _, keys in FAMILIES)
-        raise fail(
-            where, f"node {name!r} (or another) has no leaf-level topology label; expected one of {known}"
-        )
-    fname, keys = family
     tree = SwitchTree()
+    if family is None:
+        # Some nodes with a leaf label: name one without. None: every node needs a clique.
+        labelled = any(keys[0] in lab for _, lab, _, _ in parsed for _, keys in FAMILIES)
+        lacking = next(
+            (
+                (n, w)
+                for n, lab, _, w in parsed
+                if not any(keys[0] in lab for _, keys in FAMILIES)
+                and (labelled or not any(lab.get(k) for k in DOMAIN_LABELS))
+            ),
+            None,
+        )
+        if lacking is not None:
+            known = ", ".join(keys[0] for _, keys in FAMILIES)
+            raise fail(
+                lacking[1],
+                f"node {lacking[0]!r} has no leaf-level topology label (one of {known}) and no NVLink clique",
+            )
+        # NVLink cliques only (GB200 racks labelled by the GPU operator): the network is not described.
+        family = ("NVLink clique only", (FALLBACK_LEAF,))
+        for _, lab, _, _ in parsed:
+            lab[FALLBACK_LEAF] = "leaf-1"
+        tree.notes.append("no network labels: every node is put on one leaf, leaf-1")
+    fname, keys = family
     used_names: dict[tuple[int, str], str] = {}
     taken: set[str] = set()
 

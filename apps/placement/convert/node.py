@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from .base import Defaults, Imported, Source, cluster_spec, fail
+from .base import MAX_NODES, Defaults, Imported, Source, cluster_spec, fail
 
 # PCIe distance classes of nvidia-smi, nearest first.
 PCIE_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -63,6 +63,8 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
     model = defaults.take("gpu_model")
     rails = defaults.take("rails")
     n_leaves = 1
+    if len(nodes) > MAX_NODES:
+        raise fail("input", f"more than {MAX_NODES} node files")
     for hw in nodes:
         if hw.name in seen:
             raise fail(hw.where, f"node {hw.name!r} is already described by {seen[hw.name]}")

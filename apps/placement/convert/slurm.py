@@ -7,23 +7,9 @@ import re
 from dataclasses import dataclass
 
 from ..topology import Topology
-from .base import (
-    Defaults,
-    Imported,
-    Source,
-    SwitchTree,
-    TreeSwitch,
-    at,
-    check_size,
-    domain_groups,
-    fail,
-    hosts,
-    leaf_groups,
-    tree_to_spec,
-    uplinks,
-    yaml_documents,
-)
+from .base import Defaults, Imported, Source, at, check_size, fail, hosts, yaml_documents
 from .hostlist import compress
+from .tree import SwitchTree, TreeSwitch, domain_groups, leaf_groups, tree_to_spec, uplinks
 
 _KEYS = {
     "switchname": {"switches", "nodes", "linkspeed"},

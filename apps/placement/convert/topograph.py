@@ -7,19 +7,8 @@ from __future__ import annotations
 import json
 
 from ..topology import Topology
-from .base import (
-    Defaults,
-    Imported,
-    Source,
-    SwitchTree,
-    TreeSwitch,
-    at,
-    fail,
-    hosts,
-    node_hierarchy,
-    tree_to_spec,
-    yaml_documents,
-)
+from .base import Defaults, Imported, Source, at, fail, hosts, yaml_documents
+from .tree import SwitchTree, TreeSwitch, node_hierarchy, tree_to_spec
 
 _DOMAIN_KEYS = ("/accelerator", "/domain")
 

@@ -19,6 +19,7 @@ intra:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ import numpy as np
 
 from .checks import _check_keys, _Errors, _positive
 
+# Best k-subset bandwidths are exact (every subset tried, 2^n of them) up to this many GPUs.
+EXACT_MAX_GPUS = 12
+# Best k-subset bandwidths by matrix: nodes of one model share them.
+_SUBSET_BW: dict[bytes, np.ndarray] = {}
 _CLASS = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,15}$")
 
 
@@ -41,6 +46,26 @@ class IntraLinks:
     nic_links: dict[str, tuple[str, ...]]
     bw: np.ndarray
     latency: np.ndarray
+
+    def best_subset_bw(self) -> np.ndarray:
+        """Per k (index 0..n): the highest slowest-pair bandwidth (GB/s) any k GPUs of the node
+        reach; exact up to EXACT_MAX_GPUS GPUs, else the fastest pair (an upper bound)."""
+        cached = _SUBSET_BW.get(self.bw.tobytes())
+        if cached is not None:
+            return cached
+        n = self.bw.shape[0]
+        off = self.bw[~np.eye(n, dtype=bool)]
+        top = float(off.max()) if off.size else math.inf
+        out = np.full(n + 1, top)
+        out[:2] = math.inf
+        if n <= EXACT_MAX_GPUS:
+            for k in range(2, n + 1):
+                out[k] = max(
+                    float(self.bw[np.ix_(s, s)][~np.eye(k, dtype=bool)].min())
+                    for s in itertools.combinations(range(n), k)
+                )
+        _SUBSET_BW[self.bw.tobytes()] = out
+        return out
 
     def nic_bw(self, nic: str, gpu: int) -> float:
         """What the PCIe path between a NIC and a GPU carries (GB/s), inf when not described."""

@@ -132,7 +132,7 @@ def job(gpus, tp=1, pp=1, dp=None, ep=1, comm=(), compute_ms=10.0, overlap=0.0, 
 def switch_node_sets(topology) -> dict[str, set[frozenset[str]]]:
     """What a tree-shaped format holds, names aside: per tier, the set of node sets below each
     switch (a node counted under the leaf of its first NIC)."""
-    from apps.placement.convert.base import node_hierarchy
+    from apps.placement.convert.tree import node_hierarchy
 
     below: dict[tuple[str, str], set[str]] = {}
     for node, chain in zip(topology.nodes, node_hierarchy(topology), strict=True):

@@ -81,7 +81,11 @@ def test_a_node_without_topology_labels_is_named_with_its_line():
     text = _kubectl({"a": {"network.topology.nvidia.com/leaf": "l1"}, "b": {"kubernetes.io/hostname": "b"}})
     with pytest.raises(SpecError) as exc:
         import_sources("kueue", [Source("nodes.json", text)])
-    assert exc.value.errors[0][0].startswith("nodes.json:")
+    where, message = exc.value.errors[0]
+    assert "node 'b' has no leaf-level topology label" in message
+    # The error points at the line of node b's name.
+    line = int(where.split(":")[1])
+    assert text.splitlines()[line - 1].strip() == '"name": "b",'
 
 
 @pytest.mark.parametrize("model", sorted(p.name for p in SAMPLES.glob("*.yaml")))
@@ -123,3 +127,14 @@ def test_yaml_aliases_are_refused():
     text = "switches:\n  s1: &a {switches: [s2]}\n  s3: *a\nblocks: []\n"
     with pytest.raises(SpecError, match="aliases"):
         import_sources("topograph", [Source("m.yaml", text)])
+
+
+def test_nodes_labelled_with_nvlink_cliques_only_share_one_leaf_with_a_note():
+    nodes = {
+        f"gb{i}": {"nvidia.com/gpu.clique": f"c.{i // 2}", "nvidia.com/gpu.count": "4"} for i in range(4)
+    }
+    imported = import_sources("kueue", [Source("nodes.json", _kubectl(nodes))])
+    topo = imported.topology()
+    assert [s.name for s in topo.switches] == ["leaf-1"]
+    assert sorted(topo.domains) == ["c.0", "c.1"]
+    assert any("no network labels" in n for n in imported.notes)

@@ -132,3 +132,34 @@ def test_the_pcie_lab_example_is_its_matrices_converted():
     example = load_topology_file(str(lab / "pcie-lab.yaml"))
     assert topology_to_spec(converted) == topology_to_spec(example)
     assert sorted(n.name for n in example.nodes if n.intra is not None) == ["mesh-box", "pcie-box"]
+
+
+PEER_XML = """<system version="1">
+  <cpu numaid="0" affinity="ff" arch="x86_64">
+    <pci busid="0000:10:00.0" class="0x060400" link_speed="8 GT/s" link_width="16">
+      <pci busid="0000:11:00.0" class="0x030200" link_speed="8 GT/s" link_width="16">
+        <gpu dev="0" sm="70" rank="0" gdr="1"><nvlink target="0000:12:00.0" count="2" tclass="0x030200"/></gpu>
+      </pci>
+      <pci busid="0000:12:00.0" class="0x030200" link_speed="8 GT/s" link_width="16">
+        <gpu dev="1" sm="70" rank="1" gdr="1"><nvlink target="0000:11:00.0" count="2" tclass="0x030200"/></gpu>
+      </pci>
+      <pci busid="0000:13:00.0" class="0x020000"><nic><net name="mlx5_0" dev="0" speed="100000"/></nic></pci>
+    </pci>
+  </cpu>
+  <cpu numaid="1" affinity="ff00" arch="x86_64">
+    <pci busid="0000:20:00.0" class="0x030200" link_speed="8 GT/s" link_width="16">
+      <gpu dev="2" sm="70" rank="2" gdr="1"/>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def test_nccl_peer_nvlinks_make_a_partial_mesh_with_intra_links():
+    hw = parse_nccl(Source("peer.xml", PEER_XML), Defaults())
+    assert hw.pairs[(0, 1)] == "NV2" and hw.pairs[(0, 2)] == "SYS"
+    assert hw.nic_class[("mlx5_0", 0)] == "PIX" and hw.nic_class[("mlx5_0", 2)] == "SYS"
+    assert hw.numa == {0: "0", 1: "0", 2: "1"}
+    topo = import_sources("nccl-xml", [Source("peer.xml", PEER_XML)]).topology()
+    assert topo.path(0, 1).bw_GBps == 50.0 and topo.path(0, 2).bw_GBps < 25
+    assert topo.nodes[0].nics[0].bw_GBps == 12.5

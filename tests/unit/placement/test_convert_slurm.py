@@ -200,3 +200,10 @@ def test_every_shared_slurm_sample_imports(name, fmt, text):
     assert {n.name for n in topo.nodes} <= names
     assert topo.n_gpus == 8 * len(topo.nodes)
     assert imported.notes
+
+
+def test_a_tree_naming_too_many_nodes_is_refused_at_its_line():
+    text = "".join(f"SwitchName=s{k} Nodes=r{k}n[1-60000]\n" for k in range(2))
+    with pytest.raises(SpecError) as exc:
+        convert("slurm-tree", text)
+    assert exc.value.errors[0][0] == "topology.conf:2" and "more than 100000 nodes" in exc.value.errors[0][1]

@@ -207,3 +207,21 @@ def test_tp_pairs_of_a_larger_job_on_a_partial_mesh_are_nvlink_connected():
     result = place(topo, busy(topo, 0, 1, 2), None, j)
     for a, b in ((0, 1), (2, 3)):
         assert pcie_class(topo, result.gids[a], result.gids[b]).startswith("NV")
+
+
+@pytest.mark.parametrize(
+    ("links", "gids"),
+    [(_SOCKETS, [0, 1]), (_SOCKETS, [0, 1, 2, 3]), (_CUBE_MESH, [4, 5, 6, 7]), (_CUBE_MESH, list(range(8)))],
+)
+def test_the_bound_is_tight_for_the_best_subset_of_each_size(links, gids):
+    spec = box(links)
+    # Standalone, so that no network path can undercut the node's own links.
+    node = spec["nodes"][0]
+    node["standalone"] = True
+    del node["nics"]
+    spec["switches"] = []
+    topo = load_topology(spec)
+    j = allreduce(len(gids))
+    bound, placed = lower_bound(topo, j).comm_ms, evaluate(topo, j, gids).comm_ms
+    # Tight in bandwidth; the bound keeps the node's lowest latency, a few microseconds per step.
+    assert placed * 0.999 <= bound <= placed + 1e-9
