@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import _check_keys, _Errors, _positive
+from .checks import _bw, _check_keys, _Errors, _latency
 
 # Best k-subset bandwidths are exact (every subset tried, 2^n of them) up to this many GPUs.
 EXACT_MAX_GPUS = 12
@@ -97,8 +97,8 @@ def load_intra(errs: _Errors, p: str, value: Any, gpus: int, nic_names: list[str
             continue
         if _check_keys(errs, q, c, {"bw_GBps", "latency_us"}):
             classes[name] = (
-                _positive(errs, f"{q}.bw_GBps", c["bw_GBps"]),
-                _positive(errs, f"{q}.latency_us", c["latency_us"]),
+                _bw(errs, f"{q}.bw_GBps", c["bw_GBps"]),
+                _latency(errs, f"{q}.latency_us", c["latency_us"]),
             )
     rows = value["links"]
     if not isinstance(rows, list) or len(rows) != gpus:
