@@ -397,16 +397,20 @@ def test_a_503_with_retry_after_while_postgres_is_unreachable_then_service_resum
     assert_invariants(first + after)
 
 
-def kill_held_cycle(stack: Stack, world: dict, name: str, kill) -> tuple[list[int], float]:
-    """Submit job `name`, hold its cycle before the lock, call `kill(pid of the process holding
-    it)`, let go; returns ([job id], when it was killed)."""
-    stack.pause("pause-before-lock")
+def kill_held_cycle(
+    stack: Stack, world: dict, name: str, kill, *, where: str = "before-lock"
+) -> tuple[list[int], float]:
+    """Submit job `name`, hold its cycle before the lock (or `where="under-lock"`: inside its
+    transaction), call `kill(pid of the process holding it)`, let go; returns ([job id], when it
+    was killed)."""
+    mark = "cycle-held" if where == "before-lock" else "locked-held"
+    stack.pause(f"pause-{where}")
     try:
         ids = [submit(world["api"], name)]
-        kill(stack.held_pid(f"cycle-held-{world['cluster'].pk}"))
+        kill(stack.held_pid(f"{mark}-{world['cluster'].pk}"))
         return ids, time.monotonic()
     finally:
-        stack.resume("pause-before-lock")
+        stack.resume(f"pause-{where}")
 
 
 def test_a_cycle_whose_worker_child_is_killed_before_the_lock_is_retried_and_audited(stack, world):
@@ -419,6 +423,20 @@ def test_a_cycle_whose_worker_child_is_killed_before_the_lock_is_retried_and_aud
     )
     wait_for(lost.exists, timeout_s=RESUME_S, what="the redelivered cycle's audit record")
     print(f"the redelivered cycle was audited {time.monotonic() - killed:.1f} s after the SIGKILL")
+    assert_invariants(ids)
+
+
+def test_a_cycle_killed_under_the_cluster_lock_books_nothing_and_is_retried(stack, world):
+    ids, killed = kill_held_cycle(
+        stack, world, "locked", lambda pid: os.kill(pid, signal.SIGKILL), where="under-lock"
+    )
+    wait_for(lambda: placed(ids), timeout_s=RESUME_S, what="the job of the cycle killed under the lock")
+    print(
+        f"a cycle killed under the lock was retried and placed the job {time.monotonic() - killed:.1f} s later"
+    )
+    assert time.monotonic() - killed < 10.0
+    lost = SchedulingCycle.objects.filter(cluster=world["cluster"], error__startswith="WorkerLost:")
+    wait_for(lost.exists, timeout_s=RESUME_S, what="the redelivered cycle's audit record")
     assert_invariants(ids)
 
 
