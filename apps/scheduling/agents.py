@@ -260,19 +260,24 @@ def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: 
         Job.objects.filter(pk=job.pk).update(generation=generation)
         return
     Allocation.objects.filter(job=job, live=False).delete()
-    Allocation.objects.bulk_create(
-        [
+    rows = []
+    for rank, gid in enumerate(int(g) for g in new_gids):
+        node, index = snapshot.topology.gpu_key(gid)
+        rows.append(
             Allocation(
                 job=job,
                 rank=rank,
-                gpu_id=pks[int(gid)],
+                gpu_id=pks[gid],
+                # The place by value, as book_many keeps it, so the history survives a replace.
+                node_name=node,
+                gpu_index=index,
+                nic_name=snapshot.index.nic_name[gid],
                 generation=generation,
-                live=pks[int(gid)] not in old,
+                live=pks[gid] not in old,
                 created_at=now,
             )
-            for rank, gid in enumerate(new_gids)
-        ]
-    )
+        )
+    Allocation.objects.bulk_create(rows)
     Job.objects.filter(pk=job.pk).update(
         generation=generation,
         status=JobStatus.MIGRATING,

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -139,16 +139,35 @@ def schedule_requested(*, cluster: Cluster) -> SchedulingCycle:
         _LAST_END[cluster.pk] = time.monotonic()
 
 
-def cycle_record_redelivered(*, cluster: Cluster) -> SchedulingCycle:
-    """Audit a cycle request that the broker delivered again: the worker that took it died or
-    stopped before finishing it (the cycle it may have begun committed nothing)."""
-    return SchedulingCycle.objects.create(
+LOST_PREFIX = "WorkerLost:"
+LOST_RETRY_LIMIT = 3  # redelivered cycles of one cluster retried at once per LOST_WINDOW_S
+LOST_WINDOW_S = 60.0
+
+
+def cycle_record_redelivered(*, cluster: Cluster) -> bool:
+    """Audit a cycle request that the broker delivered again (the worker that took it died or
+    stopped before finishing it; the cycle it may have begun committed nothing). Returns whether
+    to retry it now: not when LOST_RETRY_LIMIT such losses on the cluster already happened within
+    LOST_WINDOW_S, so a cycle that kills its worker every time cannot loop; beat tries again."""
+    since = timezone.now() - timedelta(seconds=LOST_WINDOW_S)
+    recent = SchedulingCycle.objects.filter(
+        cluster=cluster, status=CycleStatus.FAILED, error__startswith=LOST_PREFIX, started_at__gte=since
+    ).count()
+    retry = recent < LOST_RETRY_LIMIT
+    SchedulingCycle.objects.create(
         cluster=cluster,
         policy=cluster.policy,
         status=CycleStatus.FAILED,
-        error="WorkerLost: the worker running this cycle died or stopped before finishing it;"
-        " the request was delivered again and its retry follows",
+        error=f"{LOST_PREFIX} the worker running this cycle died or stopped before finishing it; "
+        + (
+            "the request was delivered again and its retry follows"
+            if retry
+            else f"not retried at once ({recent + 1} losses within {LOST_WINDOW_S:.0f} s), beat retries"
+        ),
     )
+    if not retry:
+        log.error("cycles on cluster %s keep losing their worker; leaving the retry to beat", cluster.pk)
+    return retry
 
 
 def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:

@@ -36,8 +36,8 @@ BEAT_SCHEDULE = {
 @shared_task(name="scheduling.schedule_cluster", ignore_result=True, bind=True)
 def schedule_cluster_task(self, cluster_id: int) -> int | None:
     """Run one scheduling cycle on cluster `cluster_id`; returns the cycle id (None if the
-    cluster is gone). A request the broker delivers again (its worker died or stopped before
-    finishing it) first leaves a failed cycle record saying so."""
+    cluster is gone or a redelivered request is not retried). A request the broker delivers again
+    (its worker died or stopped before finishing it) first leaves a failed cycle record saying so."""
     from apps.topology.models import Cluster
 
     from .cycle import cycle_record_redelivered, schedule_requested
@@ -46,8 +46,9 @@ def schedule_cluster_task(self, cluster_id: int) -> int | None:
     if cluster is None:
         return None
     try:
-        if (self.request.delivery_info or {}).get("redelivered"):
-            cycle_record_redelivered(cluster=cluster)
+        redelivered = (self.request.delivery_info or {}).get("redelivered")
+        if redelivered and not cycle_record_redelivered(cluster=cluster):
+            return None
         return schedule_requested(cluster=cluster).pk
     except Cluster.DoesNotExist:
         return None

@@ -4,7 +4,9 @@ request or a cycle at a chosen point while the test kills the process holding it
 Both hooks do nothing unless TOPOWEB_FAULT_DIR is set and the test created the pause file there:
 - workers (`celery worker --include tests.integration.fault_hooks`): a scheduling-cycle task
   whose pause file `pause-before-lock` exists writes `cycle-held-<cluster id>-<pid>` and waits
-  before it runs (so before it locks the cluster) until the file is gone;
+  before it runs (so before it locks the cluster) until the file is gone; with `pause-under-lock`
+  it writes `locked-held-<cluster id>-<pid>` and waits inside the cycle's transaction, holding
+  the cluster's row lock;
 - web (`gunicorn tests.integration.fault_hooks:application`): a job submission whose pause file
   `pause-after-commit` exists is committed, then writes `post-held-<pid>` and waits before it
   answers until the file is gone.
@@ -42,6 +44,24 @@ def _hold(pause: str, mark: str) -> None:
 def hold_cycle(sender=None, args=(), **kwargs) -> None:
     if getattr(sender, "name", "") == "scheduling.schedule_cluster":
         _hold("pause-before-lock", f"cycle-held-{args[0] if args else ''}")
+        _hold_under_lock()
+
+
+def _hold_under_lock() -> None:
+    """Make the cycle's planning step (inside its transaction, under the cluster's row lock) hold
+    while `pause-under-lock` exists, writing `locked-held-<cluster id>-<pid>`."""
+    from apps.scheduling import cycle
+
+    if getattr(cycle.plan_cycle, "held", False):
+        return
+    plan = cycle.plan_cycle
+
+    def held_plan(snapshot, *args, **kwargs):
+        _hold("pause-under-lock", f"locked-held-{snapshot.cluster_id}")
+        return plan(snapshot, *args, **kwargs)
+
+    held_plan.held = True
+    cycle.plan_cycle = held_plan
 
 
 _inner = None

@@ -44,6 +44,7 @@ PG_PROXY_PORT = 8122
 WEB_PORT = 8123
 START_TIMEOUT_S = 60.0
 RESUME_S = 30.0  # scheduling must resume within this long after a fault ends (beat ticks every 10 s)
+HANG_S = 15.0  # longer than any degraded path takes (1 s cache timeouts, ~1 s publish retries)
 
 
 def free_port(port: int) -> int:
@@ -123,7 +124,8 @@ class CuttableProxy:
                 s.close()
 
     def restore(self) -> None:
-        self._listen()
+        if self.listener is None:
+            self._listen()
         self.cut_flag.clear()
 
     def stop(self) -> None:
@@ -293,15 +295,30 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):
         running.stop()
 
 
+def other_sessions() -> int:
+    """Sessions on the test database other than this process's."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
 @pytest.fixture
 def world(stack, transactional_db):
-    """pod-256, a user with a token, and an HTTP client for the web under test."""
+    """pod-256, a user with a token, and an HTTP client for the web under test. On the way out
+    the stack is cut off the database, so the test database's flush never races its cycles."""
+    stack.pg.restore()
     cluster = topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
     user = get_user_model().objects.create_user(f"fault-{uuid.uuid4().hex[:6]}")
     token = Token.objects.create(user=user).key
     client = httpx.Client(base_url=stack.url, headers={"Authorization": f"Token {token}"}, timeout=20)
     yield {"cluster": cluster, "user": user, "api": client}
     client.close()
+    stack.pg.cut()
+    deadline = time.monotonic() + 10
+    while other_sessions() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def job_spec(name: str, gpus: int = 8) -> dict:
@@ -321,7 +338,8 @@ def submit(api: httpx.Client, name: str, **headers) -> int:
     started = time.monotonic()
     response = api.post("/api/v1/jobs/", json=job_spec(name), headers=headers)
     assert response.status_code == 201, response.text
-    assert time.monotonic() - started < 5.0, "a submission took more than 5 s"
+    # A guard against hanging on a dead service, not a speed target (the machine is shared).
+    assert time.monotonic() - started < HANG_S, f"a submission took more than {HANG_S} s"
     return response.json()["id"]
 
 
@@ -397,28 +415,46 @@ def test_a_503_with_retry_after_while_postgres_is_unreachable_then_service_resum
     assert_invariants(first + after)
 
 
-def kill_held_cycle(stack: Stack, world: dict, name: str, kill) -> tuple[list[int], float]:
-    """Submit job `name`, hold its cycle before the lock, call `kill(pid of the process holding
-    it)`, let go; returns ([job id], when it was killed)."""
-    stack.pause("pause-before-lock")
+def kill_held_cycle(
+    stack: Stack, world: dict, name: str, kill, *, where: str = "before-lock"
+) -> tuple[list[int], float]:
+    """Submit job `name`, hold its cycle before the lock (or `where="under-lock"`: inside its
+    transaction), call `kill(pid of the process holding it)`, let go; returns ([job id], when it
+    was killed)."""
+    mark = "cycle-held" if where == "before-lock" else "locked-held"
+    stack.pause(f"pause-{where}")
     try:
         ids = [submit(world["api"], name)]
-        kill(stack.held_pid(f"cycle-held-{world['cluster'].pk}"))
+        kill(stack.held_pid(f"{mark}-{world['cluster'].pk}"))
         return ids, time.monotonic()
     finally:
-        stack.resume("pause-before-lock")
+        stack.resume(f"pause-{where}")
 
 
 def test_a_cycle_whose_worker_child_is_killed_before_the_lock_is_retried_and_audited(stack, world):
     ids, killed = kill_held_cycle(stack, world, "held", lambda pid: os.kill(pid, signal.SIGKILL))
     wait_for(lambda: placed(ids), timeout_s=RESUME_S, what="the job of the killed cycle to be placed")
     print(f"cycle retried and placed the job {time.monotonic() - killed:.1f} s after the SIGKILL")
-    assert time.monotonic() - killed < 10.0
+    assert time.monotonic() - killed < HANG_S
     lost = SchedulingCycle.objects.filter(
         cluster=world["cluster"], status=CycleStatus.FAILED, error__startswith="WorkerLost:"
     )
     wait_for(lost.exists, timeout_s=RESUME_S, what="the redelivered cycle's audit record")
     print(f"the redelivered cycle was audited {time.monotonic() - killed:.1f} s after the SIGKILL")
+    assert_invariants(ids)
+
+
+def test_a_cycle_killed_under_the_cluster_lock_books_nothing_and_is_retried(stack, world):
+    ids, killed = kill_held_cycle(
+        stack, world, "locked", lambda pid: os.kill(pid, signal.SIGKILL), where="under-lock"
+    )
+    wait_for(lambda: placed(ids), timeout_s=RESUME_S, what="the job of the cycle killed under the lock")
+    print(
+        f"a cycle killed under the lock was retried and placed the job {time.monotonic() - killed:.1f} s later"
+    )
+    assert time.monotonic() - killed < HANG_S
+    lost = SchedulingCycle.objects.filter(cluster=world["cluster"], error__startswith="WorkerLost:")
+    wait_for(lost.exists, timeout_s=RESUME_S, what="the redelivered cycle's audit record")
     assert_invariants(ids)
 
 

@@ -18,10 +18,12 @@ from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
 from apps.scheduling.agent_selectors import job_generations, job_log_tails
-from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
+from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, ProposalStatus
 from apps.scheduling.models import MigrationProposal
 from apps.scheduling.proposals import ProposalStateError
 from apps.scheduling.rankmaps import USAGE as RANKMAP_USAGE
+from apps.scheduling.rankmaps import nodes_in_rank_order
+from apps.scheduling.selectors import job_ranks
 from apps.scheduling.services import migration_apply, migration_reject
 from apps.scheduling.snapshot import cluster_snapshot
 
@@ -50,6 +52,19 @@ def rank_grid(topo, gids) -> tuple[list[dict], int]:
         cells = [by_node[n].get(i) for i in range(int(topo.node_gpu_count[n]))]
         rows.append({"node": topo.nodes[n].name, "cells": cells + [""] * (width - len(cells))})
     return rows, width
+
+
+def last_placement(job) -> list[dict]:
+    """Per node of a finished job's last placement, in node-rank order: node name, GPU indices
+    and ranks, as booked (the node may since have left the topology)."""
+    return [
+        {
+            "node": node["node"],
+            "gpus": sorted(r["gpu"] for r in node["ranks"]),
+            "ranks": [r["rank"] for r in node["ranks"]],
+        }
+        for node in nodes_in_rank_order(job_ranks(job=job))
+    ]
 
 
 def group_summary(view) -> list[dict]:
@@ -101,6 +116,8 @@ def job_page(request, pk: int):
         )
         if len({int(topo.gpu_node[g]) for g in active.gids}) <= RANK_GRID_MAX_NODES:
             grid, grid_width = rank_grid(topo, active.gids)
+    # A finished job keeps its last placement as booked, even after its GPUs were replaced.
+    history = [] if placed or job.status not in FINISHED_STATUSES else last_placement(job)
     whatif_rows = []
     if placed or job.status in WAITING_STATUSES:
         whatif_rows = what_if(
@@ -150,6 +167,7 @@ def job_page(request, pk: int):
         "grid": grid,
         "grid_width": range(grid_width),
         "grid_hidden": placed and not grid,
+        "history": history,
         "groups": group_summary(view) if view else [],
         "whatif": whatif_rows,
         "free_gpus": int(snap.free.sum()),

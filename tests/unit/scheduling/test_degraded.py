@@ -136,6 +136,24 @@ def test_a_redelivered_cycle_leaves_a_failed_record_then_runs(case44, alice):
     assert ran.placed_jobs == [job.pk]
 
 
+def test_a_cycle_that_keeps_killing_its_worker_is_left_to_beat(case44, alice):
+    job = services.job_submit(user=alice, spec=small_spec("waits", 8))
+    for _ in range(cycle.LOST_RETRY_LIMIT):
+        assert run_delivered(case44.pk, redelivered=True) is not None
+        job.refresh_from_db()
+        services.job_cancel(job=job)
+        job = services.job_submit(user=alice, spec=small_spec("waits", 8))
+    assert run_delivered(case44.pk, redelivered=True) is None
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+    last = SchedulingCycle.objects.filter(cluster=case44).order_by("-id").first()
+    assert last.status == CycleStatus.FAILED and "beat retries" in last.error
+    # Beat's own request is a first delivery: it runs.
+    assert run_delivered(case44.pk, redelivered=False) is not None
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING
+
+
 def test_a_first_delivery_leaves_no_failed_record(case44):
     run_delivered(case44.pk, redelivered=False)
     assert list(SchedulingCycle.objects.values_list("status", flat=True)) == [CycleStatus.COMPLETED]

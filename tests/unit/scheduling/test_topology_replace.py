@@ -78,7 +78,14 @@ def test_job_page_of_a_finished_job_renders_after_replace(finished, alice):
     client.force_login(alice)
     response = client.get(f"/jobs/{finished.pk}/")
     assert response.status_code == 200
-    assert b"history" in response.content
+    history = response.context["history"]
+    assert [(n["node"], n["gpus"], n["ranks"]) for n in history] == [
+        ("node-a", list(range(8)), list(range(8))),
+        ("node-b", list(range(8)), list(range(8, 16))),
+    ]
+    html = response.content.decode()
+    assert 'id="last-placement"' in html and "<td>node-b</td><td>0-7</td><td>8-15</td>" in html
+    assert f"/api/v1/jobs/{finished.pk}/rankmap/?format=openmpi" in html
 
 
 def test_waiting_jobs_are_planned_on_the_new_topology(case44, alice):
