@@ -19,3 +19,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("", include("apps.dashboard.urls")),
 ]
+
+handler404 = "apps.api.views.not_found"

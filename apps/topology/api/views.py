@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from django.db.models import Count, OuterRef, Prefetch, Subquery
 from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -22,6 +21,7 @@ from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ModelPermissions
 from apps.api.renderers import YAMLRenderer
+from apps.api.schemas import FIELD_ERRORS_RESPONSE
 from apps.api.validation import check_body, field_error, object_body
 from apps.placement.topology import parse_spec_text
 from apps.scheduling.models import Allocation
@@ -29,8 +29,8 @@ from apps.scheduling.models import Allocation
 from .. import selectors, services
 from ..models import Cluster, Gpu, Link, Nic, Node, Switch
 from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
+from .schemas import IMPORT_BODY, TOPOLOGY_SPEC
 from .serializers import (
-    ClusterImportSerializer,
     ClusterSerializer,
     GpuSerializer,
     LinkSerializer,
@@ -38,13 +38,8 @@ from .serializers import (
     SwitchSerializer,
 )
 
-SPEC_BODY = {
-    "application/json": OpenApiTypes.OBJECT,
-    "application/yaml": OpenApiTypes.OBJECT,
-    "text/yaml": OpenApiTypes.OBJECT,
-    "multipart/form-data": ClusterImportSerializer,
-}
-SPEC_ERRORS = OpenApiResponse(OpenApiTypes.OBJECT, description="Each bad field of the spec and its messages.")
+SPEC_BODY = IMPORT_BODY
+SPEC_ERRORS = FIELD_ERRORS_RESPONSE
 
 
 class TopologySpecRenderer(JSONRenderer):
@@ -123,8 +118,8 @@ class ClusterViewSet(
             OpenApiParameter("format", str, enum=["topology-v1", "json", "yaml"], description="default json")
         ],
         responses={
-            (200, "application/json"): OpenApiTypes.OBJECT,
-            (200, "application/yaml"): OpenApiTypes.OBJECT,
+            (200, "application/json"): TOPOLOGY_SPEC,
+            (200, "application/yaml"): TOPOLOGY_SPEC,
             400: SPEC_ERRORS,
         },
     )
