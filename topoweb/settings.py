@@ -266,6 +266,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Error responses and their body shapes on every operation (apps/api/schemas.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.api.schemas.error_responses",
+    ],
+    # Request bodies get their own components (JobSpecV1 in, Job out), as generated clients expect.
+    "COMPONENT_SPLIT_REQUEST": True,
     # Job status appears in the job and job-list components: one named enum per status kind.
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "apps.scheduling.choices.JobStatus",
@@ -274,6 +281,7 @@ SPECTACULAR_SETTINGS = {
         "MeasureSourceEnum": "apps.metrics.choices.MeasureSource",
         "NodeStateEnum": "apps.scheduling.choices.NodeState",
         "RankStateEnum": "apps.scheduling.choices.RankState",
+        "PlacementPolicyEnum": "apps.topology.choices.PlacementPolicy",
     },
 }
 

@@ -21,3 +21,5 @@ urlpatterns = [
     path("simulations/", include("apps.simulations.urls")),
     path("", include("apps.dashboard.urls")),
 ]
+
+handler404 = "apps.api.views.not_found"

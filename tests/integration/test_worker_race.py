@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models import Count, Q
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
-from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
+from rest_framework.throttling import SimpleRateThrottle
 
 from apps.placement.topology import read_spec_file
 from apps.scheduling import services
@@ -99,8 +99,7 @@ def sampler(stop: threading.Event, seen: list[str]) -> None:
 
 def test_four_workers_never_double_book(transactional_db, tmp_path, monkeypatch):
     # 200 submissions in seconds: lift the per-user submit throttle for this test only.
-    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"submit": "100000/min", "user": "100000/min"})
-    monkeypatch.setattr(UserRateThrottle, "THROTTLE_RATES", {"submit": "100000/min", "user": "100000/min"})
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"submit": "100000/min", "user": "100000/min"})
     cluster = topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
     user = get_user_model().objects.create_user("racer")
     client = APIClient()

@@ -29,6 +29,8 @@ from apps.api.renderers import (
     SlurmScriptRenderer,
     TorchrunRenderer,
 )
+from apps.api.schemas import FIELD_ERRORS_RESPONSE, STATE_ERROR_RESPONSE
+from apps.api.schemas import STATE_ERROR as STATE_ERROR_BODY
 from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
@@ -39,6 +41,7 @@ from ..cycle import cycles_run_inline
 from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
+from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (
     LIST_COLUMNS,
     JobFailSerializer,
@@ -48,16 +51,12 @@ from .serializers import (
     SchedulingCycleSerializer,
 )
 
-SPEC_BODY = {
-    "application/json": OpenApiTypes.OBJECT,
-    "application/yaml": OpenApiTypes.OBJECT,
-    "text/yaml": OpenApiTypes.OBJECT,
-}
-SPEC_ERRORS = OpenApiResponse(
-    OpenApiTypes.OBJECT,
-    description='Each bad field and its messages, e.g. {"parallelism": ["tp*pp*dp=12 but gpus=16"]}',
+SPEC_BODY = spec_body(JobSpecV1Schema)
+SPEC_ERRORS = FIELD_ERRORS_RESPONSE
+NOT_PLACED = OpenApiResponse(
+    {**STATE_ERROR_BODY, "required": ["detail"]},
+    description="No such job, or not placed (yet): then with the job's status, and why in `detail`.",
 )
-STATE_ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="The job's status does not allow this action.")
 CLUSTER_PARAM = OpenApiParameter(
     "cluster", str, description="Cluster name or id; defaults to the spec's `cluster` field", required=False
 )
@@ -173,7 +172,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         summary="Cancel a job and free its GPUs",
         request=None,
-        responses={200: JobSerializer, 409: STATE_ERROR},
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk=None) -> Response:
@@ -186,7 +185,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(
-        summary="Launcher: the job started", request=None, responses={200: JobSerializer, 409: STATE_ERROR}
+        summary="Launcher: the job started",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk=None) -> Response:
@@ -196,7 +197,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         summary="Launcher: the job completed (GPUs released)",
         request=None,
-        responses={200: JobSerializer, 409: STATE_ERROR},
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk=None) -> Response:
@@ -206,7 +207,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         summary="Launcher: the job failed (GPUs released)",
         request=JobFailSerializer,
-        responses={200: JobSerializer, 409: STATE_ERROR},
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"])
     def fail(self, request: Request, pk=None) -> Response:
@@ -226,10 +227,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(
         summary="The job's placement (placement output format with predicted per-group costs)",
-        responses={
-            200: OpenApiTypes.OBJECT,
-            404: OpenApiResponse(OpenApiTypes.OBJECT, description="Not placed"),
-        },
+        responses={200: PlacementOutputSchema, 404: NOT_PLACED},
     )
     @action(detail=True, methods=["get"])
     def placement(self, request: Request, pk=None) -> Response:
@@ -251,7 +249,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             (200, "application/json"): OpenApiTypes.OBJECT,
             (200, "text/plain"): OpenApiTypes.STR,
             (200, "text/x-shellscript"): OpenApiTypes.STR,
-            404: OpenApiResponse(OpenApiTypes.OBJECT, description="Not placed"),
+            404: NOT_PLACED,
         },
     )
     @action(
@@ -301,7 +299,7 @@ def _not_placed(job: Job) -> dict:
 class PlacementPreviewView(APIView):
     """What every policy would do with a job spec on the GPUs free now; nothing is booked."""
 
-    authentication_classes = AUTHENTICATION[:2]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     parser_classes = SPEC_PARSERS
     spec_limits = JOB_LIMITS
@@ -310,7 +308,7 @@ class PlacementPreviewView(APIView):
         summary="Preview every policy's placement and the lower bound (nothing booked)",
         request=SPEC_BODY,
         parameters=[CLUSTER_PARAM],
-        responses={200: OpenApiTypes.OBJECT, 400: SPEC_ERRORS},
+        responses={200: PlacementPreviewSchema, 400: SPEC_ERRORS},
     )
     def post(self, request: Request) -> Response:
         """Every policy's placement of the posted spec on the free GPUs, and the lower bound."""
@@ -327,7 +325,7 @@ class PlacementPreviewView(APIView):
 class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Proposed moves of running jobs to better placements; operators apply or reject them."""
 
-    authentication_classes = AUTHENTICATION[:2]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     serializer_class = MigrationProposalSerializer
     filter_backends = [NamedFilterBackend]
@@ -343,7 +341,10 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         request=None,
         responses={
             200: MigrationProposalSerializer,
-            409: OpenApiResponse(MigrationProposalSerializer, description="Stale or already decided"),
+            409: OpenApiResponse(
+                {"oneOf": [{"$ref": "#/components/schemas/MigrationProposal"}, STATE_ERROR_BODY]},
+                description="Stale (the proposal as it is now) or already decided",
+            ),
         },
     )
     @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
@@ -362,7 +363,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     @extend_schema(
         summary="Reject a proposal",
         request=None,
-        responses={200: MigrationProposalSerializer, 409: OpenApiResponse(OpenApiTypes.OBJECT)},
+        responses={200: MigrationProposalSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"], permission_classes=[holds(roles.DECIDE_MIGRATIONS)])
     def reject(self, request: Request, pk=None) -> Response:
@@ -386,7 +387,7 @@ class MigrationProposalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     """The scheduling cycle audit log."""
 
-    authentication_classes = AUTHENTICATION[:2]
+    authentication_classes = AUTHENTICATION
     permission_classes = [holds(roles.SEE_CYCLES)]
     serializer_class = SchedulingCycleSerializer
     filter_backends = [NamedFilterBackend]

@@ -8,7 +8,7 @@ import re
 from django.db.models import Count, OuterRef, Prefetch, Subquery
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -24,6 +24,7 @@ from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ModelPermissions
 from apps.api.renderers import YAMLRenderer
+from apps.api.schemas import FIELD_ERRORS_RESPONSE
 from apps.api.validation import check_body, field_error, object_body, shown
 from apps.placement.convert import IMPORTERS, MEDIA_TYPES, Source
 from apps.placement.convert.base import MAX_SOURCE_BYTES
@@ -34,8 +35,8 @@ from .. import conversion, selectors, services
 from ..models import Cluster, Gpu, Link, Nic, Node, Switch
 from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
 from .renderers import CONVERTED_FORMATS, CONVERTED_RENDERERS
+from .schemas import IMPORT_BODY, TOPOLOGY_SPEC
 from .serializers import (
-    ClusterImportSerializer,
     ClusterSerializer,
     GpuSerializer,
     LinkSerializer,
@@ -43,13 +44,8 @@ from .serializers import (
     SwitchSerializer,
 )
 
-SPEC_BODY = {
-    "application/json": OpenApiTypes.OBJECT,
-    "application/yaml": OpenApiTypes.OBJECT,
-    "text/yaml": OpenApiTypes.OBJECT,
-    "multipart/form-data": ClusterImportSerializer,
-}
-SPEC_ERRORS = OpenApiResponse(OpenApiTypes.OBJECT, description="Each bad field of the spec and its messages.")
+SPEC_BODY = IMPORT_BODY
+SPEC_ERRORS = FIELD_ERRORS_RESPONSE
 
 
 class TopologySpecRenderer(JSONRenderer):
@@ -147,8 +143,8 @@ class ClusterViewSet(
             )
         ],
         responses={
-            (200, "application/json"): OpenApiTypes.OBJECT,
-            (200, "application/yaml"): OpenApiTypes.OBJECT,
+            (200, "application/json"): TOPOLOGY_SPEC,
+            (200, "application/yaml"): TOPOLOGY_SPEC,
             (200, "text/plain"): OpenApiTypes.STR,
             400: SPEC_ERRORS,
         },

@@ -138,3 +138,13 @@ def test_cluster_settings_reject_nul_and_bad_policies(case44, admin_raw):
     assert response.status_code == 400 and _named(response, "policy")
     response = admin_raw.patch(url, [1], format="json")
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize("digits", [25, 400, 5000])
+@pytest.mark.parametrize("content_type", ["application/json", "application/yaml"])
+def test_huge_integers_in_any_body_are_a_400(case44, alice_raw, digits, content_type):
+    body = '{"version": 1, "name": "big", "cluster": "case-4-4", "gpus": %s}' % ("9" * digits)
+    response = alice_raw.post("/api/v1/jobs/", body, content_type=content_type)
+    assert response.status_code == 400, response.content[:200]
+    # The message names the field (or the parse error) without echoing thousands of digits.
+    assert len(response.content) < 2000

@@ -1,0 +1,250 @@
+"""The permission matrix: every API endpoint and dashboard page, called by an anonymous client, the
+job's owner, another user, the cluster's launcher token, each role (viewer, submitter, operator,
+admin; staff so the admin site lets them in) and a superuser. Each cell is the status the
+documented rules give (README, "Roles and permissions"); every call runs in a savepoint that is
+rolled back, so the cells do not change each other's world (and one world serves them all)."""
+
+from __future__ import annotations
+
+import copy
+
+import plotly
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from django.db import transaction
+from rest_framework.test import APIClient
+
+from apps.api.roles import role_grant
+from apps.placement.topology import read_spec_file
+from apps.scheduling import services
+from apps.scheduling.models import SchedulingCycle
+from apps.topology import services as topology_services
+from apps.topology.models import Gpu, Link, Node, Switch
+
+from .conftest import EXAMPLES, small_spec, token_client
+
+pytestmark = pytest.mark.django_db
+
+CALLERS = ("anonymous", "owner", "other", "launcher", "viewer", "submitter", "operator", "admin", "superuser")
+ROLES = ("viewer", "submitter", "operator", "admin")
+# Expected cells that are redirects: to the site's login page, or to the admin site's.
+LOGIN, ADMIN_LOGIN = "login", "admin-login"
+
+
+def cells(default, **special) -> dict:
+    """Every caller's expected answer: `default`, except the named callers."""
+    return {caller: special.get(caller, default) for caller in CALLERS}
+
+
+def api_read(**special) -> dict:
+    """A read any signed-in user may do; launchers may not."""
+    return cells(200, **({"anonymous": 401, "launcher": 403} | special))
+
+
+def operators(code, **special) -> dict:
+    """Operators, admins and superusers only."""
+    return cells(403, **({"anonymous": 401, "operator": code, "admin": code, "superuser": code} | special))
+
+
+def admins(code, **special) -> dict:
+    """Admins and superusers only."""
+    return cells(403, **({"anonymous": 401, "admin": code, "superuser": code} | special))
+
+
+# The owner's job as each caller sees it: the launcher of its cluster too, other users not at all.
+JOB_READ = api_read(launcher=200, other=404, submitter=404)
+LIFECYCLE = operators(200, launcher=200)
+PAGE = cells(200, anonymous=LOGIN, launcher=LOGIN)
+ADMIN_PAGE = cells(ADMIN_LOGIN, viewer=200, submitter=200, operator=200, admin=200, superuser=200)
+
+MATRIX = [
+    # Topology API.
+    ("GET", "/api/v1/clusters/", None, api_read()),
+    ("GET", "/api/v1/clusters/{cluster}/", None, api_read()),
+    ("GET", "/api/v1/clusters/{cluster}/export/", None, api_read()),
+    ("PATCH", "/api/v1/clusters/{cluster}/", {"policy": "naive"}, operators(200)),
+    (
+        "PUT",
+        "/api/v1/clusters/{cluster}/",
+        {"description": "d", "policy": "topo", "preemption_enabled": False, "backfill_enabled": True},
+        operators(200),
+    ),
+    ("DELETE", "/api/v1/clusters/{spare}/", None, admins(204)),
+    ("POST", "/api/v1/clusters/", "new-spec", admins(201)),
+    ("POST", "/api/v1/clusters/import/", "new-spec", admins(201)),
+    ("POST", "/api/v1/clusters/import/?replace=true", "spare-spec", admins(200)),
+    ("GET", "/api/v1/switches/", None, api_read()),
+    ("GET", "/api/v1/switches/{switch}/", None, api_read()),
+    ("GET", "/api/v1/links/", None, api_read()),
+    ("GET", "/api/v1/links/{link}/", None, api_read()),
+    ("GET", "/api/v1/nodes/", None, api_read()),
+    ("GET", "/api/v1/nodes/{node}/", None, api_read()),
+    ("GET", "/api/v1/gpus/", None, api_read()),
+    ("GET", "/api/v1/gpus/{gpu}/", None, api_read()),
+    # Scheduling API.
+    ("GET", "/api/v1/jobs/", None, api_read(launcher=200)),
+    ("POST", "/api/v1/jobs/", "job-spec", cells(201, anonymous=401, launcher=403)),
+    ("GET", "/api/v1/jobs/{job}/", None, JOB_READ),
+    ("GET", "/api/v1/jobs/{job}/placement/", None, JOB_READ),
+    ("GET", "/api/v1/jobs/{job}/rankmap/", None, JOB_READ),
+    ("GET", "/api/v1/jobs/{job}/rankmap/?format=torchrun", None, JOB_READ),
+    ("POST", "/api/v1/jobs/{job}/cancel/", None, operators(200, owner=200, other=404, submitter=404)),
+    ("POST", "/api/v1/jobs/{job}/start/", None, LIFECYCLE),
+    ("POST", "/api/v1/jobs/{job}/complete/", None, LIFECYCLE),
+    ("POST", "/api/v1/jobs/{job}/fail/", {"reason": "ECC"}, LIFECYCLE),
+    ("POST", "/api/v1/placements/preview/", "job-spec", api_read()),
+    ("GET", "/api/v1/migrations/", None, api_read()),
+    ("GET", "/api/v1/migrations/{proposal}/", None, api_read(other=404, submitter=404)),
+    ("POST", "/api/v1/migrations/{proposal}/apply/", None, operators(200)),
+    ("POST", "/api/v1/migrations/{proposal}/reject/", None, operators(200)),
+    (
+        "GET",
+        "/api/v1/cycles/",
+        None,
+        cells(403, anonymous=401, viewer=200, operator=200, admin=200, superuser=200),
+    ),
+    (
+        "GET",
+        "/api/v1/cycles/{cycle}/",
+        None,
+        cells(403, anonymous=401, viewer=200, operator=200, admin=200, superuser=200),
+    ),
+    ("GET", "/api/schema/", None, cells(200)),
+    ("GET", "/api/docs/", None, cells(200)),
+    # Dashboard pages (session sign-in; a launcher token is no session).
+    ("GET", "/", None, PAGE),
+    ("GET", "/clusters/?name=case-4-4", None, cells(302, anonymous=LOGIN, launcher=LOGIN)),
+    ("GET", "/clusters/case-4-4/", None, PAGE),
+    ("GET", "/clusters/case-4-4/version/", None, PAGE),
+    ("GET", "/queue/", None, PAGE),
+    ("GET", "/jobs/{job}/", None, cells(200, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404)),
+    (
+        "POST",
+        "/jobs/{job}/migrations/{proposal}/apply/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, operator=302, admin=302, superuser=302),
+    ),
+    (
+        "POST",
+        "/jobs/{job}/migrations/{proposal}/reject/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, operator=302, admin=302, superuser=302),
+    ),
+    ("GET", "/import/", None, cells(403, anonymous=LOGIN, launcher=LOGIN, admin=200, superuser=200)),
+    ("GET", f"/vendor/plotly-{plotly.__version__}.min.js", None, cells(200)),
+    ("GET", "/healthz", None, cells(200)),
+    # The admin site: the staff flag opens it, the same model permissions decide what is inside.
+    ("GET", "/admin/", None, ADMIN_PAGE),
+    ("GET", "/admin/topology/cluster/", None, ADMIN_PAGE),
+    ("GET", "/admin/topology/cluster/{cluster}/change/", None, ADMIN_PAGE),
+    (
+        "GET",
+        "/admin/topology/cluster/{spare}/delete/",
+        None,
+        ADMIN_PAGE | {"viewer": 403, "submitter": 403, "operator": 403},
+    ),
+    (
+        "GET",
+        "/admin/topology/cluster/add/",
+        None,
+        ADMIN_PAGE | {"viewer": 403, "submitter": 403, "operator": 403},
+    ),
+    ("GET", "/admin/scheduling/job/", None, ADMIN_PAGE | {"submitter": 403}),
+    ("GET", "/admin/scheduling/schedulingcycle/", None, ADMIN_PAGE | {"submitter": 403}),
+]
+
+
+# A one-leaf, one-spine cluster with no jobs: for deletion, replacement and a link to read.
+SPARE = {
+    "shape": "leaf-spine",
+    "spines": 1,
+    "leaves": 1,
+    "nodes_per_leaf": 1,
+    "gpus_per_node": 8,
+    "gpu_model": "H100",
+    "peak_tflops": 989,
+    "nvlink_bw_GBps": 450,
+    "nic_bw_GBps": 50,
+    "nics_per_node": 8,
+    "uplink_bw_GBps": 400,
+}
+
+
+@pytest.fixture
+def world(case44, committed):
+    """Two clusters, a running job of "owner" with an open migration proposal, and every caller."""
+    users = get_user_model().objects
+    people = {"owner": users.create_user("owner"), "other": users.create_user("other")}
+    for role in ROLES:
+        people[role] = users.create_user(role, is_staff=True)
+        role_grant(user=people[role], role=role)
+    people["superuser"] = users.create_superuser("root")
+    spare_spec = {"version": 1, "name": "spare", "generate": SPARE}
+    spare = topology_services.cluster_import(data=copy.deepcopy(spare_spec))
+    job = committed(services.job_submit, user=people["owner"], spec=small_spec("spread", 8, policy="naive"))
+    committed(services.job_start, job=job)
+    [proposal] = services.migrations_propose(cluster=case44)
+    ids = {
+        "cluster": case44.pk,
+        "spare": spare.pk,
+        "job": job.pk,
+        "proposal": proposal.pk,
+        "cycle": SchedulingCycle.objects.filter(cluster=case44).values_list("pk", flat=True).first(),
+        "switch": Switch.objects.filter(cluster=case44).values_list("pk", flat=True).first(),
+        "link": Link.objects.filter(cluster=spare).values_list("pk", flat=True).first(),
+        "node": Node.objects.filter(cluster=case44).values_list("pk", flat=True).first(),
+        "gpu": Gpu.objects.filter(node__cluster=case44).values_list("pk", flat=True).first(),
+    }
+    bodies = {
+        "new-spec": read_spec_file(EXAMPLES / "case-4-4.yaml") | {"name": "fresh"},
+        "spare-spec": spare_spec,
+        "job-spec": small_spec("more", 1),
+    }
+    launcher = services.launcher_token_create(cluster=case44)
+    return people, ids, bodies, launcher
+
+
+def client_for(caller: str, people: dict, launcher, *, api: bool) -> APIClient:
+    client = APIClient()
+    if caller == "launcher":
+        client.credentials(HTTP_AUTHORIZATION=f"Launcher {launcher.key}")
+    elif caller != "anonymous":
+        if api:
+            return token_client(people[caller])
+        client.force_login(people[caller])
+    return client
+
+
+def answer(response) -> int | str:
+    """The response's status, or LOGIN / ADMIN_LOGIN for a redirect to a sign-in page."""
+    location = response.get("Location", "")
+    if response.status_code == 302 and location.startswith("/admin/login/"):
+        return ADMIN_LOGIN
+    if response.status_code == 302 and location.startswith("/accounts/login/"):
+        return LOGIN
+    return response.status_code
+
+
+def test_permission_matrix(world):
+    people, ids, bodies, launcher = world
+    mismatches = {}
+    for method, template, body, expected in MATRIX:
+        url = template.format(**ids)
+        api = url.startswith("/api/")
+        for caller in CALLERS:
+            cache.clear()
+            client = client_for(caller, people, launcher, api=api)
+            with transaction.atomic():
+                data = copy.deepcopy(bodies[body] if isinstance(body, str) else body)
+                response = getattr(client, method.lower())(
+                    url, data, format="json" if data is not None else None
+                )
+                got = answer(response)
+                transaction.set_rollback(True)
+            if got != expected[caller]:
+                mismatches.setdefault(f"{method} {template}", {})[caller] = {
+                    "got": got,
+                    "expected": expected[caller],
+                }
+    assert mismatches == {}
