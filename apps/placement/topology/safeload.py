@@ -116,10 +116,6 @@ def _json_number(limits: SpecLimits, kind):
 
 
 def _load_json(text: str, limits: SpecLimits) -> Any:
-    # Depth before parsing: the C decoder recurses once per level.
-    depth = _bracket_depth(text)
-    if depth > limits.max_depth:
-        raise _limit_error(f"nesting is {depth} levels deep; the limit is {limits.max_depth}")
     try:
         data = json.loads(
             text,
@@ -127,36 +123,32 @@ def _load_json(text: str, limits: SpecLimits) -> Any:
             parse_int=_json_number(limits, int),
             parse_float=_json_number(limits, float),
         )
-    except RecursionError:  # unreachable after the depth check; kept so no input escapes as one
+    except RecursionError:
+        # The C decoder counts its depth against the interpreter's recursion limit and stops
+        # cleanly there; anything that deep is far past max_depth.
         raise _limit_error(f"nesting is deeper than {limits.max_depth} levels") from None
-    _check_size(data, limits)
+    _check_shape(data, limits)
     return data
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-def _bracket_depth(text: str) -> int:
-    """The deepest nesting of [ and { outside JSON strings."""
-    depth = deepest = 0
-    for m in re.finditer(r"[\[\]{}]", _STRING.sub("", text)):
-        depth += 1 if m.group() in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def _check_size(data: Any, limits: SpecLimits) -> None:
-    """Count values iteratively (a parsed JSON tree has no shared nodes)."""
-    count, stack = 0, [data]
-    while stack:
-        item = stack.pop()
-        count += 1
+def _check_shape(data: Any, limits: SpecLimits) -> None:
+    """Depth and value count of parsed JSON, walked iteratively over its containers only."""
+    count, level, depth = 1, [data], 0
+    while level:
+        depth += 1
+        if depth > limits.max_depth:
+            raise _limit_error(f"nesting is deeper than {limits.max_depth} levels")
+        below = []
+        for item in level:
+            if item.__class__ is dict:
+                item = item.values()
+            elif item.__class__ is not list:
+                continue
+            count += len(item)
+            below += [c for c in item if c.__class__ is dict or c.__class__ is list]
         if count > limits.max_nodes:
             raise _limit_error(f"the spec holds more than {limits.max_nodes} values")
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        level = below
 
 
 _FLOAT_RE = (

@@ -11,8 +11,6 @@ import copy
 import dataclasses
 import json
 import math
-import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ from apps.placement.topology import (
     read_spec_file,
 )
 from apps.placement.topology import ranges as R
+from tests.unit.hostile_inputs import alias_bomb, within_budget
 from tests.unit.placement.specs import generated
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -47,20 +46,15 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 
 def bounded(fn, *args):
-    """Run fn(*args) under the time and memory budget; returns its result or the SpecError."""
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        result = fn(*args)
-    except SpecError as exc:
-        result = exc
-    finally:
-        elapsed = time.perf_counter() - t0
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    assert elapsed < TIME_BUDGET_S, f"took {elapsed:.2f} s"
-    assert peak < MEMORY_BUDGET_B, f"peak {peak / 1e6:.1f} MB"
-    return result
+    """fn(*args) within the time and memory budget: its result or the SpecError it raised."""
+
+    def run():
+        try:
+            return fn(*args)
+        except SpecError as exc:
+            return exc
+
+    return within_budget(run, seconds=TIME_BUDGET_S, peak_bytes=MEMORY_BUDGET_B)
 
 
 def load_any(text):
@@ -122,14 +116,6 @@ def test_specs_with_injected_bytes_load_or_give_a_spec_error(text, share, junk):
 # Aliases, nesting, numbers, NUL, encodings, size.
 
 
-def alias_bomb(width: int, depth: int) -> str:
-    """`depth` levels of anchors, each a list of `width` aliases of the one before."""
-    lines = ["l0: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
-    for d in range(1, depth):
-        lines.append(f"l{d}: &l{d} [" + ", ".join([f"*l{d - 1}"] * width) + "]")
-    return "\n".join(lines) + "\n"
-
-
 def expanded_values(width: int, depth: int) -> int:
     """Values in `alias_bomb(width, depth)` once every alias is expanded (keys included)."""
     size, total = 1 + width, 1
@@ -165,9 +151,10 @@ def test_an_alias_to_its_own_container_is_refused():
 @given(st.integers(33, 50_000), st.sampled_from(["[", '{"a":', "- ", "a:\n  "]))
 def test_deep_nesting_is_refused_without_recursion_error(depth, opener):
     if opener == "a:\n  ":
-        text = "".join(f"{'  ' * i}a{i}:\n" for i in range(min(depth, 2000))) + "  " * min(depth, 2000) + "x"
+        levels = min(depth, 300)
+        text = "".join(f"{'  ' * i}a{i}:\n" for i in range(levels)) + "  " * levels + "x"
     elif opener == "- ":
-        text = "- " * min(depth, 5000) + "x"
+        text = "- " * min(depth, 2000) + "x"
     else:
         text = opener * depth
     result = bounded(parse_spec_text, text)
