@@ -116,6 +116,13 @@ def _json_number(limits: SpecLimits, kind):
 
 
 def _load_json(text: str, limits: SpecLimits) -> Any:
+    # Containers cost far more memory than their bytes (`[[],[],...]`): count them before parsing
+    # (brackets inside strings count too, which only errs on the safe side).
+    containers = text.count("{") + text.count("[")
+    if containers > limits.max_nodes // 4:
+        raise _limit_error(
+            f"the spec holds {containers} lists and mappings; the limit is {limits.max_nodes // 4}"
+        )
     try:
         data = json.loads(
             text,

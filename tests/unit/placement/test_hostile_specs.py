@@ -490,3 +490,8 @@ def test_a_placement_without_a_finite_time_is_no_placement(case44, case44_job, m
     for policy in ("naive", "first_fit", "tree_best_fit"):
         result = place(case44, np.ones(case44.n_gpus, dtype=bool), {}, case44_job, policy=policy)
         assert isinstance(result, NoFit) and "cannot all reach" in result.reason
+
+
+def test_json_made_of_empty_containers_is_refused_before_parsing():
+    text = "[" + ",".join(["[]"] * 600_000) + "]"
+    assert "lists and mappings" in str(bounded(parse_spec_text, text))
