@@ -192,3 +192,22 @@ def test_deep_json_on_a_settings_endpoint_is_400_not_500(case44, staff_api):
 def test_a_malformed_content_length_is_400(case44, alice_api):
     response = alice_api.generic("POST", "/api/v1/jobs/", b"{}", "application/json", CONTENT_LENGTH="12abc")
     assert response.status_code == 400 and "Content-Length" in response.json()["detail"]
+
+
+def test_predictions_stored_infinite_before_the_ranges_are_cleared(case44, alice, alice_api):
+    import importlib
+    import types
+
+    from django.apps import apps as live_apps
+    from django.db import connection
+
+    migration = importlib.import_module("apps.scheduling.migrations.0003_finite_predictions")
+    job = stored_as_before(case44, alice, "inf")
+    Job.objects.filter(pk=job.pk).update(
+        predicted_step_ms=math.inf, predicted_comm_ms=-math.inf, predicted_mfu=0.5
+    )
+    # The migration reads only the editor's connection.
+    migration.clear_non_finite(live_apps, types.SimpleNamespace(connection=connection))
+    job.refresh_from_db()
+    assert (job.predicted_step_ms, job.predicted_comm_ms, job.predicted_mfu) == (None, None, 0.5)
+    assert alice_api.get("/api/v1/jobs/").status_code == 200
