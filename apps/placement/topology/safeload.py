@@ -7,7 +7,9 @@ refuses, with a SpecError naming the limit, before building anything large:
 - more than `max_aliases` YAML aliases, an alias to the node that contains it (a cycle), or more
   than `max_nodes` values once every alias is expanded (the billion-laughs bomb is a few aliases
   that expand exponentially; what readers of the parsed data walk is the expanded tree);
-- a number literal longer than `max_number_chars` (a 400-digit integer, `int()` on it is quadratic);
+- a non-integer number literal longer than `max_number_chars`, and integers past Python's own
+  4,300 digits (shorter integers, such as a 400-digit count, reach the field checks, which name
+  the field and cut the echoed value);
 - NaN and Infinity (`.nan`, `.inf`, `NaN`, `Infinity`).
 `read_spec_file(path, limits=...)` checks the file's size before reading it.
 `cut(value)` and `shorten(text)` shorten what an error message echoes.
@@ -31,7 +33,7 @@ ECHO_CHARS = 80
 @dataclass(frozen=True, slots=True)
 class SpecLimits:
     """Bounds on one spec text: bytes, nesting depth, YAML aliases, values after alias expansion,
-    characters of one number literal."""
+    characters of one non-integer number literal."""
 
     max_bytes: int = 32 * 1024 * 1024
     max_depth: int = 32
@@ -101,14 +103,12 @@ def _reject_constant(name: str) -> Any:
     raise SpecError([("", f"{name} is not a number a spec may hold")])
 
 
-def _json_number(limits: SpecLimits, kind):
-    def parse(literal: str):
+def _json_float(limits: SpecLimits):
+    def parse(literal: str) -> float:
         if len(literal) > limits.max_number_chars:
-            raise SpecError(
-                [("", f"a number of {len(literal)} characters; at most {limits.max_number_chars} are read")]
-            )
-        value = kind(literal)
-        if kind is float and not math.isfinite(value):
+            raise _number_error(len(literal), limits)
+        value = float(literal)
+        if not math.isfinite(value):
             raise SpecError([("", f"{literal} is not a number a spec may hold")])
         return value
 
@@ -127,13 +127,17 @@ def _load_json(text: str, limits: SpecLimits) -> Any:
         data = json.loads(
             text,
             parse_constant=_reject_constant,
-            parse_int=_json_number(limits, int),
-            parse_float=_json_number(limits, float),
+            parse_float=_json_float(limits),
         )
     except RecursionError:
         # The C decoder counts its depth against the interpreter's recursion limit and stops
         # cleanly there; anything that deep is far past max_depth.
         raise _limit_error(f"nesting is deeper than {limits.max_depth} levels") from None
+    except ValueError as exc:
+        if isinstance(exc, (SpecError, json.JSONDecodeError)):
+            raise
+        # int() past Python's digit limit (4,300 digits).
+        raise _limit_error(f"not valid JSON: {shorten(str(exc), 200)}") from None
     _check_shape(data, limits)
     return data
 
@@ -217,11 +221,6 @@ def _spec_yaml_loader():
                     f"the spec holds more than {self.limits.max_nodes} values once its YAML aliases are expanded"
                 )
 
-        def construct_yaml_int(self, node):
-            if len(node.value) > self.limits.max_number_chars:
-                raise _number_error(len(node.value), self.limits)
-            return super().construct_yaml_int(node)
-
         def construct_yaml_float(self, node):
             if len(node.value) > self.limits.max_number_chars:
                 raise _number_error(len(node.value), self.limits)
@@ -235,13 +234,14 @@ def _spec_yaml_loader():
         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
     SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_RE), list("-+0123456789."))
-    SpecLoader.add_constructor("tag:yaml.org,2002:int", SpecLoader.construct_yaml_int)
     SpecLoader.add_constructor("tag:yaml.org,2002:float", SpecLoader.construct_yaml_float)
     return SpecLoader
 
 
 def _number_error(chars: int, limits: SpecLimits) -> SpecError:
-    return SpecError([("", f"a number of {chars} characters; at most {limits.max_number_chars} are read")])
+    return SpecError(
+        [("", f"a non-integer number of {chars} characters; at most {limits.max_number_chars} are read")]
+    )
 
 
 def _load_yaml(text: str, limits: SpecLimits) -> Any:

@@ -164,9 +164,22 @@ def test_deep_nesting_is_refused_without_recursion_error(depth, opener):
 
 @FAST
 @given(st.integers(min_value=10**40, max_value=10**4000), st.sampled_from(["json", "yaml"]))
-def test_number_literals_past_40_characters_are_refused(number, syntax):
-    text = json.dumps({"a": number}) if syntax == "json" else f"a: {number}\n"
-    assert "characters" in str(bounded(parse_spec_text, text))
+def test_long_integers_reach_the_field_checks_which_name_the_field(number, syntax):
+    spec = with_value(JOB_SPEC, ("comm", 0, "count"), number)
+    text = json.dumps(spec) if syntax == "json" else yaml.safe_dump(spec)
+    result = bounded(lambda t: load_job(parse_spec_text(t)), text)
+    assert_clear(result, "comm[0].count", "must be at most 1000000")
+    assert len(str(number)) < 79 or f"({len(str(number))} characters)" in str(result)
+
+
+@pytest.mark.parametrize("syntax", ["json", "yaml"])
+def test_integers_past_python_digit_limit_and_long_decimals_are_refused(syntax):
+    huge = "9" * 5000
+    text = '{"a": ' + huge + "}" if syntax == "json" else f"a: {huge}\n"
+    assert_clear(bounded(parse_spec_text, text))
+    long_float = "1." + "0" * 50
+    text = '{"a": ' + long_float + "}" if syntax == "json" else f"a: {long_float}\n"
+    assert "non-integer number of 52 characters" in str(bounded(parse_spec_text, text))
 
 
 @pytest.mark.parametrize(
