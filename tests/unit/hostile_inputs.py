@@ -139,3 +139,37 @@ def hostile_topology_documents() -> st.SearchStrategy[bytes]:
             syntax,
         ),
     )
+
+
+JOB_TEXT = (EXAMPLES / "case-4-4-job.yaml").read_text()
+JOB = yaml.safe_load(JOB_TEXT)
+JOB_NUMERIC_PATHS = [
+    ("gpus",),
+    ("priority",),
+    ("estimated_runtime_s",),
+    ("step", "compute_ms"),
+    ("step", "overlap"),
+    ("model", "flops_per_step"),
+    ("comm", 0, "bytes"),
+]
+
+
+def hostile_job_documents() -> st.SearchStrategy[bytes]:
+    """Job spec documents that submission and preview must refuse: out-of-range and non-numeric
+    values in every numeric field, bad names, and every hostile topology document."""
+    syntax = st.sampled_from(["json", "yaml"])
+    return st.one_of(
+        st.builds(
+            lambda path, value, s: _as_text(with_value(JOB, path, value), s).encode(),
+            st.sampled_from(JOB_NUMERIC_PATHS),
+            st.sampled_from([10**400, -(10**400), 1e18 * 1e18, -1, "7", [], None, True]),
+            syntax,
+        ),
+        st.builds(
+            lambda name, s: _as_text(with_value(JOB, ("name",), name), s).encode(),
+            st.sampled_from(BAD_NAMES),
+            syntax,
+        ),
+        st.builds(_inject, st.just(JOB_TEXT), st.floats(0, 1), st.sampled_from([b"\x00", b"\xff"])),
+        hostile_topology_documents(),
+    )

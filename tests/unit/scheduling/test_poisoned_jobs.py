@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from apps.scheduling import planner, services
 from apps.scheduling.choices import CycleStatus, JobStatus
 from apps.scheduling.models import Job, SchedulingCycle
+from tests.unit.hostile_inputs import hostile_job_documents, within_budget
 
 from .conftest import small_spec
 
@@ -216,3 +219,27 @@ def test_predictions_stored_infinite_before_the_ranges_are_cleared(case44, alice
     job.refresh_from_db()
     assert (job.predicted_step_ms, job.predicted_comm_ms, job.predicted_mfu) == (None, None, 0.5)
     assert alice_api.get("/api/v1/jobs/").status_code == 200
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(
+    document=hostile_job_documents(), content_type=st.sampled_from(["application/json", "application/yaml"])
+)
+def test_hostile_job_documents_are_refused_and_store_nothing(case44, alice_api, document, content_type):
+    for path in ("/api/v1/jobs/", "/api/v1/placements/preview/"):
+        response = within_budget(
+            lambda p=path: alice_api.generic("POST", p, document, content_type),
+            seconds=5.0,
+            peak_bytes=64 * 2**20,
+        )
+        assert response.status_code in (400, 413), (response.status_code, response.content[:300])
+        assert len(response.content) < 20_000
+    assert Job.objects.count() == 0
