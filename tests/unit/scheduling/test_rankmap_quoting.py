@@ -12,7 +12,21 @@ from hypothesis import strategies as st
 from apps.scheduling.rankmaps import torchrun_commands
 
 HOSTILE = st.one_of(
-    st.sampled_from(["a;touch /tmp/pwned", "$(reboot)", "`id`", "a\nrm -rf ~", "-rf", "a b", "'", '"', "\\"]),
+    st.sampled_from(
+        [
+            "a;touch /tmp/pwned",
+            "$(reboot)",
+            "`id`",
+            "a\nrm -rf ~",
+            "-rf",
+            "a b",
+            "'",
+            '"',
+            "\\",
+            "a\x01b",
+            "\x1b[31m",
+        ]
+    ),
     st.text(
         alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
         min_size=1,
@@ -29,12 +43,18 @@ def run_script(script: str, tmp_path) -> tuple[list[list[str]], str]:
     """Run the script in bash with no PATH (any command a name smuggled in fails loudly) and a
     `torchrun` function that records its arguments; returns the calls and stderr."""
     out = tmp_path / "calls"
-    prelude = f"torchrun() {{ printf '%s\\0' \"$@\" >> {shlex.quote(str(out))}; printf '\\1' >> {shlex.quote(str(out))}; }}\n"
+    # Each call writes its argument count, then its arguments, NUL-terminated (names hold no NUL).
+    prelude = f'torchrun() {{ printf \'%s\\0\' "$#" "$@" >> {shlex.quote(str(out))}; }}\n'
     done = subprocess.run(
         ["/bin/bash", "-c", prelude + script], env={"PATH": "/nonexistent"}, capture_output=True, timeout=10
     )
-    calls = [c.split(b"\0")[:-1] for c in out.read_bytes().split(b"\1")[:-1]] if out.exists() else []
-    return [[a.decode() for a in c] for c in calls], done.stderr.decode()
+    fields = out.read_bytes().split(b"\0")[:-1] if out.exists() else []
+    calls = []
+    while fields:
+        count = int(fields.pop(0))
+        calls.append([f.decode() for f in fields[:count]])
+        del fields[:count]
+    return calls, done.stderr.decode()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
