@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+import tracemalloc
 from pathlib import Path
 
 import yaml
@@ -17,6 +19,23 @@ from hypothesis import strategies as st
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPOLOGY_TEXT = (EXAMPLES / "case-4-4.yaml").read_text()
 TOPOLOGY = yaml.safe_load(TOPOLOGY_TEXT)
+
+
+def within_budget(fn, *, seconds: float, peak_bytes: int):
+    """fn() timed, then run again under tracemalloc for its peak memory (tracemalloc slows
+    allocation-heavy code by orders of magnitude, so the two are measured apart); fn()'s result."""
+    t0 = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < seconds, f"took {elapsed:.2f} s"
+    tracemalloc.start()
+    try:
+        fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < peak_bytes, f"peak {peak / 1e6:.1f} MB"
+    return result
 
 
 def alias_bomb(width: int, depth: int) -> str:
@@ -88,9 +107,8 @@ def hostile_topology_documents() -> st.SearchStrategy[bytes]:
         st.builds(
             _inject, st.just(TOPOLOGY_TEXT), st.floats(0, 1), st.sampled_from([b"\x00", b"\xff", b"\xc3("])
         ),
-        st.builds(
-            lambda share: TOPOLOGY_TEXT.encode()[: int(len(TOPOLOGY_TEXT) * share)], st.floats(0, 0.95)
-        ),
+        # Cut before the first node's NICs: no prefix up to there is a whole cluster.
+        st.builds(lambda at: TOPOLOGY_TEXT.encode()[:at], st.integers(0, TOPOLOGY_TEXT.index("nics:"))),
         st.builds(
             lambda leaves, per_leaf: json.dumps(
                 {
@@ -120,4 +138,38 @@ def hostile_topology_documents() -> st.SearchStrategy[bytes]:
             st.sampled_from(BAD_NAMES),
             syntax,
         ),
+    )
+
+
+JOB_TEXT = (EXAMPLES / "case-4-4-job.yaml").read_text()
+JOB = yaml.safe_load(JOB_TEXT)
+JOB_NUMERIC_PATHS = [
+    ("gpus",),
+    ("priority",),
+    ("estimated_runtime_s",),
+    ("step", "compute_ms"),
+    ("step", "overlap"),
+    ("model", "flops_per_step"),
+    ("comm", 0, "bytes"),
+]
+
+
+def hostile_job_documents() -> st.SearchStrategy[bytes]:
+    """Job spec documents that submission and preview must refuse: out-of-range and non-numeric
+    values in every numeric field, bad names, and every hostile topology document."""
+    syntax = st.sampled_from(["json", "yaml"])
+    return st.one_of(
+        st.builds(
+            lambda path, value, s: _as_text(with_value(JOB, path, value), s).encode(),
+            st.sampled_from(JOB_NUMERIC_PATHS),
+            st.sampled_from([10**400, -(10**400), 1e18 * 1e18, -1, "7", [], None, True]),
+            syntax,
+        ),
+        st.builds(
+            lambda name, s: _as_text(with_value(JOB, ("name",), name), s).encode(),
+            st.sampled_from(BAD_NAMES),
+            syntax,
+        ),
+        st.builds(_inject, st.just(JOB_TEXT), st.floats(0, 1), st.sampled_from([b"\x00", b"\xff"])),
+        hostile_topology_documents(),
     )

@@ -7,7 +7,9 @@ refuses, with a SpecError naming the limit, before building anything large:
 - more than `max_aliases` YAML aliases, an alias to the node that contains it (a cycle), or more
   than `max_nodes` values once every alias is expanded (the billion-laughs bomb is a few aliases
   that expand exponentially; what readers of the parsed data walk is the expanded tree);
-- a number literal longer than `max_number_chars` (a 400-digit integer, `int()` on it is quadratic);
+- a non-integer number literal longer than `max_number_chars`, and integers past Python's own
+  4,300 digits (shorter integers, such as a 400-digit count, reach the field checks, which name
+  the field and cut the echoed value);
 - NaN and Infinity (`.nan`, `.inf`, `NaN`, `Infinity`).
 `read_spec_file(path, limits=...)` checks the file's size before reading it.
 `cut(value)` and `shorten(text)` shorten what an error message echoes.
@@ -31,7 +33,7 @@ ECHO_CHARS = 80
 @dataclass(frozen=True, slots=True)
 class SpecLimits:
     """Bounds on one spec text: bytes, nesting depth, YAML aliases, values after alias expansion,
-    characters of one number literal."""
+    characters of one non-integer number literal."""
 
     max_bytes: int = 32 * 1024 * 1024
     max_depth: int = 32
@@ -40,7 +42,8 @@ class SpecLimits:
     max_number_chars: int = 40
 
 
-# Topology files and imports: a full-form 16,384-GPU cluster is about 10 MB of JSON.
+# Topology files and imports: a full-form 16,384-GPU cluster is 1.8 MB of JSON, so the largest
+# supported (131,072 GPUs) is about 14 MB; YAML with indentation is larger.
 TOPOLOGY_LIMITS = SpecLimits()
 # Job specs (REST bodies, preview, CLI files): a few kB; 64 comm entries at most.
 JOB_LIMITS = SpecLimits(max_bytes=64 * 1024, max_nodes=10_000)
@@ -101,14 +104,12 @@ def _reject_constant(name: str) -> Any:
     raise SpecError([("", f"{name} is not a number a spec may hold")])
 
 
-def _json_number(limits: SpecLimits, kind):
-    def parse(literal: str):
+def _json_float(limits: SpecLimits):
+    def parse(literal: str) -> float:
         if len(literal) > limits.max_number_chars:
-            raise SpecError(
-                [("", f"a number of {len(literal)} characters; at most {limits.max_number_chars} are read")]
-            )
-        value = kind(literal)
-        if kind is float and not math.isfinite(value):
+            raise _number_error(len(literal), limits)
+        value = float(literal)
+        if not math.isfinite(value):
             raise SpecError([("", f"{literal} is not a number a spec may hold")])
         return value
 
@@ -116,47 +117,50 @@ def _json_number(limits: SpecLimits, kind):
 
 
 def _load_json(text: str, limits: SpecLimits) -> Any:
-    # Depth before parsing: the C decoder recurses once per level.
-    depth = _bracket_depth(text)
-    if depth > limits.max_depth:
-        raise _limit_error(f"nesting is {depth} levels deep; the limit is {limits.max_depth}")
+    # Containers cost far more memory than their bytes (`[[],[],...]`): count them before parsing
+    # (brackets inside strings count too, which only errs on the safe side).
+    containers = text.count("{") + text.count("[")
+    if containers > limits.max_nodes // 4:
+        raise _limit_error(
+            f"the spec holds {containers} lists and mappings; the limit is {limits.max_nodes // 4}"
+        )
     try:
         data = json.loads(
             text,
             parse_constant=_reject_constant,
-            parse_int=_json_number(limits, int),
-            parse_float=_json_number(limits, float),
+            parse_float=_json_float(limits),
         )
-    except RecursionError:  # unreachable after the depth check; kept so no input escapes as one
+    except RecursionError:
+        # The C decoder counts its depth against the interpreter's recursion limit and stops
+        # cleanly there; anything that deep is far past max_depth.
         raise _limit_error(f"nesting is deeper than {limits.max_depth} levels") from None
-    _check_size(data, limits)
+    except ValueError as exc:
+        if isinstance(exc, (SpecError, json.JSONDecodeError)):
+            raise
+        # int() past Python's digit limit (4,300 digits).
+        raise _limit_error(f"not valid JSON: {shorten(str(exc), 200)}") from None
+    _check_shape(data, limits)
     return data
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-def _bracket_depth(text: str) -> int:
-    """The deepest nesting of [ and { outside JSON strings."""
-    depth = deepest = 0
-    for m in re.finditer(r"[\[\]{}]", _STRING.sub("", text)):
-        depth += 1 if m.group() in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def _check_size(data: Any, limits: SpecLimits) -> None:
-    """Count values iteratively (a parsed JSON tree has no shared nodes)."""
-    count, stack = 0, [data]
-    while stack:
-        item = stack.pop()
-        count += 1
+def _check_shape(data: Any, limits: SpecLimits) -> None:
+    """Depth and value count of parsed JSON, walked iteratively over its containers only."""
+    count, level, depth = 1, [data], 0
+    while level:
+        depth += 1
+        if depth > limits.max_depth:
+            raise _limit_error(f"nesting is deeper than {limits.max_depth} levels")
+        below = []
+        for item in level:
+            if item.__class__ is dict:
+                item = item.values()
+            elif item.__class__ is not list:
+                continue
+            count += len(item)
+            below += [c for c in item if c.__class__ is dict or c.__class__ is list]
         if count > limits.max_nodes:
             raise _limit_error(f"the spec holds more than {limits.max_nodes} values")
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        level = below
 
 
 _FLOAT_RE = (
@@ -218,11 +222,6 @@ def _spec_yaml_loader():
                     f"the spec holds more than {self.limits.max_nodes} values once its YAML aliases are expanded"
                 )
 
-        def construct_yaml_int(self, node):
-            if len(node.value) > self.limits.max_number_chars:
-                raise _number_error(len(node.value), self.limits)
-            return super().construct_yaml_int(node)
-
         def construct_yaml_float(self, node):
             if len(node.value) > self.limits.max_number_chars:
                 raise _number_error(len(node.value), self.limits)
@@ -236,13 +235,14 @@ def _spec_yaml_loader():
         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
     SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_RE), list("-+0123456789."))
-    SpecLoader.add_constructor("tag:yaml.org,2002:int", SpecLoader.construct_yaml_int)
     SpecLoader.add_constructor("tag:yaml.org,2002:float", SpecLoader.construct_yaml_float)
     return SpecLoader
 
 
 def _number_error(chars: int, limits: SpecLimits) -> SpecError:
-    return SpecError([("", f"a number of {chars} characters; at most {limits.max_number_chars} are read")])
+    return SpecError(
+        [("", f"a non-integer number of {chars} characters; at most {limits.max_number_chars} are read")]
+    )
 
 
 def _load_yaml(text: str, limits: SpecLimits) -> Any:

@@ -6,6 +6,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from apps.placement.topology.ranges import GPU_MODEL_HELP, GPU_MODEL_RE, NAME_HELP, NAME_RE
+
 NAME_MAX_LENGTH = 100
 URL_MAX_LENGTH = 200
 
@@ -16,6 +18,18 @@ def validate_positive(value: float) -> None:
         return
     if not math.isfinite(value) or value <= 0:
         raise ValidationError("must be a positive number, got %(value)s", params={"value": value})
+
+
+def validate_name(value: str) -> None:
+    """Cluster, switch, node, NIC and NVLink domain names: the host-name-like names of spec v1."""
+    if not NAME_RE.match(value or ""):
+        raise ValidationError(f"must be {NAME_HELP}")
+
+
+def validate_gpu_model_name(value: str) -> None:
+    """GPU model names: spec v1 names, with inner spaces, parentheses and '+' allowed."""
+    if not GPU_MODEL_RE.match(value or ""):
+        raise ValidationError(f"must be {GPU_MODEL_HELP}")
 
 
 def validate_http_url(value: str) -> None:

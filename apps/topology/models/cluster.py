@@ -3,13 +3,20 @@
 from django.db import models
 
 from ..choices import PlacementPolicy
-from .base import NAME_MAX_LENGTH, ClusterRow, positive_constraint, validate_positive
+from .base import (
+    NAME_MAX_LENGTH,
+    ClusterRow,
+    positive_constraint,
+    validate_gpu_model_name,
+    validate_name,
+    validate_positive,
+)
 
 
 class Cluster(models.Model):
     """A GPU cluster: the unit of topology import/export and of scheduling."""
 
-    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name], unique=True)
     description = models.TextField(blank=True)
     policy = models.CharField(
         max_length=20,
@@ -40,7 +47,7 @@ class GpuModel(ClusterRow):
     """A GPU type of a cluster, with its dense BF16/FP16 peak for MFU."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gpu_models")
-    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_gpu_model_name])
     peak_tflops = models.FloatField(validators=[validate_positive], help_text="Dense peak, TFLOPS.")
 
     class Meta:

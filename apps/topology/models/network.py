@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from ..choices import TIER_ORDER, SwitchTier
-from .base import NAME_MAX_LENGTH, ClusterRow, positive_constraint, validate_positive
+from .base import NAME_MAX_LENGTH, ClusterRow, positive_constraint, validate_name, validate_positive
 from .cluster import Cluster
 
 
@@ -12,7 +12,7 @@ class Switch(ClusterRow):
     """A network switch of one tier (leaf, spine or core)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="switches")
-    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     tier = models.CharField(max_length=5, choices=SwitchTier.choices)
     position = models.PositiveIntegerField(default=0, help_text="Order in the exported spec.")
 

@@ -10,6 +10,7 @@ from .base import (
     ClusterRow,
     positive_constraint,
     validate_http_url,
+    validate_name,
     validate_positive,
 )
 from .cluster import Cluster, GpuModel
@@ -28,7 +29,7 @@ class NvlinkDomain(ClusterRow):
     """GPUs joined by NVLink/NVSwitch at one per-GPU bandwidth; may span nodes (NVL72 racks)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nvlink_domains")
-    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     bw_GBps = models.FloatField("bandwidth per GPU (GB/s)", validators=[validate_positive])
     latency_us = models.FloatField("latency (us)", validators=[validate_positive])
 
@@ -49,7 +50,7 @@ class Node(ClusterRow):
     """A host with GPUs; `leaf` is its first NIC's leaf (null if standalone), kept by the services."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
-    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.RESTRICT, related_name="nodes")
     leaf = models.ForeignKey(Switch, on_delete=models.RESTRICT, related_name="nodes", null=True, blank=True)
     dcgm_url = models.CharField(
@@ -89,7 +90,7 @@ class Nic(ClusterRow):
     """A network adapter (HCA) of a node, cabled to one leaf switch."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nics")
-    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     leaf = models.ForeignKey(Switch, on_delete=models.RESTRICT, related_name="nics")
     bw_GBps = models.FloatField("bandwidth (GB/s)", validators=[validate_positive])
     latency_us = models.FloatField("latency (us)", validators=[validate_positive])

@@ -31,8 +31,10 @@ def generated(shape: str, **overrides) -> dict:
     return {"version": 1, "name": f"{shape}-test", "generate": gen}
 
 
-def job_spec(gpus: int, *, tp=1, pp=1, dp=None, comm=None, name="job", flops=1e15) -> dict:
-    """A job spec v1 dict; by default pure data parallel with one 1 GB allreduce."""
+def job_spec(gpus: int, *, tp=1, pp=1, dp=None, comm=None, name="job", flops=None) -> dict:
+    """A job spec v1 dict; by default pure data parallel with one 1 GB allreduce and 150 TFLOPS of
+    compute per GPU (within an A100's peak)."""
+    flops = 1.5e13 * gpus if flops is None else flops
     return {
         "version": 1,
         "name": name,

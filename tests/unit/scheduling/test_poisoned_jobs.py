@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from apps.placement import planner
 from apps.scheduling import services
 from apps.scheduling.choices import CycleStatus, JobStatus
 from apps.scheduling.models import Job, SchedulingCycle
+from tests.unit.hostile_inputs import hostile_job_documents, within_budget
 
 from .conftest import small_spec
 
@@ -116,6 +119,11 @@ def test_a_job_failing_mid_walk_leaves_the_free_gpus_to_the_next_jobs(case44, al
         ({"estimated_runtime_s": 1e18}, "estimated_runtime_s", 400),
         ({"comm": [{"group": "dp", "collective": "volume", "bytes": 1.7e308}]}, "comm[0].bytes", 400),
         ({"gpus": 10**9}, "gpus", 400),
+        (
+            {"comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8, "count": 10**400}]},
+            "comm[0].count",
+            400,
+        ),
         ({"priority": 2**31}, "priority", 400),
         ({"name": "a;reboot"}, "name", 400),
     ],
@@ -140,8 +148,8 @@ def test_flops_beyond_the_gpu_peak_is_400_naming_both_fields(case44, alice_api):
 @pytest.mark.parametrize(
     ("body", "content_type", "fragment"),
     [
-        ('{"a": ' * 5000 + "1" + "}" * 5000, "application/json", "nesting"),
-        ('{"gpus": ' + "9" * 400 + "}", "application/json", "400 characters"),
+        ('{"a": ' * 2000 + "1" + "}" * 2000, "application/json", "nesting"),
+        ('{"gpus": ' + "9" * 5000 + "}", "application/json", "digits"),
         ('{"gpus": NaN}', "application/json", "NaN"),
         (
             "a: &a [1,2,3,4,5,6,7,8,9]\n"
@@ -158,7 +166,7 @@ def test_flops_beyond_the_gpu_peak_is_400_naming_both_fields(case44, alice_api):
         ),
         ("name: x\x00", "application/yaml", "NUL"),
     ],
-    ids=["deep-json", "400-digits", "nan", "one-alias-level", "alias-bomb", "nul"],
+    ids=["deep-json", "5000-digits", "nan", "one-alias-level", "alias-bomb", "nul"],
 )
 @pytest.mark.parametrize("path", ["/api/v1/jobs/", "/api/v1/placements/preview/"])
 def test_hostile_job_bodies_are_400_not_500(case44, alice_api, body, content_type, fragment, path):
@@ -193,3 +201,46 @@ def test_deep_json_on_a_settings_endpoint_is_400_not_500(case44, staff_api):
 def test_a_malformed_content_length_is_400(case44, alice_api):
     response = alice_api.generic("POST", "/api/v1/jobs/", b"{}", "application/json", CONTENT_LENGTH="12abc")
     assert response.status_code == 400 and "Content-Length" in response.json()["detail"]
+
+
+def test_predictions_stored_infinite_before_the_ranges_are_cleared(case44, alice, alice_api):
+    import importlib
+    import types
+
+    from django.apps import apps as live_apps
+    from django.db import connection
+
+    migration = importlib.import_module("apps.scheduling.migrations.0003_finite_predictions")
+    job = stored_as_before(case44, alice, "inf")
+    Job.objects.filter(pk=job.pk).update(
+        predicted_step_ms=math.inf, predicted_comm_ms=-math.inf, predicted_mfu=0.5
+    )
+    # The migration reads only the editor's connection.
+    migration.clear_non_finite(live_apps, types.SimpleNamespace(connection=connection))
+    job.refresh_from_db()
+    assert (job.predicted_step_ms, job.predicted_comm_ms, job.predicted_mfu) == (None, None, 0.5)
+    assert alice_api.get("/api/v1/jobs/").status_code == 200
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(
+    document=hostile_job_documents(), content_type=st.sampled_from(["application/json", "application/yaml"])
+)
+def test_hostile_job_documents_are_refused_and_store_nothing(case44, alice_api, document, content_type):
+    for path in ("/api/v1/jobs/", "/api/v1/placements/preview/"):
+        response = within_budget(
+            lambda p=path: alice_api.generic("POST", p, document, content_type),
+            seconds=5.0,
+            peak_bytes=64 * 2**20,
+        )
+        assert response.status_code in (400, 413), (response.status_code, response.content[:300])
+        assert len(response.content) < 20_000
+    assert Job.objects.count() == 0

@@ -3,9 +3,6 @@ budget, and no row written (import command, REST JSON/YAML/multipart, the import
 
 from __future__ import annotations
 
-import time
-import tracemalloc
-
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -15,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.unit.hostile_inputs import hostile_topology_documents
+from tests.unit.hostile_inputs import hostile_topology_documents, within_budget
 
 TIME_BUDGET_S = 5.0
 MEMORY_BUDGET_B = 64 * 1024 * 1024
@@ -28,19 +25,6 @@ HOSTILE = settings(
         HealthCheck.data_too_large,
     ],
 )
-
-
-def within_budget(fn):
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        return fn()
-    finally:
-        elapsed = time.perf_counter() - t0
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        assert elapsed < TIME_BUDGET_S, f"took {elapsed:.2f} s"
-        assert peak < MEMORY_BUDGET_B, f"peak {peak / 1e6:.1f} MB"
 
 
 @pytest.fixture
@@ -58,6 +42,10 @@ def staff_page(db) -> Client:
     return client
 
 
+def budget(fn):
+    return within_budget(fn, seconds=TIME_BUDGET_S, peak_bytes=MEMORY_BUDGET_B)
+
+
 def assert_refused(response) -> None:
     assert response.status_code in (400, 413), (response.status_code, response.content[:300])
     assert len(response.content) < 20_000
@@ -70,7 +58,7 @@ def test_import_command_refuses_hostile_files(tmp_path_factory, row_counts, docu
     path.write_bytes(document)
     before = row_counts()
     with pytest.raises(CommandError) as err:
-        within_budget(lambda: call_command("import_topology", str(path)))
+        budget(lambda: call_command("import_topology", str(path)))
     assert "nothing was imported" in str(err.value)
     assert len(str(err.value)) < 20_000
     assert row_counts() == before
@@ -81,12 +69,12 @@ def test_import_command_refuses_hostile_files(tmp_path_factory, row_counts, docu
 def test_rest_import_refuses_hostile_bodies(staff_api, row_counts, document):
     before = row_counts()
     for content_type in ("application/json", "application/yaml", "text/yaml"):
-        response = within_budget(
+        response = budget(
             lambda ct=content_type: staff_api.generic("POST", "/api/v1/clusters/import/", document, ct)
         )
         assert_refused(response)
     upload = SimpleUploadedFile("hostile.yaml", document)
-    response = within_budget(
+    response = budget(
         lambda: staff_api.post("/api/v1/clusters/import/", {"file": upload}, format="multipart")
     )
     assert_refused(response)
@@ -98,7 +86,7 @@ def test_rest_import_refuses_hostile_bodies(staff_api, row_counts, document):
 def test_import_page_refuses_hostile_uploads(staff_page, row_counts, document):
     before = row_counts()
     upload = SimpleUploadedFile("hostile.yaml", document)
-    response = within_budget(lambda: staff_page.post("/import/", {"file": upload, "action": "import"}))
+    response = budget(lambda: staff_page.post("/import/", {"file": upload, "action": "import"}))
     # The page shows the text back for editing (escaped), and one line per problem.
     assert response.status_code == 400
     assert len(response.content) < 6 * len(document) + 30_000
@@ -116,3 +104,19 @@ def test_rest_bodies_over_the_endpoint_limit_are_413_naming_it(staff_api, row_co
     assert response.status_code == 413
     assert response.json()["limit_bytes"] == limit and str(limit) in response.json()["detail"]
     assert row_counts() == before
+
+
+@pytest.mark.parametrize("name", ["a;reboot", "$(id)", "a b", "-rf", "x" * 101, "n\u00f6de"])
+def test_rows_refuse_the_names_the_importer_refuses(import_example, name):
+    """The admin editor validates rows with the same name pattern as spec v1."""
+    from django.core.exceptions import ValidationError
+
+    cluster = import_example("case-4-4")
+    node = cluster.nodes.first()
+    node.name = name
+    with pytest.raises(ValidationError) as err:
+        node.full_clean()
+    assert "name" in err.value.message_dict
+    model = cluster.gpu_models.first()
+    model.name = "NVIDIA H100 80GB HBM3"
+    model.full_clean()
