@@ -110,7 +110,9 @@ class _Run:
 
     @property
     def rate(self) -> float:
-        return self.outcome.ideal_step_ms / self.step_ms if self.step_ms > 0 else 1.0
+        ideal = self.outcome.ideal_step_ms
+        # A step the cost model prices at 0 (no compute, no traffic) runs at the trace's pace.
+        return ideal / self.step_ms if self.step_ms > 0 and ideal > 0 else 1.0
 
 
 class Replay:

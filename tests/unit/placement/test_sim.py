@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,22 @@ def test_migration_moves_a_spread_job_and_charges_the_restart(pod256):
     assert stayed.first_step_ms > stayed.ideal_step_ms
     assert moved.end_s < stayed.end_s
     assert moved.end_s > 1.0 + 20000.0 + 60.0
+
+
+def test_a_job_priced_at_zero_ms_runs_its_trace_duration(pod256):
+    spec = load_job(
+        {
+            "version": 1,
+            "name": "idle",
+            "gpus": 2,
+            "parallelism": {"dp": 2},
+            "step": {"compute_ms": 0},
+            "comm": [],
+        }
+    )
+    prof = Profile("idle", ("idle",), replace(spec, estimated_runtime_s=50.0))
+    (out,) = _replay(pod256, [prof], [3.0]).outcomes
+    assert out.end_s == pytest.approx(53.0)
 
 
 def test_time_weighted_mean_weights_each_value_by_how_long_it_held():
