@@ -103,8 +103,7 @@ class SimulatedExporter:
     def serve(self, host: str, port: int, *, refresh_s: float = 5.0) -> ThreadingHTTPServer:
         """Start the refresher and the HTTP server threads; returns the server (port 0: any)."""
         self.refresh()
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), _handler(self))
         threading.Thread(target=self.server.serve_forever, name="fake-dcgm-http", daemon=True).start()
         threading.Thread(target=self._loop, args=(refresh_s,), name="fake-dcgm-refresh", daemon=True).start()
         return self.server
@@ -122,6 +121,12 @@ class SimulatedExporter:
                 self.refresh()
             finally:
                 close_old_connections()
+
+
+class _Server(ThreadingHTTPServer):
+    # A collector opens a hundred connections at once; the default backlog of 5 would drop them.
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler(exporter: SimulatedExporter):
