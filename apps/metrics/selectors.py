@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Avg, Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from apps.scheduling.models import Job
@@ -58,6 +58,20 @@ def job_series(*, job: Job, since: datetime | None = None, limit: int = 720) -> 
     if since is not None:
         qs = qs.filter(at__gte=since)
     return list(reversed(qs.order_by("-at", "-id")[:limit]))
+
+
+def job_aggregate(*, job: Job) -> dict:
+    """The job's measures over its whole run so far: sample count, first and last time, and the
+    means of utilisation, MFU, comm share and step time (None where nothing measured them)."""
+    return JobSample.objects.filter(job=job).aggregate(
+        samples=Count("id"),
+        first=Min("at"),
+        last=Max("at"),
+        gpu_util=Avg("gpu_util"),
+        mfu=Avg("mfu"),
+        comm_share=Avg("comm_share"),
+        step_ms=Avg("step_ms"),
+    )
 
 
 def job_latest_sample(*, job: Job, fresh_s: float | None = None) -> JobSample | None:

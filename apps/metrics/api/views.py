@@ -147,6 +147,7 @@ class JobMetricsView(APIView):
             "job": job.pk,
             "status": job.status,
             "latest": series[-1] if series else None,
+            "aggregate": selectors.job_aggregate(job=job),
             "series": series,
             "report": selectors.job_latest_report(job=job),
             "hotspots": list(selectors.open_hotspots(job=job)),

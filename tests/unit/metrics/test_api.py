@@ -80,6 +80,7 @@ def test_a_report_sets_mfu_and_comm_share_from_the_job_itself(measured, case44):
     body = alice.get(f"/api/v1/metrics/jobs/{measured.pk}/").json()
     assert body["latest"]["mfu_source"] == "report" and body["report"]["step_ms"] == 250.0
     assert body["latest"]["predicted_step_ms"] == pytest.approx(209.09, abs=0.01)
+    assert body["aggregate"]["samples"] == 2  # the pass before the report and the one after
 
 
 @pytest.mark.parametrize(
