@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from apps.placement.jobs import load_job
 from apps.scheduling import snapshot as snap
@@ -70,11 +70,16 @@ class SimulatedExporter:
         self.server: ThreadingHTTPServer | None = None
 
     def refresh(self) -> None:
-        """Recompute every node's page from the jobs placed now."""
+        """Recompute every node's page from the jobs placed now; a failure keeps the last pages."""
         clusters = Cluster.objects.order_by("pk")
         if self.names:
             clusters = clusters.filter(name__in=self.names)
         pages = {}
+        try:
+            clusters = list(clusters)
+        except DatabaseError:
+            log.exception("simulated exporter: cannot read the clusters")
+            return
         for cluster in clusters:
             sim = self._sims.get(cluster.name)
             if sim is None or sim.cluster_id != cluster.pk:
@@ -109,6 +114,7 @@ class SimulatedExporter:
         return self.server
 
     def stop(self) -> None:
+        """Stop refreshing and serving."""
         self._stop.set()
         if self.server is not None:
             self.server.shutdown()
