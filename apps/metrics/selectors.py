@@ -10,6 +10,7 @@ from django.utils import timezone
 from apps.scheduling.models import Job
 from apps.topology.models import Cluster
 
+from .hotspots import HOTSPOT_INTERVALS
 from .models import GpuLatest, GpuRollup, GpuSample, Hotspot, JobReport, JobSample, NodeScrape
 from .services import source_settings
 from .store import STALE_INTERVALS
@@ -98,7 +99,10 @@ def latest_samples_by_job(*, cluster: Cluster, fresh_s: float) -> dict[int, JobS
 
 def open_hotspots(*, cluster: Cluster | None = None, job: Job | None = None) -> QuerySet[Hotspot]:
     """Hotspots not closed yet, newest first."""
-    qs = Hotspot.objects.filter(closed_at__isnull=True).select_related("job", "proposal", "cluster")
+    # Uplink rows count intervals before they are hotspots (see uplinks.py).
+    qs = Hotspot.objects.filter(closed_at__isnull=True, intervals__gte=HOTSPOT_INTERVALS).select_related(
+        "job", "proposal", "cluster"
+    )
     if cluster is not None:
         qs = qs.filter(cluster=cluster)
     if job is not None:

@@ -25,6 +25,7 @@ from .sources import Source
 from .sources.dcgm import DcgmSource
 from .sources.prometheus import PrometheusSource
 from .store import STALE_INTERVALS, cluster_targets, results_store
+from .uplinks import uplink_hotspots_detect
 
 RAW_RETENTION_S = 3600.0
 ROLLUP_RETENTION_S = 86400.0
@@ -88,11 +89,13 @@ def metrics_collect(
     t2 = time.perf_counter()
     out.stage_ms["store"] = (t2 - t1) * 1e3
     out.nodes_ok, out.nodes_failed, out.readings = stored.nodes_ok, stored.nodes_failed, stored.readings
-    samples = job_samples_record(cluster=cluster, now=now, fresh_s=STALE_INTERVALS * settings.interval_s)
+    fresh_s = STALE_INTERVALS * settings.interval_s
+    samples = job_samples_record(cluster=cluster, now=now, fresh_s=fresh_s)
     out.jobs_measured = len(samples)
     out.hotspots = len(
         hotspots_detect(cluster=cluster, samples=samples, now=now, interval_s=settings.interval_s)
     )
+    out.hotspots += len(uplink_hotspots_detect(cluster=cluster, now=now, fresh_s=fresh_s))
     out.stage_ms["jobs"] = (time.perf_counter() - t2) * 1e3
     return out
 
