@@ -50,6 +50,9 @@ def test_gpu_metrics_since_returns_samples_and_a_bad_since_names_the_field(measu
     client = client_for("alice")
     since = (timezone.now() - timedelta(minutes=5)).isoformat()
     assert client.get("/api/v1/metrics/gpus/", {"since": since}).json()["count"] == 2
+    naive = (timezone.now() - timedelta(minutes=5)).replace(tzinfo=None).isoformat()  # UTC, no offset
+    assert client.get("/api/v1/metrics/gpus/", {"since": naive}).json()["count"] == 2
+    assert client.get("/api/v1/metrics/gpus/", {"since": since, "resolution": "minute"}).status_code == 200
     bad = client.get("/api/v1/metrics/gpus/", {"since": "yesterday"})
     assert bad.status_code == 400 and "since" in bad.json()
     bad = client.get("/api/v1/metrics/gpus/", {"since": since, "resolution": "hourly"})
