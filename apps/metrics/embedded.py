@@ -52,18 +52,29 @@ class PeriodicCollector(threading.Thread):
             close_old_connections()
 
 
-def start_embedded_metrics(*, host: str, port: int, interval_s: float = 5.0) -> SimulatedExporter:
-    """Serve the simulated exporter for every cluster on host:port, point the nodes without an
-    exporter (or with a simulated one) at it, and collect every `interval_s` seconds. Once per
-    process; returns the exporter."""
+def start_embedded_metrics(*, host: str, port: int, interval_s: float = 5.0) -> SimulatedExporter | None:
+    """Serve the simulated exporter for every cluster on host:port (any free port if that one is
+    taken), point the nodes without an exporter (or with a simulated one) at it, and collect every
+    `interval_s` seconds. Once per process; returns the exporter, or None when it could not start
+    (the web server runs on without measurements)."""
     with _LOCK:
-        if "exporter" not in _STARTED:
-            exporter = SimulatedExporter()
-            server = exporter.serve(host, port, refresh_s=interval_s)
+        if "exporter" in _STARTED:
+            return _STARTED["exporter"]
+        exporter = SimulatedExporter()
+        try:
+            try:
+                server = exporter.serve(host, port, refresh_s=interval_s)
+            except OSError:
+                log.warning("port %s is taken: the simulated dcgm-exporter takes any free port", port)
+                server = exporter.serve(host, 0, refresh_s=interval_s)
             bound = f"http://{host}:{server.server_address[1]}"
             changed = exporter.point_nodes(bound)
-            log.info("simulated dcgm-exporter on %s (%d nodes pointed at it)", bound, changed)
-            collector = PeriodicCollector(interval_s)
-            collector.start()
-            _STARTED.update(exporter=exporter, collector=collector)
-        return _STARTED["exporter"]
+        except Exception:
+            log.exception("the simulated dcgm-exporter did not start; no measurements in this process")
+            exporter.stop()
+            return None
+        log.info("simulated dcgm-exporter on %s (%d nodes pointed at it)", bound, changed)
+        collector = PeriodicCollector(interval_s)
+        collector.start()
+        _STARTED.update(exporter=exporter, collector=collector)
+        return exporter

@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from apps.placement.jobs import load_job
 from apps.scheduling import snapshot as snap
@@ -70,11 +70,16 @@ class SimulatedExporter:
         self.server: ThreadingHTTPServer | None = None
 
     def refresh(self) -> None:
-        """Recompute every node's page from the jobs placed now."""
+        """Recompute every node's page from the jobs placed now; a failure keeps the last pages."""
         clusters = Cluster.objects.order_by("pk")
         if self.names:
             clusters = clusters.filter(name__in=self.names)
         pages = {}
+        try:
+            clusters = list(clusters)
+        except DatabaseError:
+            log.exception("simulated exporter: cannot read the clusters")
+            return
         for cluster in clusters:
             sim = self._sims.get(cluster.name)
             if sim is None or sim.cluster_id != cluster.pk:
@@ -103,13 +108,13 @@ class SimulatedExporter:
     def serve(self, host: str, port: int, *, refresh_s: float = 5.0) -> ThreadingHTTPServer:
         """Start the refresher and the HTTP server threads; returns the server (port 0: any)."""
         self.refresh()
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), _handler(self))
         threading.Thread(target=self.server.serve_forever, name="fake-dcgm-http", daemon=True).start()
         threading.Thread(target=self._loop, args=(refresh_s,), name="fake-dcgm-refresh", daemon=True).start()
         return self.server
 
     def stop(self) -> None:
+        """Stop refreshing and serving."""
         self._stop.set()
         if self.server is not None:
             self.server.shutdown()
@@ -122,6 +127,12 @@ class SimulatedExporter:
                 self.refresh()
             finally:
                 close_old_connections()
+
+
+class _Server(ThreadingHTTPServer):
+    # A collector opens a hundred connections at once; the default backlog of 5 would drop them.
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler(exporter: SimulatedExporter):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Avg, Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from apps.scheduling.models import Job
 from apps.topology.models import Cluster
 
+from .hotspots import HOTSPOT_INTERVALS
 from .models import GpuLatest, GpuRollup, GpuSample, Hotspot, JobReport, JobSample, NodeScrape
 from .services import source_settings
 from .store import STALE_INTERVALS
@@ -60,6 +61,20 @@ def job_series(*, job: Job, since: datetime | None = None, limit: int = 720) -> 
     return list(reversed(qs.order_by("-at", "-id")[:limit]))
 
 
+def job_aggregate(*, job: Job) -> dict:
+    """The job's measures over its whole run so far: sample count, first and last time, and the
+    means of utilisation, MFU, comm share and step time (None where nothing measured them)."""
+    return JobSample.objects.filter(job=job).aggregate(
+        samples=Count("id"),
+        first=Min("at"),
+        last=Max("at"),
+        gpu_util=Avg("gpu_util"),
+        mfu=Avg("mfu"),
+        comm_share=Avg("comm_share"),
+        step_ms=Avg("step_ms"),
+    )
+
+
 def job_latest_sample(*, job: Job, fresh_s: float | None = None) -> JobSample | None:
     """The job's newest sample (None if there is none, or none younger than `fresh_s`)."""
     qs = JobSample.objects.filter(job=job)
@@ -84,7 +99,10 @@ def latest_samples_by_job(*, cluster: Cluster, fresh_s: float) -> dict[int, JobS
 
 def open_hotspots(*, cluster: Cluster | None = None, job: Job | None = None) -> QuerySet[Hotspot]:
     """Hotspots not closed yet, newest first."""
-    qs = Hotspot.objects.filter(closed_at__isnull=True).select_related("job", "proposal", "cluster")
+    # Uplink rows count intervals before they are hotspots (see uplinks.py).
+    qs = Hotspot.objects.filter(closed_at__isnull=True, intervals__gte=HOTSPOT_INTERVALS).select_related(
+        "job", "proposal", "cluster"
+    )
     if cluster is not None:
         qs = qs.filter(cluster=cluster)
     if job is not None:

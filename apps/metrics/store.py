@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count
 
 from apps.topology.models import Cluster, Gpu, Node
@@ -66,18 +66,61 @@ def cluster_targets(*, cluster: Cluster) -> list[Target]:
     return [Target(pk, name, url or "", n) for pk, name, url, n in rows]
 
 
-def _gpu_rows(results: Iterable[NodeResult], pks: dict[tuple[int, int], int], now: datetime):
-    latest, samples = [], []
+GPU_COLUMNS = ("gpu_id", "instance", "at", *VALUE_FIELDS)
+
+
+def _gpu_rows(results: Iterable[NodeResult], pks: dict[tuple[int, int], int], now: datetime) -> list[tuple]:
+    """One (gpu_id, instance, at, *values) tuple per reading of a known GPU."""
+    rows = []
     for result in results:
         scrape: Scrape = result.scrape
         for (index, instance), reading in scrape.gpus.items():
             pk = pks.get((result.node_id, index))
-            if pk is None:
-                continue
-            values = {name: reading.values.get(name) for name in VALUE_FIELDS}
-            latest.append(GpuLatest(gpu_id=pk, instance=instance, at=now, **values))
-            samples.append(GpuSample(gpu_id=pk, instance=instance, at=now, **values))
-    return latest, samples
+            if pk is not None:
+                get = reading.values.get
+                rows.append((pk, instance, now, *(get(name) for name in VALUE_FIELDS)))
+    return rows
+
+
+def _write_gpu_rows(rows: list[tuple]) -> None:
+    """Append the raw samples and upsert the latest values: COPY on Postgres (a 16k-GPU pass in
+    a fraction of a second), bulk statements elsewhere (SQLite, the embedded default)."""
+    if connection.vendor == "postgresql":
+        _copy_gpu_rows(rows)
+        return
+    GpuLatest.objects.bulk_create(
+        [GpuLatest(**dict(zip(GPU_COLUMNS, r, strict=True))) for r in rows],
+        batch_size=BATCH,
+        update_conflicts=True,
+        unique_fields=["gpu", "instance"],
+        update_fields=["at", *VALUE_FIELDS],
+    )
+    GpuSample.objects.bulk_create(
+        [GpuSample(**dict(zip(GPU_COLUMNS, r, strict=True))) for r in rows], batch_size=BATCH
+    )
+
+
+def _copy_gpu_rows(rows: list[tuple]) -> None:
+    qn = connection.ops.quote_name  # the unit-named columns (pcie_tx_Bps) are case-sensitive
+    cols = ", ".join(qn(c) for c in GPU_COLUMNS)
+    sample_table, latest_table = qn(GpuSample._meta.db_table), qn(GpuLatest._meta.db_table)
+    updates = ", ".join(f"{qn(c)} = EXCLUDED.{qn(c)}" for c in ("at", *VALUE_FIELDS))
+    with connection.cursor() as cursor:
+        raw = cursor.cursor  # psycopg's own cursor, for COPY
+        with raw.copy(f"COPY {sample_table} ({cols}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        raw.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS metrics_latest_in ON COMMIT DELETE ROWS AS"
+            f" SELECT {cols} FROM {latest_table} WITH NO DATA"
+        )
+        with raw.copy(f"COPY metrics_latest_in ({cols}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        raw.execute(
+            f"INSERT INTO {latest_table} ({cols}) SELECT {cols} FROM metrics_latest_in"
+            f" ON CONFLICT (gpu_id, instance) DO UPDATE SET {updates}"
+        )
 
 
 def _nic_rows(results: Iterable[NodeResult], now: datetime) -> list[NicLatest]:
@@ -168,18 +211,11 @@ def results_store(
     """Write one pass: upsert latest values and NIC counters of the nodes read, append raw samples,
     and upsert every node's state. A failed node keeps its earlier values."""
     ok = [r for r in results if r.ok]
-    latest, samples = _gpu_rows(ok, gpu_pks(cluster=cluster), now)
+    rows = _gpu_rows(ok, gpu_pks(cluster=cluster), now)
     nics = _nic_rows(ok, now)
     states = _states(results, now, stale_s=STALE_INTERVALS * interval_s)
     with transaction.atomic():
-        GpuLatest.objects.bulk_create(
-            latest,
-            batch_size=BATCH,
-            update_conflicts=True,
-            unique_fields=["gpu", "instance"],
-            update_fields=["at", *VALUE_FIELDS],
-        )
-        GpuSample.objects.bulk_create(samples, batch_size=BATCH)
+        _write_gpu_rows(rows)
         NicLatest.objects.bulk_create(
             nics,
             batch_size=BATCH,
@@ -194,4 +230,4 @@ def results_store(
             unique_fields=["node"],
             update_fields=STATE_FIELDS,
         )
-    return Stored(len(ok), len(results) - len(ok), len(latest))
+    return Stored(len(ok), len(results) - len(ok), len(rows))

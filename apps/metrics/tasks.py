@@ -17,17 +17,31 @@ BEAT_SCHEDULE = {
 }
 
 
+PASS_LOCK_S = 90.0  # as long as the task's hard time limit
+
+
+def pass_lock_key(cluster_id: int) -> str:
+    """The cache key held while a pass over the cluster runs."""
+    return f"metrics:collecting:{cluster_id}"
+
+
 @shared_task(name="metrics.collect_cluster", ignore_result=True, soft_time_limit=60, time_limit=90)
 def collect_cluster_task(cluster_id: int) -> int:
-    """One collection pass over cluster `cluster_id`; returns the GPU readings stored (0 if gone)."""
+    """One collection pass over cluster `cluster_id`; returns the GPU readings stored (0 if gone,
+    or if a pass over it is still running: beat does not stack passes that outlast the interval)."""
+    from django.core.cache import cache
+
     from apps.topology.models import Cluster
 
     from .services import metrics_collect
 
     cluster = Cluster.objects.filter(pk=cluster_id).first()
-    if cluster is None:
+    if cluster is None or not cache.add(pass_lock_key(cluster_id), 1, timeout=PASS_LOCK_S):
         return 0
-    return metrics_collect(cluster=cluster).readings
+    try:
+        return metrics_collect(cluster=cluster).readings
+    finally:
+        cache.delete(pass_lock_key(cluster_id))
 
 
 @shared_task(name="metrics.collect_all_clusters", ignore_result=True)

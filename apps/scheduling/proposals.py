@@ -79,24 +79,36 @@ def _record(snapshot: snap.ClusterSnapshot, job: Job, option, evidence: str) -> 
     return proposal
 
 
-def migration_propose_measured(*, job: Job, evidence: str) -> MigrationProposal | None:
-    """A proposal for a running job that measurements show in trouble (`evidence` says how): its
-    open proposal, with the evidence added to the reason, or a new one when the topo placement on
-    the free GPUs plus its own predicts any gain. None when no better placement exists."""
+def migrations_propose_measured(
+    *, cluster: Cluster, evidence: dict[int, str]
+) -> dict[int, MigrationProposal | None]:
+    """Proposals for running jobs that measurements show in trouble (`evidence`: job id -> how):
+    each job's open proposal, with the evidence added to its reason, or a new one when the topo
+    placement on the free GPUs plus its own predicts any gain; None when no better placement
+    exists. One snapshot for all of them."""
+    out: dict[int, MigrationProposal | None] = {}
     with transaction.atomic():
-        locked = Cluster.objects.select_for_update().get(pk=job.cluster_id)
-        existing = MigrationProposal.objects.filter(job=job, status=ProposalStatus.PROPOSED).first()
-        if existing is not None:
+        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        for existing in MigrationProposal.objects.filter(job_id__in=evidence, status=ProposalStatus.PROPOSED):
             if "measured:" not in existing.reason:
-                existing.reason = f"measured: {evidence}; {existing.reason}"
+                existing.reason = f"measured: {evidence[existing.job_id]}; {existing.reason}"
                 existing.save(update_fields=["reason"])
-            return existing
+            out[existing.job_id] = existing
+        todo = [job_id for job_id in evidence if job_id not in out]
+        if not todo:
+            return out
         snapshot = snap.cluster_snapshot(cluster=locked)
-        active = next((a for a in snapshot.active if a.job_id == job.pk and a.gids), None)
-        if active is None:
-            return None
-        option = migration_option(snapshot, active, snap.job_spec(job), policy="topo", min_gain=0.0)
-        return None if option is None else _record(snapshot, job, option, f"measured: {evidence}")
+        active = {a.job_id: a for a in snapshot.active if a.job_id in todo and a.gids}
+        jobs = Job.objects.in_bulk(list(active))
+        for job_id in todo:
+            a, job = active.get(job_id), jobs.get(job_id)
+            option = None
+            if a is not None and job is not None:
+                option = migration_option(snapshot, a, snap.job_spec(job), policy="topo", min_gain=0.0)
+            out[job_id] = (
+                None if option is None else _record(snapshot, job, option, f"measured: {evidence[job_id]}")
+            )
+        return out
 
 
 def _stale(proposal: MigrationProposal, reason: str) -> MigrationProposal:
@@ -176,7 +188,7 @@ __all__ = [
     "MIN_GAIN",
     "ProposalStateError",
     "migration_apply",
-    "migration_propose_measured",
+    "migrations_propose_measured",
     "migration_reject",
     "migrations_propose",
 ]

@@ -282,7 +282,8 @@
     if (state.source === "predicted") return "predicted by the cost model";
     if (!measured || measured.n === 0) return "no fresh measurements: predicted shown";
     const pred = state.source === "diff" ? "" : "; predicted where none";
-    return SOURCES[state.source] + ", measured " + measured.age_s + " s ago on " + measured.n + " of " +
+    const prefix = state.source === "diff" ? SOURCES.diff + ", " : "";
+    return prefix + "measured " + measured.age_s + " s ago on " + measured.n + " of " +
       busyGids.length + " busy GPUs" + pred;
   }
   function setSource(key) {

@@ -85,8 +85,8 @@ def test_each_overlay_switches_the_graph_client_side(page, live_server, scenario
         for width, load_width in widths:
             assert width == (load_width if overlay == "load" else 1)
         shot(f"cluster-overlay-{overlay}")
-    # Overlays switch without asking the server (the page's change poll aside).
-    assert [u for u in requests if "/version/" not in u] == []
+    # Overlays switch without asking the server (the page's change and measurement polls aside).
+    assert [u for u in requests if "/version/" not in u and "/measured/" not in u] == []
 
 
 def test_clicking_a_gpu_highlights_its_job_and_the_links_it_crosses(page, live_server, scenario, login, shot):

@@ -101,6 +101,18 @@ class JobReportSerializer(serializers.ModelSerializer):
         read_only_fields = ["at"]
 
 
+class JobAggregateSerializer(serializers.Serializer):
+    """Means over every sample of the job's run so far."""
+
+    samples = serializers.IntegerField()
+    first = serializers.DateTimeField(allow_null=True)
+    last = serializers.DateTimeField(allow_null=True)
+    gpu_util = serializers.FloatField(allow_null=True)
+    mfu = serializers.FloatField(allow_null=True)
+    comm_share = serializers.FloatField(allow_null=True)
+    step_ms = serializers.FloatField(allow_null=True)
+
+
 class JobMetricsSerializer(serializers.Serializer):
     """A job's measures: the newest sample (MFU beside utilisation, each with its source), the
     series with predictions, the newest report and open hotspots."""
@@ -108,6 +120,7 @@ class JobMetricsSerializer(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.CharField()
     latest = JobSampleSerializer(allow_null=True)
+    aggregate = JobAggregateSerializer()
     series = JobSampleSerializer(many=True)
     report = JobReportSerializer(allow_null=True)
     hotspots = HotspotSerializer(many=True)

@@ -5,7 +5,7 @@ Views validate and translate; reads go through selectors, the report through a s
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
@@ -61,7 +61,7 @@ def since_param(request: Request, *, max_age_s: float):
     if parsed is None:
         raise ApiValidationError({"since": [f"not an ISO 8601 date-time: {raw[:40]!r}"]})
     if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)  # a time without offset is UTC
     oldest = timezone.now() - timedelta(seconds=max_age_s)
     return max(parsed, oldest)
 
@@ -146,6 +146,7 @@ class JobMetricsView(APIView):
             "job": job.pk,
             "status": job.status,
             "latest": series[-1] if series else None,
+            "aggregate": selectors.job_aggregate(job=job),
             "series": series,
             "report": selectors.job_latest_report(job=job),
             "hotspots": list(selectors.open_hotspots(job=job)),

@@ -50,6 +50,9 @@ def test_gpu_metrics_since_returns_samples_and_a_bad_since_names_the_field(measu
     client = client_for("alice")
     since = (timezone.now() - timedelta(minutes=5)).isoformat()
     assert client.get("/api/v1/metrics/gpus/", {"since": since}).json()["count"] == 2
+    naive = (timezone.now() - timedelta(minutes=5)).replace(tzinfo=None).isoformat()  # UTC, no offset
+    assert client.get("/api/v1/metrics/gpus/", {"since": naive}).json()["count"] == 2
+    assert client.get("/api/v1/metrics/gpus/", {"since": since, "resolution": "minute"}).status_code == 200
     bad = client.get("/api/v1/metrics/gpus/", {"since": "yesterday"})
     assert bad.status_code == 400 and "since" in bad.json()
     bad = client.get("/api/v1/metrics/gpus/", {"since": since, "resolution": "hourly"})
@@ -80,6 +83,7 @@ def test_a_report_sets_mfu_and_comm_share_from_the_job_itself(measured, case44):
     body = alice.get(f"/api/v1/metrics/jobs/{measured.pk}/").json()
     assert body["latest"]["mfu_source"] == "report" and body["report"]["step_ms"] == 250.0
     assert body["latest"]["predicted_step_ms"] == pytest.approx(209.09, abs=0.01)
+    assert body["aggregate"]["samples"] == 2  # the pass before the report and the one after
 
 
 @pytest.mark.parametrize(

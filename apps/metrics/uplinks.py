@@ -1,0 +1,110 @@
+"""Measured leaf-uplink load: each NIC's transmit rate (node-exporter InfiniBand counters) times
+the share of its node's traffic that leaves the NIC's leaf, summed per leaf and divided by the
+leaf's total uplink bandwidth. The share off the leaf is estimated from the placement: a job
+holding k of a node's n GPUs sends k/n of the node's traffic, of which the fraction of the job's
+GPUs under other leaves crosses the uplinks.
+
+A leaf at UPLINK_SATURATED or more for HOTSPOT_INTERVALS consecutive collections opens an
+`uplink` hotspot and proposals for the jobs that cross it. Until then its row counts intervals
+and is not shown (selectors show hotspots from HOTSPOT_INTERVALS intervals on)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from apps.scheduling import snapshot as snap
+from apps.scheduling.proposals import migrations_propose_measured
+from apps.topology.models import Cluster, Node
+
+from .choices import HotspotKind
+from .hotspots import HOTSPOT_INTERVALS
+from .models import Hotspot, NicLatest
+
+UPLINK_SATURATED = 0.9  # fraction of the leaf's total uplink bandwidth
+
+
+def leaf_uplink_loads(*, cluster: Cluster, now: datetime, fresh_s: float) -> tuple[dict[str, float], dict]:
+    """(leaf name -> measured uplink utilisation 0..1+, leaf name -> ids of the jobs crossing
+    it) from the fresh NIC rates."""
+    snapshot = snap.cluster_snapshot(cluster=cluster)
+    topo = snapshot.topology
+    names = dict(Node.objects.filter(cluster=cluster).values_list("pk", "name"))
+    rates = NicLatest.objects.filter(
+        node__cluster=cluster, at__gte=now - timedelta(seconds=fresh_s), tx_Bps__isnull=False
+    ).values_list("node_id", "device", "tx_Bps")
+    jobs_on_node: dict[int, list[tuple[int, int]]] = defaultdict(list)  # node index -> (job, GPUs there)
+    crossing: dict[str, set[int]] = defaultdict(set)
+    job_leaves: dict[int, dict[int, int]] = {}
+    for a in snapshot.active:
+        if not a.gids:
+            continue
+        leaves = defaultdict(int)
+        per_node = defaultdict(int)
+        for g in a.gids:
+            leaves[int(topo.gpu_leaf[g])] += 1
+            per_node[int(topo.gpu_node[g])] += 1
+        job_leaves[a.job_id] = leaves
+        for n, k in per_node.items():
+            jobs_on_node[n].append((a.job_id, k))
+        if len(leaves) > 1:
+            for leaf in leaves:
+                if leaf >= 0:
+                    crossing[topo.leaf_names[leaf]].add(a.job_id)
+    load: dict[int, float] = defaultdict(float)
+    for node_id, device, tx in rates:
+        n = topo.node_by_name.get(names.get(node_id, ""))
+        if n is None:
+            continue
+        nic = next((c for c in topo.nodes[n].nics if c.name == device), None)
+        if nic is None:
+            continue
+        leaf = topo.leaf_by_name[nic.leaf]
+        gpus = int(topo.node_gpu_count[n])
+        off = 0.0
+        for job_id, k in jobs_on_node.get(n, ()):
+            leaves = job_leaves[job_id]
+            total = sum(leaves.values())
+            off += k / gpus * (total - leaves.get(leaf, 0)) / total
+        load[leaf] += tx * off
+    out = {}
+    for leaf, bps in load.items():
+        capacity = float(topo.leaf_uplink_total_bw[leaf]) * 1e9
+        if capacity > 0:
+            out[topo.leaf_names[leaf]] = bps / capacity
+    return out, {k: sorted(v) for k, v in crossing.items()}
+
+
+def uplink_hotspots_detect(*, cluster: Cluster, now: datetime, fresh_s: float) -> list[Hotspot]:
+    """Count saturated intervals per leaf; open a hotspot (and proposals for the jobs crossing the
+    leaf) at HOTSPOT_INTERVALS; close it, or forget the count, once the leaf is below the mark."""
+    loads, crossing = leaf_uplink_loads(cluster=cluster, now=now, fresh_s=fresh_s)
+    rows = {
+        h.leaf: h
+        for h in Hotspot.objects.filter(cluster=cluster, kind=HotspotKind.UPLINK, closed_at__isnull=True)
+    }
+    calm = [h for leaf, h in rows.items() if loads.get(leaf, 0.0) < UPLINK_SATURATED]
+    Hotspot.objects.filter(pk__in=[h.pk for h in calm if h.intervals < HOTSPOT_INTERVALS]).delete()
+    Hotspot.objects.filter(pk__in=[h.pk for h in calm if h.intervals >= HOTSPOT_INTERVALS]).update(
+        closed_at=now
+    )
+    touched = []
+    for leaf, share in sorted(loads.items()):
+        if share < UPLINK_SATURATED:
+            continue
+        h = rows.get(leaf) or Hotspot(cluster=cluster, kind=HotspotKind.UPLINK, leaf=leaf, opened_at=now)
+        h.intervals += 1
+        h.last_seen_at = now
+        history = (h.evidence or {}).get("uplink_load", [])[-(HOTSPOT_INTERVALS - 1) :]
+        h.evidence = {"uplink_load": [*history, round(share, 4)], "jobs": crossing.get(leaf, [])}
+        if h.intervals == HOTSPOT_INTERVALS and h.evidence["jobs"]:
+            text = (
+                f"uplinks of {leaf} at {share:.0%} of their bandwidth, measured, for {h.intervals} intervals"
+            )
+            proposals = migrations_propose_measured(
+                cluster=cluster, evidence=dict.fromkeys(h.evidence["jobs"], text)
+            )
+            h.proposal = next((p for p in proposals.values() if p is not None), None)
+        h.save()
+        touched.append(h)
+    return touched

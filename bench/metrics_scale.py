@@ -1,0 +1,234 @@
+"""One metrics collection pass over 2,048 simulated dcgm-exporter endpoints (16,384 GPUs) on
+loopback, end to end on Postgres: fetch (concurrent httpx), parse (prometheus-client), store
+(bulk upserts and inserts), per-job samples and hotspots. Target: a pass well inside the 15 s
+collection interval on this 2-core machine.
+
+The exporter runs as its own process (`manage.py fake_dcgm`, as exporters run on other hosts),
+serving every node of a generated 2,048-node leaf-spine cluster with jobs placed on half of its
+GPUs. After a warm-up pass, --passes passes run 15 s apart in simulated time; printed: the pass
+time (median, max), the share of each stage, and the storage per day at a 15 s interval from the
+table sizes Postgres reports (rows and bytes, indexes included): raw samples (kept an hour),
+1-minute rollups (kept a day), latest values. The machine's load average is printed too: other
+work on it skews every figure.
+
+    .venv/bin/python bench/metrics_scale.py [--nodes 2048] [--passes 3] [--database-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+INTERVAL_S = 15.0
+CLUSTER = "bench-metrics"
+TABLES = ("metrics_gpusample", "metrics_gpurollup", "metrics_gpulatest")
+
+
+def cluster_spec(nodes: int) -> dict:
+    per_leaf = 32
+    return {
+        "version": 1,
+        "name": CLUSTER,
+        "generate": {
+            "shape": "leaf-spine",
+            "spines": 8,
+            "leaves": max(nodes // per_leaf, 1),
+            "nodes_per_leaf": min(per_leaf, nodes),
+            "gpus_per_node": 8,
+            "gpu_model": "H100",
+            "peak_tflops": 989,
+            "nvlink_bw_GBps": 450,
+            "nic_bw_GBps": 50,
+            "nics_per_node": 8,
+            "uplink_bw_GBps": 800,
+        },
+    }
+
+
+def setup(nodes: int):
+    """Migrate, (re)create the benchmark cluster with jobs on half its GPUs; returns it."""
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, check=True)
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("celery").setLevel(logging.WARNING)
+    from django.contrib.auth import get_user_model
+
+    from apps.scheduling import services
+    from apps.scheduling.choices import JobStatus
+    from apps.scheduling.models import Job
+    from apps.topology.models import Cluster
+    from apps.topology.services import cluster_import
+
+    found = Cluster.objects.filter(name=CLUSTER).first()
+    if (
+        found is not None
+        and found.nodes.count() == nodes
+        and found.jobs.filter(status=JobStatus.RUNNING).exists()
+    ):
+        return found  # a previous run's cluster and jobs
+    Cluster.objects.filter(name=CLUSTER).delete()
+    cluster = cluster_import(data=cluster_spec(nodes))
+    user, _ = get_user_model().objects.get_or_create(username="bench-metrics")
+    n_jobs = nodes // 16  # 64-GPU data-parallel jobs on half the GPUs
+    for i in range(n_jobs):
+        spec = {
+            "version": 1,
+            "name": f"dp64-{i}",
+            "gpus": 64,
+            "parallelism": {"tp": 8, "pp": 1, "dp": 8, "ep": 1},
+            "model": {"flops_per_step": 1.5e17},
+            "step": {"compute_ms": 400, "overlap": 0.2},
+            "comm": [
+                {"group": "tp", "collective": "allreduce", "bytes": 64e6, "count": 32},
+                {"group": "dp", "collective": "allreduce", "bytes": 1.0e9},
+            ],
+        }
+        services.job_submit(user=user, spec=spec, cluster=cluster)
+    services.schedule_cluster(cluster=cluster)
+    for job in Job.objects.filter(cluster=cluster, status=JobStatus.PLACING):
+        services.job_start(job=job)
+    return cluster
+
+
+def start_exporter(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "fake_dcgm",
+            "--cluster",
+            CLUSTER,
+            "--port",
+            str(port),
+            "--point-nodes",
+            "--refresh-s",
+            "3600",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:
+        if line.startswith("Simulated dcgm-exporter"):
+            return proc
+    raise RuntimeError("the simulated exporter did not start")
+
+
+def table_bytes(cursor, table: str) -> tuple[int, int]:
+    cursor.execute(f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}")  # noqa: S608
+    rows, size = cursor.fetchone()
+    return int(rows), int(size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2048)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8137)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/h9")
+    )
+    args = parser.parse_args()
+    os.environ["DATABASE_URL"] = args.database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
+    os.environ.pop("CELERY_BROKER_URL", None)
+    os.chdir(REPO)
+    load_before = os.getloadavg()[0]
+    t = time.perf_counter()
+    cluster = setup(args.nodes)
+    print(f"setup: {args.nodes} nodes, {args.nodes * 8} GPUs, jobs placed ({time.perf_counter() - t:.1f} s)")
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from apps.metrics.models import JobSample
+    from apps.metrics.services import metrics_collect, metrics_rollup
+
+    with connection.cursor() as cursor:  # TRUNCATE, not DELETE: table sizes without dead rows
+        cursor.execute("TRUNCATE metrics_gpusample, metrics_gpurollup, metrics_gpulatest, metrics_nodescrape")
+    exporter = start_exporter(args.port)
+    try:
+        start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+        warm = metrics_collect(cluster=cluster, now=start)
+        print(f"warm-up pass: {warm.nodes_ok} nodes read, {warm.nodes_failed} failed")
+        walls, stages, parse_cpu, main_cpu = [], [], [], []
+        for i in range(1, args.passes + 1):
+            t, cpu = time.perf_counter(), time.process_time()
+            r = metrics_collect(cluster=cluster, now=start + timedelta(seconds=INTERVAL_S * i))
+            walls.append(time.perf_counter() - t)
+            main_cpu.append(time.process_time() - cpu)
+            stages.append(r.stage_ms)
+            parse_cpu.append(r.parse_cpu_ms)
+            assert r.nodes_failed == 0, f"{r.nodes_failed} nodes failed"
+            print(f"pass {i}: {walls[-1]:.2f} s, {r.readings} GPU readings, {r.jobs_measured} jobs measured")
+        rolled = metrics_rollup(now=start + timedelta(minutes=5))
+        with connection.cursor() as cursor:
+            sizes = {t: table_bytes(cursor, t) for t in TABLES}
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=10)
+    load_after = os.getloadavg()[0]
+
+    gpus = args.nodes * 8
+    total_ms = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    whole = sum(total_ms.values())
+    print()
+    print(f"| pass over {args.nodes} endpoints, {gpus} GPUs | measured | target |")
+    print("|---|---|---|")
+    print(
+        f"| pass time, median / max of {args.passes} | {statistics.median(walls):.2f} / {max(walls):.2f} s"
+        f" | < {INTERVAL_S:.0f} s |"
+    )
+    print(f"| pass time / interval | {statistics.median(walls) / INTERVAL_S:.2f} | < 1 |")
+    for k, v in total_ms.items():
+        print(f"| {k.replace('_', ' + ')} | {v / 1e3:.2f} s ({v / whole:.0%}) | |")
+    parse_s = statistics.median(parse_cpu) / 1e3
+    cpu_s = statistics.median(main_cpu) + parse_s
+    print(
+        f"| CPU time: parsers (in {os.cpu_count()} processes) + collector process | {parse_s:.2f} + "
+        f"{statistics.median(main_cpu):.2f} s | |"
+    )
+    print(
+        f"| CPU-bound pass on {os.cpu_count()} idle cores (CPU time / cores; Postgres and exporter excluded)"
+        f" | {cpu_s / (os.cpu_count() or 1):.2f} s | < {INTERVAL_S:.0f} s |"
+    )
+    raw_rows, raw_bytes = sizes["metrics_gpusample"]
+    roll_rows, roll_bytes = sizes["metrics_gpurollup"]
+    latest_rows, latest_bytes = sizes["metrics_gpulatest"]
+    per_raw = raw_bytes / max(raw_rows, 1)
+    per_roll = roll_bytes / max(roll_rows, 1)
+    passes_per_day = 86400 / INTERVAL_S
+    print()
+    print(f"| storage at a {INTERVAL_S:.0f} s interval, {gpus} GPUs | rows per day | bytes per day | kept |")
+    print("|---|---|---|---|")
+    raw_day = gpus * passes_per_day
+    print(
+        f"| raw samples ({per_raw:.0f} B/row measured) | {raw_day:,.0f} | {raw_day * per_raw / 1e9:.1f} GB"
+        f" | 1 h: {gpus * 3600 / INTERVAL_S * per_raw / 1e9:.2f} GB on disk |"
+    )
+    roll_day = gpus * 1440
+    print(
+        f"| 1-minute rollups ({per_roll:.0f} B/row, {rolled} rows measured) | {roll_day:,.0f} |"
+        f" {roll_day * per_roll / 1e9:.2f} GB | 1 day: {roll_day * per_roll / 1e9:.2f} GB on disk |"
+    )
+    print(f"| latest values | {latest_rows:,} rows, updated in place | | {latest_bytes / 1e6:.1f} MB |")
+    per_pass = JobSample.objects.filter(job__cluster=cluster, at__gte=start).count() // (args.passes + 1)
+    print(f"| per-job samples | {per_pass} per pass x {passes_per_day:.0f} | | with the job |")
+    print()
+    print(f"load average (1 min) before / after: {load_before:.2f} / {load_after:.2f}")
+
+
+if __name__ == "__main__":
+    main()
