@@ -103,7 +103,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     regular = plans[best_k][2]
     bound_ms = lower_bound(topology, job, free=free).comm_ms
     # A placement at the free-set bound is optimal (other jobs' flows only add); else look wider.
-    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+    if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
         for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
             key = _key(topology, job, gids, leaf_load, fit)
             if key < best_key:
@@ -111,7 +111,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     gids = best_gids
     if not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
-    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+    if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
         gids, _ = search(
             topology,
             job,
@@ -151,8 +151,10 @@ def _wider_candidates(
 
 
 def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarray, fit: float):
-    """Sort key of a candidate: predicted comm ms (to 1e-9), then the fit score."""
-    return (round(evaluate(topology, job, gids, leaf_load, detail=False).comm_ms, 9), fit)
+    """Sort key of a candidate: the predicted comm ms left exposed (not hidden behind compute, what
+    the step time pays), then all comm ms, each to 1e-9, then the fit score."""
+    pred = evaluate(topology, job, gids, leaf_load, detail=False)
+    return (round(pred.step_ms - job.compute_ms, 9), round(pred.comm_ms, 9), fit)
 
 
 def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:
