@@ -51,12 +51,9 @@ SETS_REMAPPED = 2
 PODS_SPREAD = 1
 # Jobs up to this many GPUs get swap refinement on irregular free sets.
 REFINE_MAX_GPUS = 64
-# Local search after the constructive stage, when it missed the bound: cost-model calls, and
-# seconds for jobs up to SEARCH_LARGE_GPUS GPUs and above (whose evaluations cost more each).
-SEARCH_EVALS = 400
-SEARCH_S = 0.1
-SEARCH_LARGE_S = 0.03
-SEARCH_LARGE_GPUS = 512
+# Local search after the constructive stage, when it missed the bound: (largest job in GPUs,
+# cost-model calls, seconds) by job size; bigger jobs cost more per call and get less.
+SEARCH_BUDGETS = ((64, 1500, 0.5), (512, 400, 0.1), (math.inf, 400, 0.03))
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -112,6 +109,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     if not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
     if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
+        evals, seconds = next((e, t) for most, e, t in SEARCH_BUDGETS if job.gpus <= most)
         gids, _ = search(
             topology,
             job,
@@ -120,8 +118,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             leaf_load,
             bound_ms,
             seed=seed,
-            max_evals=SEARCH_EVALS,
-            budget_s=SEARCH_S if job.gpus <= SEARCH_LARGE_GPUS else SEARCH_LARGE_S,
+            max_evals=evals,
+            budget_s=seconds,
         )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
