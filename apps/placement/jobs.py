@@ -58,12 +58,15 @@ _PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
 
 @dataclass(frozen=True, slots=True)
 class CommEntry:
-    """One collective per step: `bytes` per rank (bytes), repeated `count` times per step."""
+    """One collective per step: `bytes` per rank (bytes), repeated `count` times per step;
+    `overlap` (0..1) the share of its time hidden behind compute, None for the job's
+    `step.overlap` (DP gradient allreduce overlaps the backward pass, TP allreduces do not)."""
 
     group: str
     collective: str
     bytes: float
     count: int = 1
+    overlap: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,10 @@ class JobSpec:
     estimated_runtime_s: float | None
     policy: str | None
     launch: LaunchSpec = LaunchSpec()
+
+    def entry_overlap(self, entry: CommEntry) -> float:
+        """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
+        return self.overlap if entry.overlap is None else entry.overlap
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -209,7 +216,7 @@ def _rank_order(errs: _Errors, value: Any) -> str:
 
 
 def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
-    if not _check_keys(errs, p, c, {"group", "collective", "bytes"}, {"count"}):
+    if not _check_keys(errs, p, c, {"group", "collective", "bytes"}, {"count", "overlap"}):
         return None
     ok = True
     if not isinstance(c["group"], str) or c["group"] not in GROUP_KINDS:
@@ -221,9 +228,12 @@ def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
     before = len(errs.items)
     nbytes = _positive(errs, f"{p}.bytes", c["bytes"], allow_zero=True, maximum=MAX_COMM_BYTES)
     count = _count(errs, f"{p}.count", c.get("count", 1), maximum=MAX_COMM_COUNT)
+    overlap = c.get("overlap")
+    if overlap is not None:
+        overlap = _positive(errs, f"{p}.overlap", overlap, allow_zero=True, maximum=1.0)
     if not ok or len(errs.items) > before:
         return None
-    return CommEntry(c["group"], c["collective"], nbytes, count)
+    return CommEntry(c["group"], c["collective"], nbytes, count, overlap)
 
 
 def check_peak(job: JobSpec, peak_tflops: float) -> None:
@@ -258,7 +268,9 @@ def job_to_spec(job: JobSpec) -> dict:
         out["model"] = {"flops_per_step": job.flops_per_step}
     out["step"] = {"compute_ms": job.compute_ms, "overlap": job.overlap}
     out["comm"] = [
-        {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count} for c in job.comm
+        {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count}
+        | ({} if c.overlap is None else {"overlap": c.overlap})
+        for c in job.comm
     ]
     if job.estimated_runtime_s is not None:
         out["estimated_runtime_s"] = job.estimated_runtime_s

@@ -204,7 +204,10 @@ def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction
     for i, entry in enumerate(job.comm):
         kind_time[entry.group] = kind_time.get(entry.group, 0.0) + entry_ms[i]
     comm = float(sum(entry_ms))
-    step = step_ms(job.compute_ms, job.overlap, comm)
+    # Entries overlap compute by their own shares, and the cheapest assignment of comm need not be
+    # the cheapest of the exposed part: the most any entry hides bounds what all of it can.
+    most_hidden = max((job.entry_overlap(e) for e in job.comm), default=job.overlap)
+    step = step_ms(job.compute_ms, most_hidden, comm)
     top_bw = float(topology.domain_bw.max())
     groups = []
     for kind, t in kind_time.items():

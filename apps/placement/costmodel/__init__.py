@@ -5,7 +5,8 @@ latency in microseconds.
 
 `evaluate(topology, job, gids, link_load)` prices one placement. Each `comm` entry costs the time of
 its slowest group (all groups of a kind communicate at once) times its `count`; `comm_ms` sums the
-entries; `step_ms = compute_ms + (1 - overlap) * comm_ms`; MFU = flops_per_step / (step_s * sum of
+entries; `step_ms = compute_ms + sum over entries of (1 - overlap) * entry time`, each entry's
+overlap its own or else the job's `step.overlap` (`exposed_ms`); MFU = flops_per_step / (step_s * sum of
 the placed GPUs' peak TFLOPS * 1e12).
 
 How one group is priced, with B its bottleneck bandwidth (the slowest member pair, the bucket
@@ -50,6 +51,7 @@ from .formulas import (
     allgather_ms,
     alltoall_ms,
     alltoall_spanning_ms,
+    exposed_ms,
     hierarchical_allgather_ms,
     hierarchical_allreduce_ms,
     hierarchical_reducescatter_ms,
@@ -74,6 +76,7 @@ __all__ = [
     "allgather_ms",
     "alltoall_ms",
     "alltoall_spanning_ms",
+    "exposed_ms",
     "check_gids",
     "evaluate",
     "hierarchical_allgather_ms",

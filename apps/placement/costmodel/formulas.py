@@ -197,6 +197,12 @@ def step_ms(compute_ms: float, overlap: float, comm_ms: float) -> float:
     return compute_ms + (1.0 - overlap) * comm_ms
 
 
+def exposed_ms(job, entry_ms) -> float:
+    """Communication left exposed per step, in ms: each comm entry's time (count included) times
+    (1 - its overlap), summed; step time = compute_ms + exposed."""
+    return float(sum((1.0 - job.entry_overlap(e)) * t for e, t in zip(job.comm, entry_ms, strict=True)))
+
+
 def mfu(flops_per_step: float | None, step_time_ms: float, peak_tflops_total: float) -> float | None:
     """Model FLOPs utilisation: flops_per_step / (step_s * sum of the GPUs' peak TFLOPS * 1e12).
 

@@ -15,10 +15,10 @@ from .formulas import (
     FLAT_FORMS,
     HIERARCHICAL_FORMS,
     alltoall_spanning_ms,
+    exposed_ms,
     mfu,
     p2p_ms,
     spanning_ms,
-    step_ms,
     volume_ms,
 )
 from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
@@ -116,7 +116,7 @@ def evaluate(
         entry_ms.append(float(t.max()) * entry.count)
 
     comm = float(sum(entry_ms))
-    step = step_ms(job.compute_ms, job.overlap, comm)
+    step = job.compute_ms + exposed_ms(job, entry_ms)
     peak = float(topology.node_peak_tflops[topology.gpu_node[g]].sum())
     groups = _group_costs(arrays, stats, kind_time, kind_bw) if detail else ()
     return Prediction(

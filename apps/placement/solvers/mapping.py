@@ -40,14 +40,15 @@ TRAFFIC_FACTOR = {
 
 
 def declared_traffic(job: JobSpec) -> dict[str, float]:
-    """Bytes each rank moves per step in each group kind, from the job's comm entries (payload x
-    count x the collective's factor); 0 for a kind without entries or of size 1."""
+    """Bytes each rank moves per step in each group kind where compute does not hide them, from
+    the job's comm entries (payload x count x the collective's factor x (1 - the entry's
+    overlap)); 0 for a kind without entries or of size 1."""
     sizes = _sizes(job)
     sizes["dp"] = job.dp
     out = dict.fromkeys(("tp", "ep", "dp", "pp"), 0.0)
     for c in job.comm:
         if sizes[c.group] > 1:
-            out[c.group] += c.bytes * c.count * TRAFFIC_FACTOR[c.collective]
+            out[c.group] += c.bytes * c.count * TRAFFIC_FACTOR[c.collective] * (1.0 - job.entry_overlap(c))
     return out
 
 

@@ -52,12 +52,9 @@ SETS_REMAPPED = 2
 PODS_SPREAD = 1
 # Jobs up to this many GPUs get swap refinement on irregular free sets.
 REFINE_MAX_GPUS = 64
-# Local search after the constructive stage, when it missed the bound: cost-model calls, and
-# seconds for jobs up to SEARCH_LARGE_GPUS GPUs and above (whose evaluations cost more each).
-SEARCH_EVALS = 400
-SEARCH_S = 0.1
-SEARCH_LARGE_S = 0.03
-SEARCH_LARGE_GPUS = 512
+# Local search after the constructive stage, when it missed the bound: (largest job in GPUs,
+# cost-model calls, seconds) by job size; bigger jobs cost more per call and get less.
+SEARCH_BUDGETS = ((64, 1500, 0.5), (512, 400, 0.1), (math.inf, 400, 0.03))
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -104,7 +101,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     regular = plans[best_k][2]
     bound_ms = lower_bound(topology, job, free=free).comm_ms
     # A placement at the free-set bound is optimal (other jobs' flows only add); else look wider.
-    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+    if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
         for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
             key = _key(topology, job, gids, leaf_load, fit)
             if key < best_key:
@@ -112,7 +109,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     gids = best_gids
     if not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
-    if best_key[0] > bound_ms * (1 + 1e-9) + 1e-9:
+    if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
+        evals, seconds = next((e, t) for most, e, t in SEARCH_BUDGETS if job.gpus <= most)
         gids, _ = search(
             topology,
             job,
@@ -121,8 +119,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             leaf_load,
             bound_ms,
             seed=seed,
-            max_evals=SEARCH_EVALS,
-            budget_s=SEARCH_S if job.gpus <= SEARCH_LARGE_GPUS else SEARCH_LARGE_S,
+            max_evals=evals,
+            budget_s=seconds,
         )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
@@ -155,8 +153,10 @@ def _wider_candidates(
 
 
 def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarray, fit: float):
-    """Sort key of a candidate: predicted comm ms (to 1e-9), then the fit score."""
-    return (round(evaluate(topology, job, gids, leaf_load, detail=False).comm_ms, 9), fit)
+    """Sort key of a candidate: the predicted comm ms left exposed (not hidden behind compute, what
+    the step time pays), then all comm ms, each to 1e-9, then the fit score."""
+    pred = evaluate(topology, job, gids, leaf_load, detail=False)
+    return (round(pred.step_ms - job.compute_ms, 9), round(pred.comm_ms, 9), fit)
 
 
 def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:

@@ -181,3 +181,17 @@ def test_benchmark_quick_run_prints_its_tables(script, expect):
     assert done.returncode == 0, done.stderr
     for text in expect:
         assert text in done.stdout
+
+
+def test_adversarial_benchmark_quick_run_prints_oracle_gaps_and_speed():
+    # One scenario per class and a short search: longer than the others, so its own timeout.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "placement_adversarial.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    for text in ("topo against the search oracle", "nic-1-vs-8", "1,024-GPU job on 16,384 GPUs", "targets"):
+        assert text in done.stdout

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from apps.placement.bounds import lower_bound
 from apps.placement.costmodel import evaluate, ring_allreduce_ms
 from apps.placement.groups import group_arrays
-from apps.placement.jobs import load_job
+from apps.placement.jobs import job_to_spec, load_job
 from apps.placement.solvers import Placement, place
 from apps.placement.solvers.mapping import traffic_nesting
 from apps.placement.solvers.search import search
-from apps.placement.topology import load_topology
+from apps.placement.topology import SpecError, load_topology
 
 
 def node(name: str, nics: int, leaf: str = "leaf-1", gpus: int = 8, nic_bw: float = 50.0) -> dict:
@@ -171,7 +171,7 @@ def test_search_improves_a_poor_map_and_never_raises_the_cost(eight_nics):
     bound = lower_bound(eight_nics, j, free=free).comm_ms
     before = evaluate(eight_nics, j, start).comm_ms
     gids, cost = search(
-        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, budget_s=10, stall_evals=3000
+        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, budget_s=120, stall_evals=3000
     )
     assert cost == pytest.approx(evaluate(eight_nics, j, gids).comm_ms)
     assert bound <= cost < before / 2
@@ -238,3 +238,60 @@ def test_groups_crossing_pods_share_the_pods_core_links():
     # (a 2-member allreduce moves S once; its microseconds of latency are below the tolerance).
     assert across == pytest.approx(1e9 / 12.5e6, rel=1e-3)
     assert across > 3 * in_pod
+
+
+# --------------------------------------------------------------------------- overlap per entry
+
+
+def _hidden_dp_job(dp_overlap):
+    return job(
+        tp=2,
+        dp=8,
+        comm=[
+            {"group": "tp", "collective": "allreduce", "bytes": 1e7, "count": 20},
+            {"group": "dp", "collective": "allreduce", "bytes": 4e9, "overlap": dp_overlap},
+        ],
+    )
+
+
+def test_step_time_counts_each_entry_minus_its_own_overlap():
+    j = _hidden_dp_job(0.75)
+    p = evaluate(cluster([node("a", 8), node("b", 8)]), j, np.arange(16))
+    tp_ms, dp_ms = p.entry_ms
+    assert p.step_ms == pytest.approx(100 + tp_ms + 0.25 * dp_ms)
+
+
+def test_a_hidden_dp_allreduce_no_longer_pushes_tp_off_nvlink(eight_nics):
+    free = np.ones(eight_nics.n_gpus, dtype=bool)
+    tp, dp = group_arrays(_hidden_dp_job(0.0))["tp"], group_arrays(_hidden_dp_job(0.0))["dp"]
+    exposed = place(eight_nics, free, None, _hidden_dp_job(0.0))
+    hidden = place(eight_nics, free, None, _hidden_dp_job(1.0))
+    # Exposed, the 4 GB DP allreduce dominates and keeps its 8 ranks on one node's NVLink; once
+    # backward hides it, the per-layer TP allreduces decide and stay inside the nodes instead.
+    assert _inside_nodes(eight_nics, np.asarray(exposed.gids), dp)
+    assert _inside_nodes(eight_nics, np.asarray(hidden.gids), tp)
+    assert hidden.prediction.step_ms < evaluate(eight_nics, _hidden_dp_job(1.0), exposed.gids).step_ms
+
+
+def test_the_bound_step_stays_below_every_placement_with_per_entry_overlap(eight_nics):
+    j = _hidden_dp_job(0.9)
+    bound = lower_bound(eight_nics, j)
+    for seed in range(5):
+        gids = np.random.default_rng(seed).permutation(eight_nics.n_gpus)[:16]
+        assert evaluate(eight_nics, j, gids).step_ms >= bound.step_ms * (1 - 1e-9)
+
+
+def test_an_entry_overlap_outside_zero_to_one_is_rejected_by_field():
+    spec = {
+        "version": 1,
+        "name": "j",
+        "gpus": 2,
+        "parallelism": {"tp": 1, "pp": 1, "dp": 2},
+        "step": {"compute_ms": 1},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e6, "overlap": 1.5}],
+    }
+    with pytest.raises(SpecError) as err:
+        load_job(spec)
+    assert "comm[0].overlap" in err.value.as_dict()
+    spec["comm"][0]["overlap"] = 0.5
+    assert load_job(job_to_spec(load_job(spec))).comm[0].overlap == 0.5
