@@ -282,7 +282,12 @@ def main() -> int:
     finally:
         if web is not None:
             web.terminate()
-            web.wait(timeout=30)
+            try:
+                web.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                # Thousands of open long-polls can outlast gunicorn's graceful stop.
+                web.kill()
+                web.wait(timeout=30)
         admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
 
 

@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 DEMO_POLL_S = 5.0
 
 
-def start_demo_agents(*, server: str, poll_s: float = DEMO_POLL_S) -> list[Agent]:
-    """Start an agent for every node of every cluster against `server` (base URL); returns them."""
-    log_dir = tempfile.mkdtemp(prefix="topoweb-demo-agents-")
+def start_demo_agents(*, server: str, poll_s: float = DEMO_POLL_S, log_dir: str | None = None) -> list[Agent]:
+    """Start an agent for every node of every cluster against `server` (base URL), rank output
+    under `log_dir` (a new temporary folder by default); returns them."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="topoweb-demo-agents-")
     started: list[Agent] = []
     for cluster in Cluster.objects.order_by("pk"):
         token = LauncherToken.objects.filter(cluster=cluster).first() or launcher_token_create(

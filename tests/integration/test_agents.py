@@ -295,7 +295,7 @@ def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, use
     from apps.scheduling.demo_agents import start_demo_agents
 
     job = services.job_submit(user=user, spec=spec(tmp_path, "demo-like", 16, BEHAVIOUR="sleep", SLEEP_S="1"))
-    started = start_demo_agents(server=live_server.url, poll_s=1.0)
+    started = start_demo_agents(server=live_server.url, poll_s=1.0, log_dir=str(tmp_path / "agent-logs"))
     try:
         assert sorted(a.node for a in started) == ["node-a", "node-b"]
         wait_for(status_is(job, JobStatus.RUNNING, JobStatus.COMPLETED), what="running")
