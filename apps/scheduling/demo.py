@@ -234,7 +234,9 @@ def _users() -> dict:
     return users
 
 
-def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dict) -> list[Job]:
+def _submit_and_start(
+    cluster: Cluster, jobs: list[tuple[str, dict]], users: dict, *, start_all: bool
+) -> list[Job]:
     with transaction.atomic():
         submitted = [
             services.job_submit(user=users[owner], spec=spec, cluster=cluster) for owner, spec in jobs
@@ -242,14 +244,16 @@ def _submit_and_start(cluster: Cluster, jobs: list[tuple[str, dict]], users: dic
     services.schedule_cluster(cluster=cluster)
     # Jobs with a command start when the node agents run their ranks (`serve_embedded` runs them).
     for job in Job.objects.filter(pk__in=[j.pk for j in submitted], status=JobStatus.PLACING):
-        if not job.spec.get("command"):
+        if start_all or not job.spec.get("command"):
             services.job_start(job=job)
     return submitted
 
 
-def load_demo_jobs() -> dict[str, int]:
-    """Submit, place and start the demo jobs on pod-256, su-h100 and case-4-4 (the seed's job,
-    placed naive) as users alice and bob, and record migration proposals; returns how many jobs each cluster got (0: already there)."""
+def load_demo_jobs(*, start_all: bool = False) -> dict[str, int]:
+    """Submit and place the demo jobs on pod-256, su-h100 and case-4-4 (the seed's job, placed
+    naive) as users alice and bob, and record migration proposals; returns how many jobs each
+    cluster got (0: already there). Jobs with a command start when their node agents run them;
+    `start_all` starts every placed job at once, as their agents would (for callers without agents)."""
     users = _users()
     loaded: dict[str, int] = {}
     for name, jobs in ((POD, pod_jobs()), (SU, su_jobs())):
@@ -259,7 +263,7 @@ def load_demo_jobs() -> dict[str, int]:
         if Job.objects.filter(cluster=cluster, name__in=[spec["name"] for _, spec in jobs]).exists():
             loaded[name] = 0
         else:
-            loaded[name] = len(_submit_and_start(cluster, jobs, users))
+            loaded[name] = len(_submit_and_start(cluster, jobs, users, start_all=start_all))
             services.migrations_propose(cluster=cluster)
     case = Cluster.objects.filter(name=CASE).first()
     if case is not None:
@@ -270,6 +274,6 @@ def load_demo_jobs() -> dict[str, int]:
         if Job.objects.filter(cluster=case, name=spec["name"]).exists():
             loaded[CASE] = 0
         else:
-            loaded[CASE] = len(_submit_and_start(case, [("alice", spec)], users))
+            loaded[CASE] = len(_submit_and_start(case, [("alice", spec)], users, start_all=start_all))
     log.info("demo jobs loaded: %s", loaded)
     return loaded

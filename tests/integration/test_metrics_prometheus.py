@@ -47,7 +47,7 @@ def wait_for(check, timeout_s: float, what: str):
 @pytest.fixture
 def exporter(db):
     cluster = topology_services.cluster_import(data=read_spec_file(REPO / "examples" / "case-4-4.yaml"))
-    load_demo_jobs()
+    load_demo_jobs(start_all=True)
     sim = SimulatedExporter(["case-4-4"])
     server = sim.serve("127.0.0.1", 0, refresh_s=3600)
     yield cluster, sim, server.server_address[1]

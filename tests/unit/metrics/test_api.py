@@ -25,7 +25,7 @@ def measured(case44, exporter):
     base, behaviours = exporter
     behaviours.by_path["/a"] = ("text", A100_MIG.read_text())
     Node.objects.filter(name="node-a").update(dcgm_url=f"{base}/a")
-    load_demo_jobs()
+    load_demo_jobs(start_all=True)
     metrics_collect(cluster=case44)
     return Job.objects.get(cluster=case44)
 

@@ -56,7 +56,7 @@ def test_pages_are_real_exporter_text_for_every_gpu():
 
 @pytest.fixture
 def simulated_case44(case44):
-    load_demo_jobs()
+    load_demo_jobs(start_all=True)
     exporter = SimulatedExporter(["case-4-4"])
     server = exporter.serve("127.0.0.1", 0, refresh_s=3600)
     exporter.point_nodes(f"http://127.0.0.1:{server.server_address[1]}")

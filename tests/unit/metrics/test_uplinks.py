@@ -23,7 +23,7 @@ def nic_rates(cluster, leaf_nodes, tx_Bps, at):
 
 
 def test_a_saturated_leaf_opens_an_uplink_hotspot_after_three_intervals(pod256, client):
-    load_demo_jobs()
+    load_demo_jobs(start_all=True)
     naive = Job.objects.get(name="llm-tp8-dp2-naive")
     nodes = set(
         Allocation.objects.filter(job=naive, live=True, gpu__node__leaf__name="leaf-2").values_list(

@@ -210,7 +210,7 @@ def test_predictions_stored_infinite_before_the_ranges_are_cleared(case44, alice
     from django.apps import apps as live_apps
     from django.db import connection
 
-    migration = importlib.import_module("apps.scheduling.migrations.0003_finite_predictions")
+    migration = importlib.import_module("apps.scheduling.migrations.0006_finite_predictions")
     job = stored_as_before(case44, alice, "inf")
     Job.objects.filter(pk=job.pk).update(
         predicted_step_ms=math.inf, predicted_comm_ms=-math.inf, predicted_mfu=0.5

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from apps.api.roles import role_grant
 from tests.unit.hostile_inputs import hostile_topology_documents, within_budget
 
 TIME_BUDGET_S = 5.0
@@ -30,6 +31,7 @@ HOSTILE = settings(
 @pytest.fixture
 def staff_api(db) -> APIClient:
     user = get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    role_grant(user=user, role="admin")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client
@@ -38,7 +40,9 @@ def staff_api(db) -> APIClient:
 @pytest.fixture
 def staff_page(db) -> Client:
     client = Client()
-    client.force_login(get_user_model().objects.create_user("page-ops", password="pw", is_staff=True))
+    user = get_user_model().objects.create_user("page-ops", password="pw", is_staff=True)
+    role_grant(user=user, role="admin")
+    client.force_login(user)
     return client
 
 
