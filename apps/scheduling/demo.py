@@ -65,13 +65,14 @@ while time.monotonic() - t0 < total:
     time.sleep(1.0)
 print(f"rank {rank} done after {step} steps", flush=True)
 """
-DEMO_RUN_S = (60.0, 600.0)  # a demo job's dummy processes run this long, scaled from its estimate
+DEMO_RUN_S = (60.0, 3600.0)  # a demo job's dummy processes run this long, scaled from its estimate
 
 
 def dummy_command(runtime_s: float) -> list[str]:
-    """The argv of the demo's dummy trainer, running a few minutes for a job estimated at days."""
+    """The argv of the demo's dummy trainer: a minute for a job estimated at an hour or less, an
+    hour for one estimated at three days (so a demo session sees jobs complete and others run)."""
     low, high = DEMO_RUN_S
-    seconds = min(max(runtime_s / 720.0, low), high)
+    seconds = min(max(runtime_s / 72.0, low), high)
     return [sys.executable, "-c", DUMMY_TRAINER, f"{seconds:.0f}"]
 
 
@@ -270,7 +271,8 @@ def load_demo_jobs(*, start_all: bool = False) -> dict[str, int]:
         spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
         # The seed's pattern: placed free-GPU-first, every DP group straddles the two nodes.
         spec["policy"] = "naive"
-        spec["command"] = dummy_command(spec.get("estimated_runtime_s", 3600))
+        # The seed's job runs its full estimate, so the demo keeps measuring (and flagging) it.
+        spec["command"] = dummy_command(72.0 * spec.get("estimated_runtime_s", 3600))
         if Job.objects.filter(cluster=case, name=spec["name"]).exists():
             loaded[CASE] = 0
         else:

@@ -4,12 +4,18 @@ Django's development server without the autoreloader (one process, so in-process
 stays single), static files served by WhiteNoise so it works with DEBUG off.
 """
 
+import logging
 import signal
 import sys
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
+
+
+def _quiet_agent_polls(record: logging.LogRecord) -> bool:
+    """False for a successful node-agent poll's request-log line (errors are still logged)."""
+    return "/api/v1/agents/sync/" not in record.getMessage() or getattr(record, "status_code", 200) >= 400
 
 
 class Command(BaseCommand):
@@ -50,6 +56,8 @@ class Command(BaseCommand):
                 # An unmigrated database serves its pages (and errors) without agents.
                 self.stderr.write(f"no node agents: {exc}")
             self.stdout.write(f"{len(agents)} node agents run the demo nodes' ranks in this process")
+            # Every agent polls every few seconds: keep their successful polls out of the request log.
+            logging.getLogger("django.server").addFilter(_quiet_agent_polls)
         # SIGTERM ends the server like Ctrl-C, so the ranks are stopped below.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
