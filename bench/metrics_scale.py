@@ -87,7 +87,7 @@ def setup(nodes: int):
             "name": f"dp64-{i}",
             "gpus": 64,
             "parallelism": {"tp": 8, "pp": 1, "dp": 8, "ep": 1},
-            "model": {"flops_per_step": 1.5e17},
+            "model": {"flops_per_step": 1.2e16},
             "step": {"compute_ms": 400, "overlap": 0.2},
             "comm": [
                 {"group": "tp", "collective": "allreduce", "bytes": 64e6, "count": 32},
