@@ -260,23 +260,19 @@ def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: 
         Job.objects.filter(pk=job.pk).update(generation=generation)
         return
     Allocation.objects.filter(job=job, live=False).delete()
-    rows = []
-    for rank, gid in enumerate(int(g) for g in new_gids):
-        node, index = snapshot.topology.gpu_key(gid)
-        rows.append(
-            Allocation(
-                job=job,
-                rank=rank,
-                gpu_id=pks[gid],
-                # The place by value, as book_many keeps it, so the history survives a replace.
-                node_name=node,
-                gpu_index=index,
-                nic_name=snapshot.index.nic_name[gid],
-                generation=generation,
-                live=pks[gid] not in old,
-                created_at=now,
-            )
+    # Not live: a GPU the old generation still holds; it goes live when the old rank exited.
+    rows = [
+        snap.allocation_row(
+            snapshot=snapshot,
+            job_id=job.pk,
+            rank=rank,
+            gid=gid,
+            generation=generation,
+            now=now,
+            live=pks[gid] not in old,
         )
+        for rank, gid in enumerate(int(g) for g in new_gids)
+    ]
     Allocation.objects.bulk_create(rows)
     Job.objects.filter(pk=job.pk).update(
         generation=generation,

@@ -326,6 +326,32 @@ def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: dateti
             cursor.executemany(sql, params)
 
 
+def allocation_row(
+    *,
+    snapshot: ClusterSnapshot,
+    job_id: int,
+    rank: int,
+    gid: int,
+    generation: int,
+    now: datetime,
+    live: bool = True,
+) -> Allocation:
+    """An unsaved allocation of rank `rank` of `job_id` on gid `gid`, keeping the GPU's place by
+    value (node, index, NIC) so the job's history survives a topology replace."""
+    node, index = snapshot.topology.gpu_key(gid)
+    return Allocation(
+        job_id=job_id,
+        rank=rank,
+        gpu_id=snapshot.index.gpu_pk[gid],
+        node_name=node,
+        gpu_index=index,
+        nic_name=snapshot.index.nic_name[gid],
+        live=live,
+        generation=generation,
+        created_at=now,
+    )
+
+
 def book_many(
     *,
     snapshot: ClusterSnapshot,
@@ -336,28 +362,21 @@ def book_many(
     """Book each (job id, gids) job as live allocation rows of generation `generations[job id]`,
     rank r on gids[r]: one DELETE of released rows and one multi-row INSERT for all of them."""
     now = now or timezone.now()
-    pks = snapshot.index.gpu_pk
-    nics = snapshot.index.nic_name
-    topo = snapshot.topology
     ids: list[int] = []
     rows: list[Allocation] = []
     for job_id, gids in bookings:
         ids.append(job_id)
-        for rank, gid in enumerate(int(g) for g in gids):
-            node, index = topo.gpu_key(gid)
-            rows.append(
-                Allocation(
-                    job_id=job_id,
-                    rank=rank,
-                    gpu_id=pks[gid],
-                    node_name=node,
-                    gpu_index=index,
-                    nic_name=nics[gid],
-                    live=True,
-                    generation=generations[job_id],
-                    created_at=now,
-                )
+        rows += [
+            allocation_row(
+                snapshot=snapshot,
+                job_id=job_id,
+                rank=rank,
+                gid=int(gid),
+                generation=generations[job_id],
+                now=now,
             )
+            for rank, gid in enumerate(gids)
+        ]
     if not ids:
         return
     # Rows released before (a preempted job's) go; live rows of an older generation whose rank is
