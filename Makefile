@@ -9,10 +9,12 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
 venv: .venv/.installed
 
-.venv/.installed: requirements.txt
+.venv/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -r requirements.txt
+	# The console scripts `topoweb` and `topoweb-agent`, pointing at this checkout.
+	$(PIP) install --quiet --no-deps -e .
 	touch $@
 
 run: venv

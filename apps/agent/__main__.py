@@ -14,7 +14,7 @@ from .runner import Agent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m apps.agent", description="TopoWeb node agent")
+    parser = argparse.ArgumentParser(prog="topoweb-agent", description="TopoWeb node agent")
     parser.add_argument("--server", required=True, help="TopoWeb base URL, e.g. https://topoweb.example:443")
     parser.add_argument("--node", default=socket.gethostname(), help="this node's name in the topology")
     parser.add_argument("--token-file", required=True, help="file holding the cluster's launcher token")
