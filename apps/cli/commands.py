@@ -101,6 +101,8 @@ def status(api: Api, args) -> int:
         return 0
     job = api.json("GET", f"jobs/{args.job}/")
     emit(job, args.json, JOB_COLUMNS)
+    if not args.json and job.get("requeue_reason"):
+        print(f"last requeued {job['requeued_at']}: {job['requeue_reason']}")
     return 1 if job["status"] in ("failed", "cancelled") else 0
 
 

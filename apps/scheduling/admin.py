@@ -53,6 +53,8 @@ class JobAdmin(admin.ModelAdmin):
         "flows",
         "overdue",
         "preemptions",
+        "requeue_reason",
+        "requeued_at",
     ]
     inlines = [AllocationInline]
     actions = ["cancel_jobs", "run_cycle"]

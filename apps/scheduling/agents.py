@@ -327,11 +327,14 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
         job.status = JobStatus.QUEUED
         job.placed_at = None
         job.flows = {}
-        job.pending_reason = (
-            f"requeued: {started} of {job.gpus} ranks started within the start timeout of"
-            f" {start_timeout_s():.0f} s"
+        job.requeue_reason = (
+            f"{started} of {job.gpus} ranks started within the start timeout of {start_timeout_s():.0f} s"
         )
-        job.save(update_fields=["status", "placed_at", "flows", "pending_reason"])
+        job.requeued_at = now
+        job.pending_reason = f"requeued: {job.requeue_reason}"
+        job.save(
+            update_fields=["status", "placed_at", "flows", "pending_reason", "requeue_reason", "requeued_at"]
+        )
         queue_cycle(job.cluster_id)
         notify_job_nodes(job)
         return True
@@ -362,6 +365,8 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
                     started_at=None,
                     flows={},
                     pending_reason=f"requeued: {why}",
+                    requeue_reason=why,
+                    requeued_at=now,
                 )
             else:
                 _finish(job, JobStatus.FAILED, why, now)

@@ -287,9 +287,12 @@ def _commit(
     preempted: list[int] = []
     for ev in plan.evictions:
         jid = ev.victim.job_id
+        why = f"preempted by job {ev.by_job} (priority {ev.by_priority})"
         changed = Job.objects.filter(pk=jid, status__in=ACTIVE_STATUSES).update(
             status=JobStatus.PREEMPTED,
-            pending_reason=f"preempted by job {ev.by_job} (priority {ev.by_priority})",
+            pending_reason=why,
+            requeue_reason=why,
+            requeued_at=now,
             preemptions=F("preemptions") + 1,
             placed_at=None,
             started_at=None,

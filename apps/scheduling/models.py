@@ -51,6 +51,13 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    # Kept apart from `pending_reason`, which every later cycle rewrites with why the job waits.
+    requeue_reason = models.TextField(
+        blank=True,
+        default="",
+        help_text="Why the job last went back to the queue (start timeout, node down, preemption).",
+    )
+    requeued_at = models.DateTimeField(null=True, blank=True)
     # Null when submitted without an Idempotency-Key; "" would be a key.
     idempotency_key = models.CharField(  # noqa: DJ001
         max_length=IDEMPOTENCY_KEY_MAX_LENGTH,

@@ -202,11 +202,14 @@ def job_preempt(*, job: Job, reason: str = "") -> Job:
         if job.status not in ACTIVE_STATUSES:
             raise JobStateError(job, "preempt", ("placing", "running"))
         Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
+        reason = reason or "preempted by an operator"
         job.placed_at = None
         job.started_at = None
         job.flows = {}
-        job.save(update_fields=["placed_at", "started_at", "flows"])
-        _release(job, JobStatus.PREEMPTED, reason=reason or "preempted by an operator")
+        job.requeue_reason = reason
+        job.requeued_at = timezone.now()
+        job.save(update_fields=["placed_at", "started_at", "flows", "requeue_reason", "requeued_at"])
+        _release(job, JobStatus.PREEMPTED, reason=reason)
         job.refresh_from_db()
         return job
 

@@ -153,6 +153,47 @@ def test_a_job_whose_ranks_never_start_is_requeued_with_its_gpus_released(case44
     assert not Allocation.objects.filter(job=job, live=True).exists()
 
 
+def test_the_requeue_reason_outlives_the_next_cycles_pending_reason(
+    case44, alice, alice_api, committed, settings, client
+):
+    settings.TOPOWEB_START_TIMEOUT_S = 60
+    job = submit(alice, committed, "stuck", 16)
+    blocker = submit(alice, committed, "behind", 8, priority=5)
+    assert blocker.status == JobStatus.QUEUED
+    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=61))
+    # The release runs a cycle at once: the higher-priority job takes half the GPUs and the
+    # requeued one waits for the rest, with a new pending reason.
+    assert committed(agents.nodes_check, cluster=case44)["requeued"] == [job.pk]
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+    assert "start timeout" not in job.pending_reason
+    assert job.requeue_reason == "0 of 16 ranks started within the start timeout of 60 s"
+    assert job.requeued_at is not None
+    body = alice_api.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert body["requeue_reason"] == job.requeue_reason and body["requeued_at"]
+    listed = alice_api.get("/api/v1/jobs/", {"status": "queued"}).json()["results"]
+    assert [j["requeue_reason"] for j in listed if j["id"] == job.pk] == [job.requeue_reason]
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="requeue-reason"' in page and "0 of 16 ranks started" in page
+
+
+def test_a_requeued_job_of_a_down_node_says_why_after_it_is_placed_again(
+    case44, launcher, alice, committed, settings
+):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "again", 8, requeue=True)
+    node = job_ranks(job=job)[0]["node"]
+    sync(launcher, node)
+    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    committed(agents.nodes_check, cluster=case44)
+    job.refresh_from_db()
+    # Placed again on the other node by the cycle the release queued: nothing waits any more.
+    assert job.status == JobStatus.PLACING and job.pending_reason == ""
+    assert {r["node"] for r in job_ranks(job=job)} != {node}
+    assert job.requeue_reason.startswith(f"node {node} went down")
+
+
 def test_a_silent_node_goes_down_and_its_job_fails(case44, launcher, alice, committed, settings):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     job = submit(alice, committed, "j", 8)

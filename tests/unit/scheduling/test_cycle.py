@@ -138,6 +138,7 @@ def test_preempted_job_goes_back_to_the_queue_and_returns(case44, alice, bob, co
     assert Allocation.objects.filter(job=low, live=True).count() == 0
     committed(services.job_complete, job=high)
     low.refresh_from_db()
+    assert low.requeue_reason == f"preempted by job {high.pk} (priority 5)" and low.requeued_at
     assert low.status == JobStatus.PLACING
     assert Allocation.objects.filter(job=low, live=True).count() == 16
 

@@ -88,3 +88,4 @@ def test_operator_preemption_sends_the_job_back_to_the_queue(placed, committed):
     committed(lambda: services.schedule_cluster(cluster=job.cluster))
     job.refresh_from_db()
     assert job.status == JobStatus.PLACING and live(job) == 8
+    assert job.pending_reason == "" and job.requeue_reason == "maintenance on node-a"
