@@ -10,6 +10,12 @@ only if it has an estimated runtime and either ends by T, or fits in the GPUs th
 need at T. The reservation counts GPUs, not shapes: when enough GPUs are already free but the
 head's shape does not fit, T is the next expected end and no GPUs are spare. A running job with no
 estimate has no expected end; if the head needs its GPUs, T is unknown and nothing is backfilled.
+
+Preemption takes the fewest lower-priority active jobs. A victim whose ranks run under node
+agents frees its GPUs only once they exited, so it is preempted in two phases: this cycle it is
+told to stop and its preemptor waits, holding the GPUs it will use (the victim's, still busy,
+plus free ones) against every job behind it; a later cycle, when the snapshot shows them free,
+books it. Meanwhile GPUs still stopping count for it, so it never takes a second victim.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ class Booking:
 
 @dataclass(slots=True)
 class Eviction:
-    """An active job to preempt so that job `by_job` (priority `by_priority`) can start."""
+    """An active job to preempt so that job `by_job` (priority `by_priority`) can start. A victim
+    whose ranks run under agents is `stopping`: its GPUs stay allocated until every rank exited,
+    and `by_job` is placed by a later cycle, not this one."""
 
     victim: ActiveJob
     by_job: int
     by_priority: int
+    stopping: bool = False
 
 
 @dataclass(slots=True)
@@ -104,6 +113,8 @@ def plan_cycle(
         a.job_id: (len(a.gids), a.expected_end) for a in snapshot.active
     }
     evicted: set[int] = set()
+    # GPUs that free up once their ranks exited, not yet held for a preemptor this cycle.
+    stopping = np.zeros_like(free) if snapshot.stopping is None else snapshot.stopping.copy()
     no_fit: dict[tuple, NoFit] = {}
     reservation: Reservation | None = None
     for job in queue:
@@ -141,16 +152,29 @@ def plan_cycle(
                 holders[job.job_id] = (spec.gpus, end)
                 continue
             if reservation is None and preemption:
-                victims, placed = _preempt_for(snapshot, job, policy, free, load, evicted)
+                victims, placed = _preempt_for(
+                    snapshot, job, policy, free | stopping, load, evicted, alone=bool(stopping.any())
+                )
                 if placed is not None:
                     end = _end(now, spec.estimated_runtime_s)
                     no_fit.clear()
+                    gids = list(placed.gids)
+                    # Two phases when it needs GPUs whose processes have yet to exit.
+                    waits = bool(stopping[gids].any()) or any(v.launched for v in victims)
                     for victim in victims:
                         evicted.add(victim.job_id)
                         holders.pop(victim.job_id, None)
-                        free[list(victim.gids)] = True
+                        free[list(victim.gids)] = not victim.launched
+                        stopping[list(victim.gids)] = victim.launched
                         _subtract(load, victim.flows)
-                        plan.evictions.append(Eviction(victim, job.job_id, job.priority))
+                        plan.evictions.append(Eviction(victim, job.job_id, job.priority, victim.launched))
+                    if waits:
+                        # Held for it: no job behind it takes these GPUs while the ranks stop.
+                        free[gids] = False
+                        stopping[gids] = False
+                        holders[job.job_id] = (spec.gpus, end)
+                        plan.waiting[job.job_id] = _stopping_text(victims)
+                        continue
                     _take(free, load, placed)
                     plan.bookings.append(Booking(job, placed))
                     holders[job.job_id] = (spec.gpus, end)
@@ -243,6 +267,15 @@ def _backfill_blocked(res: Reservation, job: QueuedJob, now: datetime) -> tuple[
     ), False
 
 
+def _stopping_text(victims: list[ActiveJob]) -> str:
+    """Why a preemptor waits: its victims' ranks, or ranks stopping already, hold its GPUs."""
+    ids = sorted(v.job_id for v in victims if v.launched)
+    if not ids:
+        return "waiting for the ranks of stopped jobs to exit; the GPUs they release are held for it"
+    which = f"job {ids[0]}" if len(ids) == 1 else f"jobs {_id_list(ids)}"
+    return f"preempting {which}: waiting for its ranks to exit; its GPUs are held for this job until then"
+
+
 def _preempt_for(
     snapshot: ClusterSnapshot,
     job: QueuedJob,
@@ -250,22 +283,28 @@ def _preempt_for(
     free: np.ndarray,
     load: dict[str, float],
     evicted: set[int],
+    alone: bool = False,
 ) -> tuple[list[ActiveJob], Placement | None]:
     """The fewest lower-priority active jobs (lowest priority, then most recent, first) whose GPUs
-    let `job` fit, and its placement; ([], None) when no such set exists."""
-    # A job whose processes run under agents frees its GPUs only once they exited: not a victim.
+    let `job` fit on `free` (which may count GPUs still stopping), and its placement; ([], None)
+    when no such set exists. `alone`: try `free` without victims first (([], placement) if it fits)."""
+    # A migrating job is between generations: its GPUs are promised to its own next one.
     candidates = [
-        a for a in snapshot.active if a.priority < job.priority and a.job_id not in evicted and not a.launched
+        a
+        for a in snapshot.active
+        if a.priority < job.priority and a.job_id not in evicted and not a.migrating
     ]
     # Lowest priority first; among equals the most recently started loses the least work.
     candidates.sort(key=lambda a: (a.priority, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id))
     trial_free = free.copy()
     trial_load = dict(load)
     chosen: list[ActiveJob] = []
-    for victim in candidates:
-        trial_free[list(victim.gids)] = True
-        _subtract(trial_load, victim.flows)
-        chosen.append(victim)
+    # Without victims first, when GPUs still stopping may be enough (`free` has more than before).
+    for victim in [None, *candidates] if alone else candidates:
+        if victim is not None:
+            trial_free[list(victim.gids)] = True
+            _subtract(trial_load, victim.flows)
+            chosen.append(victim)
         if int(np.count_nonzero(trial_free)) < job.spec.gpus:
             continue
         result = place(snapshot.topology, trial_free, trial_load, job.spec, policy=policy)

@@ -41,6 +41,8 @@ class ActiveJob:
     overdue: bool = False
     # Its processes run under node agents: its GPUs free up only when they exited.
     launched: bool = False
+    # Between two generations (old ranks stopping, new GPUs waiting): never a preemption victim.
+    migrating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,9 @@ class QueuedJob:
 @dataclass(slots=True)
 class ClusterSnapshot:
     """What a cycle plans against: topology, free mask over gids, link loads per leaf (sum of the
-    active jobs' flows), and the active jobs."""
+    active jobs' flows), and the active jobs. `stopping` (None: none) marks busy GPUs whose rank
+    processes are being stopped (a preempted, cancelled or failed job's, an older generation's):
+    they free up once those processes exited."""
 
     cluster_id: int
     topology: Topology
@@ -66,3 +70,4 @@ class ClusterSnapshot:
     free: np.ndarray
     link_load: dict[str, float]
     active: list[ActiveJob] = field(default_factory=list)
+    stopping: np.ndarray | None = None

@@ -146,6 +146,12 @@ def agent_report(*, node: Node, reports: Iterable[RankReport], now: datetime | N
             for r in items:
                 _record(job, node, r, now)
             _advance(job, now)
+            older = any(r.generation < job.generation for r in items)
+            if older and job.status in (JobStatus.PLACING, JobStatus.RUNNING):
+                # Placed again (after a preemption or a requeue) while ranks of its previous
+                # placement were stopping: their GPUs free up as they exit.
+                if snap.release_exited(job_id=job.pk, now=now):
+                    queue_cycle(job.cluster_id)
 
 
 def _record(job: Job, node: Node, r: RankReport, now: datetime) -> None:

@@ -283,14 +283,20 @@ def _commit(
     snapshot: snap.ClusterSnapshot, plan: CyclePlan, queue: list[snap.QueuedJob], now: datetime
 ) -> tuple[list[int], list[int]]:
     """Write a plan: evictions, bookings, overdue flags, waiting reasons. Returns the ids of the
-    jobs placed and preempted."""
+    jobs placed and preempted. A victim whose ranks run under agents is only told to stop here:
+    its GPUs stay allocated until its agents report every rank's exit (`snap.release` keeps
+    those), and its preemptor waits for them in the plan."""
     preempted: list[int] = []
+    stopping_nodes: set[str] = set()
+    topo = snapshot.topology
     for ev in plan.evictions:
         jid = ev.victim.job_id
         why = f"preempted by job {ev.by_job} (priority {ev.by_priority})"
+        if ev.stopping:
+            stopping_nodes.update(topo.nodes[int(topo.gpu_node[g])].name for g in ev.victim.gids)
         changed = Job.objects.filter(pk=jid, status__in=ACTIVE_STATUSES).update(
             status=JobStatus.PREEMPTED,
-            pending_reason=why,
+            pending_reason=f"{why}; its ranks are stopping" if ev.stopping else why,
             requeue_reason=why,
             requeued_at=now,
             preemptions=F("preemptions") + 1,
@@ -302,6 +308,9 @@ def _commit(
         snap.release(job_id=jid, now=now)
         if changed:
             preempted.append(jid)
+    if stopping_nodes:
+        # Their agents' long-polls return at once and stop the ranks (SIGTERM, grace, SIGKILL).
+        notify_cluster(snapshot.cluster_id, stopping_nodes)
     placed = _book(snapshot, plan, now)
     # Only flags that changed: every running job is re-checked every cycle.
     flips = [a.job_id for a in snapshot.active if plan.overdue.get(a.job_id, a.overdue) != a.overdue]

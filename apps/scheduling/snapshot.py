@@ -63,7 +63,9 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
 
     Busy: every live allocation of any generation (a migrating job's old GPUs stay busy until its
     old ranks exited), the GPUs of down, draining and drained nodes, and GPUs reported unhealthy.
-    An active job's gids are those of its current generation.
+    An active job's gids are those of its current generation. Stopping: live allocations of jobs
+    no longer active, or of an active job's older generation (not a migrating job's: those GPUs
+    pass to its new generation), on schedulable GPUs.
     """
     topology = cluster_topology(cluster=cluster)
     index = gpu_index(cluster=cluster, topology=topology)
@@ -79,7 +81,9 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
         gid = gid_of_pk[gpu_id]
         free[gid] = False
         ranks.setdefault((job_id, generation), []).append(gid)
-    _mark_unschedulable(cluster, topology, free)
+    usable = np.ones(topology.n_gpus, dtype=bool)
+    _mark_unschedulable(cluster, topology, usable)
+    free &= usable
     launched = set(
         RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED)
         .values_list("job_id", flat=True)
@@ -87,6 +91,7 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
     )
     link_load: dict[str, float] = {}
     active: list[ActiveJob] = []
+    current: dict[int, tuple[int, bool]] = {}
     rows = (
         Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
         .order_by("id")
@@ -107,6 +112,7 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
         for leaf, load in flows.items():
             link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
         begin = started_at or placed_at
+        current[pk] = (generation, status == JobStatus.MIGRATING)
         active.append(
             ActiveJob(
                 job_id=pk,
@@ -122,9 +128,16 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
                 estimated_runtime_s=runtime_s,
                 overdue=overdue,
                 launched=pk in launched or status == JobStatus.MIGRATING,
+                migrating=status == JobStatus.MIGRATING,
             )
         )
-    return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active)
+    stopping = np.zeros(topology.n_gpus, dtype=bool)
+    for (job_id, generation), gids in ranks.items():
+        gen, migrating = current.get(job_id, (None, False))
+        if gen is None or (generation != gen and not migrating):
+            stopping[gids] = True
+    stopping &= usable
+    return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active, stopping)
 
 
 def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> None:

@@ -291,6 +291,66 @@ def test_migration_holds_old_gpus_until_every_old_rank_exited(agents, user, tmp_
     assert connection.vendor  # the test ran against the configured database
 
 
+def test_preemption_of_an_agent_run_job_holds_its_gpus_until_every_rank_exited(
+    agents, cluster, user, tmp_path
+):
+    """Two-phase preemption: the victim's ranks ignore SIGTERM for 2 s; meanwhile no GPU is
+    booked for two jobs, and the preemptor is placed only on GPUs whose victim rank exited."""
+    cluster.preemption_enabled = True
+    cluster.save()
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    body = spec(tmp_path, "low", 16, BEHAVIOUR="stubborn", STUBBORN_S="2")
+    body["stop_grace_s"] = 10
+    low = services.job_submit(user=user, spec=body)
+    wait_for(status_is(low, JobStatus.RUNNING), what="the victim to run")
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def watch():
+        from django.db import connections
+
+        try:
+            while not stop.is_set():
+                doubled = (
+                    Allocation.objects.filter(live=True)
+                    .values("gpu_id")
+                    .annotate(jobs=Count("job_id", distinct=True))
+                    .filter(jobs__gt=1)
+                )
+                if doubled.exists():
+                    violations.append(f"GPU held by two jobs: {list(doubled)}")
+                time.sleep(0.05)
+        finally:
+            connections.close_all()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        high = services.job_submit(
+            user=user, spec={**spec(tmp_path, "high", 8, BEHAVIOUR="exit"), "priority": 5}
+        )
+        high.refresh_from_db()
+        low.refresh_from_db()
+        assert low.status == JobStatus.PREEMPTED and high.status == JobStatus.QUEUED
+        held = {a.rank: (a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=low, live=True)}
+        assert len(held) == 16
+        wait_for(status_is(high, JobStatus.COMPLETED), timeout_s=30, what="the preemptor to run")
+    finally:
+        stop.set()
+        watcher.join()
+    assert not violations
+    on = {(a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=high)}
+    victims = RankRun.objects.filter(job=low, generation=1)
+    assert victims.count() == 16 and None not in victims.values_list("exited_at", flat=True)
+    freed = [r.exited_at for r in victims if held[r.rank] in on]
+    assert len(freed) == 8 and high.placed_at >= max(freed)
+    # The victim's ranks took their 2 s checkpoint: stopped by SIGTERM, not killed.
+    assert set(victims.values_list("exit_code", flat=True)) == {0}
+    low.refresh_from_db()
+    assert low.requeue_reason == f"preempted by job {high.pk} (priority 5)"
+
+
 def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, user, tmp_path):
     from apps.scheduling.demo_agents import start_demo_agents
 

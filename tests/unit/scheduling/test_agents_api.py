@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from apps.scheduling import agents, services
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.scheduling.models import Allocation, Job, NodeAgent, RankRun
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Node
@@ -192,6 +192,76 @@ def test_a_requeued_job_of_a_down_node_says_why_after_it_is_placed_again(
     assert job.status == JobStatus.PLACING and job.pending_reason == ""
     assert {r["node"] for r in job_ranks(job=job)} != {node}
     assert job.requeue_reason.startswith(f"node {node} went down")
+
+
+def live_gpus(job: Job) -> set[int]:
+    return set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
+
+
+def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, launcher, alice, bob, committed):
+    case44.preemption_enabled = True
+    case44.save()
+    low = submit(bob, committed, "low", 16)
+    started = [
+        {"job": low.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in range(16)
+    ]
+    committed(sync, launcher, "node-a", reports=started)
+    low.refresh_from_db()
+    assert low.status == JobStatus.RUNNING
+    high = submit(alice, committed, "high", 8, priority=5)
+    low.refresh_from_db()
+    # Phase one: the victim stops; its 16 GPUs stay allocated and the preemptor waits.
+    assert low.status == JobStatus.PREEMPTED and "its ranks are stopping" in low.pending_reason
+    assert high.status == JobStatus.QUEUED
+    assert high.pending_reason.startswith(f"preempting job {low.pk}: waiting for its ranks to exit")
+    assert len(live_gpus(low)) == 16 and not live_gpus(high)
+    # Its agents no longer see it as work: they SIGTERM its ranks.
+    for node in ("node-a", "node-b"):
+        assert all(w["job"] != low.pk for w in sync(launcher, node).json()["work"])
+    # Ranks exit one node at a time; each exit frees its GPU, never to anyone else meanwhile.
+    for rank in range(15):
+        exited = {"job": low.pk, "generation": 1, "rank": rank, "event": "exited", "exit_code": -15}
+        committed(sync, launcher, "node-a", reports=[exited])
+        high.refresh_from_db()
+        if high.status == JobStatus.PLACING:
+            break
+        assert not live_gpus(high)
+        assert Allocation.objects.filter(live=True).count() == 16 - rank - 1
+    # The preemptor is placed as soon as 8 of the victim's GPUs (a whole node here) are free.
+    high.refresh_from_db()
+    assert high.status == JobStatus.PLACING
+    assert not live_gpus(high) & live_gpus(low)
+    still = Allocation.objects.filter(job=low, live=True).values_list("rank", flat=True)
+    assert still and all(not RankRun.objects.get(job=low, rank=r).exited_at for r in still)
+
+
+def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
+    case44, launcher, alice, bob, committed
+):
+    case44.preemption_enabled = True
+    case44.save()
+    low = submit(bob, committed, "low", 8)
+    old_node = job_ranks(job=low)[0]["node"]
+    started = [
+        {"job": low.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in range(8)
+    ]
+    committed(sync, launcher, old_node, reports=started)
+    high = submit(alice, committed, "high", 16, priority=5)
+    low.refresh_from_db()
+    assert low.status == JobStatus.PREEMPTED and high.status == JobStatus.QUEUED
+    # The preemptor goes away before the victim's ranks exited: the victim is placed again on
+    # the other node while its old ranks still stop on the first.
+    committed(services.job_cancel, job=high)
+    low.refresh_from_db()
+    assert low.status == JobStatus.PLACING and low.generation == 2
+    assert {r["node"] for r in job_ranks(job=low)} == {"node-a", "node-b"} - {old_node}
+    assert Allocation.objects.filter(job=low, live=True, generation=1).count() == 8
+    exits = [
+        {"job": low.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": -15} for r in range(8)
+    ]
+    committed(sync, launcher, old_node, reports=exits)
+    assert not Allocation.objects.filter(job=low, live=True, generation=1).exists()
+    assert Allocation.objects.filter(job=low, live=True, generation=2).count() == 8
 
 
 def test_a_silent_node_goes_down_and_its_job_fails(case44, launcher, alice, committed, settings):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -178,6 +179,56 @@ def test_preemption_never_evicts_equal_priority(topo):
     p = plan(topo, [active(7, NODE_A, priority=5)], [queued(1, 16, priority=5)], preemption=True)
     assert p.evictions == []
     assert "reserved to start at" in p.waiting[1]
+
+
+def launched(job: ActiveJob) -> ActiveJob:
+    return dataclasses.replace(job, launched=True)
+
+
+def test_a_launched_victim_is_stopped_not_released(topo):
+    p = plan(topo, [launched(active(7, range(16), priority=0))], [queued(1, 8, priority=5)], preemption=True)
+    (ev,) = p.evictions
+    assert ev.victim.job_id == 7 and ev.stopping
+    assert booked(p) == []
+    assert p.waiting[1].startswith("preempting job 7: waiting for its ranks to exit")
+
+
+def test_gpus_held_for_a_waiting_preemptor_go_to_no_job_behind_it(topo):
+    # Job 7 holds node A and runs under agents; node B has 4 free GPUs.
+    actives = [launched(active(7, NODE_A, priority=0)), active(9, range(8, 12), priority=9)]
+    queue = [queued(1, 8, priority=5), queued(2, 4, priority=0, runtime_s=60)]
+    p = plan(topo, actives, queue, preemption=True)
+    assert [e.victim.job_id for e in p.evictions] == [7] and p.evictions[0].stopping
+    # The preemptor's 8 GPUs are node A's; the 4 free ones on node B go to job 2.
+    assert booked(p) == [2]
+    assert set(p.bookings[0].placement.gids) == set(range(12, 16))
+
+
+def test_a_preemptor_waits_for_stopping_gpus_without_a_second_victim(topo):
+    # Next cycle: job 7 is preempted and its ranks still exit on node A (stopping GPUs);
+    # job 8, lower priority, runs on node B and must not be preempted too.
+    snap = snapshot(topo, [active(8, NODE_B, priority=0)])
+    snap.free[list(NODE_A)] = False
+    snap.stopping = np.zeros(topo.n_gpus, dtype=bool)
+    snap.stopping[list(NODE_A)] = True
+    p = plan_cycle(
+        snap, [queued(1, 8, priority=5)], cluster_policy="topo", backfill=True, preemption=True, now=NOW
+    )
+    assert p.evictions == [] and booked(p) == []
+    assert "waiting for the ranks of stopped jobs to exit" in p.waiting[1]
+    # Once they exited the GPUs are free and the preemptor is booked there.
+    snap.stopping[:] = False
+    snap.free[list(NODE_A)] = True
+    p = plan_cycle(
+        snap, [queued(1, 8, priority=5)], cluster_policy="topo", backfill=True, preemption=True, now=NOW
+    )
+    assert booked(p) == [1] and set(p.bookings[0].placement.gids) == set(NODE_A)
+
+
+def test_a_migrating_job_is_never_a_victim(topo):
+    moving = dataclasses.replace(active(7, range(16), priority=0), launched=True, migrating=True)
+    p = plan(topo, [moving], [queued(1, 8, priority=5)], preemption=True)
+    assert p.evictions == [] and booked(p) == []
 
 
 def test_overdue_means_running_past_twice_the_estimate():
