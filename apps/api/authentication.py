@@ -4,6 +4,8 @@ caller's address like failed sign-ins (see logins.py)."""
 
 from __future__ import annotations
 
+import time
+
 from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
@@ -13,6 +15,12 @@ from rest_framework.exceptions import AuthenticationFailed, Throttled
 from apps.scheduling.models import LauncherToken
 
 from .logins import failure_keys, failure_record, failures_exceeded
+
+# Every node agent authenticates every poll: a valid launcher token is remembered per process for
+# LAUNCHER_CACHE_S seconds, so a deleted token stops working within that time.
+LAUNCHER_CACHE_S = 30.0
+LAUNCHER_CACHE_SIZE = 1024
+_LAUNCHERS: dict[str, tuple[LauncherToken, float]] = {}
 
 
 def _guarded(request, check):
@@ -53,9 +61,17 @@ class LauncherAuthentication(BaseAuthentication):
             key = parts[1].decode()
         except UnicodeDecodeError as exc:
             raise AuthenticationFailed("Invalid Launcher header: the key is not text.") from exc
-        token = LauncherToken.objects.select_related("cluster").filter(key=key[:100]).first()
+        key = key[:100]
+        now = time.monotonic()
+        hit = _LAUNCHERS.get(key)
+        if hit is not None and hit[1] > now:
+            return AnonymousUser(), hit[0]
+        token = LauncherToken.objects.select_related("cluster").filter(key=key).first()
         if token is None:
             raise AuthenticationFailed("Invalid launcher token.")
+        if len(_LAUNCHERS) >= LAUNCHER_CACHE_SIZE:
+            _LAUNCHERS.clear()
+        _LAUNCHERS[key] = (token, now + LAUNCHER_CACHE_S)
         return AnonymousUser(), token
 
     def authenticate_header(self, request):

@@ -5,14 +5,17 @@ A generation's rank map and launch fields never change, so they are cached per p
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import connection
+from django.db.models import Count, Q
 
 from apps.placement.jobs import load_job
-from apps.topology.models import Node
+from apps.topology.models import Gpu, Nic, Node
 
 from .choices import JobStatus, NodeState, RankState
 from .models import Allocation, Job, NodeAgent, RankRun
@@ -70,29 +73,74 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
     return info
 
 
+NODE_CACHE_S = 30.0
+_NODES: dict[tuple[int, str], tuple[Node, float]] = {}
+_NODES_SIZE = 65536
+
+
+def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeAgent | None]:
+    """The cluster's node `name` (None if there is none) and its agent row (None: never had one).
+
+    Every agent asks this every poll: a node found once is remembered per process for
+    NODE_CACHE_S seconds (its id, name and cluster only), and then only its agent row is read,
+    by one prepared statement. An agent row found proves the node still exists (it is deleted
+    with it); without one the node is looked up again."""
+    now = time.monotonic()
+    hit = _NODES.get((cluster_id, name))
+    if hit is not None and hit[1] > now:
+        agent = next(iter(NodeAgent.objects.raw(_agent_sql(), [hit[0].pk])), None)
+        if agent is not None:
+            return hit[0], agent
+    node = Node.objects.select_related("agent").filter(cluster_id=cluster_id, name=name).first()
+    if node is None:
+        return None, None
+    agent = getattr(node, "agent", None)
+    if len(_NODES) >= _NODES_SIZE:
+        _NODES.clear()
+    # A bare copy: the cached instance is shared by threads and must not carry a stale agent.
+    _NODES[(cluster_id, name)] = (
+        Node(pk=node.pk, name=node.name, cluster_id=node.cluster_id),
+        now + NODE_CACHE_S,
+    )
+    return node, agent
+
+
+@functools.cache
+def _agent_sql() -> str:
+    return f"SELECT * FROM {connection.ops.quote_name(NodeAgent._meta.db_table)} WHERE node_id = %s"
+
+
+@functools.cache
+def _work_sql() -> str:
+    """The node's live, current-generation allocations of placing or running jobs whose rank has
+    not exited: (job, generation, rank, GPU index, NIC name) by job and rank."""
+    qn = connection.ops.quote_name
+    alloc, job, gpu, nic, run = (qn(m._meta.db_table) for m in (Allocation, Job, Gpu, Nic, RankRun))
+    rank, index = qn("rank"), qn("index")
+    return (
+        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name FROM {alloc} a"
+        f" JOIN {job} j ON j.id = a.job_id JOIN {gpu} g ON g.id = a.gpu_id"
+        f" LEFT JOIN {nic} n ON n.id = g.nic_id"
+        " WHERE g.node_id = %s AND a.live = %s AND a.generation = j.generation AND j.status IN (%s, %s)"
+        f" AND NOT EXISTS (SELECT 1 FROM {run} r WHERE r.job_id = a.job_id"
+        f" AND r.generation = a.generation AND r.{rank} = a.{rank} AND r.state = %s)"
+        f" ORDER BY a.job_id, a.{rank}"
+    )
+
+
 def node_work(*, node: Node) -> list[dict[str, Any]]:
     """Every job generation the node should run now, each with this node's ranks: entries of
     `job`, `generation`, `name`, `command`, `env`, `workdir`, `stop_grace_s`, `world_size`,
     `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
     "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
     launcher runs those)."""
-    exited = RankRun.objects.filter(
-        job_id=OuterRef("job_id"),
-        generation=OuterRef("generation"),
-        rank=OuterRef("rank"),
-        state=RankState.EXITED,
-    )
-    rows = (
-        Allocation.objects.filter(
-            gpu__node=node,
-            live=True,
-            job__status__in=(JobStatus.PLACING, JobStatus.RUNNING),
-            generation=F("job__generation"),
+    # Every agent asks this every poll: one statement written once, not an ORM query built each time.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _work_sql(),
+            [node.pk, True, JobStatus.PLACING.value, JobStatus.RUNNING.value, RankState.EXITED.value],
         )
-        .exclude(Exists(exited))
-        .order_by("job_id", "rank")
-        .values_list("job_id", "generation", "rank", "gpu__index", "gpu__nic__name")
-    )
+        rows = cursor.fetchall()
     grouped: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
     for job_id, generation, rank, index, nic in rows:
         grouped.setdefault((job_id, generation), []).append((rank, index, nic or ""))

@@ -89,6 +89,8 @@ def agent_heartbeat(
 ) -> NodeAgent:
     """Record a heartbeat in one UPDATE: the node is seen now; a node that was down is up again.
     Only the heartbeat's own columns are written, so a drain arriving meanwhile is never undone.
+    A heartbeat that changes nothing writes nothing while `last_seen` is younger than half of
+    `down_after_s()` (keep the agents' poll interval at most a third of it, as the defaults do).
     `agent` is the node's row as read with the node (None: never had one). A changed health
     (back from down, other unhealthy GPUs) requests a scheduling cycle."""
     now = now or timezone.now()
@@ -110,6 +112,10 @@ def agent_heartbeat(
             return agent
     was_down = agent.state == NodeState.DOWN
     changed = was_down or agent.unhealthy_gpus != unhealthy
+    fresh = agent.last_seen is not None and now - agent.last_seen < timedelta(seconds=down_after_s() / 2)
+    if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):
+        # Nothing new and seen recently: no write (thousands of agents poll every few seconds).
+        return agent
     NodeAgent.objects.filter(pk=agent.pk).update(
         **fields,
         state=Case(

@@ -21,7 +21,7 @@ from apps.api.permissions import holds
 from apps.topology.models import Node
 
 from .. import agents, selectors
-from ..agent_selectors import node_work
+from ..agent_selectors import node_work, sync_node
 from ..models import RankRun
 from ..wakeups import epoch, wait_for_change
 from .agent_serializers import (
@@ -63,18 +63,13 @@ class AgentSyncView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         token = launcher_of(request)
-        node = (
-            Node.objects.select_related("agent")
-            .filter(cluster_id=token.cluster_id, name=data["node"])
-            .first()
-        )
+        node, known = sync_node(cluster_id=token.cluster_id, name=data["node"])
         if node is None:
             return Response(
                 {"node": [f"no node {data['node']!r} in cluster {token.cluster.name!r}"]},
                 status=status.HTTP_400_BAD_REQUEST,
             )
         since = epoch(node.cluster_id, node.name)
-        known = getattr(node, "agent", None)
         agent = agents.agent_heartbeat(node=node, beat=body.heartbeat(), agent=known)
         reports = agents.parse_reports(data["reports"])
         if reports:

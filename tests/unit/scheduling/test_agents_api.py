@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -86,6 +88,33 @@ def test_bad_sync_bodies_are_400_naming_the_field(launcher, body, field):
     response = sync(launcher, **body)
     assert response.status_code == 400
     assert field in response.json()
+
+
+def test_an_idle_poll_reads_two_rows_and_writes_nothing(launcher, case44, settings):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8)]
+    first = sync(launcher, gpus=gpus, addr="10.0.0.1")
+    assert first.status_code == 200 and first.json()["work"] == []
+    with CaptureQueriesContext(connection) as queries:
+        again = sync(launcher, gpus=gpus, addr="10.0.0.1")
+    assert again.status_code == 200 and again.json()["state"] == "up"
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    # The agent row, the GPU indexes it is checked against, and the node's work.
+    assert statements == ["SELECT"] * 3, statements
+    # Something new (an unhealthy GPU) is written at once, and so is a heartbeat due again.
+    sync(launcher, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
+    assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [{"gpu": 1, "reason": "XID 79"}]
+    old = timezone.now() - timedelta(seconds=16)
+    NodeAgent.objects.filter(node__name="node-a").update(last_seen=old)
+    sync(launcher, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
+    assert NodeAgent.objects.get(node__name="node-a").last_seen > old
+
+
+def test_a_node_deleted_after_its_agent_synced_is_refused(launcher, case44):
+    assert sync(launcher, "node-b").status_code == 200
+    Node.objects.filter(cluster=case44, name="node-b").delete()
+    response = sync(launcher, "node-b")
+    assert response.status_code == 400 and "node" in response.json()
 
 
 def test_only_a_launcher_token_may_sync(alice_api, case44):
