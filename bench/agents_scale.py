@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import scratch_db
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -41,9 +42,11 @@ NODES_PER_LEAF = 32
 
 SETTINGS_OVERRIDE = """\
 from topoweb.settings import *  # noqa: F401,F403
-from topoweb.settings import REST_FRAMEWORK
+from topoweb.settings import REST_FRAMEWORK, STORAGES
 
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
+# The API needs no collected static files (gunicorn refuses to start on a missing manifest).
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 """
 
 SETUP = """\
@@ -186,24 +189,20 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="idle measuring window")
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--job-gpus", type=int, default=256)
-    ap.add_argument(
-        "--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
-    )
-    ap.add_argument(
-        "--db-name", default=f"topoweb_bench_agents_{os.getpid()}", help="scratch database (dropped)"
-    )
+    scratch_db.add_arguments(ap, "agents")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "agents_scale.json"))
     args = ap.parse_args()
+    with scratch_db.scratch_database(args) as url:
+        return run(args, url)
 
+
+def run(args, url: str) -> int:
     load_before = os.getloadavg()[0]
-    admin = psycopg.connect(f"{args.postgres}/postgres", autocommit=True)
-    admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}"')
-    admin.execute(f'CREATE DATABASE "{args.db_name}"')
     tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-agents-")
     Path(tmp.name, "bench_settings.py").write_text(SETTINGS_OVERRIDE)
     env = dict(
         os.environ,
-        DATABASE_URL=f"{args.postgres}/{args.db_name}",
+        DATABASE_URL=url,
         SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
         DJANGO_SETTINGS_MODULE="bench_settings",
         PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
@@ -265,6 +264,9 @@ def main() -> int:
         )
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):
+            if web.poll() is not None:
+                log = (Path(tmp.name) / "web.log").read_text()[-3000:]
+                raise RuntimeError(f"the web server exited with code {web.returncode}:\n{log}")
             try:
                 httpx.get(f"{url}/healthz", timeout=2)
                 break
@@ -288,7 +290,7 @@ def main() -> int:
                 # Thousands of open long-polls can outlast gunicorn's graceful stop.
                 web.kill()
                 web.wait(timeout=30)
-        admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
+        tmp.cleanup()
 
 
 async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env) -> dict:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import scratch_db
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -210,23 +211,23 @@ def main() -> int:
     ap.add_argument("--web-class", default="gthread", help="gunicorn worker class: gthread or sync")
     ap.add_argument("--web-threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
     ap.add_argument("--access-log", help="write gunicorn's access log (with request time in us) here")
-    ap.add_argument(
-        "--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
-    )
+    scratch_db.add_arguments(ap, "api")
     ap.add_argument("--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15"))
     ap.add_argument("--cache", default=os.environ.get("BENCH_CACHE", "redis://127.0.0.1:6379/14"))
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "api_throughput.json"))
     args = ap.parse_args()
+    with scratch_db.scratch_database(args) as url:
+        return run(args, url)
 
+
+def run(args, url: str) -> int:
+    """One run against the scratch database at `url`."""
     load_before = os.getloadavg()[0]
-    db = f"topoweb_bench_{os.getpid()}"
-    admin = psycopg.connect(f"{args.postgres}/postgres", autocommit=True)
-    admin.execute(f'CREATE DATABASE "{db}"')
     tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-")
     Path(tmp.name, "bench_settings.py").write_text(SETTINGS_OVERRIDE)
     env = dict(
         os.environ,
-        DATABASE_URL=f"{args.postgres}/{db}",
+        DATABASE_URL=url,
         CELERY_BROKER_URL=args.redis,
         CACHE_URL=args.cache,
         SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
@@ -283,7 +284,7 @@ def main() -> int:
         wait_ready(port)
         api = Api(port, token)
         api.request("GET", "/api/v1/jobs/")
-        pg = psycopg.connect(f"{args.postgres}/{db}", autocommit=True)
+        pg = psycopg.connect(url, autocommit=True)
 
         def count_placed() -> int:
             return pg.execute("SELECT count(*) FROM scheduling_job WHERE placed_at IS NOT NULL").fetchone()[0]
@@ -390,8 +391,6 @@ def main() -> int:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        admin.close()
         tmp.cleanup()
 
 

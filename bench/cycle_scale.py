@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+import scratch_db
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -57,41 +59,32 @@ def main() -> int:
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--burst", type=int, default=200)
-    ap.add_argument(
-        "--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
-    )
-    ap.add_argument(
-        "--db-name", default=f"topoweb_bench_cycle_{os.getpid()}", help="scratch database (dropped)"
-    )
+    scratch_db.add_arguments(ap, "cycle")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "cycle_scale.json"))
     args = ap.parse_args()
 
-    import psycopg
-
     load_before = os.getloadavg()[0]
-    admin = psycopg.connect(f"{args.postgres}/postgres", autocommit=True)
-    admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}"')
-    admin.execute(f'CREATE DATABASE "{args.db_name}"')
-    os.environ.update(
-        DATABASE_URL=f"{args.postgres}/{args.db_name}",
-        SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
-        DJANGO_SETTINGS_MODULE="topoweb.settings",
-        TOPOWEB_LOG_LEVEL="WARNING",
-    )
-    for name in ("CELERY_BROKER_URL", "CACHE_URL", "TOPOWEB_TESTING"):
-        os.environ.pop(name, None)
-    try:
-        result = run(args)
-        result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-        print(json.dumps(result, indent=2))
-        return 0
-    finally:
-        from django.db import connections
+    with scratch_db.scratch_database(args) as url:
+        os.environ.update(
+            DATABASE_URL=url,
+            SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
+            DJANGO_SETTINGS_MODULE="topoweb.settings",
+            TOPOWEB_LOG_LEVEL="WARNING",
+        )
+        for name in ("CELERY_BROKER_URL", "CACHE_URL", "TOPOWEB_TESTING"):
+            os.environ.pop(name, None)
+        try:
+            result = run(args)
+        finally:
+            if "django" in sys.modules:
+                from django.db import connections
 
-        connections.close_all()
-        admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
+                connections.close_all()
+    result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 def run(args) -> dict:
@@ -171,7 +164,9 @@ def run(args) -> dict:
     with transaction.atomic():
         for i in range(args.queued):
             services.job_submit(
-                user=user, spec=spec(f"wait-{i}", rng.choice((10240, 12288, 16384))), cluster=cluster
+                user=user,
+                spec=spec(f"wait-{i}", rng.choice((10240, 12288, 16384)) * args.nodes // 2048),
+                cluster=cluster,
             )
     setup_s = time.perf_counter() - t0
 

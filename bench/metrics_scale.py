@@ -11,7 +11,7 @@ table sizes Postgres reports (rows and bytes, indexes included): raw samples (ke
 1-minute rollups (kept a day), latest values. The machine's load average is printed too: other
 work on it skews every figure.
 
-    .venv/bin/python bench/metrics_scale.py [--nodes 2048] [--passes 3] [--database-url URL]
+    .venv/bin/python bench/metrics_scale.py [--nodes 2048] [--passes 3] [--postgres URL] [--db-name N]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+import scratch_db
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -54,7 +56,7 @@ def cluster_spec(nodes: int) -> dict:
 
 
 def setup(nodes: int):
-    """Migrate, (re)create the benchmark cluster with jobs on half its GPUs; returns it."""
+    """Migrate and create the benchmark cluster with jobs on half its GPUs; returns it."""
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, check=True)
     import logging
 
@@ -67,19 +69,10 @@ def setup(nodes: int):
     from apps.scheduling import services
     from apps.scheduling.choices import JobStatus
     from apps.scheduling.models import Job
-    from apps.topology.models import Cluster
     from apps.topology.services import cluster_import
 
-    found = Cluster.objects.filter(name=CLUSTER).first()
-    if (
-        found is not None
-        and found.nodes.count() == nodes
-        and found.jobs.filter(status=JobStatus.RUNNING).exists()
-    ):
-        return found  # a previous run's cluster and jobs
-    Cluster.objects.filter(name=CLUSTER).delete()
     cluster = cluster_import(data=cluster_spec(nodes))
-    user, _ = get_user_model().objects.get_or_create(username="bench-metrics")
+    user = get_user_model().objects.create_user(username="bench-metrics")
     n_jobs = nodes // 16  # 64-GPU data-parallel jobs on half the GPUs
     for i in range(n_jobs):
         spec = {
@@ -136,11 +129,21 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--port", type=int, default=8137)
-    parser.add_argument(
-        "--database-url", default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/h9")
-    )
+    scratch_db.add_arguments(parser, "metrics")
     args = parser.parse_args()
-    os.environ["DATABASE_URL"] = args.database_url
+    with scratch_db.scratch_database(args) as url:
+        try:
+            run(args, url)
+        finally:
+            if "django" in sys.modules:
+                from django.db import connections
+
+                connections.close_all()
+
+
+def run(args, url: str) -> None:
+    """Set up, measure and print, on the scratch database at `url`."""
+    os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
     os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
     os.environ.pop("CELERY_BROKER_URL", None)

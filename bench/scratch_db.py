@@ -1,0 +1,56 @@
+"""The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
+metrics_scale, api_throughput): `--postgres` (the server) and `--db-name`, created before the run
+and dropped after it, even when the run fails.
+
+    parser = argparse.ArgumentParser()
+    scratch_db.add_arguments(parser, "cycle")
+    with scratch_db.scratch_database(parser.parse_args()) as url:  # postgres://.../<db-name>
+        ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
+# Databases a benchmark must never create, let alone drop.
+RESERVED = frozenset({"postgres", "template0", "template1", "test"})
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--postgres (BENCH_POSTGRES or the local server) and --db-name (topoweb_bench_<name>_<pid>)."""
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("BENCH_POSTGRES", DEFAULT_SERVER),
+        help="Postgres server URL, without a database name",
+    )
+    parser.add_argument(
+        "--db-name",
+        default=f"topoweb_bench_{name}_{os.getpid()}",
+        help="scratch database (created, then dropped)",
+    )
+
+
+@contextmanager
+def scratch_database(args: argparse.Namespace) -> Iterator[str]:
+    """Create the scratch database `args.db_name` on `args.postgres` (dropping a leftover one of
+    that name first), yield its URL, and drop it at the end, closing whatever still uses it."""
+    import psycopg
+
+    name = args.db_name
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name) or name in RESERVED:
+        raise SystemExit(
+            f"--db-name: {name!r} is not a scratch database name (a-z, 0-9, _; not {sorted(RESERVED)})"
+        )
+    server = args.postgres.rstrip("/")
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"{server}/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
