@@ -17,8 +17,10 @@ every figure; the 1-minute load average before and after is recorded.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import random
 import sys
 import threading
@@ -59,6 +61,7 @@ def main() -> int:
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("--profile", type=int, default=0, help="print the N costliest calls of the timed cycles")
     scratch_db.add_arguments(ap, "cycle")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "cycle_scale.json"))
     args = ap.parse_args()
@@ -171,10 +174,18 @@ def run(args) -> dict:
     setup_s = time.perf_counter() - t0
 
     durations = []
+    profile = cProfile.Profile() if args.profile else None
     for _ in range(args.cycles):
         t = time.perf_counter()
+        if profile is not None:
+            profile.enable()
         services.schedule_cluster(cluster=cluster)
+        if profile is not None:
+            profile.disable()
         durations.append(time.perf_counter() - t)
+    if profile is not None:
+        for key in ("cumulative", "tottime"):
+            pstats.Stats(profile, stream=sys.stderr).sort_stats(key).print_stats(args.profile)
     counts = {s: Job.objects.filter(status=s).count() for s in ("running", "placing", "queued")}
     gpus_free = (
         Gpu.objects.filter(node__cluster=cluster).count() - Allocation.objects.filter(live=True).count()

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import Case, F, TextField, Value, When
+from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
@@ -38,7 +38,6 @@ from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
 
-REASON_BATCH = 200  # waiting reasons written per UPDATE
 PENDING_TTL_S = 5  # a lost cycle request folds new ones into itself at most this long
 MIN_CYCLE_GAP_S = 0.1  # a burst costs one cycle per cluster per this long, not one per arrival
 _LAST_END: dict[int, float] = {}
@@ -319,11 +318,6 @@ def _commit(
         if ids:
             Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).update(overdue=flag)
     current = {q.job_id: q.pending_reason for q in queue}
-    # Only reasons that changed, in batches of one UPDATE: a long queue is re-walked every cycle.
-    changed = [(jid, r) for jid, r in plan.waiting.items() if current.get(jid) != r]
-    for start in range(0, len(changed), REASON_BATCH):
-        batch = changed[start : start + REASON_BATCH]
-        Job.objects.filter(pk__in=[jid for jid, _ in batch], status__in=WAITING_STATUSES).update(
-            pending_reason=Case(*(When(pk=jid, then=Value(r)) for jid, r in batch), output_field=TextField())
-        )
+    # Only reasons that changed: a long queue is re-walked every cycle.
+    snap.write_waiting_reasons(reasons=[(jid, r) for jid, r in plan.waiting.items() if current.get(jid) != r])
     return placed, preempted

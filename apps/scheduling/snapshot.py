@@ -339,6 +339,32 @@ def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: dateti
             cursor.executemany(sql, params)
 
 
+REASON_BATCH = 500  # waiting reasons written per UPDATE
+
+
+def write_waiting_reasons(*, reasons: Iterable[tuple[int, str]]) -> None:
+    """Set each (job id, reason) waiting job's pending reason, REASON_BATCH jobs per UPDATE
+    (raw SQL: an ORM CASE over hundreds of jobs costs more to build than to run, and one
+    statement per job costs a round trip each). Jobs no longer waiting keep theirs."""
+    rows = list(reasons)
+    waiting = [status.value for status in WAITING_STATUSES]
+    qn = connection.ops.quote_name
+    pk, column = qn(Job._meta.pk.column), qn(Job._meta.get_field("pending_reason").column)
+    status = qn(Job._meta.get_field("status").column)
+    for start in range(0, len(rows), REASON_BATCH):
+        batch = rows[start : start + REASON_BATCH]
+        marks = ", ".join(["%s"] * len(batch))
+        sql = (
+            f"UPDATE {qn(Job._meta.db_table)} SET {column} = CASE {pk}"
+            + " WHEN %s THEN %s" * len(batch)
+            + f" END WHERE {pk} IN ({marks}) AND {status} IN ({', '.join(['%s'] * len(waiting))})"
+        )
+        params = [v for job_id, reason in batch for v in (job_id, reason)]
+        params += [job_id for job_id, _ in batch] + waiting
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+
 def allocation_row(
     *,
     snapshot: ClusterSnapshot,

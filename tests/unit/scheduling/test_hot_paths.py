@@ -130,3 +130,21 @@ def test_without_coalescing_a_requested_cycle_never_waits(case44, monkeypatch):
     cycle.schedule_requested(cluster=case44)
     cycle.schedule_requested(cluster=case44)
     assert slept == []
+
+
+def test_waiting_reasons_are_written_in_batches_and_only_to_waiting_jobs(
+    case44, alice, committed, monkeypatch
+):
+    from apps.scheduling import snapshot
+
+    monkeypatch.setattr(snapshot, "REASON_BATCH", 3)
+    jobs = [committed(services.job_submit, user=alice, spec=small_spec(f"j{i}", 16)) for i in range(7)]
+    # The first one holds every GPU; the other six wait.
+    statuses = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "status"))
+    assert list(statuses.values()).count(JobStatus.QUEUED) == 6
+    with CaptureQueriesContext(connection) as queries:
+        snapshot.write_waiting_reasons(reasons=[(j.pk, f"reason {j.name} 'quoted'") for j in jobs])
+    assert len(queries.captured_queries) == 3
+    got = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("name", "pending_reason"))
+    assert got["j0"] == ""
+    assert all(got[f"j{i}"] == f"reason j{i} 'quoted'" for i in range(1, 7))
