@@ -105,6 +105,23 @@ def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeAgent | N
     return node, agent
 
 
+_GPU_INDEXES: dict[int, tuple[frozenset[int], float]] = {}
+
+
+def node_gpu_indexes(*, node: Node) -> frozenset[int]:
+    """The GPU indexes the topology gives the node, remembered per process for NODE_CACHE_S
+    seconds (an agent's inventory is checked against them every poll)."""
+    now = time.monotonic()
+    hit = _GPU_INDEXES.get(node.pk)
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    indexes = frozenset(node.gpus.values_list("index", flat=True))
+    if len(_GPU_INDEXES) >= _NODES_SIZE:
+        _GPU_INDEXES.clear()
+    _GPU_INDEXES[node.pk] = (indexes, now + NODE_CACHE_S)
+    return indexes
+
+
 @functools.cache
 def _agent_sql() -> str:
     return f"SELECT * FROM {connection.ops.quote_name(NodeAgent._meta.db_table)} WHERE node_id = %s"

@@ -25,6 +25,7 @@ from django.utils import timezone
 from apps.topology.models import Cluster, Node
 
 from . import snapshot as snap
+from .agent_selectors import node_gpu_indexes
 from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
 from .cycle import queue_cycle
 from .models import Allocation, Job, NodeAgent, RankRun
@@ -78,7 +79,7 @@ def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
     bad = {gpu: reason for gpu, reason in beat.unhealthy}
     if beat.inventory is not None:
         found = {int(g["index"]) for g in beat.inventory}
-        for index in node.gpus.values_list("index", flat=True):
+        for index in sorted(node_gpu_indexes(node=node)):
             if index not in found:
                 bad.setdefault(index, "not found by nvidia-smi")
     return [{"gpu": g, "reason": r} for g, r in sorted(bad.items())]

@@ -90,7 +90,7 @@ def test_bad_sync_bodies_are_400_naming_the_field(launcher, body, field):
     assert field in response.json()
 
 
-def test_an_idle_poll_reads_two_rows_and_writes_nothing(launcher, case44, settings):
+def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(launcher, case44, settings):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8)]
     first = sync(launcher, gpus=gpus, addr="10.0.0.1")
@@ -99,8 +99,8 @@ def test_an_idle_poll_reads_two_rows_and_writes_nothing(launcher, case44, settin
         again = sync(launcher, gpus=gpus, addr="10.0.0.1")
     assert again.status_code == 200 and again.json()["state"] == "up"
     statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
-    # The agent row, the GPU indexes it is checked against, and the node's work.
-    assert statements == ["SELECT"] * 3, statements
+    # The agent row and the node's work (the node and its GPU indexes are remembered).
+    assert statements == ["SELECT"] * 2, statements
     # Something new (an unhealthy GPU) is written at once, and so is a heartbeat due again.
     sync(launcher, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
     assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [{"gpu": 1, "reason": "XID 79"}]
