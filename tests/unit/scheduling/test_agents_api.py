@@ -3,6 +3,7 @@ unhealthy GPUs, drain and resume, the start timeout, job logs."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.scheduling import agents, services
+from apps.scheduling import agents, services, wakeups
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeAgent, RankRun
 from apps.scheduling.selectors import job_ranks
@@ -320,3 +321,11 @@ def test_job_logs_show_each_ranks_output_tail(launcher, alice, alice_api, bob_ap
     assert alice_api.get(f"/api/v1/jobs/{job.pk}/logs/", {"rank": "x"}).status_code == 400
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "rank 1" in job.pending_reason and "oops" in job.pending_reason
+
+
+def test_malformed_or_own_wakeups_change_nothing():
+    before = wakeups.epoch(424243, "node-z")
+    wakeups._apply(b"not json")
+    wakeups._apply(json.dumps({"origin": wakeups._ORIGIN, "cluster": 424243, "nodes": ["node-z"]}))
+    wakeups._apply(json.dumps({"origin": "x", "nodes": ["node-z"]}))
+    assert wakeups.epoch(424243, "node-z") == before
