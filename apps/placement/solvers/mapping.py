@@ -8,7 +8,8 @@ activations and small TP keeps its stages inside a node and splits TP across sam
 Then the rank order, and TP fastest followed by EP, DP and PP in either order (PP outermost
 keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs). A second slot
 order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
-TP-sharded jobs that leave part of each node free still meet on one rail's leaf; a third is plain
+TP-sharded jobs that leave part of each node free still meet on one rail's leaf; where NVLink
+domains straddle leaves, one walks each domain leaf by leaf (`domain_major`); the last is plain
 GPU id order.
 """
 
@@ -89,6 +90,21 @@ def rail_major(idx: HierarchyIndex, slots: np.ndarray, chunk: int) -> np.ndarray
     return slots[order]
 
 
+def domain_major(idx: HierarchyIndex, slots: np.ndarray) -> np.ndarray | None:
+    """Slots NVLink domain by domain, each domain's slots leaf (unit) by leaf, when some domain of
+    the set straddles units; else None. Groups nested inside a domain stay whole, and the k-th
+    slot of every domain sits under the same-ranked leaf of its domain, so groups across domains
+    (DP over pipelines kept inside domains) span as few leaves as the domains allow."""
+    dom, unit = idx.gpu_domain[slots], idx.gpu_unit[slots]
+    key = np.unique(dom * idx.n_units + unit)
+    if np.unique(key // idx.n_units).size == key.size:
+        return None
+    order = np.lexsort(
+        (idx.gpu_index[slots], idx.gpu_node[slots], unit, dom, idx.gpu_pod[slots], idx.gpu_plane[slots])
+    )
+    return slots[order]
+
+
 def lay_out(job: JobSpec, slots: np.ndarray, nest: tuple[str, ...]) -> np.ndarray:
     """gids (rank -> GPU) that put ranks, sorted by `nest` (fastest first), on consecutive slots."""
     coords = rank_coordinates(job)
@@ -104,6 +120,9 @@ def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> 
     slot_orders = [slots]
     if 1 < job.tp < slots.size:
         slot_orders.append(rail_major(idx, slots, job.tp))
+    straddling = domain_major(idx, slots)
+    if straddling is not None:
+        slot_orders.append(straddling)
     # Plain id order keeps NVLink domains that straddle units in one piece.
     slot_orders.append(np.sort(slots))
     seen: set[bytes] = set()

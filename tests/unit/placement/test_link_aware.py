@@ -171,7 +171,7 @@ def test_search_improves_a_poor_map_and_never_raises_the_cost(eight_nics):
     bound = lower_bound(eight_nics, j, free=free).comm_ms
     before = evaluate(eight_nics, j, start).comm_ms
     gids, cost = search(
-        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, budget_s=120, stall_evals=3000
+        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, stall_evals=3000
     )
     assert cost == pytest.approx(evaluate(eight_nics, j, gids).comm_ms)
     assert bound <= cost < before / 2
@@ -182,7 +182,7 @@ def test_search_stops_at_once_when_the_start_meets_the_bound(eight_nics):
     j = _tp_pp_job(2, 8, 2, 1e6, 4e8)
     free = np.ones(eight_nics.n_gpus, dtype=bool)
     start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
-    gids, cost = search(eight_nics, j, start, free, np.zeros(1), 1e9, max_evals=3000, budget_s=10)
+    gids, cost = search(eight_nics, j, start, free, np.zeros(1), 1e9, max_evals=3000)
     assert (gids == start).all()
     assert cost == pytest.approx(evaluate(eight_nics, j, start).comm_ms)
 
@@ -193,7 +193,7 @@ def test_search_uses_only_free_gpus():
     free[8:12] = False
     j = job(dp=16, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
     start = np.flatnonzero(free)[:16]
-    gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300, budget_s=10)
+    gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300)
     assert free[gids].all() and np.unique(gids).size == 16
 
 
