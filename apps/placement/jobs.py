@@ -36,7 +36,7 @@ from .topology.ranges import (
     USER_RE,
 )
 
-GROUP_KINDS = ("tp", "pp", "dp", "ep")
+GROUP_KINDS = ("tp", "pp", "dp", "ep", "cp")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p", "volume")
 # The solver names a job may ask for; the solvers package exposes the same tuple as POLICIES.
 POLICY_NAMES = ("topo", "naive", "first_fit", "tree_best_fit", "random")
@@ -130,14 +130,12 @@ def load_job(data: Any) -> JobSpec:
             _count(errs, f"parallelism.{k}", par.get(k, 1), maximum=MAX_CLUSTER_GPUS)
             for k in ("tp", "pp", "dp", "ep", "cp")
         )
-        if cp != 1:
-            errs.add("parallelism.cp", f"context parallelism is not modelled yet: cp must be 1, got {cp}")
-            cp = 1
         if dp % ep:
             errs.add("parallelism.ep", f"ep={ep} must divide dp={dp}")
-        if tp * pp * dp != gpus:
-            errs.add("parallelism", f"tp*pp*dp={tp * pp * dp} but gpus={gpus}")
-    rank_order = _rank_order(errs, data.get("rank_order", DEFAULT_RANK_ORDER))
+        if tp * cp * pp * dp != gpus:
+            product = "tp*pp*dp" if cp == 1 else "tp*cp*pp*dp"
+            errs.add("parallelism", f"{product}={tp * cp * pp * dp} but gpus={gpus}")
+    rank_order = _rank_order(errs, data.get("rank_order", DEFAULT_RANK_ORDER), cp)
 
     flops = None
     model = data.get("model")
@@ -199,20 +197,30 @@ def _optional_str(errs: _Errors, path: str, value: Any) -> str | None:
     return _name(errs, path, value)
 
 
-def _rank_order(errs: _Errors, value: Any) -> str:
+def _rank_order(errs: _Errors, value: Any, cp: int = 1) -> str:
+    """The rank order with cp in it when cp > 1 (right after tp unless placed, as Megatron's
+    tp-cp-ep-dp-pp), without it while cp is 1 (its position then changes no rank's coordinates)."""
     if not isinstance(value, str):
         errs.add("rank_order", f"must be a string such as {DEFAULT_RANK_ORDER!r}, got {cut(value)}")
-        return DEFAULT_RANK_ORDER
+        return _with_cp(DEFAULT_RANK_ORDER.split("-"), cp)
     dims = value.strip().lower().split("-")
-    # cp has size 1 for now, so its position changes no rank's coordinates.
     core = [d for d in dims if d != "cp"]
     if sorted(core) != sorted(RANK_DIMS) or dims.count("cp") > 1:
         errs.add(
             "rank_order",
             f"must be a permutation of tp, ep, dp, pp (optionally with cp) joined by '-', got {cut(value)}",
         )
-        return DEFAULT_RANK_ORDER
-    return "-".join(core)
+        return _with_cp(DEFAULT_RANK_ORDER.split("-"), cp)
+    if cp == 1:
+        return "-".join(core)
+    return "-".join(dims) if "cp" in dims else _with_cp(dims, cp)
+
+
+def _with_cp(dims: list[str], cp: int) -> str:
+    if cp == 1:
+        return "-".join(dims)
+    at = dims.index("tp") + 1
+    return "-".join([*dims[:at], "cp", *dims[at:]])
 
 
 def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
@@ -263,6 +271,8 @@ def job_to_spec(job: JobSpec) -> dict:
     out["priority"] = job.priority
     out["gpus"] = job.gpus
     out["parallelism"] = {"tp": job.tp, "pp": job.pp, "dp": job.dp, "ep": job.ep}
+    if job.cp > 1:
+        out["parallelism"]["cp"] = job.cp
     out["rank_order"] = job.rank_order
     if job.flops_per_step is not None:
         out["model"] = {"flops_per_step": job.flops_per_step}

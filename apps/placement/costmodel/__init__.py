@@ -29,7 +29,9 @@ effect, `Topology.group_path`) and a its latency:
   through its own NIC (shared by every spanning member on it, capped by the group's path and
   uplink share), those inside over NVLink; the group takes its slowest member
   (`alltoall_spanning_ms` for the NIC part), so 7+1, 4+4 and one rank per node differ;
-- p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1);
+- p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1); for a cp
+  group (context parallelism's ring attention) a ring pass: `(n-1)(a + S/B)` over the slowest hop
+  of the closed ring (the last member sends to the first), every member sending at once;
 - volume: `S/B` with the group's bottleneck and no latency (the seed's accounting).
 
 Congestion, and what a "flow" is. A flow is one stream of a comm entry through a leaf switch's

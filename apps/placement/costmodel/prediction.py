@@ -109,7 +109,7 @@ def evaluate(
         if st.members.shape[1] < 2 or entry.bytes == 0:
             entry_ms.append(0.0)
             continue
-        t, bw, own = _entry(topology, st, entry.collective, entry.bytes, load)
+        t, bw, own = _entry(topology, st, entry.collective, entry.bytes, load, entry.group)
         flows = np.maximum(flows, own)
         kind_time[entry.group] += t * entry.count
         kind_bw[entry.group] = np.minimum(kind_bw[entry.group], bw)
@@ -156,13 +156,14 @@ def _core_share(topo: Topology, pods: np.ndarray, rings: np.ndarray | None) -> n
 
 
 def _entry(
-    topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray
+    topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray, kind: str = ""
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One comm entry: per-group time (ms), the bandwidth that set it (GB/s), own flows per leaf."""
+    """One comm entry of group `kind`: per-group time (ms), the bandwidth that set it (GB/s), own
+    flows per leaf."""
     n_leaves = load.size
     n = st.members.shape[1]
     if collective == "p2p":
-        return _p2p(topo, st, nbytes, load)
+        return _p2p(topo, st, nbytes, load, ring=kind == "cp")
     own = np.zeros(n_leaves)
     crossing = st.multi_leaf.copy()
     hier = st.spans if collective in HIERARCHICAL_FORMS else np.zeros_like(st.spans)
@@ -258,9 +259,13 @@ def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: fl
     return np.maximum(inter, intra).max(axis=1), bw.min(axis=1)
 
 
-def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
+def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray, ring: bool = False):
     # Consecutive members (stage i -> i+1); a hop between leaves is one flow on each of its leaves.
+    # A ring (context parallelism's ring attention) also closes from the last member to the first,
+    # and a pass takes n - 1 steps, every member sending to its successor at once in each.
     a, b = st.members[:, :-1], st.members[:, 1:]
+    if ring:
+        a, b = st.members, np.roll(st.members, -1, axis=1)
     bw, lat, level = pair_paths(topo, a.ravel(), b.ravel())
     la, lb = topo.gpu_leaf[a.ravel()], topo.gpu_leaf[b.ravel()]
     crossing = level >= 2
@@ -285,7 +290,8 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
         bw[crossing] = np.minimum(bw[crossing], hop_share)
     bw = bw.reshape(a.shape)
     hop = np.asarray(p2p_ms(nbytes, bw, lat.reshape(a.shape)))
-    return hop.max(axis=1), bw.min(axis=1), own
+    steps = st.members.shape[1] - 1 if ring else 1
+    return hop.max(axis=1) * steps, bw.min(axis=1), own
 
 
 def _group_costs(arrays, stats, kind_time, kind_bw) -> tuple[GroupCost, ...]:

@@ -22,11 +22,12 @@ import numpy as np
 from ..jobs import JobSpec
 from .base import HierarchyIndex, rank_coordinates
 
-NESTINGS = (("tp", "ep", "dp", "pp"), ("tp", "ep", "pp", "dp"))
+# Context parallelism nests right after TP: its ring attention moves the most bytes after TP's.
+NESTINGS = (("tp", "cp", "ep", "dp", "pp"), ("tp", "cp", "ep", "pp", "dp"))
 
 
 def _sizes(job: JobSpec) -> dict[str, int]:
-    return {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
+    return {"tp": job.tp, "cp": job.cp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
 
 
 # Bytes a rank moves per byte of payload, by collective (ring allreduce twice, the others once).
@@ -43,13 +44,17 @@ TRAFFIC_FACTOR = {
 def declared_traffic(job: JobSpec) -> dict[str, float]:
     """Bytes each rank moves per step in each group kind where compute does not hide them, from
     the job's comm entries (payload x count x the collective's factor x (1 - the entry's
-    overlap)); 0 for a kind without entries or of size 1."""
+    overlap)); 0 for a kind without entries or of size 1. A cp p2p entry is a ring pass: cp - 1
+    sends per rank."""
     sizes = _sizes(job)
     sizes["dp"] = job.dp
-    out = dict.fromkeys(("tp", "ep", "dp", "pp"), 0.0)
+    out = dict.fromkeys(("tp", "cp", "ep", "dp", "pp"), 0.0)
     for c in job.comm:
         if sizes[c.group] > 1:
-            out[c.group] += c.bytes * c.count * TRAFFIC_FACTOR[c.collective] * (1.0 - job.entry_overlap(c))
+            steps = sizes["cp"] - 1 if c.group == "cp" and c.collective == "p2p" else 1
+            out[c.group] += (
+                c.bytes * c.count * steps * TRAFFIC_FACTOR[c.collective] * (1.0 - job.entry_overlap(c))
+            )
     return out
 
 
@@ -59,8 +64,17 @@ def traffic_nesting(job: JobSpec) -> tuple[str, ...]:
     traffic = declared_traffic(job)
     # An EP group lies inside its DP group, so ep never nests outside dp.
     traffic["ep"] = max(traffic["ep"], traffic["dp"])
-    order = {d: i for i, d in enumerate(job.dims)}
-    return tuple(sorted(job.dims, key=lambda d: (-traffic[d], order[d])))
+    dims = _all_dims(job)
+    order = {d: i for i, d in enumerate(dims)}
+    return tuple(sorted(dims, key=lambda d: (-traffic[d], order[d])))
+
+
+def _all_dims(job: JobSpec) -> tuple[str, ...]:
+    """The rank order's dimensions with cp in it (right after tp while the order leaves it out)."""
+    dims = list(job.dims)
+    if "cp" not in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
+    return tuple(dims)
 
 
 def nestings(job: JobSpec) -> list[tuple[str, ...]]:
@@ -69,7 +83,7 @@ def nestings(job: JobSpec) -> list[tuple[str, ...]]:
     sizes = _sizes(job)
     out: list[tuple[str, ...]] = []
     seen: set[tuple[str, ...]] = set()
-    for nest in (traffic_nesting(job), job.dims, *NESTINGS):
+    for nest in (traffic_nesting(job), _all_dims(job), *NESTINGS):
         effective = tuple(d for d in nest if sizes[d] > 1)
         if effective not in seen:
             seen.add(effective)

@@ -164,20 +164,21 @@ def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarr
 def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:
     """(chunk, unit alignment) pairs to try, strictest first.
 
-    A chunk is how many GPUs every NVLink domain supplies a multiple of: TP*EP and TP (so those
-    groups stay inside a domain), then powers of two down to 1 - the larger the pieces a group
+    A chunk is how many GPUs every NVLink domain supplies a multiple of: TP*CP*EP, TP*CP, TP*EP
+    and TP (so those groups stay inside a domain), then powers of two down to 1 - the larger the pieces a group
     spans domains in, the more rails its hierarchical allreduce runs on. A unit supplies whole
-    PP stages (tp*dp GPUs) or whole DP replicas (tp*pp) when it can, else whole TP groups, so that
+    PP stages (gpus/pp GPUs) or whole DP replicas (gpus/dp) when it can, else whole TP groups, so that
     a job spanning units crosses between them along one kind of group only. Last comes no
     alignment at all, which always fits."""
-    sizes = [job.tp * job.ep, job.tp]
+    sizes = [job.tp * job.cp * job.ep, job.tp * job.cp, job.tp * job.ep, job.tp]
     c = 1
     while c * 2 <= idx.max_domain_gpus and job.gpus % (c * 2) == 0:
         c *= 2
     while c >= 1:
         sizes.append(c)
         c //= 2
-    blocks = sorted({job.tp * job.dp, job.tp * job.pp}, reverse=True)
+    # A PP stage and a DP replica, in GPUs.
+    blocks = sorted({job.gpus // job.pp, job.gpus // job.dp}, reverse=True)
     out: list[tuple[int, int]] = []
     for c in sorted(set(sizes), reverse=True):
         if c > idx.max_domain_gpus or job.gpus % c:

@@ -170,9 +170,7 @@ def test_search_improves_a_poor_map_and_never_raises_the_cost(eight_nics):
     start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
     bound = lower_bound(eight_nics, j, free=free).comm_ms
     before = evaluate(eight_nics, j, start).comm_ms
-    gids, cost = search(
-        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, stall_evals=3000
-    )
+    gids, cost = search(eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, stall_evals=3000)
     assert cost == pytest.approx(evaluate(eight_nics, j, gids).comm_ms)
     assert bound <= cost < before / 2
     assert free[gids].all() and np.unique(gids).size == j.gpus
