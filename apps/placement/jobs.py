@@ -91,6 +91,8 @@ class JobSpec:
     estimated_runtime_s: float | None
     policy: str | None
     launch: LaunchSpec = LaunchSpec()
+    # Microbatches per step in each pipeline (1F1B schedule), None when not declared.
+    microbatches: int | None = None
 
     def entry_overlap(self, entry: CommEntry) -> float:
         """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
@@ -142,13 +144,15 @@ def load_job(data: Any) -> JobSpec:
     if model is not None and _check_keys(errs, "model", model, {"flops_per_step"}):
         flops = _positive(errs, "model.flops_per_step", model["flops_per_step"], maximum=MAX_FLOPS_PER_STEP)
 
-    compute_ms, overlap = 0.0, 0.0
+    compute_ms, overlap, microbatches = 0.0, 0.0, None
     step = data["step"]
-    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap"}):
+    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap", "microbatches"}):
         compute_ms = _positive(
             errs, "step.compute_ms", step["compute_ms"], allow_zero=True, maximum=MAX_COMPUTE_MS
         )
         overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True, maximum=1.0)
+        if step.get("microbatches") is not None:
+            microbatches = _count(errs, "step.microbatches", step["microbatches"], maximum=MAX_COMM_COUNT)
 
     comm: list[CommEntry] = []
     if not isinstance(data["comm"], list):
@@ -188,6 +192,7 @@ def load_job(data: Any) -> JobSpec:
         estimated_runtime_s=runtime,
         policy=policy,
         launch=launch,
+        microbatches=microbatches,
     )
 
 
@@ -277,6 +282,8 @@ def job_to_spec(job: JobSpec) -> dict:
     if job.flops_per_step is not None:
         out["model"] = {"flops_per_step": job.flops_per_step}
     out["step"] = {"compute_ms": job.compute_ms, "overlap": job.overlap}
+    if job.microbatches is not None:
+        out["step"]["microbatches"] = job.microbatches
     out["comm"] = [
         {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count}
         | ({} if c.overlap is None else {"overlap": c.overlap})

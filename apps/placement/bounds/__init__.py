@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..costmodel import GroupCost, Prediction, mfu, step_ms
+from ..costmodel import GroupCost, Prediction, mfu, most_hidden_share, pipeline_compute_ms, step_ms
 from ..groups import group_arrays
 from ..jobs import GROUP_KINDS, JobSpec
 from ..topology import LEVELS, Topology
@@ -206,8 +206,9 @@ def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction
     comm = float(sum(entry_ms))
     # Entries overlap compute by their own shares, and the cheapest assignment of comm need not be
     # the cheapest of the exposed part: the most any entry hides bounds what all of it can.
-    most_hidden = max((job.entry_overlap(e) for e in job.comm), default=job.overlap)
-    step = step_ms(job.compute_ms, most_hidden, comm)
+    # Under 1F1B a pipeline entry hides all but its sends on the fill and drain.
+    most_hidden = max((most_hidden_share(job, e) for e in job.comm), default=job.overlap)
+    step = step_ms(pipeline_compute_ms(job), most_hidden, comm)
     top_bw = float(topology.domain_bw.max())
     groups = []
     for kind, t in kind_time.items():

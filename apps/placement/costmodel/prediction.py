@@ -18,6 +18,7 @@ from .formulas import (
     exposed_ms,
     mfu,
     p2p_ms,
+    pipeline_compute_ms,
     spanning_ms,
     volume_ms,
 )
@@ -116,7 +117,7 @@ def evaluate(
         entry_ms.append(float(t.max()) * entry.count)
 
     comm = float(sum(entry_ms))
-    step = job.compute_ms + exposed_ms(job, entry_ms)
+    step = pipeline_compute_ms(job) + exposed_ms(job, entry_ms)
     peak = float(topology.node_peak_tflops[topology.gpu_node[g]].sum())
     groups = _group_costs(arrays, stats, kind_time, kind_bw) if detail else ()
     return Prediction(

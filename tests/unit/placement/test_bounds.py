@@ -315,6 +315,7 @@ def test_no_placement_on_a_free_set_beats_its_free_bound(clusters, data):
         comm=entries,
         rank_order=order,
         model={"flops_per_step": 1e14},
+        microbatches=data.draw(st.sampled_from([None, 1, 4])),
     )
     # A random free set (often the whole cluster); every candidate below uses free GPUs only.
     order_gids = np.asarray(data.draw(st.permutations(range(topo.n_gpus))))
