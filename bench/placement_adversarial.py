@@ -22,6 +22,7 @@ for a 1,024-GPU job on 16,384 GPUs (p99 < 1 s) and a 16,384-GPU job on 131,072 G
 each cluster warmed by one small placement first (its per-topology index, as the scheduler has).
 
     .venv/bin/python bench/placement_adversarial.py [--quick] [--seed N] [--per-class K] [--evals E]
+        [--classes a,b] [--table] [--no-speed]
 """
 
 from __future__ import annotations
