@@ -6,7 +6,10 @@ data-parallel dimension of size `dp` is split into `ep` (expert index, the faste
 - a TP / PP group is the ranks that differ only in their tp / pp coordinate;
 - a DP group is the `dp` ranks that share tp and pp coordinates (dense gradients are all-reduced
   over all of them), listed by DP coordinate;
-- an EP group is `ep` consecutive DP coordinates: the ranks that share tp, pp and dp_index.
+- an EP group is `ep` consecutive DP coordinates: the ranks that share tp, pp and dp_index;
+- a CP group (context parallelism, cp > 1) is the ranks that differ only in their cp coordinate;
+  Megatron's order puts cp right after tp (tp-cp-ep-dp-pp). DP groups keep one cp coordinate:
+  a `dp` entry prices the gradient reduction of each context slice's data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -33,16 +36,20 @@ def group_arrays(job: JobSpec) -> dict[str, np.ndarray]:
 
     Cached per parallelism, so solvers can call it in their inner loops.
     """
-    return _group_arrays(job.gpus, job.tp, job.pp, job.dp, job.ep, job.rank_order)
+    return _group_arrays(job.gpus, job.tp, job.pp, job.dp, job.ep, job.rank_order, job.cp)
 
 
 @lru_cache(maxsize=512)
-def _group_arrays(gpus: int, tp: int, pp: int, dp: int, ep: int, rank_order: str) -> dict[str, np.ndarray]:
-    if tp * pp * dp != gpus or dp % ep:
-        raise ValueError(f"parallelism tp={tp} pp={pp} dp={dp} ep={ep} does not fit gpus={gpus}")
+def _group_arrays(
+    gpus: int, tp: int, pp: int, dp: int, ep: int, rank_order: str, cp: int = 1
+) -> dict[str, np.ndarray]:
+    if tp * cp * pp * dp != gpus or dp % ep:
+        raise ValueError(f"parallelism tp={tp} cp={cp} pp={pp} dp={dp} ep={ep} does not fit gpus={gpus}")
     # "dpo" is the slower, outer part of the data-parallel dimension (dp_index, size dp/ep).
-    sizes = {"tp": tp, "ep": ep, "dpo": dp // ep, "pp": pp}
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dpo": dp // ep, "pp": pp}
     dims = ["dpo" if d == "dp" else d for d in rank_order.split("-")]
+    if "cp" not in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
     # C order puts the last axis fastest, so the fastest dimension goes last.
     axes = dims[::-1]
     grid = np.arange(gpus, dtype=np.int64).reshape([sizes[d] for d in axes])
@@ -61,14 +68,15 @@ def _group_arrays(gpus: int, tp: int, pp: int, dp: int, ep: int, rank_order: str
         "pp": along("pp"),
         "dp": along("dpo", "ep"),
         "ep": along("ep"),
+        "cp": along("cp"),
     }
 
 
 def rank_coordinates(job: JobSpec, rank: int) -> dict[str, int]:
-    """A rank's coordinates: tp, pp, ep (expert index), dp (its DP coordinate) and dp_index."""
+    """A rank's coordinates: tp, pp, ep (expert index), dp (its DP coordinate), dp_index and cp."""
     if not 0 <= rank < job.gpus:
         raise ValueError(f"rank {rank} is outside 0..{job.gpus - 1}")
-    sizes = {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
+    sizes = {"tp": job.tp, "cp": job.cp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
     coords: dict[str, int] = {}
     rest = rank
     for d in job.rank_order.split("-"):
@@ -81,4 +89,5 @@ def rank_coordinates(job: JobSpec, rank: int) -> dict[str, int]:
         "ep": coords["ep"],
         "dp": coords["ep"] + job.ep * dp_index,
         "dp_index": dp_index,
+        "cp": coords.get("cp", 0),
     }

@@ -36,7 +36,7 @@ from .topology.ranges import (
     USER_RE,
 )
 
-GROUP_KINDS = ("tp", "pp", "dp", "ep")
+GROUP_KINDS = ("tp", "pp", "dp", "ep", "cp")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p", "volume")
 # The solver names a job may ask for; the solvers package exposes the same tuple as POLICIES.
 POLICY_NAMES = ("topo", "naive", "first_fit", "tree_best_fit", "random")
@@ -91,6 +91,8 @@ class JobSpec:
     estimated_runtime_s: float | None
     policy: str | None
     launch: LaunchSpec = LaunchSpec()
+    # Microbatches per step in each pipeline (1F1B schedule), None when not declared.
+    microbatches: int | None = None
 
     def entry_overlap(self, entry: CommEntry) -> float:
         """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
@@ -130,27 +132,27 @@ def load_job(data: Any) -> JobSpec:
             _count(errs, f"parallelism.{k}", par.get(k, 1), maximum=MAX_CLUSTER_GPUS)
             for k in ("tp", "pp", "dp", "ep", "cp")
         )
-        if cp != 1:
-            errs.add("parallelism.cp", f"context parallelism is not modelled yet: cp must be 1, got {cp}")
-            cp = 1
         if dp % ep:
             errs.add("parallelism.ep", f"ep={ep} must divide dp={dp}")
-        if tp * pp * dp != gpus:
-            errs.add("parallelism", f"tp*pp*dp={tp * pp * dp} but gpus={gpus}")
-    rank_order = _rank_order(errs, data.get("rank_order", DEFAULT_RANK_ORDER))
+        if tp * cp * pp * dp != gpus:
+            product = "tp*pp*dp" if cp == 1 else "tp*cp*pp*dp"
+            errs.add("parallelism", f"{product}={tp * cp * pp * dp} but gpus={gpus}")
+    rank_order = _rank_order(errs, data.get("rank_order", DEFAULT_RANK_ORDER), cp)
 
     flops = None
     model = data.get("model")
     if model is not None and _check_keys(errs, "model", model, {"flops_per_step"}):
         flops = _positive(errs, "model.flops_per_step", model["flops_per_step"], maximum=MAX_FLOPS_PER_STEP)
 
-    compute_ms, overlap = 0.0, 0.0
+    compute_ms, overlap, microbatches = 0.0, 0.0, None
     step = data["step"]
-    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap"}):
+    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap", "microbatches"}):
         compute_ms = _positive(
             errs, "step.compute_ms", step["compute_ms"], allow_zero=True, maximum=MAX_COMPUTE_MS
         )
         overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True, maximum=1.0)
+        if step.get("microbatches") is not None:
+            microbatches = _count(errs, "step.microbatches", step["microbatches"], maximum=MAX_COMM_COUNT)
 
     comm: list[CommEntry] = []
     if not isinstance(data["comm"], list):
@@ -190,6 +192,7 @@ def load_job(data: Any) -> JobSpec:
         estimated_runtime_s=runtime,
         policy=policy,
         launch=launch,
+        microbatches=microbatches,
     )
 
 
@@ -199,20 +202,30 @@ def _optional_str(errs: _Errors, path: str, value: Any) -> str | None:
     return _name(errs, path, value)
 
 
-def _rank_order(errs: _Errors, value: Any) -> str:
+def _rank_order(errs: _Errors, value: Any, cp: int = 1) -> str:
+    """The rank order with cp in it when cp > 1 (right after tp unless placed, as Megatron's
+    tp-cp-ep-dp-pp), without it while cp is 1 (its position then changes no rank's coordinates)."""
     if not isinstance(value, str):
         errs.add("rank_order", f"must be a string such as {DEFAULT_RANK_ORDER!r}, got {cut(value)}")
-        return DEFAULT_RANK_ORDER
+        return _with_cp(DEFAULT_RANK_ORDER.split("-"), cp)
     dims = value.strip().lower().split("-")
-    # cp has size 1 for now, so its position changes no rank's coordinates.
     core = [d for d in dims if d != "cp"]
     if sorted(core) != sorted(RANK_DIMS) or dims.count("cp") > 1:
         errs.add(
             "rank_order",
             f"must be a permutation of tp, ep, dp, pp (optionally with cp) joined by '-', got {cut(value)}",
         )
-        return DEFAULT_RANK_ORDER
-    return "-".join(core)
+        return _with_cp(DEFAULT_RANK_ORDER.split("-"), cp)
+    if cp == 1:
+        return "-".join(core)
+    return "-".join(dims) if "cp" in dims else _with_cp(dims, cp)
+
+
+def _with_cp(dims: list[str], cp: int) -> str:
+    if cp == 1:
+        return "-".join(dims)
+    at = dims.index("tp") + 1
+    return "-".join([*dims[:at], "cp", *dims[at:]])
 
 
 def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
@@ -263,10 +276,14 @@ def job_to_spec(job: JobSpec) -> dict:
     out["priority"] = job.priority
     out["gpus"] = job.gpus
     out["parallelism"] = {"tp": job.tp, "pp": job.pp, "dp": job.dp, "ep": job.ep}
+    if job.cp > 1:
+        out["parallelism"]["cp"] = job.cp
     out["rank_order"] = job.rank_order
     if job.flops_per_step is not None:
         out["model"] = {"flops_per_step": job.flops_per_step}
     out["step"] = {"compute_ms": job.compute_ms, "overlap": job.overlap}
+    if job.microbatches is not None:
+        out["step"]["microbatches"] = job.microbatches
     out["comm"] = [
         {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count}
         | ({} if c.overlap is None else {"overlap": c.overlap})

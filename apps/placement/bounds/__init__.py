@@ -4,16 +4,16 @@ or on a given set of free GPUs.
 Regions, cap(L) and free GPUs: `capacity`. Pricing, the job's own flows and two kinds crossing
 together: `prices`.
 
-The bound gives each group kind K that communicates (tp, pp, dp, ep with a non-empty comm entry and
+The bound gives each group kind K that communicates (tp, pp, dp, ep, cp with a non-empty comm entry and
 groups of 2+ ranks) a level l(K), keeps the assignments that are feasible and takes the cheapest:
-the sum of its comm entries, each priced at its kind's level (`prices`). At most 4^4 assignments.
+the sum of its comm entries, each priced at its kind's level (`prices`). At most 4^5 assignments.
 
 Feasibility, and why it is necessary. Take any placement and let l(K) be the lowest level at which
 every group of K lies inside one region. Fix a level L and let S be the kinds with l(K) <= L. Link
 two ranks when they share a group of a kind in S; each link joins two ranks in one L-region and the
 regions are disjoint, so every connected set of linked ranks lies inside one L-region. On the
 Megatron grid a group of K is the set of ranks that agree on every coordinate outside K's dimensions
-(tp: tp; pp: pp; ep: the expert index; dp: the expert index and dp_index), so a connected set is the
+(tp: tp; pp: pp; cp: cp; ep: the expert index; dp: the expert index and dp_index), so a connected set is the
 set of ranks that agree outside the union of S's dimensions: a block of the product of those
 dimensions' sizes (an EP group lies inside its DP group, so ep adds nothing once dp is in S). Hence
 every placement's own assignment satisfies block(S) <= cap(L) at every level L below core (at core
@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..costmodel import GroupCost, Prediction, mfu, step_ms
+from ..costmodel import GroupCost, Prediction, mfu, most_hidden_share, pipeline_compute_ms, step_ms
 from ..groups import group_arrays
 from ..jobs import GROUP_KINDS, JobSpec
 from ..topology import LEVELS, Topology
@@ -206,8 +206,9 @@ def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction
     comm = float(sum(entry_ms))
     # Entries overlap compute by their own shares, and the cheapest assignment of comm need not be
     # the cheapest of the exposed part: the most any entry hides bounds what all of it can.
-    most_hidden = max((job.entry_overlap(e) for e in job.comm), default=job.overlap)
-    step = step_ms(job.compute_ms, most_hidden, comm)
+    # Under 1F1B a pipeline entry hides all but its sends on the fill and drain.
+    most_hidden = max((most_hidden_share(job, e) for e in job.comm), default=job.overlap)
+    step = step_ms(pipeline_compute_ms(job), most_hidden, comm)
     top_bw = float(topology.domain_bw.max())
     groups = []
     for kind, t in kind_time.items():

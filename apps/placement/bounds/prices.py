@@ -67,8 +67,8 @@ from ..topology import Topology
 from .capacity import _MEMO_SIZE, _Capacity
 
 # Grid dimensions as bits (ep is the expert index, dpo the dp_index) and each kind's dimensions.
-_DIM_BITS = {"tp": 1, "pp": 2, "ep": 4, "dpo": 8}
-_KIND_DIMS = {"tp": 1, "pp": 2, "ep": 4, "dp": 4 | 8}
+_DIM_BITS = {"tp": 1, "pp": 2, "ep": 4, "dpo": 8, "cp": 16}
+_KIND_DIMS = {"tp": 1, "pp": 2, "ep": 4, "dp": 4 | 8, "cp": 16}
 # Largest grid of leaf blocks two kinds crossing together are counted over (blocks); beyond, 1 line.
 _GRID_CELLS = 1024
 
@@ -171,8 +171,8 @@ def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, split: tup
 
 def _grid_blocks(job: JobSpec) -> list[int]:
     """Ranks in the block spanned by each set of grid dimensions (index: a bit mask of _DIM_BITS)."""
-    sizes = {"tp": job.tp, "pp": job.pp, "ep": job.ep, "dpo": job.dp // job.ep}
-    return [math.prod(size for dim, size in sizes.items() if mask & _DIM_BITS[dim]) for mask in range(16)]
+    sizes = {"tp": job.tp, "pp": job.pp, "ep": job.ep, "dpo": job.dp // job.ep, "cp": job.cp}
+    return [math.prod(size for dim, size in sizes.items() if mask & _DIM_BITS[dim]) for mask in range(32)]
 
 
 @functools.lru_cache(maxsize=64)
@@ -245,7 +245,9 @@ class _Prices:
                 hit = _spanning(cap, e.collective, n, e.bytes, key[3], key[4])
             cap.prices[key] = hit
         t, bw = hit[max(level - 1, 0)]
-        return t * e.count, bw
+        # A cp p2p entry is a ring pass: n - 1 steps, each at least one send at this level's price.
+        steps = n - 1 if e.group == "cp" and e.collective == "p2p" else 1
+        return t * e.count * steps, bw
 
     def kind(self, k: str, level: int, *context: int) -> float:
         """Total ms of kind k's entries at LEVELS[level] (context as for `entry`)."""

@@ -6,7 +6,11 @@ latency in microseconds.
 `evaluate(topology, job, gids, link_load)` prices one placement. Each `comm` entry costs the time of
 its slowest group (all groups of a kind communicate at once) times its `count`; `comm_ms` sums the
 entries; `step_ms = compute_ms + sum over entries of (1 - overlap) * entry time`, each entry's
-overlap its own or else the job's `step.overlap` (`exposed_ms`); MFU = flops_per_step / (step_s * sum of
+overlap its own or else the job's `step.overlap` (`exposed_ms`). A job declaring
+`step.microbatches` m with pp > 1 runs 1F1B: its compute part carries the bubble,
+compute_ms * (m + pp - 1) / m (`pipeline_compute_ms`), and a pipeline p2p entry waits only for its
+2(pp - 1) sends on the fill and drain and for each other send's excess over a microbatch's compute
+(`entry_exposed_ms`); MFU = flops_per_step / (step_s * sum of
 the placed GPUs' peak TFLOPS * 1e12).
 
 How one group is priced, with B its bottleneck bandwidth (the slowest member pair, the bucket
@@ -29,7 +33,9 @@ effect, `Topology.group_path`) and a its latency:
   through its own NIC (shared by every spanning member on it, capped by the group's path and
   uplink share), those inside over NVLink; the group takes its slowest member
   (`alltoall_spanning_ms` for the NIC part), so 7+1, 4+4 and one rank per node differ;
-- p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1);
+- p2p: `a + S/B` on the slowest hop between consecutive members (stage i to stage i+1); for a cp
+  group (context parallelism's ring attention) a ring pass: `(n-1)(a + S/B)` over the slowest hop
+  of the closed ring (the last member sends to the first), every member sending at once;
 - volume: `S/B` with the group's bottleneck and no latency (the seed's accounting).
 
 Congestion, and what a "flow" is. A flow is one stream of a comm entry through a leaf switch's
@@ -51,12 +57,15 @@ from .formulas import (
     allgather_ms,
     alltoall_ms,
     alltoall_spanning_ms,
+    entry_exposed_ms,
     exposed_ms,
     hierarchical_allgather_ms,
     hierarchical_allreduce_ms,
     hierarchical_reducescatter_ms,
     mfu,
+    most_hidden_share,
     p2p_ms,
+    pipeline_compute_ms,
     pipelined_ms,
     reducescatter_ms,
     ring_allreduce_ms,
@@ -76,6 +85,7 @@ __all__ = [
     "allgather_ms",
     "alltoall_ms",
     "alltoall_spanning_ms",
+    "entry_exposed_ms",
     "exposed_ms",
     "check_gids",
     "evaluate",
@@ -85,7 +95,9 @@ __all__ = [
     "kind_stats",
     "load_array",
     "mfu",
+    "most_hidden_share",
     "p2p_ms",
+    "pipeline_compute_ms",
     "pipelined_ms",
     "pair_paths",
     "reducescatter_ms",

@@ -197,10 +197,51 @@ def step_ms(compute_ms: float, overlap: float, comm_ms: float) -> float:
     return compute_ms + (1.0 - overlap) * comm_ms
 
 
+def pipeline_compute_ms(job) -> float:
+    """Compute part of a step, in ms: `compute_ms`, plus the 1F1B pipeline bubble when the job
+    declares `step.microbatches` m and has pp > 1 stages: compute_ms * (m + pp - 1) / m, so the
+    bubble is (pp - 1) / (m + pp - 1) of it."""
+    m = job.microbatches
+    if not m or job.pp < 2:
+        return job.compute_ms
+    return job.compute_ms * (m + job.pp - 1) / m
+
+
+def _one_f_one_b(job, entry) -> bool:
+    return bool(job.microbatches) and job.pp > 1 and entry.group == "pp" and entry.collective == "p2p"
+
+
+def entry_exposed_ms(job, entry, t: float) -> float:
+    """The part of comm entry `entry`'s time `t` (ms, count included) that the step waits for:
+    t * (1 - its overlap). Under 1F1B (`step.microbatches` m, pp > 1) a pipeline p2p send overlaps
+    the next microbatch's compute (compute_ms / m) except on the critical path of the fill and the
+    drain, 2(pp - 1) sends: with h = t / count per send, h * min(count, 2(pp-1)) +
+    max(0, h - compute_ms/m) * max(0, count - 2(pp-1)), times (1 - overlap)."""
+    hidden = job.entry_overlap(entry)
+    if not _one_f_one_b(job, entry) or not 0 < t < math.inf:
+        return (1.0 - hidden) * t
+    per_send = t / entry.count
+    critical = 2 * (job.pp - 1)
+    exposed = per_send * min(entry.count, critical)
+    if entry.count > critical:
+        exposed += max(0.0, per_send - job.compute_ms / job.microbatches) * (entry.count - critical)
+    return (1.0 - hidden) * exposed
+
+
+def most_hidden_share(job, entry) -> float:
+    """The largest share of `entry`'s time that compute can hide (`entry_exposed_ms` over t at
+    its least): its overlap, and under 1F1B every send but the 2(pp - 1) on the critical path."""
+    hidden = job.entry_overlap(entry)
+    if not _one_f_one_b(job, entry):
+        return hidden
+    return 1.0 - (1.0 - hidden) * min(entry.count, 2 * (job.pp - 1)) / entry.count
+
+
 def exposed_ms(job, entry_ms) -> float:
-    """Communication left exposed per step, in ms: each comm entry's time (count included) times
-    (1 - its overlap), summed; step time = compute_ms + exposed."""
-    return float(sum((1.0 - job.entry_overlap(e)) * t for e, t in zip(job.comm, entry_ms, strict=True)))
+    """Communication left exposed per step, in ms: each comm entry's exposed part
+    (`entry_exposed_ms`: its time times 1 - its overlap, pipeline sends under 1F1B), summed;
+    step time = `pipeline_compute_ms` + exposed."""
+    return float(sum(entry_exposed_ms(job, e, t) for e, t in zip(job.comm, entry_ms, strict=True)))
 
 
 def mfu(flops_per_step: float | None, step_time_ms: float, peak_tflops_total: float) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,12 +19,14 @@ from .formulas import (
     exposed_ms,
     mfu,
     p2p_ms,
+    pipeline_compute_ms,
     spanning_ms,
     volume_ms,
 )
 from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+_SPINE_PODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +55,37 @@ class Prediction:
 
 
 def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | None) -> np.ndarray:
-    """`link_load` (leaf name -> flows of other jobs, or an array over leaves) as an array over leaves."""
-    out = np.zeros(len(topo.leaf_names))
+    """`link_load` as one array: flows of other jobs on each leaf's uplinks (keyed by leaf name),
+    then on each pod's links to the cores (keyed by the name of a spine with core links, summed over
+    the pod's spines). An array passes through: one value per leaf, optionally then one per pod."""
+    n_leaves, n_pods = len(topo.leaf_names), len(topo.pod_core_bw)
+    out = np.zeros(n_leaves + n_pods)
     if link_load is None:
         return out
     if isinstance(link_load, np.ndarray):
+        if link_load.shape == (n_leaves,):
+            out[:n_leaves] = link_load
+            return out
         if link_load.shape != out.shape:
-            raise ValueError(f"link_load: expected {out.size} values (one per leaf), got {link_load.shape}")
+            raise ValueError(
+                f"link_load: expected {n_leaves} values (one per leaf) or {out.size} (then one per pod), "
+                f"got {link_load.shape}"
+            )
         return link_load.astype(float)
     index = topo.leaf_by_name
-    for leaf, flows in link_load.items():
-        if leaf not in index:
-            raise ValueError(f"link_load: unknown leaf {leaf!r}")
+    pods = spine_pods(topo)
+    for name, flows in link_load.items():
+        if name in index:
+            at = index[name]
+        elif name in pods:
+            at = n_leaves + pods[name]
+        else:
+            raise ValueError(
+                f"link_load: unknown leaf {name!r} (keys name leaves, or spines with core links)"
+            )
         if not flows >= 0:
-            raise ValueError(f"link_load[{leaf!r}]: flows must be non-negative, got {flows!r}")
-        out[index[leaf]] += flows
+            raise ValueError(f"link_load[{name!r}]: flows must be non-negative, got {flows!r}")
+        out[at] += flows
     return out
 
 
@@ -94,11 +113,13 @@ def evaluate(
     each leaf's uplinks. Times in ms. `detail=False` leaves `groups` empty (faster, for solvers)."""
     g = check_gids(topology, job, gids)
     arrays = group_arrays(job)
-    load = load_array(topology, link_load)
+    both = load_array(topology, link_load)
+    load, core_load = both[: len(topology.leaf_names)], both[len(topology.leaf_names) :]
     stats: dict[str, KindStats] = {}
     kind_time: dict[str, np.ndarray] = {}
     kind_bw: dict[str, np.ndarray] = {}
     flows = np.zeros(load.size)
+    core_flows = np.zeros(core_load.size)
     entry_ms: list[float] = []
     for entry in job.comm:
         st = stats.get(entry.group)
@@ -109,14 +130,17 @@ def evaluate(
         if st.members.shape[1] < 2 or entry.bytes == 0:
             entry_ms.append(0.0)
             continue
-        t, bw, own = _entry(topology, st, entry.collective, entry.bytes, load)
+        t, bw, own, own_core = _entry(
+            topology, st, entry.collective, entry.bytes, load, core_load, entry.group
+        )
         flows = np.maximum(flows, own)
+        core_flows = np.maximum(core_flows, own_core)
         kind_time[entry.group] += t * entry.count
         kind_bw[entry.group] = np.minimum(kind_bw[entry.group], bw)
         entry_ms.append(float(t.max()) * entry.count)
 
     comm = float(sum(entry_ms))
-    step = job.compute_ms + exposed_ms(job, entry_ms)
+    step = pipeline_compute_ms(job) + exposed_ms(job, entry_ms)
     peak = float(topology.node_peak_tflops[topology.gpu_node[g]].sum())
     groups = _group_costs(arrays, stats, kind_time, kind_bw) if detail else ()
     return Prediction(
@@ -124,7 +148,8 @@ def evaluate(
         step_ms=step,
         mfu=mfu(job.flops_per_step, step, peak),
         groups=groups,
-        flows={topology.leaf_names[i]: float(flows[i]) for i in np.flatnonzero(flows)},
+        flows={topology.leaf_names[i]: float(flows[i]) for i in np.flatnonzero(flows)}
+        | _core_flow_names(topology, core_flows),
         entry_ms=tuple(entry_ms),
     )
 
@@ -137,10 +162,45 @@ def _leaf_share(topo: Topology, load: np.ndarray, own: np.ndarray) -> np.ndarray
         return np.where((own > 0) & (total > 0), total / denom, math.inf)
 
 
-def _core_share(topo: Topology, pods: np.ndarray, rings: np.ndarray | None) -> np.ndarray:
+def spine_pods(topo: Topology) -> dict[str, int]:
+    """Each spine with links to core switches -> its pod (the key of its core links' load)."""
+    cached = _SPINE_PODS.get(topo)
+    if cached is None:
+        tier = {sw.name: sw.tier for sw in topo.switches}
+        spine_pod: dict[str, int] = {}
+        for lk in topo.links:
+            for leaf, spine in ((lk.a, lk.b), (lk.b, lk.a)):
+                if tier.get(leaf) == "leaf" and tier.get(spine) == "spine" and leaf in topo.leaf_by_name:
+                    spine_pod[spine] = int(topo.leaf_pod[topo.leaf_by_name[leaf]])
+        cored = {s for lk in topo.links for s, c in ((lk.a, lk.b), (lk.b, lk.a)) if tier.get(c) == "core"}
+        cached = {s: p for s, p in sorted(spine_pod.items()) if s in cored}
+        _SPINE_PODS[topo] = cached
+    return cached
+
+
+def _core_flow_names(topo: Topology, core_flows: np.ndarray) -> dict[str, float]:
+    """This job's flows on each pod's core links, spread evenly over the pod's core-linked spines
+    (so that adding them to `link_load` puts them back on the pod)."""
+    if not core_flows.any():
+        return {}
+    by_pod: dict[int, list[str]] = {}
+    for spine, pod in spine_pods(topo).items():
+        by_pod.setdefault(pod, []).append(spine)
+    out: dict[str, float] = {}
+    for pod in np.flatnonzero(core_flows):
+        spines = by_pod.get(int(pod), [])
+        for spine in spines:
+            out[spine] = float(core_flows[pod]) / len(spines)
+    return out
+
+
+def _core_share(
+    topo: Topology, pods: np.ndarray, rings: np.ndarray | None, core_load: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `pods` (each member's pod, groups crossing pods): the least fair share (GB/s) of
-    a pod's core links over the flows the rows put on them: `rings` per pod a ring row spans, or
-    one per member for alltoall and volume (rings None)."""
+    a pod's core links over the flows on them, other jobs' (`core_load` per pod) and the rows':
+    `rings` per pod a ring row spans, or one per member for alltoall and volume (rings None); and
+    the rows' own flows per pod."""
     total = pod_core_total(topo)
     if rings is None:
         flows = np.bincount(pods.ravel(), minlength=total.size).astype(float)
@@ -151,19 +211,27 @@ def _core_share(topo: Topology, pods: np.ndarray, rings: np.ndarray | None) -> n
         weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
         flows = np.bincount(srt[first], weights=weights, minlength=total.size)
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_pod = np.where((flows > 0) & (total > 0), total / flows, math.inf)
-    return per_pod[pods].min(axis=1)
+        per_pod = np.where((flows > 0) & (total > 0), total / (flows + core_load), math.inf)
+    return per_pod[pods].min(axis=1), flows
 
 
 def _entry(
-    topo: Topology, st: KindStats, collective: str, nbytes: float, load: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One comm entry: per-group time (ms), the bandwidth that set it (GB/s), own flows per leaf."""
+    topo: Topology,
+    st: KindStats,
+    collective: str,
+    nbytes: float,
+    load: np.ndarray,
+    core_load: np.ndarray,
+    kind: str = "",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One comm entry of group `kind`: per-group time (ms), the bandwidth that set it (GB/s), own
+    flows per leaf and per pod's core links."""
     n_leaves = load.size
     n = st.members.shape[1]
     if collective == "p2p":
-        return _p2p(topo, st, nbytes, load)
+        return _p2p(topo, st, nbytes, load, core_load, ring=kind == "cp")
     own = np.zeros(n_leaves)
+    own_core = np.zeros(core_load.size)
     crossing = st.multi_leaf.copy()
     hier = st.spans if collective in HIERARCHICAL_FORMS else np.zeros_like(st.spans)
     if collective in HIERARCHICAL_FORMS:
@@ -189,13 +257,12 @@ def _entry(
         if across.any():
             pods = topo.leaf_pod[np.maximum(st.leaves[across], 0)]
             ring = collective in RING_COLLECTIVES
-            share[across] = np.minimum(
-                share[across], _core_share(topo, pods, st.rails_min[across] if ring else None)
-            )
+            core, own_core = _core_share(topo, pods, st.rails_min[across] if ring else None, core_load)
+            share[across] = np.minimum(share[across], core)
     if collective == "volume":
         # The seed's accounting: each rank's bytes over its own bottleneck, no NIC sharing.
         eff_bw = np.minimum(st.path_bw, share)
-        return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own
+        return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own, own_core
     uplink_share = share
     # Groups of one kind that cross the same NIC at once share its rate.
     share = np.minimum(share, st.nic_share)
@@ -230,7 +297,7 @@ def _entry(
         )
         eff_bw = eff_bw.copy()
         eff_bw[hier] = np.minimum(st.intra_bw[hier], inter_bw)
-    return t, eff_bw, own
+    return t, eff_bw, own, own_core
 
 
 def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: float, path_bw: np.ndarray):
@@ -258,9 +325,15 @@ def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: fl
     return np.maximum(inter, intra).max(axis=1), bw.min(axis=1)
 
 
-def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
+def _p2p(
+    topo: Topology, st: KindStats, nbytes: float, load: np.ndarray, core_load: np.ndarray, ring: bool = False
+):
     # Consecutive members (stage i -> i+1); a hop between leaves is one flow on each of its leaves.
+    # A ring (context parallelism's ring attention) also closes from the last member to the first,
+    # and a pass takes n - 1 steps, every member sending to its successor at once in each.
     a, b = st.members[:, :-1], st.members[:, 1:]
+    if ring:
+        a, b = st.members, np.roll(st.members, -1, axis=1)
     bw, lat, level = pair_paths(topo, a.ravel(), b.ravel())
     la, lb = topo.gpu_leaf[a.ravel()], topo.gpu_leaf[b.ravel()]
     crossing = level >= 2
@@ -271,6 +344,7 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
         bw = bw.copy()
         bw[netted] = np.minimum(bw[netted], nic_sharing(topo, a.ravel()[netted], b.ravel()[netted]))
     own = np.zeros(load.size)
+    own_core = np.zeros(core_load.size)
     if crossing.any():
         own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
         share = _leaf_share(topo, load, own)
@@ -279,13 +353,14 @@ def _p2p(topo: Topology, st: KindStats, nbytes: float, load: np.ndarray):
         pa, pb = topo.leaf_pod[la[crossing]], topo.leaf_pod[lb[crossing]]
         across = pa != pb
         if across.any():
-            core = _core_share(topo, np.stack([pa[across], pb[across]], axis=1), None)
+            core, own_core = _core_share(topo, np.stack([pa[across], pb[across]], axis=1), None, core_load)
             hop_share[across] = np.minimum(hop_share[across], core)
         bw = bw.copy()
         bw[crossing] = np.minimum(bw[crossing], hop_share)
     bw = bw.reshape(a.shape)
     hop = np.asarray(p2p_ms(nbytes, bw, lat.reshape(a.shape)))
-    return hop.max(axis=1), bw.min(axis=1), own
+    steps = st.members.shape[1] - 1 if ring else 1
+    return hop.max(axis=1) * steps, bw.min(axis=1), own, own_core
 
 
 def _group_costs(arrays, stats, kind_time, kind_bw) -> tuple[GroupCost, ...]:

@@ -181,11 +181,12 @@ def hierarchy(topology: Topology) -> HierarchyIndex:
 def rank_coordinates(job: JobSpec) -> dict[str, np.ndarray]:
     """Each rank's coordinate per rank-order dimension (Megatron: the first varies fastest).
 
-    Sizes: tp, ep, dp/ep (the `dp` dimension counts EP groups), pp.
+    Sizes: tp, cp, ep, dp/ep (the `dp` dimension counts EP groups), pp; cp is 0 everywhere
+    while it is 1 (left out of the rank order).
     """
-    sizes = {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
+    sizes = {"tp": job.tp, "cp": job.cp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
     ranks = np.arange(job.gpus, dtype=np.int64)
-    coords: dict[str, np.ndarray] = {}
+    coords: dict[str, np.ndarray] = {"cp": np.zeros(job.gpus, dtype=np.int64)}
     stride = 1
     for dim in job.dims:
         coords[dim] = (ranks // stride) % sizes[dim]

@@ -22,6 +22,8 @@ class Free:
             np.int64
         )
         self.cell = np.bincount(idx.node_cell, weights=self.node, minlength=idx.n_cells).astype(np.int64)
+        # Leaf uplinks only (the array may go on with the pods' core links).
+        leaf_load = leaf_load[: idx.leaf_unit.size]
         unit_load = (
             np.bincount(idx.leaf_unit, weights=leaf_load, minlength=idx.n_units) if leaf_load.size else None
         )

@@ -57,3 +57,39 @@ def fast_sets(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpe
         gset = counts.ids[(start[:, None] + np.arange(per)).ravel()]
         out.append(canonical(idx, gset))
     return out
+
+
+def rate_filled_set(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec) -> np.ndarray | None:
+    """The job's GPUs taken by the network rate each would get: the k-th free GPU behind a NIC is
+    worth the NIC's rate over k, and the job takes the best-served GPUs, among equals the quieter
+    unit, then the fuller node, then hierarchy order. So 8-NIC nodes with 5 free GPUs come before
+    whole nodes whose GPUs share one NIC, and what they cannot hold goes one GPU per 1-NIC node.
+    None when every free node has the same rate per free GPU (best fit covers that already)."""
+    n = job.gpus
+    rate = node_rates(topology, counts)
+    nodes = np.flatnonzero((counts.node > 0) & (rate > 0))
+    if nodes.size < 2 or np.ptp(rate[nodes]) <= 1e-9 * rate[nodes].max():
+        return None
+    gids = counts.ids[topology.gpu_nic_bw[counts.ids] > 0]
+    if gids.size < n:
+        return None
+    ids, _ = nic_ids(topology)
+    nic = ids[gids]
+    by_nic = np.argsort(nic, kind="stable")
+    starts = np.flatnonzero(np.r_[True, nic[by_nic][1:] != nic[by_nic][:-1]])
+    behind = np.empty(gids.size, dtype=np.int64)
+    behind[by_nic] = np.arange(gids.size) - np.repeat(starts, np.diff(np.r_[starts, gids.size]))
+    worth = topology.gpu_nic_bw[gids] / (behind + 1)
+    node = idx.gpu_node[gids]
+    unit = idx.gpu_unit[gids]
+    order = np.lexsort(
+        (
+            idx.position[gids],
+            idx.position[idx.node_first_gid[node]],
+            -counts.node[node],
+            unit,
+            counts.unit_load[unit],
+            -np.round(worth, 9),
+        )
+    )
+    return canonical(idx, gids[order[:n]])

@@ -8,7 +8,8 @@ activations and small TP keeps its stages inside a node and splits TP across sam
 Then the rank order, and TP fastest followed by EP, DP and PP in either order (PP outermost
 keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs). A second slot
 order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
-TP-sharded jobs that leave part of each node free still meet on one rail's leaf; a third is plain
+TP-sharded jobs that leave part of each node free still meet on one rail's leaf; where NVLink
+domains straddle leaves, one walks each domain leaf by leaf (`domain_major`); the last is plain
 GPU id order.
 """
 
@@ -21,11 +22,12 @@ import numpy as np
 from ..jobs import JobSpec
 from .base import HierarchyIndex, rank_coordinates
 
-NESTINGS = (("tp", "ep", "dp", "pp"), ("tp", "ep", "pp", "dp"))
+# Context parallelism nests right after TP: its ring attention moves the most bytes after TP's.
+NESTINGS = (("tp", "cp", "ep", "dp", "pp"), ("tp", "cp", "ep", "pp", "dp"))
 
 
 def _sizes(job: JobSpec) -> dict[str, int]:
-    return {"tp": job.tp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
+    return {"tp": job.tp, "cp": job.cp, "ep": job.ep, "dp": job.dp // job.ep, "pp": job.pp}
 
 
 # Bytes a rank moves per byte of payload, by collective (ring allreduce twice, the others once).
@@ -42,13 +44,17 @@ TRAFFIC_FACTOR = {
 def declared_traffic(job: JobSpec) -> dict[str, float]:
     """Bytes each rank moves per step in each group kind where compute does not hide them, from
     the job's comm entries (payload x count x the collective's factor x (1 - the entry's
-    overlap)); 0 for a kind without entries or of size 1."""
+    overlap)); 0 for a kind without entries or of size 1. A cp p2p entry is a ring pass: cp - 1
+    sends per rank."""
     sizes = _sizes(job)
     sizes["dp"] = job.dp
-    out = dict.fromkeys(("tp", "ep", "dp", "pp"), 0.0)
+    out = dict.fromkeys(("tp", "cp", "ep", "dp", "pp"), 0.0)
     for c in job.comm:
         if sizes[c.group] > 1:
-            out[c.group] += c.bytes * c.count * TRAFFIC_FACTOR[c.collective] * (1.0 - job.entry_overlap(c))
+            steps = sizes["cp"] - 1 if c.group == "cp" and c.collective == "p2p" else 1
+            out[c.group] += (
+                c.bytes * c.count * steps * TRAFFIC_FACTOR[c.collective] * (1.0 - job.entry_overlap(c))
+            )
     return out
 
 
@@ -58,8 +64,17 @@ def traffic_nesting(job: JobSpec) -> tuple[str, ...]:
     traffic = declared_traffic(job)
     # An EP group lies inside its DP group, so ep never nests outside dp.
     traffic["ep"] = max(traffic["ep"], traffic["dp"])
-    order = {d: i for i, d in enumerate(job.dims)}
-    return tuple(sorted(job.dims, key=lambda d: (-traffic[d], order[d])))
+    dims = _all_dims(job)
+    order = {d: i for i, d in enumerate(dims)}
+    return tuple(sorted(dims, key=lambda d: (-traffic[d], order[d])))
+
+
+def _all_dims(job: JobSpec) -> tuple[str, ...]:
+    """The rank order's dimensions with cp in it (right after tp while the order leaves it out)."""
+    dims = list(job.dims)
+    if "cp" not in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
+    return tuple(dims)
 
 
 def nestings(job: JobSpec) -> list[tuple[str, ...]]:
@@ -68,7 +83,7 @@ def nestings(job: JobSpec) -> list[tuple[str, ...]]:
     sizes = _sizes(job)
     out: list[tuple[str, ...]] = []
     seen: set[tuple[str, ...]] = set()
-    for nest in (traffic_nesting(job), job.dims, *NESTINGS):
+    for nest in (traffic_nesting(job), _all_dims(job), *NESTINGS):
         effective = tuple(d for d in nest if sizes[d] > 1)
         if effective not in seen:
             seen.add(effective)
@@ -89,6 +104,21 @@ def rail_major(idx: HierarchyIndex, slots: np.ndarray, chunk: int) -> np.ndarray
     return slots[order]
 
 
+def domain_major(idx: HierarchyIndex, slots: np.ndarray) -> np.ndarray | None:
+    """Slots NVLink domain by domain, each domain's slots leaf (unit) by leaf, when some domain of
+    the set straddles units; else None. Groups nested inside a domain stay whole, and the k-th
+    slot of every domain sits under the same-ranked leaf of its domain, so groups across domains
+    (DP over pipelines kept inside domains) span as few leaves as the domains allow."""
+    dom, unit = idx.gpu_domain[slots], idx.gpu_unit[slots]
+    key = np.unique(dom * idx.n_units + unit)
+    if np.unique(key // idx.n_units).size == key.size:
+        return None
+    order = np.lexsort(
+        (idx.gpu_index[slots], idx.gpu_node[slots], unit, dom, idx.gpu_pod[slots], idx.gpu_plane[slots])
+    )
+    return slots[order]
+
+
 def lay_out(job: JobSpec, slots: np.ndarray, nest: tuple[str, ...]) -> np.ndarray:
     """gids (rank -> GPU) that put ranks, sorted by `nest` (fastest first), on consecutive slots."""
     coords = rank_coordinates(job)
@@ -104,6 +134,9 @@ def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> 
     slot_orders = [slots]
     if 1 < job.tp < slots.size:
         slot_orders.append(rail_major(idx, slots, job.tp))
+    straddling = domain_major(idx, slots)
+    if straddling is not None:
+        slot_orders.append(straddling)
     # Plain id order keeps NVLink domains that straddle units in one piece.
     slot_orders.append(np.sort(slots))
     seen: set[bytes] = set()

@@ -35,7 +35,7 @@ from ..topology import Topology
 from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
-from .fast import fast_sets
+from .fast import fast_sets, rate_filled_set
 from .intra import intra_candidates
 from .mapping import candidate_mappings
 from .refine import refine
@@ -52,9 +52,11 @@ SETS_REMAPPED = 2
 PODS_SPREAD = 1
 # Jobs up to this many GPUs get swap refinement on irregular free sets.
 REFINE_MAX_GPUS = 64
-# Local search after the constructive stage, when it missed the bound: (largest job in GPUs,
-# cost-model calls, seconds) by job size; bigger jobs cost more per call and get less.
-SEARCH_BUDGETS = ((64, 1500, 0.5), (512, 400, 0.1), (math.inf, 400, 0.03))
+# Local search after the constructive stage, when it missed the bound: (largest job in GPUs, moves)
+# by job size. A move costs one cost-model call (about 2 ms, growing with the job past a few
+# thousand GPUs), so bigger jobs get fewer; counted in moves, not seconds, so the answer does not
+# depend on how busy the machine is.
+SEARCH_EVALS = ((64, 120), (512, 40), (4096, 10), (math.inf, 2))
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -84,6 +86,9 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     if counts.domain.max() < job.gpus:
         # Link-aware sets beside the best-fit ones, ranked after them on fit.
         plans += [(gset, math.inf, False) for gset in fast_sets(topology, idx, counts, job)]
+        filled = rate_filled_set(topology, idx, counts, job)
+        if filled is not None:
+            plans.append((filled, math.inf, False))
     # Stage 1 prices every candidate set in its first mapping; stage 2 tries the other mappings
     # of the best few sets only, since the cost model is the expensive part.
     first: list[tuple[tuple[float, float], int, np.ndarray]] = []
@@ -107,23 +112,20 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             if key < best_key:
                 best_key, best_gids, regular = key, gids, is_regular
     gids = best_gids
-    if not regular and job.gpus <= REFINE_MAX_GPUS:
+    above_bound = best_key[1] > bound_ms * (1 + 1e-9) + 1e-9
+    if above_bound and not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
-    if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
-        evals, seconds = next((e, t) for most, e, t in SEARCH_BUDGETS if job.gpus <= most)
+    if above_bound:
         gids, _ = search(
-            topology,
-            job,
-            gids,
-            free,
-            leaf_load,
-            bound_ms,
-            seed=seed,
-            max_evals=evals,
-            budget_s=seconds,
+            topology, job, gids, free, leaf_load, bound_ms, seed=seed, max_evals=search_evals(job)
         )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
+
+
+def search_evals(job: JobSpec) -> int:
+    """Moves the local search may price for `job` (SEARCH_EVALS)."""
+    return next(evals for most, evals in SEARCH_EVALS if job.gpus <= most)
 
 
 def _wider_candidates(
@@ -162,20 +164,21 @@ def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarr
 def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:
     """(chunk, unit alignment) pairs to try, strictest first.
 
-    A chunk is how many GPUs every NVLink domain supplies a multiple of: TP*EP and TP (so those
-    groups stay inside a domain), then powers of two down to 1 - the larger the pieces a group
+    A chunk is how many GPUs every NVLink domain supplies a multiple of: TP*CP*EP, TP*CP, TP*EP
+    and TP (so those groups stay inside a domain), then powers of two down to 1 - the larger the pieces a group
     spans domains in, the more rails its hierarchical allreduce runs on. A unit supplies whole
-    PP stages (tp*dp GPUs) or whole DP replicas (tp*pp) when it can, else whole TP groups, so that
+    PP stages (gpus/pp GPUs) or whole DP replicas (gpus/dp) when it can, else whole TP groups, so that
     a job spanning units crosses between them along one kind of group only. Last comes no
     alignment at all, which always fits."""
-    sizes = [job.tp * job.ep, job.tp]
+    sizes = [job.tp * job.cp * job.ep, job.tp * job.cp, job.tp * job.ep, job.tp]
     c = 1
     while c * 2 <= idx.max_domain_gpus and job.gpus % (c * 2) == 0:
         c *= 2
     while c >= 1:
         sizes.append(c)
         c //= 2
-    blocks = sorted({job.tp * job.dp, job.tp * job.pp}, reverse=True)
+    # A PP stage and a DP replica, in GPUs.
+    blocks = sorted({job.gpus // job.pp, job.gpus // job.dp}, reverse=True)
     out: list[tuple[int, int]] = []
     for c in sorted(set(sizes), reverse=True):
         if c > idx.max_domain_gpus or job.gpus % c:

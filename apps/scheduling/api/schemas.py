@@ -15,7 +15,7 @@ class ParallelismSchema(serializers.Serializer):
     dp = serializers.IntegerField(min_value=1, required=False, help_text="data parallel size (default 1)")
     ep = serializers.IntegerField(min_value=1, required=False, help_text="expert parallel size; divides dp")
     cp = serializers.IntegerField(
-        min_value=1, max_value=1, required=False, help_text="must be 1 (not modelled)"
+        min_value=1, required=False, help_text="context parallel size (default 1); ranks after tp"
     )
 
 
@@ -46,8 +46,10 @@ class JobSpecV1Schema(serializers.Serializer):
     user = serializers.CharField(required=False, help_text="ignored over REST: the signed-in user")
     priority = serializers.IntegerField(required=False, help_text="higher runs first (default 0)")
     gpus = serializers.IntegerField(min_value=1)
-    parallelism = ParallelismSchema(help_text="tp*pp*dp must equal gpus")
-    rank_order = serializers.CharField(required=False, help_text="Megatron order, default tp-ep-dp-pp")
+    parallelism = ParallelismSchema(help_text="tp*cp*pp*dp must equal gpus")
+    rank_order = serializers.CharField(
+        required=False, help_text="Megatron order, default tp-ep-dp-pp (tp-cp-ep-dp-pp with cp > 1)"
+    )
     model = ModelSchema(required=False)
     step = StepSchema()
     comm = CommEntrySchema(many=True)

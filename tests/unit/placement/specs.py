@@ -111,15 +111,18 @@ def hetero_spec() -> dict:
     return copy.deepcopy(HETERO_SPEC)
 
 
-def job(gpus, tp=1, pp=1, dp=None, ep=1, comm=(), compute_ms=10.0, overlap=0.0, **extra):
+def job(
+    gpus, tp=1, pp=1, dp=None, ep=1, comm=(), compute_ms=10.0, overlap=0.0, cp=1, microbatches=None, **extra
+):
     """A loaded JobSpec; `comm` holds (group, collective, bytes[, count]) tuples."""
-    dp = gpus // (tp * pp) if dp is None else dp
+    dp = gpus // (tp * pp * cp) if dp is None else dp
     spec = {
         "version": 1,
         "name": "j",
         "gpus": gpus,
-        "parallelism": {"tp": tp, "pp": pp, "dp": dp, "ep": ep},
-        "step": {"compute_ms": compute_ms, "overlap": overlap},
+        "parallelism": {"tp": tp, "pp": pp, "dp": dp, "ep": ep} | ({"cp": cp} if cp > 1 else {}),
+        "step": {"compute_ms": compute_ms, "overlap": overlap}
+        | ({} if microbatches is None else {"microbatches": microbatches}),
         "comm": [
             {"group": c[0], "collective": c[1], "bytes": c[2], **({"count": c[3]} if len(c) > 3 else {})}
             for c in comm

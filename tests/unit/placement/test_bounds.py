@@ -269,8 +269,8 @@ def _structured(topo, j, data, free) -> np.ndarray:
     )
     slots = slots[free[slots]]
     start = data.draw(st.integers(0, slots.size - j.gpus))
-    axes = data.draw(st.permutations(range(4)))
-    grid = np.arange(j.gpus).reshape(j.pp, j.dp // j.ep, j.ep, j.tp)
+    axes = data.draw(st.permutations(range(5)))
+    grid = np.arange(j.gpus).reshape(j.pp, j.dp // j.ep, j.ep, j.cp, j.tp)
     gids = np.empty(j.gpus, dtype=np.int64)
     gids[grid.transpose(axes).ravel()] = slots[start : start + j.gpus]
     for a, b in data.draw(
@@ -280,14 +280,15 @@ def _structured(topo, j, data, free) -> np.ndarray:
     return gids
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.data())
 def test_no_placement_on_a_free_set_beats_its_free_bound(clusters, data):
     topo = clusters[data.draw(st.sampled_from(sorted(clusters)))]
     gpus = data.draw(st.sampled_from([n for n in (2, 4, 6, 8, 12, 16) if n <= topo.n_gpus]))
     tp = data.draw(st.sampled_from([d for d in (1, 2, 4) if gpus % d == 0]))
     pp = data.draw(st.sampled_from([d for d in (1, 2, 3) if (gpus // tp) % d == 0]))
-    dp = gpus // (tp * pp)
+    cp = data.draw(st.sampled_from([d for d in (1, 2, 3) if (gpus // (tp * pp)) % d == 0]))
+    dp = gpus // (tp * pp * cp)
     ep = data.draw(st.sampled_from([d for d in (1, 2, 4) if dp % d == 0]))
     entries = data.draw(
         st.lists(
@@ -302,7 +303,20 @@ def test_no_placement_on_a_free_set_beats_its_free_bound(clusters, data):
         )
     )
     order = data.draw(st.sampled_from(["tp-ep-dp-pp", "tp-pp-ep-dp", "ep-dp-tp-pp", "pp-tp-ep-dp"]))
-    j = job(gpus, tp=tp, pp=pp, dp=dp, ep=ep, comm=entries, rank_order=order, model={"flops_per_step": 1e14})
+    if cp > 1:
+        order = data.draw(st.sampled_from([order, "tp-cp-ep-dp-pp", "cp-tp-pp-ep-dp"]))
+    j = job(
+        gpus,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        cp=cp,
+        comm=entries,
+        rank_order=order,
+        model={"flops_per_step": 1e14},
+        microbatches=data.draw(st.sampled_from([None, 1, 4])),
+    )
     # A random free set (often the whole cluster); every candidate below uses free GPUs only.
     order_gids = np.asarray(data.draw(st.permutations(range(topo.n_gpus))))
     n_free = data.draw(st.one_of(st.just(topo.n_gpus), st.integers(gpus, topo.n_gpus)))

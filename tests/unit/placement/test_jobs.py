@@ -114,7 +114,8 @@ BAD = [
     ({"gpus": 16.0}, "gpus", "whole number"),
     ({"priority": "high"}, "priority", "whole number"),
     ({"parallelism": {"tp": 1, "pp": 2, "dp": 8, "ep": 3}}, "parallelism.ep", "ep=3 must divide dp=8"),
-    ({"parallelism": {"tp": 1, "pp": 1, "dp": 8, "cp": 2}}, "parallelism.cp", "cp must be 1"),
+    ({"parallelism": {"tp": 1, "pp": 1, "dp": 8, "cp": 4}}, "parallelism", "tp*cp*pp*dp=32 but gpus=16"),
+    ({"parallelism": {"tp": 1, "pp": 1, "dp": 8, "cp": 0}}, "parallelism.cp", "at least 1"),
     ({"parallelism": {"tp": 1, "pp": 2, "dp": 8, "sp": 2}}, "parallelism.sp", "unknown field"),
     ({"parallelism": {"tp": 0, "pp": 2, "dp": 8}}, "parallelism.tp", "at least 1"),
     ({"rank_order": "tp-dp-pp"}, "rank_order", "permutation of tp, ep, dp, pp"),
@@ -141,7 +142,7 @@ def test_bad_job_is_rejected_naming_the_field(changes, field, fragment):
 
 
 COMM_BAD = [
-    ({"group": "cp"}, "comm[1].group", "must be one of tp, pp, dp, ep"),
+    ({"group": "sp"}, "comm[1].group", "must be one of tp, pp, dp, ep, cp"),
     (
         {"collective": "broadcast"},
         "comm[1].collective",
@@ -197,6 +198,20 @@ def test_any_single_bad_value_is_a_spec_error_never_a_crash(path, junk):
         load_job(s)
     except SpecError as exc:
         assert all(field and msg for field, msg in exc.errors)
+
+
+@pytest.mark.parametrize(
+    ("order", "stored"),
+    [
+        ("tp-ep-dp-pp", "tp-cp-ep-dp-pp"),
+        ("pp-tp-ep-dp", "pp-tp-cp-ep-dp"),
+        ("cp-tp-ep-dp-pp", "cp-tp-ep-dp-pp"),
+    ],
+)
+def test_context_parallelism_enters_the_rank_order_after_tp_unless_placed(order, stored):
+    j = load_job(spec(parallelism={"tp": 2, "cp": 2, "pp": 2, "dp": 2}, rank_order=order))
+    assert (j.cp, j.rank_order) == (2, stored)
+    assert load_job(job_to_spec(j)) == j
 
 
 def test_dims_list_the_rank_order_fastest_first():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from apps.placement.bounds import lower_bound
 from apps.placement.costmodel import evaluate, ring_allreduce_ms
+from apps.placement.costmodel.prediction import spine_pods
 from apps.placement.groups import group_arrays
 from apps.placement.jobs import job_to_spec, load_job
 from apps.placement.solvers import Placement, place
@@ -170,9 +171,7 @@ def test_search_improves_a_poor_map_and_never_raises_the_cost(eight_nics):
     start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
     bound = lower_bound(eight_nics, j, free=free).comm_ms
     before = evaluate(eight_nics, j, start).comm_ms
-    gids, cost = search(
-        eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, budget_s=120, stall_evals=3000
-    )
+    gids, cost = search(eight_nics, j, start, free, np.zeros(1), bound, max_evals=3000, stall_evals=3000)
     assert cost == pytest.approx(evaluate(eight_nics, j, gids).comm_ms)
     assert bound <= cost < before / 2
     assert free[gids].all() and np.unique(gids).size == j.gpus
@@ -182,7 +181,7 @@ def test_search_stops_at_once_when_the_start_meets_the_bound(eight_nics):
     j = _tp_pp_job(2, 8, 2, 1e6, 4e8)
     free = np.ones(eight_nics.n_gpus, dtype=bool)
     start = np.random.default_rng(3).permutation(eight_nics.n_gpus)[: j.gpus]
-    gids, cost = search(eight_nics, j, start, free, np.zeros(1), 1e9, max_evals=3000, budget_s=10)
+    gids, cost = search(eight_nics, j, start, free, np.zeros(1), 1e9, max_evals=3000)
     assert (gids == start).all()
     assert cost == pytest.approx(evaluate(eight_nics, j, start).comm_ms)
 
@@ -193,17 +192,17 @@ def test_search_uses_only_free_gpus():
     free[8:12] = False
     j = job(dp=16, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
     start = np.flatnonzero(free)[:16]
-    gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300, budget_s=10)
+    gids, _ = search(topo, j, start, free, np.zeros(1), 0.0, max_evals=300)
     assert free[gids].all() and np.unique(gids).size == 16
 
 
 # --------------------------------------------------------------------------- core links
 
 
-def test_groups_crossing_pods_share_the_pods_core_links():
+def _two_pods_through_thin_cores():
     # 2 pods x 2 leaves x 2 nodes x 4 GPUs; each pod's 2 spines reach 1 core at 25 GB/s each (50 in
     # all), where a leaf has 800 GB/s of uplinks: crossing pods is the narrow way, as it is.
-    topo = load_topology(
+    return load_topology(
         {
             "version": 1,
             "name": "cores",
@@ -225,6 +224,10 @@ def test_groups_crossing_pods_share_the_pods_core_links():
             },
         }
     )
+
+
+def test_groups_crossing_pods_share_the_pods_core_links():
+    topo = _two_pods_through_thin_cores()
     j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
 
     def on(a: str, b: str) -> float:
@@ -295,3 +298,25 @@ def test_an_entry_overlap_outside_zero_to_one_is_rejected_by_field():
     assert "comm[0].overlap" in err.value.as_dict()
     spec["comm"][0]["overlap"] = 0.5
     assert load_job(job_to_spec(load_job(spec))).comm[0].overlap == 0.5
+
+
+def test_other_jobs_core_flows_share_the_pods_core_links_like_uplinks():
+    topo = _two_pods_through_thin_cores()
+    j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+    gids = [topo.gid("node-001", i) for i in range(4)] + [topo.gid("node-005", i) for i in range(4)]
+    alone = evaluate(topo, j, gids)
+    # The job's four DP pairs put 4 flows on each pod's core links, reported on the pods' spines.
+    pods = spine_pods(topo)
+    assert sum(alone.flows[s] for s in pods if pods[s] == 0) == pytest.approx(4)
+    assert sum(alone.flows[s] for s in pods if pods[s] == 1) == pytest.approx(4)
+    # A second such job's flows, added to link_load as a scheduler does, halve each flow's share.
+    beside = evaluate(topo, j, gids, alone.flows)
+    assert beside.comm_ms == pytest.approx(1e9 / 6.25e6, rel=1e-3)
+    assert beside.comm_ms == pytest.approx(2 * alone.comm_ms, rel=1e-3)
+
+
+def test_link_load_names_leaves_or_core_linked_spines():
+    topo = _two_pods_through_thin_cores()
+    j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+    with pytest.raises(ValueError, match="unknown leaf 'core-1'"):
+        evaluate(topo, j, list(range(8)), {"core-1": 1.0})
