@@ -1,4 +1,5 @@
-"""Template helpers of the dashboard: unit-aware number formats, compact rank lists, the picker."""
+"""Template helpers of the dashboard: unit-aware number formats, compact rank lists, the picker,
+what each status means."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 from django import template
 
+from apps.scheduling.choices import STATUS_HELP
 from apps.topology.models import Cluster
 
 register = template.Library()
@@ -85,3 +87,15 @@ def duration_s(value) -> str:
     if x < 86400:
         return f"{x / 3600:.1f} h"
     return f"{x / 86400:.1f} d"
+
+
+@register.filter
+def status_help(value, kind: str = "job") -> str:
+    """What a status means ("job", "node" or "proposal"), for its tooltip; "" if unknown."""
+    return STATUS_HELP.get(kind, {}).get(str(value), "")
+
+
+@register.inclusion_tag("dashboard/_status_glossary.html")
+def status_glossary(kind: str = "job", title: str = "What the statuses mean"):
+    """A definition list of every status of `kind` and its meaning, in the status machine's order."""
+    return {"kind": kind, "title": title, "items": [(str(k), v) for k, v in STATUS_HELP[kind].items()]}
