@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.urls import reverse
 from django.utils import timezone
 
@@ -116,20 +116,51 @@ def _public_prediction(predicted: dict | None) -> dict:
 
 
 def queue_jobs(
-    *, user, statuses: Iterable[str], owner: str = "", cluster: Cluster | None = None
+    *,
+    user,
+    statuses: Iterable[str],
+    owner: str = "",
+    cluster: Cluster | None = None,
+    finished_between: tuple | None = None,
+    order: tuple[str, ...] | None = None,
 ) -> QuerySet[Job]:
-    """Jobs of the queue page, highest priority and oldest first, filtered by status, owner
-    username and cluster. Every user sees every job here; labels hide other users' details, and
-    a user who may not see all jobs filtering by another owner gets nothing (ownership is not
-    revealed)."""
+    """Jobs of the queue page, filtered by status, owner username and cluster, and finished jobs
+    by their finish time (`finished_between`, either end None for open); ordered by `order`, by
+    default highest priority and oldest first. Every user sees every job here; labels hide other
+    users' details, and a user who may not see all jobs filtering by another owner gets nothing
+    (ownership is not revealed)."""
     jobs = Job.objects.select_related("cluster", "owner").filter(status__in=list(statuses))
+    if finished_between is not None:
+        since, until = finished_between
+        window = Q(status__in=FINISHED_STATUSES)
+        if since is not None:
+            window &= Q(finished_at__gte=since)
+        if until is not None:
+            window &= Q(finished_at__lt=until)
+        # The range narrows finished jobs only; waiting and running ones asked for stay listed.
+        jobs = jobs.filter(window | ~Q(status__in=FINISHED_STATUSES))
     if owner:
         if owner != user.get_username() and not roles.sees_all_jobs(user):
             return jobs.none()
         jobs = jobs.filter(owner__username=owner)
     if cluster is not None:
         jobs = jobs.filter(cluster=cluster)
-    return jobs.order_by("-priority", "submitted_at", "id")
+    return jobs.order_by(*(order or ("-priority", "submitted_at", "id")))
+
+
+def job_nodes(*, job_ids: Iterable[int]) -> dict[int, list[str]]:
+    """The nodes of each job's current generation (as booked, so a finished job keeps its last
+    ones), by job id, in node-name order."""
+    rows = (
+        Allocation.objects.filter(job_id__in=list(job_ids), generation=F("job__generation"))
+        .values_list("job_id", "node_name")
+        .order_by("job_id", "node_name")
+        .distinct()
+    )
+    out: dict[int, list[str]] = {}
+    for job_id, node in rows:
+        out.setdefault(job_id, []).append(node)
+    return out
 
 
 def job_proposals(*, job: Job) -> QuerySet[MigrationProposal]:
