@@ -1,9 +1,12 @@
-"""OpenAPI pieces every endpoint shares: the error body shapes, and a postprocessing hook that
-documents the error responses DRF and the exception handler give on every operation."""
+"""OpenAPI pieces every endpoint shares: the error body shapes, a postprocessing hook that
+documents the error responses DRF and the exception handler give on every operation, and one that
+attaches the example bodies of `apps.api.examples`."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse
+
+from .examples import EXAMPLES
 
 MESSAGES = {"type": "array", "items": {"type": "string"}}
 # `{"detail": "..."}`: authentication, permission, not found, throttling, unparseable bodies.
@@ -68,4 +71,30 @@ def error_responses(result, generator, request, public):
             for code, (name, description) in common.items():
                 content = {m: {"schema": ref(name)} for m in sorted(media)}
                 responses.setdefault(code, {"description": description, "content": content})
+    return result
+
+
+WRITE_METHODS = ("post", "put", "patch", "delete")
+
+
+def _examples(named: dict) -> dict:
+    return {key: {"summary": summary, "value": value} for key, (summary, value) in named.items()}
+
+
+def examples_attach(result, generator, request, public):
+    """drf-spectacular postprocessing hook: each write operation's example bodies, by operation
+    id, on its request body's media types (or on its success response when it takes no body)."""
+    for item in result.get("paths", {}).values():
+        for method, operation in item.items():
+            found = EXAMPLES.get(operation.get("operationId", "")) if method in WRITE_METHODS else None
+            if not found:
+                continue
+            content = operation.get("requestBody", {}).get("content", {})
+            for media, named in found.get("request", {}).items():
+                if media in content:
+                    content[media]["examples"] = _examples(named)
+            if "response" in found:
+                code, named = found["response"]
+                for body in operation.get("responses", {}).get(code, {}).get("content", {}).values():
+                    body["examples"] = _examples(named)
     return result
