@@ -78,7 +78,11 @@
       e.preventDefault();
       window.location.assign(items[active].dataset.url);
     } else if (e.key === "Escape") {
-      close();
+      // Drop answers still on their way; with the list open, Escape closes it and keeps the text
+      // (a search field's own Escape clears it, as it does once the list is closed).
+      window.clearTimeout(timer);
+      seq++;
+      if (!list.hidden) { e.preventDefault(); close(); }
     }
   });
   input.addEventListener("blur", close);
