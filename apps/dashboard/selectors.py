@@ -255,14 +255,11 @@ def node_overview(*, node: Node, user) -> dict:
         )
     for entry in jobs.values():
         entry["ranks"].sort()
+    # By GPU (an indexed key); released allocations keep their GPU until a topology replace.
+    ran_here = Allocation.objects.filter(gpu__node=node).values("job_id")
     recent = (
-        Job.objects.filter(
-            cluster_id=node.cluster_id,
-            status__in=FINISHED_STATUSES,
-            allocations__node_name=node.name,
-        )
+        Job.objects.filter(pk__in=ran_here, status__in=FINISHED_STATUSES)
         .select_related("owner")
-        .distinct()
         .order_by("-finished_at", "-id")[:RECENT_JOBS_ON_NODE]
     )
     return {

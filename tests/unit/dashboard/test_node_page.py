@@ -81,3 +81,13 @@ def test_switch_page_lists_links_and_the_nodes_on_a_leaf(client, people, case44_
     html = client.get(reverse("dashboard:switch", args=["case-4-4", node.leaf.name])).content.decode()
     assert 'id="switch-nodes"' in html and node_url("node-a") in html
     assert client.get(reverse("dashboard:switch", args=["case-4-4", "nope"])).status_code == 404
+
+
+def test_a_finished_job_moves_to_the_recent_list(client, people, naive_case44):
+    from apps.scheduling import services
+
+    services.job_cancel(job=naive_case44, user=people["alice"])
+    client.force_login(people["alice"])
+    html = client.get(node_url()).content.decode()
+    assert 'id="node-no-jobs"' in html
+    assert 'id="node-recent"' in html and "bert-large-16" in html and "cancelled" in html
