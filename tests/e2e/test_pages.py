@@ -206,6 +206,15 @@ def test_dark_theme_follows_the_system_setting(laptop, live_server, scenario, lo
     laptop.goto(f"{live_server.url}/clusters/pod-256/")
     laptop.wait_for_selector(GRAPH_DRAWN)
     laptop_shot("cluster-dark")
+    # The job page's charts take the theme's text colour on a transparent background.
+    laptop.goto(f"{live_server.url}/jobs/{scenario['jobs']['llm-tp8-pp2'].pk}/")
+    laptop.wait_for_selector("#chart-mfu[data-rendered='1']")
+    layout = laptop.evaluate(
+        "() => { const l = document.getElementById('chart-mfu')._fullLayout;"
+        " return [l.paper_bgcolor, l.font.color]; }"
+    )
+    assert layout == ["rgba(0, 0, 0, 0)", "#e3e9ee"], layout
+    laptop_shot("job-dark")
     laptop.emulate_media(color_scheme="light")
 
 
