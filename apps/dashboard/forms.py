@@ -27,6 +27,7 @@ QUEUE_SORTS = {
 }
 HISTORY_PRESETS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 HISTORY_MAX_SPAN = timedelta(days=366)
+HISTORY_FIRST_YEAR = 2000
 MAX_SPEC_BYTES = TOPOLOGY_LIMITS.max_bytes
 
 
@@ -75,13 +76,16 @@ class QueueFilterForm(forms.Form):
     def clean(self):
         data = super().clean()
         since, until, preset = data.get("since"), data.get("until"), data.get("range")
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and value.year < HISTORY_FIRST_YEAR:
+                self.add_error(name, f"must be in {HISTORY_FIRST_YEAR} or later")
+                return data
         if preset and (since or until):
             self.add_error("range", "give a preset range or since/until, not both")
-        elif since and until:
-            if since >= until:
-                self.add_error("until", "must be after since")
-            elif until - since > HISTORY_MAX_SPAN:
-                self.add_error("since", f"the range may span at most {HISTORY_MAX_SPAN.days} days")
+        elif since and until and since >= until:
+            self.add_error("until", "must be after since")
+        elif since and (until or timezone.now()) - since > HISTORY_MAX_SPAN:
+            self.add_error("since", f"the range may span at most {HISTORY_MAX_SPAN.days} days")
         return data
 
     def statuses(self) -> tuple[str, ...]:

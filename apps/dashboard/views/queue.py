@@ -21,10 +21,10 @@ NODES_LISTED = 4
 
 def queue_rows(user, jobs) -> list[dict]:
     """Table rows for the queue: other users' jobs keep only id, cluster, status, GPUs, age and
-    the scheduler's pending reason, and only the jobs whose details `user` sees list their nodes
-    (a finished job's reason may name who cancelled it or carry a
-    launcher's message, so it shows only to those who see the job's details). A waiting job has no placement yet: its step time and MFU are the lower
-    bound (the best any placement could do on the empty cluster)."""
+    the scheduler's pending reason (a finished job's reason may name who cancelled it or carry a
+    launcher's message, so it shows only to those who see the job's details); only the jobs whose
+    details `user` sees list their nodes. A waiting job has no placement yet: its step time and
+    MFU are the lower bound (the best any placement could do on the empty cluster)."""
     now = timezone.now()
     topologies: dict[int, object] = {}
     jobs = list(jobs)

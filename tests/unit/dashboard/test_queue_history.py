@@ -92,6 +92,14 @@ def test_history_bounds_are_checked(client, people, case44_db):
         response = client.get("/queue/", params)
         assert response.status_code == 400 and f"<code>{field}</code>" in response.content.decode(), field
     assert client.get("/queue/?range=2y").status_code == 400
+    for far in (
+        "until=0001-01-01T00:00",
+        "since=0001-01-01T00:00",
+        "since=1999-12-31T23:59&until=2000-01-02T00:00",
+    ):
+        assert client.get(f"/queue/?{far}").status_code == 400, far
+    a_year_ago = (now - timedelta(days=400)).strftime("%Y-%m-%dT%H:%M")
+    assert b"<code>since</code>" in client.get("/queue/", {"since": a_year_ago}).content
     assert client.get("/queue/?since=yesterday").status_code == 400
 
 
