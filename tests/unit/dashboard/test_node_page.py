@@ -91,3 +91,21 @@ def test_a_finished_job_moves_to_the_recent_list(client, people, naive_case44):
     html = client.get(node_url()).content.decode()
     assert 'id="node-no-jobs"' in html
     assert 'id="node-recent"' in html and "bert-large-16" in html and "cancelled" in html
+
+
+def test_a_rail_optimized_node_lists_each_nic_on_its_own_leaf(client, people, django_assert_max_num_queries):
+    from apps.placement.topology import read_spec_file
+    from apps.topology.services import cluster_import
+
+    from .conftest import EXAMPLES
+
+    cluster_import(data=read_spec_file(str(EXAMPLES / "su-h100-rail.yaml")))
+    node = Node.objects.filter(cluster__name="su-h100").order_by("position").first()
+    client.force_login(people["alice"])
+    with django_assert_max_num_queries(16):  # a fixed number, whatever the GPU and NIC count
+        html = client.get(node_url(node.name, "su-h100")).content.decode()
+    leaves = sorted({nic.leaf.name for nic in node.nics.select_related("leaf")})
+    assert len(leaves) == 8  # NIC i on leaf i: one rail per leaf
+    for leaf in leaves:
+        assert f'href="/clusters/su-h100/switches/{leaf}/"' in html
+    assert html.count("<tr data-nic=") == 8
