@@ -1,5 +1,5 @@
-"""The API docs' example bodies: every write operation has one, and every request example is
-accepted by the code that reads that body."""
+"""The API docs: every write operation has an example body, every request example is accepted by
+the code that reads that body, and status enums say what each status means."""
 
 from __future__ import annotations
 
@@ -99,3 +99,14 @@ def test_body_examples_pass_their_serializers(op_id, serializer):
 def test_docs_page_links_back_to_the_site(client):
     html = client.get("/api/docs/").content.decode()
     assert '<a href="/" id="back-to-site">' in html and 'id="swagger-ui"' in html
+
+
+def test_status_enums_say_what_each_status_means(schema):
+    from apps.scheduling.choices import JOB_STATUS_HELP, PROPOSAL_STATUS_HELP
+
+    described = schema["components"]["schemas"]["JobStatusEnum"]["description"]
+    for status, text in JOB_STATUS_HELP.items():
+        assert f"* `{status}`: {text}" in described
+    assert (
+        PROPOSAL_STATUS_HELP["stale"] in schema["components"]["schemas"]["ProposalStatusEnum"]["description"]
+    )
