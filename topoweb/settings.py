@@ -270,6 +270,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.api.schemas.error_responses",
+        "apps.api.schemas.examples_attach",
+        "apps.api.schemas.status_descriptions",
     ],
     # Request bodies get their own components (JobSpecV1 in, Job out), as generated clients expect.
     "COMPONENT_SPLIT_REQUEST": True,

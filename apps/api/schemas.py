@@ -1,9 +1,14 @@
-"""OpenAPI pieces every endpoint shares: the error body shapes, and a postprocessing hook that
-documents the error responses DRF and the exception handler give on every operation."""
+"""OpenAPI pieces every endpoint shares: the error body shapes, a postprocessing hook that
+documents the error responses DRF and the exception handler give on every operation, one that
+attaches the example bodies of `apps.api.examples`, and one that explains each status."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse
+
+from apps.scheduling.choices import STATUS_HELP
+
+from .examples import EXAMPLES
 
 MESSAGES = {"type": "array", "items": {"type": "string"}}
 # `{"detail": "..."}`: authentication, permission, not found, throttling, unparseable bodies.
@@ -68,4 +73,46 @@ def error_responses(result, generator, request, public):
             for code, (name, description) in common.items():
                 content = {m: {"schema": ref(name)} for m in sorted(media)}
                 responses.setdefault(code, {"description": description, "content": content})
+    return result
+
+
+WRITE_METHODS = ("post", "put", "patch", "delete")
+
+
+def _examples(named: dict) -> dict:
+    return {key: {"summary": summary, "value": value} for key, (summary, value) in named.items()}
+
+
+def examples_attach(result, generator, request, public):
+    """drf-spectacular postprocessing hook: each write operation's example bodies, by operation
+    id, on its request body's media types (or on its success response when it takes no body)."""
+    for item in result.get("paths", {}).values():
+        for method, operation in item.items():
+            found = EXAMPLES.get(operation.get("operationId", "")) if method in WRITE_METHODS else None
+            if not found:
+                continue
+            content = operation.get("requestBody", {}).get("content", {})
+            for media, named in found.get("request", {}).items():
+                if media in content:
+                    content[media]["examples"] = _examples(named)
+            if "response" in found:
+                code, named = found["response"]
+                for body in operation.get("responses", {}).get(code, {}).get("content", {}).values():
+                    body["examples"] = _examples(named)
+    return result
+
+
+# Status enum components and the kind of status each lists (the texts: apps.scheduling.choices).
+STATUS_ENUMS = {"JobStatusEnum": "job", "NodeStateEnum": "node", "ProposalStatusEnum": "proposal"}
+
+
+def status_descriptions(result, generator, request, public):
+    """drf-spectacular postprocessing hook: each status enum's description says what every
+    status means, from the same table as the dashboard's tooltips and glossary."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for name, kind in STATUS_ENUMS.items():
+        if name in schemas:
+            help_ = STATUS_HELP[kind]
+            lines = [f"* `{value}`: {help_.get(value, '')}" for value in schemas[name].get("enum", [])]
+            schemas[name]["description"] = "\n".join(lines)
     return result

@@ -11,18 +11,23 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import Count, Max, QuerySet, Sum
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.urls import reverse
+from django.utils import timezone
 
 from apps.api import roles
 from apps.dashboard.jobview import JobView, job_view
 from apps.dashboard.layout import ClusterLayout, cluster_layout
+from apps.metrics import selectors as metrics
+from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
-from apps.scheduling.choices import ACTIVE_STATUSES, WAITING_STATUSES
+from apps.scheduling.agent_models import NodeAgent
+from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState
 from apps.scheduling.models import Allocation, Job, MigrationProposal
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
-from apps.topology.models import Cluster
+from apps.topology.choices import TIER_ORDER
+from apps.topology.models import Cluster, Link, Nic, Node, Switch
 
 _LAYOUTS: weakref.WeakKeyDictionary[Topology, ClusterLayout] = weakref.WeakKeyDictionary()
 _LAYOUT_LOCK = threading.Lock()
@@ -111,20 +116,51 @@ def _public_prediction(predicted: dict | None) -> dict:
 
 
 def queue_jobs(
-    *, user, statuses: Iterable[str], owner: str = "", cluster: Cluster | None = None
+    *,
+    user,
+    statuses: Iterable[str],
+    owner: str = "",
+    cluster: Cluster | None = None,
+    finished_between: tuple | None = None,
+    order: tuple[str, ...] | None = None,
 ) -> QuerySet[Job]:
-    """Jobs of the queue page, highest priority and oldest first, filtered by status, owner
-    username and cluster. Every user sees every job here; labels hide other users' details, and
-    a user who may not see all jobs filtering by another owner gets nothing (ownership is not
-    revealed)."""
+    """Jobs of the queue page, filtered by status, owner username and cluster, and finished jobs
+    by their finish time (`finished_between`, either end None for open); ordered by `order`, by
+    default highest priority and oldest first. Every user sees every job here; labels hide other
+    users' details, and a user who may not see all jobs filtering by another owner gets nothing
+    (ownership is not revealed)."""
     jobs = Job.objects.select_related("cluster", "owner").filter(status__in=list(statuses))
+    if finished_between is not None:
+        since, until = finished_between
+        window = Q(status__in=FINISHED_STATUSES)
+        if since is not None:
+            window &= Q(finished_at__gte=since)
+        if until is not None:
+            window &= Q(finished_at__lt=until)
+        # The range narrows finished jobs only; waiting and running ones asked for stay listed.
+        jobs = jobs.filter(window | ~Q(status__in=FINISHED_STATUSES))
     if owner:
         if owner != user.get_username() and not roles.sees_all_jobs(user):
             return jobs.none()
         jobs = jobs.filter(owner__username=owner)
     if cluster is not None:
         jobs = jobs.filter(cluster=cluster)
-    return jobs.order_by("-priority", "submitted_at", "id")
+    return jobs.order_by(*(order or ("-priority", "submitted_at", "id")))
+
+
+def job_nodes(*, job_ids: Iterable[int]) -> dict[int, list[str]]:
+    """The nodes of each job's current generation (as booked, so a finished job keeps its last
+    ones), by job id, in node-name order."""
+    rows = (
+        Allocation.objects.filter(job_id__in=list(job_ids), generation=F("job__generation"))
+        .values_list("job_id", "node_name")
+        .order_by("job_id", "node_name")
+        .distinct()
+    )
+    out: dict[int, list[str]] = {}
+    for job_id, node in rows:
+        out.setdefault(job_id, []).append(node)
+    return out
 
 
 def job_proposals(*, job: Job) -> QuerySet[MigrationProposal]:
@@ -146,3 +182,130 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
     stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
     viewer = "all" if roles.sees_all_jobs(user) else user.pk
     return (cluster.pk, stamp, live["n"], live["top"], live["total"], jobs, viewer)
+
+
+RECENT_JOBS_ON_NODE = 10
+
+
+def node_overview(*, node: Node, user) -> dict:
+    """Everything the node page shows: each GPU (NVLink domain, NIC, job and rank, health, latest
+    measurement), each NIC (speed, leaf, the GPUs using it, measured rates), the jobs on it now and
+    the last finished ones, and the agent's health. Jobs are labelled as `user` may see them."""
+    agent = NodeAgent.objects.filter(node=node).first()
+    unhealthy = {
+        int(g.get("gpu", -1)): str(g.get("reason", "")) for g in (agent.unhealthy_gpus if agent else ())
+    }
+    fresh_s = metrics.freshness_s(cluster=node.cluster)
+    now = timezone.now()
+    latest = {
+        m.gpu_id: m
+        for m in GpuLatest.objects.filter(gpu__node=node, instance="").only(
+            "gpu_id", "at", "gpu_util", "tensor_active", "power_W", "temp_C", "xid_last"
+        )
+    }
+    live = list(
+        Allocation.objects.filter(live=True, gpu__node=node)
+        .select_related("job__owner")
+        .only("gpu_id", "rank", "job__id", "job__name", "job__status", "job__owner__username")
+    )
+    jobs: dict[int, dict] = {}
+    by_gpu = {}
+    for alloc in live:
+        job = alloc.job
+        entry = jobs.get(job.pk)
+        if entry is None:
+            entry = jobs[job.pk] = {
+                "job": job,
+                "label": job_label(user, job),
+                "url": reverse("dashboard:job", args=[job.pk]) if can_see_details(user, job) else None,
+                "ranks": [],
+                "gpus": [],
+            }
+        by_gpu[alloc.gpu_id] = (entry, alloc.rank)
+    gpus = []
+    for gpu in node.gpus.select_related("domain", "nic").order_by("index"):
+        entry, rank = by_gpu.get(gpu.pk, (None, None))
+        if entry is not None:
+            entry["ranks"].append(rank)
+            entry["gpus"].append(gpu.index)
+        sample = latest.get(gpu.pk)
+        age_s = (now - sample.at).total_seconds() if sample else None
+        gpus.append(
+            {
+                "gpu": gpu,
+                "job": entry,
+                "rank": rank,
+                "unhealthy": unhealthy.get(gpu.index),
+                "measured": sample if age_s is not None and age_s <= fresh_s else None,
+                "measured_age_s": age_s,
+            }
+        )
+    nic_rates = {n.device: n for n in NicLatest.objects.filter(node=node)}
+    nics = []
+    for nic in node.nics.select_related("leaf").order_by("id"):
+        rate = nic_rates.get(nic.name)
+        peak = max((r for r in (rate.tx_Bps, rate.rx_Bps) if r is not None), default=None) if rate else None
+        nics.append(
+            {
+                "nic": nic,
+                "gpus": [g["gpu"].index for g in gpus if g["gpu"].nic_id == nic.pk],
+                "rate": rate,
+                "load": peak / (nic.bw_GBps * 1e9) if peak is not None else None,
+            }
+        )
+    for entry in jobs.values():
+        entry["ranks"].sort()
+    # By GPU (an indexed key); released allocations keep their GPU until a topology replace.
+    ran_here = Allocation.objects.filter(gpu__node=node).values("job_id")
+    recent = (
+        Job.objects.filter(pk__in=ran_here, status__in=FINISHED_STATUSES)
+        .select_related("owner")
+        .order_by("-finished_at", "-id")[:RECENT_JOBS_ON_NODE]
+    )
+    return {
+        "gpus": gpus,
+        "nics": nics,
+        "leaves": sorted({n["nic"].leaf.name for n in nics}),
+        "jobs": sorted(jobs.values(), key=lambda e: e["job"].pk),
+        "recent": [
+            {
+                "job": job,
+                "label": job_label(user, job),
+                "url": reverse("dashboard:job", args=[job.pk]) if can_see_details(user, job) else None,
+            }
+            for job in recent
+        ],
+        "agent": agent,
+        "state": agent.state if agent else NodeState.UP,
+        "scrape": NodeScrape.objects.filter(node=node).first(),
+        "fresh_s": fresh_s,
+    }
+
+
+SWITCH_NODES_LISTED = 512
+
+
+def switch_overview(*, switch: Switch) -> dict:
+    """The switch page: its links (the switch at the other end, GB/s, µs; parallel cables summed)
+    and, for a leaf, the nodes cabled to it with how many of each node's NICs and their GB/s."""
+    peers: dict[tuple[str, str], dict] = {}
+    links = Link.objects.filter(Q(a=switch) | Q(b=switch)).select_related("a", "b")
+    for link in links:
+        other = link.b if link.a_id == switch.pk else link.a
+        entry = peers.setdefault(
+            (other.tier, other.name),
+            {"switch": other, "cables": 0, "bw_GBps": 0.0, "latency_us": link.latency_us},
+        )
+        entry["cables"] += 1
+        entry["bw_GBps"] += link.bw_GBps
+    nodes = list(
+        Nic.objects.filter(leaf=switch)
+        .values("node__name")
+        .annotate(nics=Count("id"), bw_GBps=Sum("bw_GBps"))
+        .order_by("node__position", "node__name")[: SWITCH_NODES_LISTED + 1]
+    )
+    return {
+        "peers": sorted(peers.values(), key=lambda p: (TIER_ORDER[p["switch"].tier], p["switch"].name)),
+        "nodes": nodes[:SWITCH_NODES_LISTED],
+        "more_nodes": len(nodes) > SWITCH_NODES_LISTED,
+    }

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import cluster, imports, job, nodes, queue, vendor
+from .views import cluster, imports, job, nodes, queue, search, vendor
 
 app_name = "dashboard"
 
@@ -13,14 +13,20 @@ urlpatterns = [
     path("clusters/<str:name>/version/", cluster.cluster_version, name="cluster-version"),
     path("clusters/<str:name>/measured/", cluster.cluster_measured, name="cluster-measured"),
     path(
-        "clusters/<str:name>/nodes/drain/", nodes.node_health_decide, {"action": "drain"}, name="node-drain"
+        "clusters/<str:name>/node-health/drain/",
+        nodes.node_health_decide,
+        {"action": "drain"},
+        name="node-drain",
     ),
     path(
-        "clusters/<str:name>/nodes/resume/",
+        "clusters/<str:name>/node-health/resume/",
         nodes.node_health_decide,
         {"action": "resume"},
         name="node-resume",
     ),
+    path("clusters/<str:name>/nodes/<str:node>/", nodes.node_page, name="node"),
+    path("clusters/<str:name>/switches/<str:switch>/", nodes.switch_page, name="switch"),
+    path("search/", search.search_page, name="search"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),
     path(

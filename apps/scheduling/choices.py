@@ -69,3 +69,38 @@ class RankState(models.TextChoices):
 
     STARTED = "started", "started"
     EXITED = "exited", "exited"
+
+
+# What each status means, for people: the dashboard's tooltips and glossary, and the API schema.
+JOB_STATUS_HELP = {
+    JobStatus.QUEUED: "Waiting for GPUs: each scheduling cycle tries to place it, by priority then age; "
+    "the pending reason says what is missing.",
+    JobStatus.PLACING: "GPUs are booked for every rank; the launcher or the node agents have not "
+    "started all its ranks yet.",
+    JobStatus.RUNNING: "Every rank started on its booked GPU; the job holds its GPUs until it ends.",
+    JobStatus.MIGRATING: "A migration was applied: the old generation's ranks are stopping, its GPUs "
+    "stay booked until every old rank exited, then the new placement starts (back to placing).",
+    JobStatus.PREEMPTED: "A higher-priority job took its GPUs; it waits again like a queued job and "
+    "keeps its original submission time.",
+    JobStatus.COMPLETED: "Every rank exited with code 0; its GPUs were released.",
+    JobStatus.FAILED: "A rank exited with an error, its node went down, or the scheduler could not "
+    "evaluate it; the reason says which. Its GPUs were released.",
+    JobStatus.CANCELLED: "Cancelled by its owner or an operator before it finished; its GPUs were released.",
+}
+
+NODE_STATE_HELP = {
+    NodeState.UP: "Heartbeats arrive; its healthy GPUs take new placements.",
+    NodeState.DRAINING: "An operator drained it: no new placements; the jobs on it run to their end.",
+    NodeState.DRAINED: "Drained and empty: no job runs on it and none will be placed until it is resumed.",
+    NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set and its jobs failed or were requeued.",
+}
+
+PROPOSAL_STATUS_HELP = {
+    ProposalStatus.PROPOSED: "A better placement was found; an operator may apply or reject it.",
+    ProposalStatus.APPLIED: "Applied: the job moved (or is moving) to the proposed GPUs.",
+    ProposalStatus.REJECTED: "An operator rejected it; the job stays where it is.",
+    ProposalStatus.STALE: "No longer possible: the target GPUs were taken or the job changed.",
+}
+
+
+STATUS_HELP = {"job": JOB_STATUS_HELP, "node": NODE_STATE_HELP, "proposal": PROPOSAL_STATUS_HELP}

@@ -6,7 +6,8 @@
   const seconds = Number((document.getElementById("refresh-seconds") || {}).textContent || 10);
   if (!box || !toggle) return;
   function refresh() {
-    if (!toggle.checked || document.hidden) return;
+    // Not while the table holds keyboard focus: replacing it would drop the focus to the page.
+    if (!toggle.checked || document.hidden || box.contains(document.activeElement)) return;
     fetch(box.dataset.fragmentUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
       .then(function (html) { box.innerHTML = html; box.dataset.refreshed = String(Date.now()); })

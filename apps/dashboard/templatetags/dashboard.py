@@ -1,11 +1,14 @@
-"""Template helpers of the dashboard: unit-aware number formats, compact rank lists, the picker."""
+"""Template helpers of the dashboard: unit-aware number formats, compact rank lists, the picker,
+what each status means."""
 
 from __future__ import annotations
 
 import math
 
 from django import template
+from django.utils.html import format_html
 
+from apps.scheduling.choices import STATUS_HELP
 from apps.topology.models import Cluster
 
 register = template.Library()
@@ -85,3 +88,52 @@ def duration_s(value) -> str:
     if x < 86400:
         return f"{x / 3600:.1f} h"
     return f"{x / 86400:.1f} d"
+
+
+@register.filter
+def status_help(value, kind: str = "job") -> str:
+    """What a status means ("job", "node" or "proposal"), for its tooltip; "" if unknown."""
+    return STATUS_HELP.get(kind, {}).get(str(value), "")
+
+
+@register.inclusion_tag("dashboard/_status_glossary.html")
+def status_glossary(kind: str = "job", title: str = "What the statuses mean"):
+    """A definition list of every status of `kind` and its meaning, in the status machine's order."""
+    return {"kind": kind, "title": title, "items": [(str(k), v) for k, v in STATUS_HELP[kind].items()]}
+
+
+@register.simple_tag(takes_context=True)
+def sort_th(context, key: str, label: str, css: str = "") -> str:
+    """A sortable column header: a link that sorts by `key` (ascending first, then toggling),
+    keeping the page's other filters; `aria-sort` on the column sorted by."""
+    request = context["request"]
+    current = request.GET.get("sort", "")
+    query = request.GET.copy()
+    query.pop("fragment", None)
+    query["sort"] = f"-{key}" if current == key else key
+    state = {key: "ascending", f"-{key}": "descending"}.get(current)
+    arrow = {"ascending": "▲", "descending": "▼"}.get(state, "↕")
+    hint = f"sort by {label.lower()}, {'descending' if state == 'ascending' else 'ascending'}"
+    return format_html(
+        '<th{}{} data-sort="{}"><a class="sort" href="?{}" title="{}">{} <span class="arrow" aria-hidden="true">{}</span></a></th>',
+        format_html(' class="{}"', css) if css else "",
+        format_html(' aria-sort="{}"', state) if state else "",
+        key,
+        query.urlencode(),
+        hint,
+        label,
+        arrow,
+    )
+
+
+@register.simple_tag(takes_context=True)
+def with_query(context, **changes) -> str:
+    """The page's query string with `changes` applied (a None or "" value removes the key), and
+    without `fragment`."""
+    query = context["request"].GET.copy()
+    query.pop("fragment", None)
+    for key, value in changes.items():
+        query.pop(key, None)
+        if value not in (None, ""):
+            query[key] = value
+    return "?" + query.urlencode()

@@ -1,33 +1,64 @@
-"""Node health on the cluster page: drain and resume from the dashboard (operators)."""
+"""The node and switch pages, and drain and resume from the dashboard (operators)."""
 
 from __future__ import annotations
 
 from django.contrib import messages
-from django.shortcuts import get_object_or_404, redirect
-from django.views.decorators.http import require_POST
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
 from apps.api import roles
+from apps.dashboard.selectors import node_overview, switch_overview
 from apps.scheduling.agents import node_drain, node_resume
-from apps.topology.models import Node
+from apps.topology.models import Node, Switch
 
 from .common import perm_required
 
 REASON_MAX_CHARS = 500
+NAME_MAX_CHARS = 200
+
+
+@login_required
+@require_GET
+def node_page(request, name: str, node: str):
+    """`/clusters/NAME/nodes/NODE/`: the node's GPUs, NICs, leaves, jobs, health and metrics."""
+    target = get_object_or_404(
+        Node.objects.select_related("cluster", "leaf", "gpu_model"), cluster__name=name, name=node
+    )
+    context = {"cluster": target.cluster, "node": target, **node_overview(node=target, user=request.user)}
+    return render(request, "dashboard/node.html", context)
+
+
+@login_required
+@require_GET
+def switch_page(request, name: str, switch: str):
+    """`/clusters/NAME/switches/SWITCH/`: the switch's tier, links and the nodes cabled to it."""
+    target = get_object_or_404(Switch.objects.select_related("cluster"), cluster__name=name, name=switch)
+    context = {"cluster": target.cluster, "switch": target, **switch_overview(switch=target)}
+    return render(request, "dashboard/switch.html", context)
+
+
+def _back(request, name: str, node: Node | None):
+    # The node page's forms ask to come back to it; the cluster page's go back there.
+    if node is not None and request.POST.get("back") == "node":
+        return redirect("dashboard:node", name=name, node=node.name)
+    return redirect("dashboard:cluster", name=name)
 
 
 @perm_required(roles.MANAGE_NODES)
 @require_POST
 def node_health_decide(request, name: str, action: str):
-    """POST from the cluster page (fields `node`, and `reason` to drain): drain or resume a node."""
-    target = get_object_or_404(Node, cluster__name=name, name=request.POST.get("node", "")[:200])
+    """POST from the cluster or node page (fields `node`, and `reason` to drain; `back=node` to
+    return to the node page): drain or resume a node."""
+    target = get_object_or_404(Node, cluster__name=name, name=request.POST.get("node", "")[:NAME_MAX_CHARS])
     if action == "drain":
         reason = request.POST.get("reason", "").strip()
         if not reason or len(reason) > REASON_MAX_CHARS:
             messages.error(request, f"reason: required, at most {REASON_MAX_CHARS} characters")
-            return redirect("dashboard:cluster", name=name)
+            return _back(request, name, target)
         agent = node_drain(node=target, reason=reason)
         messages.success(request, f"Node {target.name} is {agent.state}: {reason}")
     else:
         node_resume(node=target)
         messages.success(request, f"Node {target.name} is back in service.")
-    return redirect("dashboard:cluster", name=name)
+    return _back(request, name, target)

@@ -14,21 +14,21 @@ def test_cluster_page_shows_down_draining_and_unhealthy_at_a_glance(client, peop
     client.force_login(people["alice"])
     html = client.get("/clusters/case-4-4/").content.decode()
     assert "<strong>0</strong> up" not in html
-    assert 'class="bad">1</strong> down' in html
+    assert 'class="bad">1</strong> <abbr title="Heartbeats stopped' in html
     assert "node-b:2 (XID 79)" in html and "no heartbeat for 30 s" in html
     assert "drain-form" not in html  # operators only
 
 
 def test_staff_drain_and_resume_from_the_cluster_page(client, people, case44_db):
     client.force_login(people["ops"])
-    response = client.post("/clusters/case-4-4/nodes/drain/", {"node": "node-a", "reason": "firmware"})
+    response = client.post("/clusters/case-4-4/node-health/drain/", {"node": "node-a", "reason": "firmware"})
     assert response.status_code == 302
     assert NodeAgent.objects.get(node__name="node-a").state == NodeState.DRAINED
     html = client.get("/clusters/case-4-4/").content.decode()
     assert "firmware" in html and "Resume" in html
-    client.post("/clusters/case-4-4/nodes/resume/", {"node": "node-a"})
+    client.post("/clusters/case-4-4/node-health/resume/", {"node": "node-a"})
     assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
-    missing = client.post("/clusters/case-4-4/nodes/drain/", {"node": "node-a", "reason": ""})
+    missing = client.post("/clusters/case-4-4/node-health/drain/", {"node": "node-a", "reason": ""})
     assert missing.status_code == 302
     assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
 
@@ -36,7 +36,8 @@ def test_staff_drain_and_resume_from_the_cluster_page(client, people, case44_db)
 def test_users_cannot_drain(client, people, case44_db):
     client.force_login(people["alice"])
     assert (
-        client.post("/clusters/case-4-4/nodes/drain/", {"node": "node-a", "reason": "x"}).status_code == 403
+        client.post("/clusters/case-4-4/node-health/drain/", {"node": "node-a", "reason": "x"}).status_code
+        == 403
     )
 
 
