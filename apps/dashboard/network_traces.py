@@ -44,8 +44,15 @@ def load_bucket_label(k: int) -> str:
 
 
 def trunk_x(lay: geo.ClusterLayout, loads: LinkLoads) -> np.ndarray:
-    """x of each trunk's lower end: the mean x of its NICs."""
-    return np.array([float(lay.nic_x[list(nics)].mean()) for nics in loads.trunk_nics])
+    """x of each trunk's lower end: halfway between the mean x of its NICs and its leaf, so that
+    the rails of one leaf group fan out to separate bundles rather than one knot."""
+    leaf_x = [lay.switch_x[lay.topology.leaf_names[leaf]] for _, leaf in loads.trunks]
+    return np.array(
+        [
+            (float(lay.nic_x[list(nics)].mean()) + x) / 2
+            for nics, x in zip(loads.trunk_nics, leaf_x, strict=True)
+        ]
+    )
 
 
 def uplink_traces(lay: geo.ClusterLayout, loads: LinkLoads) -> list[dict]:

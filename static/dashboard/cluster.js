@@ -30,8 +30,9 @@
   // Marker size per x slot (one GPU column), so GPUs stay squares that do not overlap at any zoom.
   const SIZED = { "gpu-free": [0.8, 2, 18], "gpu-job": [0.8, 2, 18], "gpu-metric": [0.8, 2, 18], nic: [0.5, 1.5, 8] };
   // Traces cut to the visible x range (plus a margin) before each draw.
+  // Switch links are kept by their lower end: zoomed in, the uplinks of the leaves in view.
   const CULLED = { "gpu-free": 1, "gpu-job": 1, "gpu-metric": 1, wire: 1, domain: 1, nic: 1, node: 1,
-    "node-label": 1, "job-outline": 1, link: 1 };
+    "node-label": 1, "job-outline": 1, link: 1, uplink: "start", trunk: "start" };
   const DIM = 0.15;
   const MAX_LINK_TARGETS = 3000;
   const roleIndex = {};
@@ -103,7 +104,6 @@
         t.x = client.node_x;
         t.y = client.node_x.map(function (_, i) { return fill === "nodes" ? client.y_node : client.node_y0[i] - 0.12; });
         t.customdata = client.node_x.map(function (_, i) { return i; });
-        if (fill === "node-labels") t.text = client.node_names;
       }
       if (xy) { t.x = xy[0]; t.y = xy[1]; }
     });
@@ -251,7 +251,7 @@
       freeOnNode[i] + " free<br><i>click for the node's page</i>";
   }
   const TEXT = { "gpu-free": gpuText, "gpu-job": gpuText, "gpu-metric": gpuText, link: linkText, nic: nicText,
-    node: nodeText };
+    node: nodeText, "node-label": function (i) { return nodeLabel(i); } };
 
   // ---- culling: the points of a trace near the visible range ---------------------------------
   // Point traces keep points by x; line traces keep whole pieces (segments, boxes) between gaps.
@@ -259,6 +259,7 @@
   function piecesOf(i) {
     if (pieceCache[i]) return pieceCache[i];
     const xs = full[i].x;
+    const byStart = CULLED[full[i].meta.role] === "start";
     const out = { start: [], end: [], lo: [], hi: [] };
     let s = 0;
     for (let k = 0; k <= xs.length; k++) {
@@ -266,7 +267,7 @@
         if (k > s) {
           let lo = Infinity;
           let hi = -Infinity;
-          for (let m = s; m < k; m++) { if (xs[m] < lo) lo = xs[m]; if (xs[m] > hi) hi = xs[m]; }
+          for (let m = s; m < (byStart ? s + 1 : k); m++) { if (xs[m] < lo) lo = xs[m]; if (xs[m] > hi) hi = xs[m]; }
           out.start.push(s); out.end.push(Math.min(k + 1, xs.length)); out.lo.push(lo); out.hi.push(hi);
         }
         s = k + 1;
@@ -290,12 +291,15 @@
       }
       copy.x = xs;
       copy.y = ys;
+      if (!xs.length) copy.visible = false;
       return copy;
     }
     let idx = [];
     for (let k = 0; k < t.x.length; k++) if (t.x[k] >= lo && t.x[k] <= hi) idx.push(k);
     // Thousands of overlapping link midpoints say nothing: hover links once zoomed in.
     if (role === "link" && idx.length > MAX_LINK_TARGETS) idx = [];
+    // A job with no GPU in view leaves the legend, which then lists the jobs on screen.
+    if (!idx.length) copy.visible = false;
     copy.x = pick(t.x, idx);
     copy.y = pick(t.y, idx);
     if (t.customdata) copy.customdata = pick(t.customdata, idx);
@@ -337,9 +341,14 @@
     for (let i = 0; i < xs.length; i++) if (xs[i] >= x0 && xs[i] <= x1) n++;
     return n;
   }
-  function labelsFit() {
-    // A node name needs about 70 px under its node.
-    return nodesInRange(state.range[0], state.range[1]) * 70 <= plotWidthPx();
+  // Pixels per node in view: a full node name needs about 70, its number about 28.
+  function pxPerNode() { return plotWidthPx() / Math.max(1, nodesInRange(state.range[0], state.range[1])); }
+  function labelsFit() { return pxPerNode() >= 28; }
+  function nodeLabel(i) {
+    const name = client.node_names[i];
+    if (pxPerNode() >= 70) return name;
+    const m = /(\d+)$/.exec(name);
+    return m ? m[1] : name.slice(-4);
   }
   function visibleFor(t) {
     const role = t.meta && t.meta.role;
@@ -472,8 +481,15 @@
 
   let pending = Promise.resolve();
   function render() {
+    const t0 = performance.now();
     styleTraces();
-    pending = Plotly.react(graph, displayTraces(), fig.layout, config).then(updateStatus);
+    const traces = displayTraces();
+    const t1 = performance.now();
+    timing.styleMs = t1 - t0;
+    pending = Plotly.react(graph, traces, fig.layout, config).then(function () {
+      timing.reactMs = performance.now() - t1;
+      updateStatus();
+    });
     window.topoweb.pending = pending;
     return pending;
   }
@@ -581,8 +597,14 @@
     state.aggregate = nodesInRange(state.range[0], state.range[1]) > client.aggregate_above_nodes;
     render();
   }
+  // One redraw with the new range and the layers it needs (Plotly.relayout would draw the old
+  // layers at the new range first).
   function zoomTo(x0, x1) {
-    return Plotly.relayout(graph, { "xaxis.range": [x0, x1] }).then(function () { return window.topoweb.pending; });
+    state.range = [x0, x1];
+    fig.layout.xaxis.range = [x0, x1];
+    fig.layout.xaxis.autorange = false;
+    state.aggregate = nodesInRange(x0, x1) > client.aggregate_above_nodes;
+    return render();
   }
   function nodeUrl(node) {
     return "/clusters/" + encodeURIComponent(client.cluster) + "/nodes/" + encodeURIComponent(node) + "/";
