@@ -57,6 +57,8 @@ def open_cluster(page, live_server, name):
 
 def hover_at(page, x, y):
     """Move the mouse to plot coordinates (x, y) and return the hover box's text."""
+    page.mouse.move(1, 1)
+    page.wait_for_selector(".hovertext", state="detached")
     px, py = page.evaluate(TO_PAGE_JS, [x, y])
     if not 0 < py < 740:  # scroll the point into the laptop's viewport
         page.evaluate("(dy) => window.scrollBy(0, dy)", py - 384)
