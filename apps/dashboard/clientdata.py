@@ -57,36 +57,19 @@ def link_data(lay, loads: LinkLoads, gpu_job: np.ndarray) -> dict:
         [round(float(tx[t]), 3), Y_BUNDLE, round(lay.switch_x[topo.leaf_names[leaf]], 3), geo.Y_LEAF]
         for t, (_, leaf) in enumerate(loads.trunks)
     ]
-    trunk_of_nic = np.empty(lay.n_nics, dtype=np.int64)
-    for t, nics in enumerate(loads.trunk_nics):
-        trunk_of_nic[list(nics)] = t
-    jobs: dict[str, list] = {}
-    leaf_jobs: dict[str, list] = {}
-    cap_of: dict[str, float] = {}
-    for lo, _, bw, _ in lay.uplinks:
-        cap_of[lo] = cap_of.get(lo, 0.0) + bw
-    for i, (lo, _, _, _) in enumerate(lay.uplinks):
-        rows = _rows(loads.up_jobs[i])
-        if not rows:
-            continue
-        if lay.switch_tier[lo] == "leaf":
-            if str(pos[lo]) not in leaf_jobs:
-                share = float(loads.up_cap[i]) / max(1e-12, cap_of[lo])
-                leaf_jobs[str(pos[lo])] = [[j, round(v / share, 3)] for j, v in rows]
-        else:
-            jobs[str(i)] = rows
+    jobs: dict[str, list] = {str(i): _rows(d) for i, d in loads.up_jobs.items() if d}
     for t, per_job in enumerate(loads.trunk_jobs):
-        rows = _rows(per_job)
-        if rows:
-            jobs[str(n_up + t)] = rows
-    gpus_of_nic: dict[int, set[int]] = {}
-    for g in np.flatnonzero((lay.gpu_nic >= 0) & (gpu_job >= 0)).tolist():
-        gpus_of_nic.setdefault(int(lay.gpu_nic[g]), set()).add(int(gpu_job[g]))
-    nic_jobs = {}
-    for k, per_job in loads.nic_jobs.items():
-        rows = _rows(per_job)
-        if rows and (len(rows) > 1 or gpus_of_nic.get(k) != {rows[0][0]}):
-            nic_jobs[str(k)] = rows
+        if per_job:
+            jobs[str(n_up + t)] = _rows(per_job)
+    leaf_jobs = {str(pos[topo.leaf_names[li]]): _rows(d) for li, d in loads.leaf_jobs.items() if d}
+    # The client takes a NIC's job from its first busy GPU: list the NICs where that is wrong.
+    busy = np.flatnonzero((lay.gpu_nic >= 0) & (gpu_job >= 0))
+    first_job = np.full(lay.n_nics, -1, dtype=np.int64)
+    first_job[lay.gpu_nic[busy][::-1]] = gpu_job[busy][::-1]
+    nic_jobs = {str(k): _rows(d) for k, d in loads.nic_jobs.items()}
+    odd = np.flatnonzero((loads.nic_job >= 0) & (loads.nic_job != first_job) & (loads.nic_load > 0))
+    for k in odd.tolist():
+        nic_jobs[str(k)] = [[int(loads.nic_job[k]), round(float(loads.nic_load[k]), 3)]]
     nic_cap = loads.nic_cap
     uniform = nic_cap.size > 0 and bool((nic_cap == nic_cap[0]).all())
     loaded = np.flatnonzero(loads.nic_load > 0)
@@ -97,7 +80,7 @@ def link_data(lay, loads: LinkLoads, gpu_job: np.ndarray) -> dict:
         "b": [pos[hi] for _, hi, _, _ in lay.uplinks]
         + [pos[topo.leaf_names[leaf]] for _, leaf in loads.trunks],
         "n_uplinks": n_up,
-        "trunk_cables": [len(n) for n in loads.trunk_nics],
+        "trunk_cables": [int(n.size) for n in loads.trunk_nics],
         "trunk_rail": [int(lay.nic_rail[n[0]]) for n in loads.trunk_nics],
         "cap": rounded(np.concatenate([loads.up_cap, loads.trunk_cap])),
         "load": rounded(np.concatenate([loads.up_load, loads.trunk_load])),
@@ -107,7 +90,7 @@ def link_data(lay, loads: LinkLoads, gpu_job: np.ndarray) -> dict:
         "nic_cap": float(nic_cap[0]) if uniform else rounded(nic_cap),
         "nic_load": dict(zip(map(str, loaded.tolist()), rounded(loads.nic_load[loaded]), strict=True)),
         "nic_jobs": nic_jobs,
-        "nic_trunk": (trunk_of_nic + n_up).tolist(),
+        "nic_trunk": (loads.trunk_of_nic + n_up).tolist(),
     }
 
 

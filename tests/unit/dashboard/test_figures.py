@@ -128,7 +128,8 @@ def test_link_loads_put_a_cross_leaf_jobs_traffic_on_its_nics_and_both_leaves_up
     busy_nics = np.flatnonzero(loads.nic_load > 0)
     assert busy_nics.size == 16
     assert loads.nic_load[busy_nics] == pytest.approx(rate, rel=1e-3)
-    assert loads.nic_jobs[int(busy_nics[0])] == {0: pytest.approx(rate, rel=1e-3)}
+    assert loads.nic_job[busy_nics].tolist() == [0] * 16 and loads.nic_jobs == {}
+    assert loads.leaf_jobs[0][0] == pytest.approx(8 * rate / 2, rel=1e-3)
     # Half of the group is under the other leaf: half of each member's rate leaves its leaf,
     # spread over the leaf's two uplinks by capacity.
     per_leaf = 8 * rate / 2
@@ -320,3 +321,20 @@ def test_nodes_with_intra_links_draw_their_nvlink_and_pcie_switch_pairs():
     assert by_name["PCIe switch pairs"]["x"].count(None) == 2  # 0-2 and 1-3
     hovers = by_name["intra-node links"]["text"]
     assert "n1 GPU 0 - GPU 1: NV2, 50 GB/s, 2 us" in hovers and not any("SYS" in h for h in hovers)
+
+
+def test_a_nic_shared_by_two_jobs_lists_both_with_their_rates():
+    from apps.placement.topology import load_topology
+
+    from .conftest import generated
+
+    topo = load_topology(generated("leaf-spine", nics_per_node=4))  # each NIC serves two GPUs
+    a = JobView(id=1, label="a", details=False, gids=(0,), net_rates=((0, "leaf", 2.0),))
+    b = JobView(id=2, label="b", details=False, gids=(1,), net_rates=((1, "leaf", 3.0),))
+    lay = cluster_layout(topo)
+    loads = link_loads(lay, [a, b])
+    assert loads.nic_load[0] == 5.0 and loads.nic_job[0] == -2
+    assert loads.nic_jobs == {0: {0: 2.0, 1: 3.0}}
+    client = cluster_figure(lay, [a, b]).client["links"]
+    assert client["nic_jobs"] == {"0": [[1, 3.0], [0, 2.0]]}
+    assert client["nic_load"] == {"0": 5.0}
