@@ -179,7 +179,7 @@ def measure(base: str, sizes: list[int], runs: int) -> list[dict]:
                 ctx = browser.new_context(storage_state=state, viewport={"width": 1600, "height": 1000})
                 page = ctx.new_page()
                 for bucket in (cold, warm):
-                    page.goto(url, wait_until="commit")
+                    page.goto(url, wait_until="commit", timeout=180_000)
                     page.wait_for_selector("#cluster-graph[data-rendered='1']", timeout=120_000)
                     bucket.append(page.evaluate("window.topoweb.renderMs"))
                     nav = page.evaluate(
