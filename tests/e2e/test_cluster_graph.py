@@ -239,3 +239,30 @@ def test_zoomed_out_bars_show_which_job_is_where_and_the_free_blocks(
     )
     page.wait_for_selector("#cluster-graph[data-aggregate='0']")
     graph_shot("zoomed-rails")
+
+
+def test_measured_nic_counters_replace_the_predicted_link_load(laptop, live_server, scenario):
+    from django.utils import timezone
+
+    from apps.metrics.models import NicLatest
+    from apps.topology.models import Node
+
+    now = timezone.now()
+    # Every NIC of leaf-1's nodes sends 20 GB/s.
+    for node in Node.objects.filter(cluster=scenario["pod"], leaf__name="leaf-1"):
+        for nic in node.nics.all():
+            NicLatest.objects.create(node=node, device=nic.name, port="1", at=now, tx_Bps=20e9)
+    page = laptop()
+    open_cluster(page, live_server, "pod-256")
+    page.wait_for_selector("#cluster-graph:not([data-measured-nics='0'])[data-measured-nics]")
+    page.check("input[name=source][value=measured]")
+    page.wait_for_selector("#cluster-graph[data-source='measured']")
+    seg, cables = page.evaluate(
+        """() => { const l = window.topoweb.client.links;
+          const t = l.a.findIndex((a, i) => i >= l.n_uplinks && l.switches[l.b[i]] === 'leaf-1');
+          return [l.seg[t], l.trunk_cables[t - l.n_uplinks]]; }"""
+    )
+    text = hover_at(page, (seg[0] + seg[2]) / 2, (seg[1] + seg[3]) / 2)
+    assert f"load {20 * cables} GB/s" in text and "(measured)" in text
+    page.check("input[name=overlay][value=load]")
+    expect(page.locator("#graph-status")).to_contain_text("measured from NIC counters")
