@@ -1,12 +1,12 @@
 """Plotly figure of a cluster: the layered topology graph with every overlay, sent once.
 
-Per-GPU layers use WebGL (`scattergl`) past WEBGL_ABOVE_GPUS, SVG below.
-
 `cluster_figure(layout, jobs)` returns the figure (plain Plotly JSON: `data` and `layout`) and
-the client data that `static/dashboard/cluster.js` uses to switch overlays, aggregate per leaf
-when zoomed out and highlight a job, all without asking the server again. Each trace carries
-`meta.role` so the script knows what to show. The network layers are in `network_traces`, the
-client half in `clientdata`.
+the client data that `static/dashboard/cluster.js` uses to place the points, switch overlays,
+show the per-leaf-group bars when zoomed out, write hover text and highlight a job, all without
+asking the server again. Per-GPU, per-NIC, per-node and per-link traces carry ids (customdata)
+or `meta.fill`; their coordinates come once, in the client data. Each trace carries `meta.role`
+so the script knows what to show. The network layers are in `network_traces`, link loads in
+`links`, the client half in `clientdata`.
 """
 
 from __future__ import annotations
