@@ -1,48 +1,60 @@
 """Plotly figure of a cluster: the layered topology graph with every overlay, sent once.
 
-Per-GPU layers use WebGL (`scattergl`) past WEBGL_ABOVE_GPUS, SVG below.
-
 `cluster_figure(layout, jobs)` returns the figure (plain Plotly JSON: `data` and `layout`) and
-the client data that `static/dashboard/cluster.js` uses to switch overlays, aggregate per leaf
-when zoomed out and highlight a job, all without asking the server again. Each trace carries
-`meta.role` so the script knows what to show. The network layers are in `network_traces`, the
-client half in `clientdata`.
+the client data that `static/dashboard/cluster.js` uses to place the points, switch overlays,
+show the per-leaf-group bars when zoomed out, write hover text and highlight a job, all without
+asking the server again. Per-GPU, per-NIC, per-node and per-link traces carry ids (customdata)
+or `meta.fill`; their coordinates come once, in the client data. Each trace carries `meta.role`
+so the script knows what to show. The network layers are in `network_traces`, link loads in
+`links`, the client half in `clientdata`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from apps.dashboard import layout as geo
-from apps.dashboard.clientdata import client_data
+from apps.dashboard.clientdata import OUTLINE_PAD_X, OUTLINE_PAD_Y, client_data
 from apps.dashboard.jobview import JobView
+from apps.dashboard.links import link_loads
 from apps.dashboard.network_traces import (
     LOAD_BUCKETS,
     cable_traces,
     domain_traces,
-    leaf_loads,
+    link_hover_trace,
     nic_and_node_traces,
     switch_traces,
     uplink_traces,
 )
-from apps.dashboard.traces import FREE_COLOR, HIGHLIGHT_COLOR, JOB_PALETTE, lines, markers, rounded
+from apps.dashboard.traces import (
+    FREE_COLOR,
+    HIGHLIGHT_COLOR,
+    JOB_PALETTE,
+    JOB_STYLES,
+    boxes,
+    job_style,
+    lines,
+    markers,
+    rounded,
+)
 
 MAX_JOB_TRACES = 40  # more jobs than this share one "other jobs" trace, to keep the legend usable
 AGGREGATE_ABOVE_NODES = 192  # the script aggregates per leaf when more nodes than this are in view
-# Above this many GPUs the per-GPU layers are drawn with WebGL; SVG draws smaller clusters faster
-# and the few hundred switches, cables and aggregate squares at any size.
-WEBGL_ABOVE_GPUS = 4096
-DETAIL_ROLES = frozenset({"gpu-free", "gpu-job", "gpu-metric", "wire", "domain", "nic", "node", "hl-gpus"})
+# Every layer is SVG: the client hands Plotly only the points near the visible range (at most
+# about twice AGGREGATE_ABOVE_NODES nodes' worth once zoomed in), where SVG draws faster than
+# WebGL sets up, above all with software rendering.
+FREE_WHOLE_COLOR = "#eef0f2"  # free GPUs on wholly free nodes, in the zoomed-out bars
 
 OVERLAYS = (
     ("placement", "Job placement"),
     ("mfu", "MFU"),
     ("util", "GPU utilisation"),
     ("comm", "Comm share"),
-    ("load", "Leaf-spine link load (predicted)"),
+    ("load", "Link load (GB/s, % of capacity)"),
 )
 
 
@@ -52,17 +64,45 @@ class ClusterFigure:
 
     figure: dict
     client: dict
+    styles: tuple[int, ...] = ()
+
+    def job_color(self, j: int) -> str:
+        """The colour of job number `j` (as in the legend)."""
+        return job_style(self.styles[j])[0]
 
 
 def _metric_values(jobs: Sequence[JobView], busy_job: np.ndarray, attr: str) -> list:
     per_job = np.array([np.nan if getattr(j, attr) is None else float(getattr(j, attr)) for j in jobs])
-    vals = per_job[busy_job] if busy_job.size else np.zeros(0)
-    return [None if not np.isfinite(v) else round(float(v), 4) for v in vals]
+    vals = np.round(per_job[busy_job], 4) if busy_job.size else np.zeros(0)
+    return [None if v != v else v for v in vals.tolist()]  # NaN (no prediction) -> None
+
+
+def job_styles(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> tuple[int, ...]:
+    """A style number per job (colour and mark, see `traces.job_style`), chosen greedily in job
+    order so that jobs whose leaf groups lie within a zoom-in's reach of each other differ: any
+    view of AGGREGATE_ABOVE_NODES nodes or fewer shows each style once, up to JOB_STYLES jobs."""
+    n_groups = len(lay.group_names)
+    per_group = np.bincount(lay.group_of_node, minlength=n_groups)
+    reach = max(1, math.ceil(AGGREGATE_ABOVE_NODES / max(1.0, float(np.median(per_group)))))
+    topo = lay.topology
+    on_group: dict[int, list[int]] = {}
+    styles: list[int] = []
+    for j, job in enumerate(jobs):
+        groups = np.unique(lay.group_of_node[topo.gpu_node[np.asarray(job.gids, dtype=np.int64)]])
+        near: set[int] = set()
+        for g in groups.tolist():
+            for h in range(g - reach, g + reach + 1):
+                near.update(on_group.get(h, ()))
+        used = np.bincount([styles[k] for k in near], minlength=JOB_STYLES)
+        styles.append(int(np.argmin(used)))  # the first unused style, else the least used
+        for g in groups.tolist():
+            on_group.setdefault(g, []).append(j)
+    return tuple(styles)
 
 
 def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFigure:
-    """The layered cluster graph with placement, predicted metrics, link load, the per-leaf
-    aggregate and an empty highlight layer (filled by the client script)."""
+    """The layered cluster graph with placement, predicted metrics, link loads, the zoomed-out
+    bars and empty highlight layers (filled by the client script)."""
     topo = lay.topology
     n = topo.n_gpus
     gpu_job = np.full(n, -1, dtype=np.int64)
@@ -73,70 +113,65 @@ def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFi
         gpu_rank[g] = np.arange(g.size)
     data: list[dict] = []
 
-    loads = leaf_loads(lay, jobs)
+    loads = link_loads(lay, jobs)
+    styles = job_styles(lay, jobs)
+    looks = [job_style(s) for s in styles]
     data += uplink_traces(lay, loads)
-    data += cable_traces(lay)
+    data += cable_traces(lay, loads)
     data += domain_traces(lay)
     data += switch_traces(lay, loads)
-    data += nic_and_node_traces(lay, gpu_job)
+    data += nic_and_node_traces(lay)
+    data.append(link_hover_trace())
 
-    job_colors = [JOB_PALETTE[j % len(JOB_PALETTE)] for j in range(len(jobs))]
-    data += gpu_traces(lay, jobs, gpu_job, job_colors)
+    data += gpu_traces(lay, jobs, gpu_job, looks)
     busy = np.flatnonzero(gpu_job >= 0)
     metrics = {
         k: _metric_values(jobs, gpu_job[busy], attr)
         for k, attr in (("mfu", "mfu"), ("util", "util"), ("comm", "comm_share"))
     }
     data.append(_metric_trace(lay, busy, metrics["mfu"]))
-    agg, agg_metrics = _aggregate_trace(lay, jobs, gpu_job, metrics)
-    data.append(agg)
-    # Highlight layer, filled by the client script when a job is picked.
+    data += outline_traces(lay, jobs, looks)
+    bars, bar_data = bar_trace(lay, jobs, gpu_job, looks)
+    data += bars
+    # Highlight and path layers, filled by the client script.
     data.append(lines("highlighted links", [], [], HIGHLIGHT_COLOR, 3, "hl-links"))
-    ring = {
-        "color": "rgba(0,0,0,0)",
-        "size": 11,
-        "symbol": "square-open",
-        "line": {"width": 2, "color": HIGHLIGHT_COLOR},
-    }
-    data.append(markers("highlighted job", [], [], None, "hl-gpus", marker=ring))
+    data.append(lines("highlighted job", [], [], HIGHLIGHT_COLOR, 2.5, "hl-outline"))
+    path = lines("path", [], [], "#0072B2", 4, "hl-path")
+    path["mode"] = "lines+markers"
+    path["marker"] = {"size": 9, "color": "#0072B2", "symbol": "circle"}
+    data.append(path)
 
-    if topo.n_gpus > WEBGL_ABOVE_GPUS:
-        for trace in data:
-            if trace["meta"]["role"] in DETAIL_ROLES:
-                trace["type"] = "scattergl"
     figure = {"data": data, "layout": _cluster_layout(lay)}
     client = client_data(
         lay,
         jobs,
-        job_colors,
+        looks,
         gpu_job,
         gpu_rank,
         metrics,
-        agg_metrics,
         loads,
+        bar_data,
         overlays=OVERLAYS,
         aggregate_above=AGGREGATE_ABOVE_NODES,
     )
-    return ClusterFigure(figure=figure, client=client)
+    return ClusterFigure(figure=figure, client=client, styles=styles)
 
 
-def _gpu_marker(color) -> dict:
+def _gpu_marker(color, symbol="square") -> dict:
     # The client resizes GPU squares to the zoom; 7 px is the size before the first draw.
-    return {"color": color, "size": 7, "symbol": "square"}
+    return {"color": color, "size": 7, "symbol": symbol, "line": {"width": 0, "color": "#333333"}}
 
 
-def gpu_traces(
-    lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, job_colors
-) -> list[dict]:
-    """Free GPUs in grey, then one trace per job (the legend lists the jobs) and, past
-    MAX_JOB_TRACES, one trace for the rest. Hover text is built by the client; `customdata`
-    holds each point's gid."""
+def gpu_traces(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, looks) -> list[dict]:
+    """Free GPUs in grey, then one trace per job in its colour and mark (the legend lists the
+    jobs) and, past MAX_JOB_TRACES, one trace for the rest. `customdata` holds each point's gid;
+    the client places the points and builds their hover text from the per-GPU data."""
     free = np.flatnonzero(gpu_job < 0)
     out = [
         markers(
             f"free ({free.size})",
-            lay.gpu_x[free],
-            lay.gpu_y[free],
+            [],
+            [],
             [],
             "gpu-free",
             marker=_gpu_marker(FREE_COLOR),
@@ -146,13 +181,14 @@ def gpu_traces(
     ]
     for j, job in enumerate(jobs[:MAX_JOB_TRACES]):
         g = np.asarray(job.gids, dtype=np.int64)
+        color, symbol, _ = looks[j]
         t = markers(
             job.label,
-            lay.gpu_x[g],
-            lay.gpu_y[g],
+            [],
+            [],
             [],
             "gpu-job",
-            marker=_gpu_marker(job_colors[j]),
+            marker=_gpu_marker(color, symbol),
             legend=True,
             customdata=g.tolist(),
         )
@@ -163,15 +199,55 @@ def gpu_traces(
         out.append(
             markers(
                 f"{len(jobs) - MAX_JOB_TRACES} more jobs",
-                lay.gpu_x[rest],
-                lay.gpu_y[rest],
+                [],
+                [],
                 [],
                 "gpu-job",
-                marker=_gpu_marker([job_colors[j] for j in gpu_job[rest]]),
+                marker=_gpu_marker(
+                    [looks[j][0] for j in gpu_job[rest]], [looks[j][1] for j in gpu_job[rest]]
+                ),
                 legend=True,
                 customdata=rest.tolist(),
             )
         )
+    return out
+
+
+def job_boxes(lay: geo.ClusterLayout, gids) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x0, x1, y0, y1) of one box per node around the given GPUs: a job's outline."""
+    g = np.asarray(gids, dtype=np.int64)
+    if not g.size:
+        return (np.zeros(0),) * 4
+    nodes, inv = np.unique(lay.topology.gpu_node[g], return_inverse=True)
+    x, y = lay.gpu_x[g], lay.gpu_y[g]
+    x0 = np.full(nodes.size, np.inf)
+    x1 = np.full(nodes.size, -np.inf)
+    y0 = np.full(nodes.size, np.inf)
+    y1 = np.full(nodes.size, -np.inf)
+    np.minimum.at(x0, inv, x)
+    np.maximum.at(x1, inv, x)
+    np.minimum.at(y0, inv, y)
+    np.maximum.at(y1, inv, y)
+    return x0 - OUTLINE_PAD_X, x1 + OUTLINE_PAD_X, y0 - OUTLINE_PAD_Y, y1 + OUTLINE_PAD_Y
+
+
+def outline_traces(lay: geo.ClusterLayout, jobs: Sequence[JobView], looks) -> list[dict]:
+    """One outline per job in its colour around its GPUs on each node, shown with the metric
+    overlays so that the colours of a metric still say which job is which."""
+    out = []
+    rest: list[int] = []
+    for j, job in enumerate(jobs):
+        if j >= MAX_JOB_TRACES:
+            rest.extend(job.gids)
+            continue
+        t = lines(job.label, *boxes(*job_boxes(lay, job.gids)), looks[j][0], 2, "job-outline")
+        t["meta"]["job"] = j
+        t["visible"] = False
+        out.append(t)
+    if rest:
+        t = lines("more jobs", *boxes(*job_boxes(lay, rest)), "#555555", 1.5, "job-outline")
+        t["visible"] = False
+        out.append(t)
     return out
 
 
@@ -187,8 +263,8 @@ def _metric_trace(lay: geo.ClusterLayout, busy: np.ndarray, values: list) -> dic
     )
     return markers(
         "busy GPUs",
-        lay.gpu_x[busy],
-        lay.gpu_y[busy],
+        [],
+        [],
         [],
         "gpu-metric",
         marker=marker,
@@ -197,55 +273,104 @@ def _metric_trace(lay: geo.ClusterLayout, busy: np.ndarray, values: list) -> dic
     )
 
 
-def _aggregate_trace(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, metrics: dict):
-    """One square per leaf group for the zoomed-out view, and its value per overlay: the busy
-    share for placement, the mean over busy GPUs for each metric (None: no busy GPU)."""
+def bar_trace(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, looks):
+    """The zoomed-out view: one stacked bar per leaf group, the height of its GPUs, in segments
+    per job (largest first, in the job's colour and hatch), then the free GPUs on partly busy
+    nodes and on top the free GPUs on wholly free nodes (the largest block a whole-node job can
+    take there), with each group's free count above its bar. Returns the two traces and the
+    segments (group, job or -1/-2, GPUs) for the client."""
     topo = lay.topology
     n_groups = len(lay.group_names)
     group_of_gpu = lay.group_of_node[topo.gpu_node]
-    busy = np.flatnonzero(gpu_job >= 0)
-    busy_group = group_of_gpu[busy]
-    g_total = np.bincount(group_of_gpu, minlength=n_groups)
-    g_busy = np.bincount(busy_group, minlength=n_groups)
-    values = {"placement": rounded(g_busy / np.maximum(g_total, 1))}
-    for key, vals in metrics.items():
-        v = np.array([np.nan if x is None else x for x in vals], dtype=float)
-        ok = np.isfinite(v)
-        total = np.bincount(busy_group[ok], weights=v[ok], minlength=n_groups)
-        count = np.bincount(busy_group[ok], minlength=n_groups)
-        values[key] = [round(float(a / b), 4) if b else None for a, b in zip(total, count, strict=True)]
-    text = []
-    for g in range(n_groups):
-        in_group = gpu_job[busy][busy_group == g]
-        counts = np.bincount(in_group, minlength=len(jobs)) if in_group.size else np.zeros(0, dtype=int)
-        top = np.argsort(-counts)[:4] if counts.size else []
-        parts = [f"{jobs[j].label}: {int(counts[j])}" for j in top if counts[j] > 0]
-        text.append(
-            f"<b>{lay.group_names[g]}</b><br>{int(g_total[g])} GPUs, {int(g_busy[g])} busy"
-            + ("<br>" + "<br>".join(parts) if parts else "")
-            + "<br><i>click to zoom in</i>"
+    total = np.bincount(group_of_gpu, minlength=n_groups)
+    free_on_node = np.bincount(topo.gpu_node[gpu_job < 0], minlength=len(topo.nodes))
+    whole = free_on_node == topo.node_gpu_count
+    whole_gpus = np.bincount(lay.group_of_node, weights=np.where(whole, free_on_node, 0), minlength=n_groups)
+    whole_nodes = np.bincount(lay.group_of_node, weights=whole.astype(float), minlength=n_groups)
+    most_on_node = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(most_on_node, lay.group_of_node, free_on_node)
+    free = np.bincount(group_of_gpu[gpu_job < 0], minlength=n_groups)
+    busy = gpu_job >= 0
+    pairs = group_of_gpu[busy] * (len(jobs) + 1) + gpu_job[busy]
+    keys, counts = np.unique(pairs, return_counts=True)
+    per_group: dict[int, list[tuple[int, int]]] = {}
+    for key, c in zip(keys.tolist(), counts.tolist(), strict=True):
+        per_group.setdefault(key // (len(jobs) + 1), []).append((key % (len(jobs) + 1), c))
+    bottom = float(lay.node_y0.min()) if lay.node_y0.size else 0.0  # bars fill the GPU band
+    band = geo.Y_NODE - bottom
+    width = (
+        np.array(
+            [
+                lay.node_x1[lay.group_of_node == g].max() - lay.node_x0[lay.group_of_node == g].min()
+                for g in range(n_groups)
+            ]
         )
-    marker = {
-        "color": values["placement"],
-        "size": 16,
-        "symbol": "square",
-        "colorscale": [[0, FREE_COLOR], [1, "#1f77b4"]],
-        "cmin": 0,
-        "cmax": 1,
-        "showscale": False,
-        "line": {"width": 1, "color": "#455a64"},
+        * 0.8
+    )
+    xs, base, height, colors, hatch, text, seg_group, seg_job, seg_count = ([] for _ in range(9))
+    for g in range(n_groups):
+        y = bottom
+        scale = band / max(1, int(total[g]))
+        head = f"<b>{lay.group_names[g]}</b> · {int(total[g])} GPUs, {int(free[g])} free"
+        block = (
+            f"largest free block: {int(whole_nodes[g])} whole nodes ({int(whole_gpus[g])} GPUs); "
+            f"most free on one node: {int(most_on_node[g])}"
+        )
+        rows = sorted(per_group.get(g, []), key=lambda jc: (-jc[1], jc[0]))
+        partial = int(free[g] - whole_gpus[g])
+        rows += [(-1, partial), (-2, int(whole_gpus[g]))]
+        for j, c in rows:
+            if c <= 0:
+                continue
+            xs.append(lay.group_x[g])
+            base.append(y)
+            height.append(c * scale)
+            y += c * scale
+            if j >= 0:
+                colors.append(looks[j][0])
+                hatch.append(looks[j][2])
+                text.append(f"{head}<br>{jobs[j].label}: {c} GPUs here, {len(jobs[j].gids)} in all")
+            else:
+                colors.append(FREE_COLOR if j == -1 else FREE_WHOLE_COLOR)
+                hatch.append("")
+                kind = "on partly busy nodes" if j == -1 else "on wholly free nodes"
+                text.append(f"{head}<br>free {kind}: {c} GPUs<br>{block}")
+            seg_group.append(g)
+            seg_job.append(j)
+            seg_count.append(c)
+    trace = {
+        "type": "bar",
+        "name": "GPUs per leaf group",
+        "x": rounded(xs),
+        "base": rounded(base),
+        "y": rounded(height),
+        "width": rounded(width[seg_group] if seg_group else []),
+        "marker": {
+            "color": colors,
+            "pattern": {"shape": hatch, "fgcolor": "#222222", "size": 5, "solidity": 0.25},
+            "line": {"width": 0.5, "color": "#455a64"},
+        },
+        "hovertext": text,
+        "hovertemplate": "%{hovertext}<br><i>click to zoom in</i><extra></extra>",
+        "customdata": seg_group,
+        "showlegend": False,
+        "visible": False,
+        "meta": {"role": "agg"},
     }
-    trace = markers(
-        "per-leaf aggregate",
+    label = markers(
+        "free GPUs per leaf group",
         lay.group_x,
-        np.full(n_groups, geo.Y_AGG),
-        text,
-        "agg",
-        marker=marker,
+        np.full(n_groups, geo.Y_NODE + 0.12),
+        None,
+        "agg-label",
+        marker={"size": 1},
         customdata=list(range(n_groups)),
+        mode="text",
+        textfont={"size": 10},
         visible=False,
     )
-    return trace, values
+    label["text"] = [f"{int(f)} free" for f in free]
+    return [trace, label], {"group": seg_group, "job": seg_job, "gpus": seg_count}
 
 
 def _cluster_layout(lay: geo.ClusterLayout) -> dict:
@@ -263,8 +388,11 @@ def _cluster_layout(lay: geo.ClusterLayout) -> dict:
         "margin": {"l": 60, "r": 20, "t": 30, "b": 20},
         "dragmode": "zoom",
         "hovermode": "closest",
-        "plot_bgcolor": "#ffffff",
-        "paper_bgcolor": "#ffffff",
+        # Transparent, so the page's theme shows through; the client sets font and axis colours
+        # from the page's CSS variables.
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "barmode": "overlay",
         "xaxis": {"visible": False, "range": [-1.5, lay.width + 1.5], "zeroline": False},
         "yaxis": {
             "range": [y_low, y_top + 0.5],
@@ -286,5 +414,5 @@ __all__ = [
     "OVERLAYS",
     "ClusterFigure",
     "cluster_figure",
-    "leaf_loads",
+    "job_styles",
 ]

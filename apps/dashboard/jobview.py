@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from apps.placement.groups import rank_groups
 from apps.placement.jobs import GROUP_KINDS, JobSpec
 from apps.placement.topology import LEVEL_RANK, Topology
@@ -53,6 +55,9 @@ class JobView:
     groups: Mapping[str, tuple[GroupView, ...]] = field(default_factory=dict)
     flows: Mapping[str, float] = field(default_factory=dict)
     url: str | None = None
+    # Predicted mean send rate (GB/s) of each GPU over the network, per level its groups cross:
+    # (gid, level, GB/s) rows; kept for every job (link loads do not depend on who looks).
+    net_rates: tuple[tuple[int, str, float], ...] = ()
 
     @cached_property
     def _group_of_rank(self) -> dict[str, dict[int, GroupView]]:
@@ -86,16 +91,18 @@ def job_view(
     flows: Mapping[str, float] | None = None,
     status: str = "running",
     url: str | None = None,
+    traffic: Mapping | None = None,
 ) -> JobView:
     """A placed job's view: `predicted` is the placement output's `predicted` block (comm_ms,
-    step_ms, mfu, groups); groups and per-rank details are kept only when `details` is True."""
+    step_ms, mfu, groups); groups and per-rank details are kept only when `details` is True.
+    `traffic` is the full prediction used for link loads (default: `predicted`)."""
     predicted = predicted or {}
     comm_ms = predicted.get("comm_ms")
     step = predicted.get("step_ms")
     util, comm_share = predicted_shares(job.compute_ms, comm_ms, step)
-    groups = {}
-    if details:
-        groups = group_views(topo, gids, rank_groups(job), predicted.get("groups") or ())
+    full = predicted if traffic is None else traffic
+    all_groups = group_views(topo, gids, rank_groups(job), full.get("groups") or ())
+    groups = all_groups if details else {}
     return JobView(
         id=id,
         label=label,
@@ -111,7 +118,26 @@ def job_view(
         groups=groups,
         flows=dict(flows or {}),
         url=url,
+        net_rates=network_rates(gids, all_groups, full.get("step_ms")),
     )
+
+
+def network_rates(gids: Sequence[int], groups: Mapping[str, tuple[GroupView, ...]], step_ms) -> tuple:
+    """(gid, level, GB/s) per GPU and level its priced groups cross beyond NVLink: each member
+    sends at the group's bottleneck for the group's time per step, averaged over the step (a ring
+    sends about as much as it receives, so this is also the receive rate)."""
+    if not step_ms or not np.isfinite(step_ms) or step_ms <= 0:
+        return ()
+    rate: dict[tuple[int, str], float] = {}
+    for views in groups.values():
+        for g in views:
+            if g.level == "nvlink" or g.time_ms is None or not g.bottleneck_GBps:
+                continue
+            r = g.bottleneck_GBps * min(1.0, g.time_ms / step_ms)
+            for rank in g.ranks:
+                key = (int(gids[rank]), g.level)
+                rate[key] = rate.get(key, 0.0) + r
+    return tuple((gid, level, round(v, 4)) for (gid, level), v in sorted(rate.items()))
 
 
 def _field(cost, name):

@@ -10,7 +10,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from apps.metrics import selectors as metrics
-from apps.metrics.models import GpuLatest, JobSample
+from apps.metrics.models import GpuLatest, JobSample, NicLatest
+from apps.metrics.uplinks import leaf_uplink_loads
 from apps.scheduling.models import Allocation
 from apps.topology.models import Cluster
 
@@ -62,7 +63,38 @@ def overlay_values(*, cluster: Cluster, topology) -> dict:
             newest = sample.at
     out["age_s"] = None if newest is None else round((now - newest).total_seconds(), 1)
     out["fresh_s"] = fresh_s
+    out.update(link_values(cluster=cluster, topology=topology, since=since, now=now, fresh_s=fresh_s))
     return out
+
+
+def link_values(*, cluster: Cluster, topology, since, now, fresh_s: float) -> dict:
+    """Measured link loads: each NIC's transmit rate in GB/s (by NIC number, node by node in file
+    order, as the graph numbers them; ports of one device summed) and each leaf's uplink load as
+    a share of its uplink capacity (apps.metrics.uplinks); empty without fresh NIC counters."""
+    rates = list(
+        NicLatest.objects.filter(node__cluster=cluster, at__gte=since, tx_Bps__isnull=False).values_list(
+            "node__name", "device", "tx_Bps"
+        )
+    )
+    if not rates:
+        return {"nic_GBps": {}, "leaf_uplink": {}}
+    first: dict[str, int] = {}
+    n = 0
+    for node in topology.nodes:
+        first[node.name] = n
+        n += len(node.nics)
+    nic_pos = {
+        (node.name, nic.name): first[node.name] + k
+        for node in topology.nodes
+        for k, nic in enumerate(node.nics)
+    }
+    nic_GBps: dict[str, float] = {}
+    for node, device, tx in rates:
+        k = nic_pos.get((node, device))
+        if k is not None:
+            nic_GBps[str(k)] = round(nic_GBps.get(str(k), 0.0) + tx / 1e9, 4)
+    leaf_share, _ = leaf_uplink_loads(cluster=cluster, now=now, fresh_s=fresh_s)
+    return {"nic_GBps": nic_GBps, "leaf_uplink": {k: round(v, 4) for k, v in leaf_share.items()}}
 
 
 def job_series_points(*, job) -> dict[str, list]:

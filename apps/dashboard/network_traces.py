@@ -4,12 +4,10 @@ switches, NICs and node hover targets."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from apps.dashboard import layout as geo
-from apps.dashboard.jobview import JobView
+from apps.dashboard.links import LinkLoads
 from apps.dashboard.traces import (
     DOMAIN_COLOR,
     LINK_COLOR,
@@ -19,94 +17,85 @@ from apps.dashboard.traces import (
     boxes,
     lines,
     markers,
-    segments,
 )
 
-# Heavy flows on a leaf's uplinks: (bucket upper bound, line width in px, colour).
+# Link load as a share of capacity: (bucket upper bound, line width in px, colour), light to dark
+# so the order reads without hue.
 LOAD_BUCKETS = (
     (0.0, 1.0, "#cfd8dc"),
-    (1.0, 2.0, "#fdd835"),
-    (2.0, 3.0, "#fb8c00"),
-    (4.0, 4.5, "#e53935"),
-    (8.0, 6.0, "#8e0038"),
-    (float("inf"), 8.0, "#4a0072"),
+    (0.1, 1.5, "#fee391"),
+    (0.4, 2.5, "#fec44f"),
+    (0.7, 4.0, "#fe9929"),
+    (0.9, 5.5, "#d95f0e"),
+    (float("inf"), 7.0, "#662506"),
 )
+Y_BUNDLE = 2.25  # where a leaf group's NIC cables meet in one trunk per leaf
 
 
-def leaf_loads(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> np.ndarray:
-    """Heavy flows on each leaf's uplinks, summed over the running jobs' predicted flows."""
-    topo = lay.topology
-    load = np.zeros(len(topo.leaf_names))
-    for job in jobs:
-        for leaf, flows in job.flows.items():
-            i = topo.leaf_by_name.get(leaf)
-            if i is not None:
-                load[i] += float(flows)
-    return load
+def load_bucket_label(k: int) -> str:
+    """Legend label of load bucket `k`."""
+    upper = LOAD_BUCKETS[k][0]
+    lower = LOAD_BUCKETS[k - 1][0] if k else None
+    if lower is None:
+        return "link load: idle"
+    if upper == float("inf"):
+        return f"link load: over {lower:.0%}"
+    return f"link load: {lower:.0%}-{upper:.0%}"
 
 
-def uplink_traces(lay: geo.ClusterLayout, loads: np.ndarray) -> list[dict]:
-    """Spine-core cables, and leaf-spine cables in one trace per load bucket (grey until the
-    load overlay gives each bucket its colour and width, kept in `meta`)."""
-    topo = lay.topology
-    up_lo = [lo for lo, _, _, _ in lay.uplinks]
-    leaf_up = [i for i, lo in enumerate(up_lo) if lay.switch_tier[lo] == "leaf"]
-    core_up = [i for i, lo in enumerate(up_lo) if lay.switch_tier[lo] != "leaf"]
-    seg = [lay.uplink_segment(i) for i in range(len(lay.uplinks))]
+def trunk_x(lay: geo.ClusterLayout, loads: LinkLoads) -> np.ndarray:
+    """x of each trunk's lower end: halfway between the mean x of its NICs and its leaf, so that
+    the rails of one leaf group fan out to separate bundles rather than one knot."""
+    leaf_x = [lay.switch_x[lay.topology.leaf_names[leaf]] for _, leaf in loads.trunks]
+    return np.array(
+        [
+            (float(lay.nic_x[list(nics)].mean()) + x) / 2
+            for nics, x in zip(loads.trunk_nics, leaf_x, strict=True)
+        ]
+    )
 
-    def seg_xy(idx):
-        return segments(
-            [seg[i].x0 for i in idx],
-            [seg[i].y0 for i in idx],
-            [seg[i].x1 for i in idx],
-            [seg[i].y1 for i in idx],
-        )
 
+def uplink_traces(lay: geo.ClusterLayout, loads: LinkLoads) -> list[dict]:
+    """Switch-to-switch cables in grey, and one trace per load bucket for the load overlay. The
+    client fills their coordinates from the link data (`meta.fill`), sent once."""
     out = []
-    if core_up:
-        out.append(lines("spine-core links", *seg_xy(core_up), LINK_COLOR, 1, "uplink"))
-    leaf_of_up = np.array([topo.leaf_by_name[up_lo[i]] for i in leaf_up], dtype=np.int64)
-    up_flows = loads[leaf_of_up] if leaf_up else np.zeros(0)
-    lower = -1.0
-    for upper, width, color in LOAD_BUCKETS:
-        sel = [leaf_up[k] for k in np.flatnonzero((up_flows > lower) & (up_flows <= upper))]
-        label = "no heavy flows" if upper == 0 else f"{lower:g}-{upper:g} flows"
-        if upper == float("inf"):
-            label = f"over {lower:g} flows"
-        lower = upper
-        if sel:
-            t = lines(f"link load: {label}", *seg_xy(sel), LINK_COLOR, 1, "load")
-            t["meta"].update(load_color=color, load_width=width)
-            out.append(t)
+    if lay.uplinks:
+        t = lines("switch links", [], [], LINK_COLOR, 1, "uplink")
+        t["meta"]["fill"] = "uplinks"
+        out.append(t)
+    for k, (upper, width, color) in enumerate(LOAD_BUCKETS):
+        t = lines(load_bucket_label(k), [], [], color, width, "load")
+        t["meta"].update(load_color=color, load_width=width, upper=None if upper == float("inf") else upper)
+        out.append(t)
     return out
 
 
-def cable_traces(lay: geo.ClusterLayout) -> list[dict]:
-    """NIC-to-leaf cables (per rail when NICs of one node go to different leaves) and, for the
-    zoomed-out view, one cable per (leaf group, leaf) pair."""
-    topo = lay.topology
+def cable_traces(lay: geo.ClusterLayout, loads: LinkLoads) -> list[dict]:
+    """NIC-to-leaf cables, bundled: each NIC's short cable to its trunk (shown zoomed in) and one
+    trunk per (leaf group, leaf), coloured per rail when a node's NICs go to different leaves.
+    The client draws them from the link data (`meta.fill`, `meta.rail`)."""
     if not lay.n_nics:
         return []
-    leaf_x = np.array([lay.switch_x[name] for name in topo.leaf_names])
-    wx1 = leaf_x[lay.nic_leaf]
     out = []
     rails = sorted(set(lay.nic_rail.tolist())) if lay.rail_optimized else [None]
     for rail in rails:
-        sel = np.flatnonzero(lay.nic_rail == rail) if rail is not None else np.arange(lay.n_nics)
-        xs, ys = segments(
-            lay.nic_x[sel], np.full(sel.size, geo.Y_NIC), wx1[sel], np.full(sel.size, geo.Y_LEAF)
-        )
         name = f"rail {rail}" if rail is not None else "NIC cables"
         color = RAIL_PALETTE[rail % len(RAIL_PALETTE)] if rail is not None else WIRE_COLOR
-        out.append(lines(name, xs, ys, color, 1, "wire", legend=rail is not None))
-    gx0, gx1 = [], []
-    for g, leaves in enumerate(lay.group_leaves):
-        for leaf in leaves:
-            gx0.append(lay.group_x[g])
-            gx1.append(leaf_x[leaf])
-    xs, ys = segments(gx0, [geo.Y_AGG + 0.3] * len(gx0), gx1, [geo.Y_LEAF] * len(gx1))
-    out.append(lines("cables (per leaf group)", xs, ys, WIRE_COLOR, 1, "agg-wire"))
+        wire = lines(name, [], [], color, 1, "wire")
+        wire["meta"].update(fill="wires", rail=rail)
+        trunk = lines(name, [], [], color, 2, "trunk", legend=rail is not None)
+        trunk["meta"].update(fill="trunks", rail=rail)
+        out += [wire, trunk]
     return out
+
+
+def link_hover_trace() -> dict:
+    """Hover targets at the middle of every uplink and trunk (customdata: link number, uplinks
+    first); the client places them and writes their text (capacity, load, jobs)."""
+    marker = {"color": "#455a64", "size": 6, "symbol": "circle"}
+    t = markers("links", [], [], [], "link", marker=marker, opacity=0.35)
+    t["meta"]["fill"] = "link-mid"
+    return t
 
 
 def domain_traces(lay: geo.ClusterLayout) -> list[dict]:
@@ -179,12 +168,14 @@ def intra_traces(lay: geo.ClusterLayout) -> list[dict]:
     return out
 
 
-def switch_traces(lay: geo.ClusterLayout, loads: np.ndarray) -> list[dict]:
-    """One marker trace per tier; a leaf's hover gives its uplink capacity and predicted load."""
+def switch_traces(lay: geo.ClusterLayout, loads: LinkLoads) -> list[dict]:
+    """One marker trace per tier; a switch's hover gives its uplink capacity and predicted load."""
     topo = lay.topology
     ups_of: dict[str, list[float]] = {}
-    for lo, _, bw, _ in lay.uplinks:
+    load_of: dict[str, float] = {}
+    for i, (lo, _, bw, _) in enumerate(lay.uplinks):
         ups_of.setdefault(lo, []).append(bw)
+        load_of[lo] = load_of.get(lo, 0.0) + float(loads.up_load[i])
     out = []
     for tier, symbol, size in (("core", "diamond", 14), ("spine", "square", 13), ("leaf", "square", 11)):
         names = [s.name for s in topo.switches if s.tier == tier]
@@ -196,11 +187,8 @@ def switch_traces(lay: geo.ClusterLayout, loads: np.ndarray) -> list[dict]:
             line = f"<b>{s}</b> ({tier})"
             if ups:
                 line += f"<br>{len(ups)} uplinks, {sum(ups):.4g} GB/s in all"
-            if tier == "leaf":
-                flows = float(loads[topo.leaf_by_name[s]])
-                line += f"<br>uplink load: {flows:.3g} heavy flows (predicted)"
-                if flows > 0 and ups:
-                    line += f", {sum(ups) / flows:.4g} GB/s each"
+                load = load_of.get(s, 0.0)
+                line += f"<br>uplink load {load:.4g} GB/s, {load / sum(ups):.0%} (predicted)"
             text.append(line)
         out.append(
             markers(
@@ -216,26 +204,29 @@ def switch_traces(lay: geo.ClusterLayout, loads: np.ndarray) -> list[dict]:
     return out
 
 
-def nic_and_node_traces(lay: geo.ClusterLayout, gpu_job: np.ndarray) -> list[dict]:
-    """NIC markers (no hover: a GPU's hover names its NIC and leaf) and invisible node markers
-    whose hover gives the node's leaf, GPUs and free count."""
-    topo = lay.topology
+def nic_and_node_traces(lay: geo.ClusterLayout) -> list[dict]:
+    """NIC markers, invisible node markers (hover: the node's leaf, GPUs and free count; click:
+    its page) and node name labels under the nodes (shown once they fit). The client places
+    them and writes their text from the client data (`meta.fill`)."""
     out = []
     if lay.n_nics:
         marker = {"color": "#546e7a", "size": 5, "symbol": "diamond"}
-        out.append(markers("NICs", lay.nic_x, np.full(lay.n_nics, geo.Y_NIC), None, "nic", marker=marker))
-    free_per_node = np.bincount(topo.gpu_node[gpu_job < 0], minlength=len(topo.nodes))
-    text = []
-    for i, node in enumerate(topo.nodes):
-        leaf = topo.leaf_names[int(topo.node_leaf[i])] if topo.node_leaf[i] >= 0 else "standalone"
-        text.append(
-            f"<b>{node.name}</b> · {leaf}<br>{node.gpus} × {node.gpu_model}, {int(free_per_node[i])} free"
-            f"<br>NVLink domain {node.domain}"
-        )
+        t = markers("NICs", [], [], [], "nic", marker=marker)
+        t["meta"]["fill"] = "nics"
+        out.append(t)
     marker = {"color": "#78909c", "size": 8, "symbol": "line-ew"}
-    out.append(
-        markers(
-            "nodes", lay.node_x, np.full(len(topo.nodes), geo.Y_NODE), text, "node", marker=marker, opacity=0
-        )
+    node = markers("nodes", [], [], [], "node", marker=marker, opacity=0)
+    node["meta"]["fill"] = "nodes"
+    label = markers(
+        "node names",
+        [],
+        [],
+        None,
+        "node-label",
+        marker={"size": 1},
+        mode="text",
+        textfont={"size": 10},
+        textposition="middle center",
     )
-    return out
+    label["meta"]["fill"] = "node-labels"
+    return out + [node, label]

@@ -103,6 +103,7 @@ def cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
                 flows=flows_of.get(job.pk),
                 status=job.status,
                 url=reverse("dashboard:job", args=[job.pk]) if details else None,
+                traffic=job.predicted,
             )
         )
     queued = Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).count()

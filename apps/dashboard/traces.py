@@ -15,8 +15,34 @@ WIRE_COLOR = "#b8c0c8"
 DOMAIN_COLOR = "#2e7d32"
 HIGHLIGHT_COLOR = "#111111"
 SWITCH_COLORS = {"core": "#37474f", "spine": "#455a64", "leaf": "#607d8b"}
-JOB_PALETTE = tuple(qualitative.D3 + qualitative.Dark24[1:] + qualitative.Alphabet)
+# Job colours safe for colour-blind eyes: Okabe-Ito (without black, kept for highlights) and the
+# dark members of Paul Tol's muted scheme. Past these, a job's style adds a mark inside its GPU
+# squares (and a hatch in the zoomed-out bars): colour x mark gives JOB_STYLES distinct looks.
+JOB_PALETTE = (
+    "#E69F00",
+    "#56B4E9",
+    "#009E73",
+    "#F0E442",
+    "#0072B2",
+    "#D55E00",
+    "#CC79A7",
+    "#332288",
+    "#117733",
+    "#882255",
+    "#999933",
+    "#AA4499",
+)
+# (GPU marker symbol, bar hatch) per mark; the plain square first.
+JOB_MARKS = (("square", ""), ("square-x", "x"), ("square-cross", "+"), ("diamond-wide", "/"))
+JOB_STYLES = len(JOB_PALETTE) * len(JOB_MARKS)
 RAIL_PALETTE = tuple(qualitative.Set2 + qualitative.Pastel1)
+
+
+def job_style(style: int) -> tuple[str, str, str]:
+    """(colour, GPU marker symbol, bar hatch) of style number `style` (0..JOB_STYLES-1)."""
+    style %= JOB_STYLES
+    symbol, hatch = JOB_MARKS[style // len(JOB_PALETTE)]
+    return JOB_PALETTE[style % len(JOB_PALETTE)], symbol, hatch
 
 
 def rounded(values) -> list:

@@ -12,6 +12,8 @@ urlpatterns = [
     path("clusters/<str:name>/", cluster.cluster_page, name="cluster"),
     path("clusters/<str:name>/version/", cluster.cluster_version, name="cluster-version"),
     path("clusters/<str:name>/measured/", cluster.cluster_measured, name="cluster-measured"),
+    path("clusters/<str:name>/path/", cluster.cluster_path, name="cluster-path"),
+    path("clusters/<str:name>/leaf-matrix/", cluster.cluster_leaf_matrix, name="cluster-leaf-matrix"),
     path(
         "clusters/<str:name>/node-health/drain/",
         nodes.node_health_decide,

@@ -11,12 +11,17 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
+from django.urls import reverse
+from django.utils.html import format_html_join
 
 from . import selectors, services
 from .choices import SwitchTier
 from .models import Cluster, Gpu, GpuModel, Link, Nic, Node, NvlinkDomain, Switch, touch_cluster
 
 MAX_MESSAGES_PER_CLUSTER = 50
+# Up to this many switches the cluster form edits them inline; past it, it links to the
+# switch list filtered by cluster and tier (a 16k-GPU fabric has hundreds of switches).
+INLINE_SWITCHES_MAX = 40
 
 
 class ClusterLabelledChoiceField(forms.ModelChoiceField):
@@ -89,10 +94,39 @@ class ClusterAdmin(admin.ModelAdmin):
     list_display = ["name", "policy", "node_count", "gpu_count", "switch_count", "updated_at"]
     list_filter = ["policy", "preemption_enabled", "backfill_enabled"]
     search_fields = ["name", "description"]
-    readonly_fields = ["summary", "created_at", "updated_at"]
+    readonly_fields = ["summary", "rows", "created_at", "updated_at"]
     fields = ["name", "description", "policy", "preemption_enabled", "backfill_enabled", *readonly_fields]
     inlines = [GpuModelInline, SwitchInline]
     actions = ["validate_against_spec"]
+
+    def get_inlines(self, request, obj):
+        if obj is not None and obj.switches.count() > INLINE_SWITCHES_MAX:
+            return [GpuModelInline]
+        return self.inlines
+
+    @admin.display(description="topology rows")
+    def rows(self, obj) -> str:
+        """Links to this cluster's switches (per tier), links, nodes, NICs, GPUs and domains."""
+        if obj.pk is None:
+            return "-"
+        by_tier = {r["tier"]: r["n"] for r in obj.switches.values("tier").annotate(n=Count("id")).order_by()}
+        items = [
+            (f"{by_tier.get(t, 0)} {t} switches", "switch", f"cluster__id__exact={obj.pk}&tier__exact={t}")
+            for t in SwitchTier.values
+            if by_tier.get(t)
+        ]
+        items += [
+            (f"{obj.links.count()} links", "link", f"cluster__id__exact={obj.pk}"),
+            (f"{obj.nodes.count()} nodes", "node", f"cluster__id__exact={obj.pk}"),
+            ("NICs", "nic", f"node__cluster__id__exact={obj.pk}"),
+            ("GPUs", "gpu", f"node__cluster__id__exact={obj.pk}"),
+            ("NVLink domains", "nvlinkdomain", f"cluster__id__exact={obj.pk}"),
+        ]
+        return format_html_join(
+            " · ",
+            '<a href="{}?{}">{}</a>',
+            ((reverse(f"admin:topology_{model}_changelist"), query, label) for label, model, query in items),
+        )
 
     def get_queryset(self, request):
         return selectors.cluster_list()

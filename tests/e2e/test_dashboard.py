@@ -77,13 +77,15 @@ def test_each_overlay_switches_the_graph_client_side(page, live_server, scenario
             )
             assert colors == page.evaluate(f"() => window.topoweb.client.metrics['{overlay}']")
             expect(page.locator(".colorbar")).to_contain_text("(predicted)")
-        widths = page.evaluate(
-            "() => document.getElementById('cluster-graph').data.filter(t => t.meta.role === 'load')"
-            ".map(t => [t.line.width, t.meta.load_width])"
-        )
-        assert widths
-        for width, load_width in widths:
-            assert width == (load_width if overlay == "load" else 1)
+        # Every switch link and NIC bundle lands in one load bucket, drawn with the bucket's width.
+        assert ("load" in roles) is (overlay == "load")
+        assert ("trunk" in roles) is (overlay != "load")
+        if overlay == "load":
+            drawn = page.evaluate(
+                "() => document.getElementById('cluster-graph').data.filter(t => t.meta.role === 'load')"
+                ".reduce((n, t) => n + t.x.length / 3, 0)"
+            )
+            assert drawn == page.evaluate("() => window.topoweb.client.links.cap.length")
         shot(f"cluster-overlay-{overlay}")
     # Overlays switch without asking the server (the page's change and measurement polls aside).
     assert [u for u in requests if "/version/" not in u and "/measured/" not in u] == []
@@ -107,11 +109,25 @@ def test_clicking_a_gpu_highlights_its_job_and_the_links_it_crosses(page, live_s
     page.mouse.click(x, y)
     page.wait_for_selector(f"#cluster-graph[data-highlight='{job.pk}']")
     hl = page.evaluate(
-        "() => { const d = document.getElementById('cluster-graph').data;"
-        " return [d.find(t => t.meta.role === 'hl-gpus').x.length, d.find(t => t.meta.role === 'hl-links').x.length]; }"
+        """() => { const d = document.getElementById('cluster-graph').data, c = window.topoweb.client;
+          const j = c.jobs.find(j => j.id === Number(document.getElementById('cluster-graph').dataset.highlight));
+          const nodes = new Set(j.gids.map(g => c.gpu_node[g])).size;
+          return [d.find(t => t.meta.role === 'hl-outline').x.length, 6 * nodes,
+                  d.find(t => t.meta.role === 'hl-links').x.length]; }"""
     )
-    assert hl[0] == 16
-    assert hl[1] > 0  # its groups cross NIC cables
+    # The job is outlined node by node (one box per node, not a ring per GPU) ...
+    assert hl[0] == hl[1] > 0
+    assert hl[2] > 0  # its groups cross NIC cables
+    # ... and everything else is dimmed: the other jobs, the free GPUs and the cables.
+    opacity = page.evaluate(
+        """() => document.getElementById('cluster-graph').data
+          .filter(t => ['gpu-job', 'gpu-free', 'trunk'].includes(t.meta.role))
+          .map(t => [t.name, t.meta.role, t.marker ? t.marker.opacity : t.opacity])"""
+    )
+    mine = [o for name, role, o in opacity if role == "gpu-job" and "spread-naive" in name]
+    others = [o for name, role, o in opacity if not (role == "gpu-job" and "spread-naive" in name)]
+    assert mine == [1]
+    assert others and all(o < 0.5 for o in others)
     expect(page.locator("#job-panel")).to_contain_text("spread-naive")
     shot("cluster-highlight")
     # Picking "no job" clears the highlight.

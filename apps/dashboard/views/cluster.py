@@ -13,9 +13,10 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET
 
-from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, JOB_PALETTE, OVERLAYS, cluster_figure
+from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, OVERLAYS, cluster_figure
 from apps.dashboard.measured import jobs_measured, overlay_values
-from apps.dashboard.selectors import cluster_graph_data, graph_signature
+from apps.dashboard.paths import EndpointError, endpoints_path, leaf_matrix, parse_endpoint
+from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for
 from apps.metrics.selectors import open_hotspots
 from apps.scheduling.agent_selectors import cluster_health
 from apps.scheduling.choices import ACTIVE_STATUSES
@@ -26,6 +27,7 @@ from .common import script_json
 from .vendor import plotly_js_url
 
 SESSION_CLUSTER = "dashboard_cluster"
+NODE_CHOICES = 4096  # node names offered as suggestions in the path form
 
 
 @login_required
@@ -76,6 +78,33 @@ def cluster_measured(request, name: str):
     return JsonResponse(overlay_values(cluster=cluster, topology=cluster_topology(cluster=cluster)))
 
 
+@login_required
+@require_GET
+def cluster_path(request, name: str):
+    """`/clusters/NAME/path/?a=NODE[:GPU]&b=NODE[:GPU]`: the route between two GPUs or nodes hop
+    by hop (bandwidth, latency, bottleneck) as JSON; 400 naming the parameter when one is wrong."""
+    cluster = get_object_or_404(Cluster, name=name)
+    lay = layout_for(cluster_topology(cluster=cluster))
+    try:
+        a = parse_endpoint(lay.topology, "a", request.GET.get("a", ""))
+        b = parse_endpoint(lay.topology, "b", request.GET.get("b", ""))
+    except EndpointError as e:
+        return JsonResponse({e.field: [str(e)]}, status=400)
+    return JsonResponse(endpoints_path(lay, a, b))
+
+
+@login_required
+@require_GET
+def cluster_leaf_matrix(request, name: str):
+    """`/clusters/NAME/leaf-matrix/?leaf=LEAF`: node-pair bandwidth and latency under one leaf."""
+    cluster = get_object_or_404(Cluster, name=name)
+    lay = layout_for(cluster_topology(cluster=cluster))
+    leaf = request.GET.get("leaf", "")[:200]
+    if leaf not in lay.topology.leaf_by_name:
+        return JsonResponse({"leaf": [f"no leaf switch named {leaf[:60]!r} in this cluster"]}, status=400)
+    return JsonResponse(leaf_matrix(lay, leaf))
+
+
 def graph_version(cluster: Cluster, user) -> str:
     """A short digest of the cluster graph's state as `user` sees it."""
     return hashlib.sha1(repr(graph_signature(cluster=cluster, user=user)).encode()).hexdigest()[:16]
@@ -120,12 +149,11 @@ def graph_context(cluster: Cluster, user) -> dict:
             "queued": data.queued,
             "rail_optimized": data.layout.rail_optimized,
         },
-        "jobs": [
-            {"view": job, "color": JOB_PALETTE[j % len(JOB_PALETTE)], "index": j}
-            for j, job in enumerate(data.jobs)
-        ],
+        "jobs": [{"view": job, "color": fig.job_color(j), "index": j} for j, job in enumerate(data.jobs)],
         "overlays": OVERLAYS,
         "aggregate_above": AGGREGATE_ABOVE_NODES,
+        "leaves": list(topo.leaf_names),
+        "node_names": [n.name for n in topo.nodes[:NODE_CHOICES]],
         "payload": script_json({"figure": fig.figure, "client": fig.client}),
         "plotly_js_url": plotly_js_url(),
     }

@@ -22,7 +22,9 @@ def payload(response) -> dict:
 
 
 def gpu_count(data: dict) -> int:
-    return sum(len(t["x"]) for t in data["figure"]["data"] if t["meta"]["role"] in ("gpu-free", "gpu-job"))
+    return sum(
+        len(t["customdata"]) for t in data["figure"]["data"] if t["meta"]["role"] in ("gpu-free", "gpu-job")
+    )
 
 
 @pytest.mark.parametrize("name", ["dashboard:home", "dashboard:queue", "dashboard:import"])

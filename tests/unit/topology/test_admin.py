@@ -180,3 +180,31 @@ def test_bulk_delete_from_the_changelist_touches_the_cluster(admin_client, pod25
     )
     assert not Link.objects.filter(cluster=pod256, a__name="leaf-4").exists()
     assert Cluster.objects.get(pk=pod256.pk).updated_at > stamp
+
+
+def test_a_large_clusters_form_links_to_its_switches_instead_of_listing_them(admin_client, pod256):
+    from apps.topology.admin import INLINE_SWITCHES_MAX
+    from apps.topology.services import cluster_import
+
+    gen = {
+        "shape": "leaf-spine",
+        "spines": 4,
+        "leaves": INLINE_SWITCHES_MAX + 4,
+        "nodes_per_leaf": 1,
+        "gpus_per_node": 8,
+        "gpu_model": "H100",
+        "peak_tflops": 989,
+        "nvlink_bw_GBps": 450,
+        "nic_bw_GBps": 50,
+        "nics_per_node": 8,
+        "uplink_bw_GBps": 400,
+    }
+    big = cluster_import(data={"version": 1, "name": "wide", "generate": gen})
+    page = admin_client.get(url(Cluster, "change", big.pk)).content.decode()
+    assert 'name="switches-0-name"' not in page  # no inline row per switch
+    leaves = f"{url(Switch, 'changelist')}?cluster__id__exact={big.pk}&amp;tier__exact=leaf"
+    assert f'<a href="{leaves}">{INLINE_SWITCHES_MAX + 4} leaf switches</a>' in page
+    assert f"?cluster__id__exact={big.pk}&amp;tier__exact=spine" in page
+    # A small cluster still edits its switches inline.
+    small = admin_client.get(url(Cluster, "change", pod256.pk)).content.decode()
+    assert 'name="switches-0-name"' in small
