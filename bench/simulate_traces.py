@@ -18,7 +18,8 @@ naive and to tree_best_fit and of fragmentation to tree_best_fit, against the ta
 mean GPUs per job, mean and median runtime, mean queueing), with the differences; and, with
 --scaling, the wall time of 10,000 Philly jobs (topo) on 1,024 GPUs and on 16,384 GPUs.
 
-    .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--cluster C] [--limit N]
+    .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--cluster C] [--trace T]
+                                              [--limit N]
                                               [--scaling]
 
 --quick is a smoke run (the first 100 jobs of each trace, pod-256 only).
@@ -162,6 +163,7 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.6, help="offered load the arrivals are scaled to")
     ap.add_argument("--cluster", choices=("pod-256", "rail-1024"), help="replay on this cluster only")
     ap.add_argument("--limit", type=int, help="replay the first N jobs of each trace (default: all)")
+    ap.add_argument("--trace", choices=tuple(TRACES), help="replay this trace only")
     ap.add_argument("--scaling", action="store_true", help="also time 10,000 jobs on 1,024 and 16,384 GPUs")
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "data" / "traces"))
     args = ap.parse_args()
@@ -179,6 +181,8 @@ def main() -> int:
     philly_topo = None
     philly_jobs = None
     for trace_name, (file, fmt) in TRACES.items():
+        if args.trace and trace_name != args.trace:
+            continue
         trace = read_trace(str(folder / file), fmt, limit=limit, seed=args.seed)
         for cluster, topology in topologies.items():
             started = time.perf_counter()
