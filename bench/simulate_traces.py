@@ -22,7 +22,9 @@ mean GPUs per job, mean and median runtime, mean queueing), with the differences
                                               [--limit N]
                                               [--scaling]
 
---quick is a smoke run (the first 100 jobs of each trace, pod-256 only).
+--quick is a smoke run (the first 100 jobs of each trace, pod-256 only). Without --limit every job
+is replayed: 5 to 26 min wall per trace and cluster for the four policies on the shared 2-core
+machine (the printed jobs per CPU second say how fast each policy's replay ran).
 
 Traces are read from ../shared/data/traces (or --traces DIR); the benchmark exits 0 with a note
 when they are absent.
