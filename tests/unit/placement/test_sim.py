@@ -119,6 +119,9 @@ def test_alibaba_multigpu50_takes_times_from_the_default_list_beside_it():
     assert all(j.duration_s == timed[j.name].duration_s for j in shared)
     assert trace.ignored["times drawn (no times in the trace)"] == len(trace.jobs) - len(shared)
     assert sum(j.gpus == 8 for j in trace.jobs) > sum(j.gpus == 8 for j in default.jobs)
+    # Drawn pods arrive when timed pods do, not spread over the span a few early pods stretch.
+    arrivals = {j.arrival_s for j in trace.jobs if j.name in timed}
+    assert all(j.arrival_s in arrivals for j in trace.jobs if j.name not in timed)
 
 
 # Profiles
