@@ -3,12 +3,14 @@
 No database here: the cycle service hands in a `ClusterSnapshot` and the queue, and commits the
 returned `CyclePlan` in one transaction.
 
-EASY backfill: the first job that cannot be placed (the head) gets a reservation at the earliest
-time T when enough GPUs are expected free, counting the active jobs' expected ends (start, or
-placement, plus estimated_runtime_s) in order. A lower-priority job may start before the head
-only if it has an estimated runtime and either ends by T, or fits in the GPUs the head will not
-need at T. The reservation counts GPUs, not shapes: when enough GPUs are already free but the
-head's shape does not fit, T is the next expected end and no GPUs are spare. A running job with no
+EASY backfill: the first job that cannot be placed (the head) gets a reservation: the earliest
+time T at which it is expected to fit, and the GPUs it is reserved then. The active jobs' expected
+ends (start, or placement, plus estimated_runtime_s) release their GPUs in order; T is the first
+release after which `PROBE_POLICY` places the head on the GPUs free by then (the first release
+with enough GPUs, else bisection over the later ones), and that placement's GPUs are reserved. A
+lower-priority job may start before the head only if it has an estimated runtime and either ends
+by T (it may use any free GPU), or fits on the free GPUs outside the reserved ones: no backfilled
+job can make the head's shape miss T, whatever GPUs the count leaves. A running job with no
 estimate has no expected end; if the head needs its GPUs, T is unknown and nothing is backfilled.
 
 Preemption takes the fewest lower-priority active jobs. A victim whose ranks run under node
@@ -67,12 +69,13 @@ class CyclePlan:
 
 @dataclass(slots=True)
 class Reservation:
-    """The head job's reserved start `start` (None if unknown) and GPUs spare at that time."""
+    """The head job's reserved start `start` (None if unknown) and the GPUs it is reserved then
+    (`gids`, a bool mask over gids; None when the start is unknown)."""
 
     job_id: int
     priority: int
     start: datetime | None
-    spare: int
+    gids: np.ndarray | None = field(default=None, repr=False, compare=False)
     _text: str = field(default="", init=False, repr=False, compare=False)
 
     def text(self) -> str:
@@ -109,12 +112,13 @@ def plan_cycle(
     load = dict(snapshot.link_load)
     plan = CyclePlan(overdue=overdue_flags(snapshot.active, now))
     # Jobs that hold or will hold GPUs after this cycle, for the reservation's release times.
-    holders: dict[int, tuple[int, datetime | None]] = {
-        a.job_id: (len(a.gids), a.expected_end) for a in snapshot.active
+    holders: dict[int, _Holder] = {
+        a.job_id: _Holder(a.gids, a.expected_end, a.flows) for a in snapshot.active
     }
     evicted: set[int] = set()
     # GPUs that free up once their ranks exited, not yet held for a preemptor this cycle.
     stopping = np.zeros_like(free) if snapshot.stopping is None else snapshot.stopping.copy()
+    # Shapes that did not fit on all free GPUs (False) or on those outside the reservation (True).
     no_fit: dict[tuple, NoFit] = {}
     reservation: Reservation | None = None
     for job in queue:
@@ -126,37 +130,46 @@ def plan_cycle(
             if reservation is not None and not backfill:
                 plan.waiting[job.job_id] = f"{reservation.text()}; backfill is off on this cluster"
                 continue
-            uses_spare = False
+            outside = False
             if reservation is not None:
                 # Decided before placing: a job that may not jump the head costs no solver time.
-                blocked, uses_spare = _backfill_blocked(reservation, job, now)
+                blocked, outside = _backfill_blocked(reservation, job, now)
                 if blocked:
                     plan.waiting[job.job_id] = blocked
                     continue
-            shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
+            shape = (policy, spec.gpus, spec.tp, spec.cp, spec.pp, spec.dp, spec.ep, spec.rank_order, outside)
             # Too few GPUs free: every solver says so first; asking it costs more in a long queue.
             result = shortage(spec, free)
+            usable = free
+            if result is None and outside:
+                usable = free & ~reservation.gids
+                result = shortage(spec, usable)
             if result is None and shape in no_fit:
                 # Free GPUs only shrink during the walk: a shape that did not fit still does not.
                 result = no_fit[shape]
             elif result is None:
-                result = place(topo, free, load, spec, policy=policy)
+                result = place(topo, usable, load, spec, policy=policy)
             if isinstance(result, NoFit):
                 no_fit[shape] = result
             if isinstance(result, Placement):
-                end = _end(now, spec.estimated_runtime_s)
-                if uses_spare:
-                    reservation.spare -= spec.gpus
                 _take(free, load, result)
                 plan.bookings.append(Booking(job, result))
-                holders[job.job_id] = (spec.gpus, end)
+                holders[job.job_id] = _Holder(
+                    result.gids, _end(now, spec.estimated_runtime_s), result.prediction.flows
+                )
+                continue
+            if outside:
+                plan.waiting[job.job_id] = (
+                    f"{reservation.text()}; it would run {spec.estimated_runtime_s:.0f} s, past that"
+                    f" start, and does not fit outside the {int(np.count_nonzero(reservation.gids))}"
+                    f" GPUs reserved for it: {result.reason}"
+                )
                 continue
             if reservation is None and preemption:
                 victims, placed = _preempt_for(
                     snapshot, job, policy, free | stopping, load, evicted, alone=bool(stopping.any())
                 )
                 if placed is not None:
-                    end = _end(now, spec.estimated_runtime_s)
                     no_fit.clear()
                     gids = list(placed.gids)
                     # Two phases when it needs GPUs whose processes have yet to exit.
@@ -172,15 +185,19 @@ def plan_cycle(
                         # Held for it: no job behind it takes these GPUs while the ranks stop.
                         free[gids] = False
                         stopping[gids] = False
-                        holders[job.job_id] = (spec.gpus, end)
+                        holders[job.job_id] = _Holder(
+                            placed.gids, _end(now, spec.estimated_runtime_s), placed.prediction.flows
+                        )
                         plan.waiting[job.job_id] = _stopping_text(victims)
                         continue
                     _take(free, load, placed)
                     plan.bookings.append(Booking(job, placed))
-                    holders[job.job_id] = (spec.gpus, end)
+                    holders[job.job_id] = _Holder(
+                        placed.gids, _end(now, spec.estimated_runtime_s), placed.prediction.flows
+                    )
                     continue
             if reservation is None:
-                reservation, why = _reserve(job, int(np.count_nonzero(free)), holders, now)
+                reservation, why = _reserve(topo, job, policy, free, load, holders, now)
                 plan.waiting[job.job_id] = f"{result.reason}; {why}"
             else:
                 plan.waiting[job.job_id] = result.reason
@@ -215,33 +232,98 @@ def _subtract(load: dict[str, float], flows) -> None:
         load[leaf] = left if left > 1e-9 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Holder:
+    """GPUs held by an active or just-booked job, when they are expected free, and its flows."""
+
+    gids: tuple[int, ...]
+    end: datetime | None
+    flows: object
+
+
+# The policy that finds when the head fits and the GPUs reserved for it: the lowest switch that
+# fits, best-fit leaves under it (a compact set), at a thirtieth of topo's cost. Its feasibility is
+# every policy's (enough GPUs joined by a network or one NVLink domain); at the reserved start the
+# head's own policy places it on the free GPUs, which include the reserved ones.
+PROBE_POLICY = "tree_best_fit"
+
+
 def _reserve(
-    job: QueuedJob, n_free: int, holders: dict[int, tuple[int, datetime | None]], now: datetime
+    topo,
+    job: QueuedJob,
+    policy: str,
+    free: np.ndarray,
+    load: dict[str, float],
+    holders: dict[int, _Holder],
+    now: datetime,
 ) -> tuple[Reservation, str]:
-    """The head's reservation and the text of when it is expected to start."""
-    need = job.spec.gpus
-    ends = sorted((end, gpus, jid) for jid, (gpus, end) in holders.items() if end is not None)
-    unknown = sorted(jid for jid, (_, end) in holders.items() if end is None)
-    if n_free >= need:
-        # Enough GPUs, wrong shape: the next release is the next chance; nothing is spare.
-        if not ends:
-            res = Reservation(job.job_id, job.priority, None, 0)
-            return res, "the free GPUs do not form the shape it needs and no running job has an expected end"
-        start = max(ends[0][0], now)
-        res = Reservation(job.job_id, job.priority, start, 0)
-        return res, f"reserved to start at {_iso(start)} when job {ends[0][2]} is expected to end"
-    count, waited = n_free, []
-    for end, gpus, jid in ends:
-        count += gpus
-        waited.append(jid)
-        if count >= need:
-            start = max(end, now)
-            res = Reservation(job.job_id, job.priority, start, count - need)
-            which = f"job {waited[0]} is" if len(waited) == 1 else f"jobs {_id_list(waited)} are"
-            return res, f"reserved to start at {_iso(start)} when {which} expected to end"
-    res = Reservation(job.job_id, job.priority, None, 0)
-    names = _id_list(unknown) or "none"
-    return res, f"start time unknown: it needs GPUs of jobs without estimated_runtime_s ({names})"
+    """The head's reservation: the first expected release after which it fits on the GPUs free
+    by then, and its placement there; with the text of when it is expected to start."""
+    spec = job.spec
+    unknown = sorted(jid for jid, h in holders.items() if h.end is None)
+    ends = sorted((h.end, jid) for jid, h in holders.items() if h.end is not None)
+    # Releases at one instant are one step: step k frees the GPUs of every job ending by times[k].
+    times: list[datetime] = []
+    released: list[list[int]] = []
+    for end, jid in ends:
+        if not times or end != times[-1]:
+            times.append(end)
+            released.append([])
+        released[-1].append(jid)
+    step_of = np.full(free.size, len(times), dtype=np.int64)
+    counts = np.zeros(len(times), dtype=np.int64)
+    for k, jids in enumerate(released):
+        for jid in jids:
+            gids = list(holders[jid].gids)
+            step_of[gids] = k
+            counts[k] += len(gids)
+    enough = np.flatnonzero(int(np.count_nonzero(free)) + np.cumsum(counts) >= spec.gpus)
+
+    def at(k: int) -> tuple[np.ndarray, dict[str, float]]:
+        trial_load = dict(load)
+        for jids in released[: k + 1]:
+            for jid in jids:
+                _subtract(trial_load, holders[jid].flows)
+        return free | (step_of <= k), trial_load
+
+    def fits(k: int, how: str) -> Placement | None:
+        result = place(topo, *at(k), spec, policy=how)
+        return result if isinstance(result, Placement) else None
+
+    # Placing only grows easier as GPUs are released: the first step with enough GPUs usually
+    # fits (always on a network), else bisect between it and the last.
+    how, found, lo = PROBE_POLICY, None, 0
+    if enough.size:
+        lo, last = int(enough[0]), len(times) - 1
+        found = fits(lo, how)
+        if found is None:
+            first = lo + 1
+            found = fits(last, how) if lo < last else None
+            if found is None and policy != how:
+                # A shape only the head's own policy finds: it probes from here.
+                how, found, first = policy, fits(last, policy), lo
+            if found is not None:
+                lo, hi = first, last
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    placed = fits(mid, how)
+                    if placed is None:
+                        lo = mid + 1
+                    else:
+                        hi, found = mid, placed
+    if found is None:
+        res = Reservation(job.job_id, job.priority, None)
+        if unknown:
+            names = _id_list(unknown)
+            return res, f"start time unknown: it needs GPUs of jobs without estimated_runtime_s ({names})"
+        return res, "start time unknown: it does not fit even once every running job has ended"
+    start = max(times[lo], now)
+    mask = np.zeros(free.size, dtype=bool)
+    mask[list(found.gids)] = True
+    res = Reservation(job.job_id, job.priority, start, mask)
+    waited = released[lo]
+    which = f"job {waited[0]} is" if len(waited) == 1 else f"jobs {_id_list(waited)} are"
+    return res, f"reserved to start at {_iso(start)} when {which} expected to end"
 
 
 def _id_list(ids: list[int], shown: int = 5) -> str:
@@ -250,8 +332,8 @@ def _id_list(ids: list[int], shown: int = 5) -> str:
 
 
 def _backfill_blocked(res: Reservation, job: QueuedJob, now: datetime) -> tuple[str, bool]:
-    """Why `job` may not start ahead of the reservation ("" if it may), and whether starting it
-    would use GPUs that are spare at the reserved start (it runs past that time)."""
+    """Why `job` may not start ahead of the reservation ("" if it may), and whether it must stay
+    off the reserved GPUs (it runs past the reserved start)."""
     runtime = job.spec.estimated_runtime_s
     if res.start is None:
         return f"{res.text()}; nothing can be backfilled past it", False
@@ -259,12 +341,7 @@ def _backfill_blocked(res: Reservation, job: QueuedJob, now: datetime) -> tuple[
         return f"{res.text()}; without estimated_runtime_s it cannot be backfilled", False
     if now + timedelta(seconds=runtime) <= res.start:
         return "", False
-    if job.spec.gpus <= res.spare:
-        return "", True
-    return (
-        f"{res.text()}; it would run {runtime:.0f} s, past that start, and needs {job.spec.gpus} GPUs"
-        f" with {res.spare} spare then"
-    ), False
+    return "", True
 
 
 def _stopping_text(victims: list[ActiveJob]) -> str:

@@ -7,12 +7,15 @@ each run (`metrics`). The result is a function of the inputs and the seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..solvers import POLICIES
 from ..topology import Topology
-from .engine import PolicyRun, Replay, SimConfig, ideal_steps
+from .engine import PolicyRun, Replay, SimConfig, arrival_window, ideal_steps
 from .metrics import chart_series, summarize
 from .profiles import assign_profiles
 from .traces import FORMATS, TraceError, TraceJob, TraceRead, read_trace
@@ -44,14 +47,52 @@ class Comparison:
         return out
 
 
-def offered_load(jobs: list[TraceJob], n_gpus: int) -> float:
-    """GPU-seconds the jobs ask for at their ideal runtimes over the cluster's GPU-seconds
-    between the first and last arrival (0 when they all arrive at once)."""
+def offered_load(jobs: list[TraceJob], n_gpus: int, scale: float = 1.0) -> float:
+    """The mean share of the cluster the jobs ask for over the arrival window (`arrival_window`,
+    arrival times multiplied by `scale`): each job holds its GPUs from its arrival for its
+    duration (its runtime at the ideal placement), counted only inside the window, so a job that
+    runs for months past it weighs what it asks of the window, not its whole length. 0 when the
+    window is empty."""
     if len(jobs) < 2:
         return 0.0
-    span = jobs[-1].arrival_s - jobs[0].arrival_s
-    work = sum(j.gpus * j.duration_s for j in jobs)
-    return work / (span * n_gpus) if span > 0 else 0.0
+    arrivals = np.array([j.arrival_s for j in jobs], dtype=float) * scale
+    first, last = arrival_window(arrivals)
+    if last <= first:
+        return 0.0
+    gpus = np.array([j.gpus for j in jobs], dtype=float)
+    ends = arrivals + np.array([j.duration_s for j in jobs], dtype=float)
+    held = np.clip(np.minimum(ends, last) - np.maximum(arrivals, first), 0.0, None)
+    return float(gpus @ held) / ((last - first) * n_gpus)
+
+
+def arrival_scale(jobs: list[TraceJob], n_gpus: int, load: float) -> tuple[float, float]:
+    """The factor on arrival times at which `offered_load` is `load`, and the load it reaches.
+
+    The load falls as the factor grows (the window widens in proportion, what jobs hold inside it
+    less than that), so it is bisected on a log scale. Packing arrivals closer cannot raise it past
+    every job holding its GPUs to the last arrival: when `load` lies beyond, the factor is the one
+    that comes within 0.1% of that ceiling, and the load reached is returned with it."""
+    if offered_load(jobs, n_gpus) <= 0:
+        return 1.0, 0.0
+    lo, hi = 1.0, 1.0
+    while offered_load(jobs, n_gpus, hi) > load and hi < 1e12:
+        hi *= 2.0
+    while offered_load(jobs, n_gpus, lo) < load and lo > 1e-12:
+        lo /= 2.0
+    ceiling = offered_load(jobs, n_gpus, 1e-12)
+    if ceiling < load:
+        # Unreachable: the widest factor within 0.1% of the ceiling, not arrivals all at once.
+        lo = 1e-12
+        load = ceiling * 0.999
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if offered_load(jobs, n_gpus, mid) > load:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-9:
+            break
+    return hi, offered_load(jobs, n_gpus, hi)
 
 
 def simulate(
@@ -66,8 +107,9 @@ def simulate(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Comparison:
     """Replay `trace` under each of `policies`. `load`, when given, scales the arrival times so
-    that the offered load (`offered_load`) is that fraction of the cluster. `progress(policy,
-    done, total)` reports finished jobs."""
+    that the offered load (`offered_load`) is that fraction of the cluster, or as near as packing
+    the arrivals can bring it (`scaled_load` in the facts). `progress(policy, done, total)`
+    reports finished jobs."""
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"policies: must be among {', '.join(POLICIES)}, got {p!r}")
@@ -75,12 +117,11 @@ def simulate(
         raise ValueError("policies: name at least one policy")
     jobs = trace.jobs
     offered = offered_load(jobs, topology.n_gpus)
-    scale = 1.0
+    scale, scaled = 1.0, offered
     if load is not None:
         if not 0 < load <= MAX_LOAD:
             raise ValueError(f"load: must be in (0, {MAX_LOAD:g}], got {load!r}")
-        if offered > 0:
-            scale = offered / load
+        scale, scaled = arrival_scale(jobs, topology.n_gpus, load)
     arrivals = [j.arrival_s * scale for j in jobs]
     profiles = assign_profiles(jobs, topology, seed=seed, moe_share=moe_share)
     ideal = ideal_steps(topology, profiles)
@@ -95,6 +136,7 @@ def simulate(
         "mean_gpus": sum(j.gpus for j in jobs) / len(jobs) if jobs else 0.0,
         "offered_load": offered,
         "arrival_scale": scale,
+        "scaled_load": scaled,
         "profiles": dict(sorted(mix.items())),
         "seed": seed,
     }
@@ -115,6 +157,8 @@ __all__ = [
     "TraceError",
     "TraceJob",
     "TraceRead",
+    "arrival_scale",
+    "arrival_window",
     "offered_load",
     "read_trace",
     "simulate",

@@ -15,6 +15,7 @@ running job whose placement it improves by more than `migration_min_gain`; a mov
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ from .profiles import Profile
 
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 FRAGMENT_GPUS = 8  # a free GPU is fragmented when its NVLink domain has fewer free than this
+WINDOW_QUANTILE = 0.01  # the arrival window leaves out this share of arrivals at either end
 _NO_INDEX = GpuIndex((), {}, ())
 
 
@@ -85,7 +87,10 @@ class PolicyRun:
     times_s: list[float] = field(default_factory=list)
     busy: list[int] = field(default_factory=list)
     fragmentation: list[float] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)  # jobs queued after each event
+    window_s: tuple[float, float] = (0.0, 0.0)  # the arrival window (`arrival_window`)
     cycles: int = 0
+    cpu_s: float = 0.0  # CPU time of the replay (not in the summary: a run's result is its inputs')
     migrations: int = 0
     preemptions: int = 0
 
@@ -140,7 +145,7 @@ class Replay:
         self.left: dict[int, float] = {}  # preempted or moved jobs' remaining work
         self.kept: dict[int, JobOutcome] = {}  # and their outcome records
         self.ends: list[tuple[float, int, int]] = []  # (time, job id, version)
-        self.result = PolicyRun(policy, topology.n_gpus)
+        self.result = PolicyRun(policy, topology.n_gpus, window_s=arrival_window(arrivals_s))
         self.fits: dict[tuple, str] = {}
         self.versions = 0
         self.n_domains = len(topology.domain_names)
@@ -151,7 +156,13 @@ class Replay:
         step = max(1, total // 200)
         nxt, done = 0, 0
         next_migration = self.config.migration_interval_s
+        started = time.process_time()
         while nxt < total or self.ends:
+            # An end moved by a re-pricing leaves its old entry behind: no event, no cycle there.
+            while self.ends and self._stale(self.ends[0]):
+                heapq.heappop(self.ends)
+            if nxt >= total and not self.ends:
+                break
             t = min(self.arrivals[nxt] if nxt < total else np.inf, self.ends[0][0] if self.ends else np.inf)
             if self.config.migration and self.running:
                 t = min(t, next_migration)
@@ -179,7 +190,12 @@ class Replay:
         if progress is not None:
             progress(total, total)
         self.result.outcomes.sort(key=lambda o: o.job_id)
+        self.result.cpu_s = time.process_time() - started
         return self.result
+
+    def _stale(self, entry: tuple[float, int, int]) -> bool:
+        run = self.running.get(entry[1])
+        return run is None or run.version != entry[2]
 
     def _arrive(self, job_id: int, t: float) -> None:
         prof = self.profiles[job_id]
@@ -384,10 +400,25 @@ class Replay:
         res = self.result
         if res.times_s and res.times_s[-1] == t:
             res.busy[-1], res.fragmentation[-1] = self.topo.n_gpus - n_free, frag
+            res.waiting[-1] = len(self.queue)
             return
         res.times_s.append(t)
         res.busy.append(self.topo.n_gpus - n_free)
         res.fragmentation.append(frag)
+        res.waiting.append(len(self.queue))
+
+
+def arrival_window(arrivals_s) -> tuple[float, float]:
+    """The span of a trace's arrivals that load and utilisation are measured over: from the
+    1st to the 99th percentile (the whole span under 100 jobs), so that a few stray jobs long
+    before or after the rest do not stretch it."""
+    a = np.asarray(arrivals_s, dtype=float)
+    if a.size == 0:
+        return 0.0, 0.0
+    if a.size < 100:
+        return float(a.min()), float(a.max())
+    first, last = np.quantile(a, [WINDOW_QUANTILE, 1.0 - WINDOW_QUANTILE])
+    return float(first), float(last)
 
 
 def _at(t_s: float) -> datetime:

@@ -3,6 +3,10 @@
 Times in s, GPU-hours in h, shares as fractions. Utilisation and fragmentation are time-weighted
 means over the makespan of step functions sampled at every event; fragmentation is the share of
 free GPUs in NVLink domains with fewer than 8 free (they cannot host an 8-GPU job in one domain).
+`utilisation_window` is the busy share over the arrival window (`engine.arrival_window`), the
+figure to set beside the offered load; `busy_while_waiting` the busy share over the time some job
+waits (a scheduler that idles GPUs while jobs queue shows here), `waiting_share` that time's share
+of the makespan.
 """
 
 from __future__ import annotations
@@ -19,6 +23,17 @@ def time_weighted_mean(times_s: list[float], values: list[float], end_s: float) 
     t = np.asarray(times_s + [end_s], dtype=float)
     widths = np.diff(t)
     return float(np.dot(widths, np.asarray(values, dtype=float)) / (end_s - t[0]))
+
+
+def window_mean(times_s: list[float], values: list[float], start_s: float, end_s: float) -> float | None:
+    """Mean of the step function `values[i]` on [times_s[i], times_s[i+1]) over [start_s, end_s]
+    (the last value holds on to `end_s`); None for an empty window or no samples."""
+    if not times_s or end_s <= start_s:
+        return None
+    t = np.clip(np.asarray(times_s + [max(end_s, times_s[-1])], dtype=float), start_s, end_s)
+    widths = np.diff(t)
+    # Before the first sample nothing ran: it counts as 0 over the window.
+    return float(np.dot(widths, np.asarray(values, dtype=float)) / (end_s - start_s))
 
 
 def summarize(run: PolicyRun) -> dict:
@@ -40,6 +55,11 @@ def summarize(run: PolicyRun) -> dict:
         }
 
     busy = [b / run.n_gpus for b in run.busy]
+    # Busy share while some job waits: the time-weighted mean over the intervals with a queue.
+    waits = np.asarray(run.waiting, dtype=bool)
+    widths = np.diff(np.asarray(run.times_s + [makespan], dtype=float)) if run.times_s else np.zeros(0)
+    waited = float(widths[waits].sum()) if widths.size else 0.0
+    busy_waiting = float(np.dot(widths[waits], np.asarray(busy)[waits]) / waited) if waited > 0 else None
     return {
         "policy": run.policy,
         "jobs": len(out),
@@ -51,6 +71,11 @@ def summarize(run: PolicyRun) -> dict:
         "comm_gpu_hours": sum(o.comm_gpu_s for o in out) / 3600.0,
         "effective_mfu": sum(o.mfu_gpu_s for o in out) / gpu_s if gpu_s > 0 else 0.0,
         "utilisation": time_weighted_mean(run.times_s, busy, makespan),
+        "utilisation_window": window_mean(run.times_s, busy, *run.window_s),
+        "busy_while_waiting": busy_waiting,
+        "waiting_share": waited / (makespan - run.times_s[0])
+        if run.times_s and makespan > run.times_s[0]
+        else 0.0,
         "fragmentation": time_weighted_mean(run.times_s, run.fragmentation, makespan),
         "cycles": run.cycles,
         "migrations": run.migrations,

@@ -60,8 +60,11 @@ _COLUMNS = (
     ("comm GPU-hours", "comm_gpu_hours", None),
     ("effective MFU", "effective_mfu", None),
     ("utilisation", "utilisation", None),
+    ("utilisation (arrival window)", "utilisation_window", None),
+    ("busy while jobs wait", "busy_while_waiting", None),
     ("fragmentation", "fragmentation", None),
 )
+_SHARES = ("effective_mfu", "utilisation", "utilisation_window", "busy_while_waiting", "fragmentation")
 
 
 def metric_rows(result: dict) -> list[tuple[str, list[str]]]:
@@ -70,12 +73,13 @@ def metric_rows(result: dict) -> list[tuple[str, list[str]]]:
     for policy, s in result.get("policies", {}).items():
         cells = []
         for _, key, sub in _COLUMNS:
-            v = s[key][sub] if sub else s[key]
+            # Results stored before a metric existed lack it: shown as none.
+            v = (s.get(key) or {}).get(sub) if sub else s.get(key)
             if v is None:
                 cells.append("–")
             elif key.endswith("_s"):
                 cells.append(f"{v / 3600:.2f}")
-            elif key in ("effective_mfu", "utilisation", "fragmentation"):
+            elif key in _SHARES:
                 cells.append(f"{v:.1%}")
             elif key == "jobs":
                 cells.append(str(v))

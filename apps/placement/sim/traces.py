@@ -9,7 +9,7 @@ Formats (detected from the CSV header, or named with `fmt`):
   `ignored`). A fractional GPU (`gpu_milli` < 1000) counts as one whole GPU: sharing is not
   modelled. Lists without time columns (`multigpu50`) take each pod's times from the `default`
   list beside them when it holds the pod's name; other pods get a duration drawn (seeded) from the
-  timed pods' durations and an arrival uniform over the timed pods' span.
+  timed pods' durations and an arrival drawn from the timed pods' arrivals.
 - `tiresias`: Tiresias' `job_id,num_gpu,submit_time,iterations,model_name,duration,interval`.
 - `pollux`: Pollux workload files (`name,time,application,num_replicas,batch_size`); they carry no
   duration, so each application gets an assumed runtime (`POLLUX_RUNTIME_S`, our assumption, not
@@ -293,14 +293,16 @@ def _alibaba_companion_times(path: str) -> dict[str, tuple[float, float] | str]:
 
 
 def _alibaba_fill(out: TraceRead, untimed: list[tuple[str, int]], seed: int) -> None:
-    """Give pods without times a seeded duration drawn from the timed pods' and a uniform arrival."""
+    """Give pods without times a seeded duration and arrival, each drawn from the timed pods'
+    (independently): the drawn pods arrive as the timed ones do, not spread over a span that a few
+    early pods stretch."""
     if not out.jobs:
         raise TraceError(0, "no pod of this list has times, and no default pod list beside it gives them")
     rng = np.random.default_rng(seed)
     durations = np.array([j.duration_s for j in out.jobs])
-    span = max(j.arrival_s for j in out.jobs)
+    timed_arrivals = np.array([j.arrival_s for j in out.jobs])
     picks = rng.integers(len(durations), size=len(untimed))
-    arrivals = rng.uniform(0.0, span, size=len(untimed))
+    arrivals = timed_arrivals[rng.integers(len(timed_arrivals), size=len(untimed))]
     for (name, gpus), pick, at in zip(untimed, picks, arrivals, strict=True):
         out.jobs.append(TraceJob(name, float(at), gpus, float(durations[pick])))
     out.ignored["times drawn (no times in the trace)"] = len(untimed)

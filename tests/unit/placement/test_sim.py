@@ -12,9 +12,19 @@ import pytest
 
 from apps.placement.__main__ import main
 from apps.placement.jobs import load_job
-from apps.placement.sim import SimConfig, TraceError, TraceJob, TraceRead, read_trace, simulate
+from apps.placement.sim import (
+    SimConfig,
+    TraceError,
+    TraceJob,
+    TraceRead,
+    arrival_scale,
+    arrival_window,
+    offered_load,
+    read_trace,
+    simulate,
+)
 from apps.placement.sim.engine import Replay, ideal_steps
-from apps.placement.sim.metrics import time_weighted_mean
+from apps.placement.sim.metrics import summarize, time_weighted_mean
 from apps.placement.sim.profiles import Profile, assign_profiles
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,6 +119,9 @@ def test_alibaba_multigpu50_takes_times_from_the_default_list_beside_it():
     assert all(j.duration_s == timed[j.name].duration_s for j in shared)
     assert trace.ignored["times drawn (no times in the trace)"] == len(trace.jobs) - len(shared)
     assert sum(j.gpus == 8 for j in trace.jobs) > sum(j.gpus == 8 for j in default.jobs)
+    # Drawn pods arrive when timed pods do, not spread over the span a few early pods stretch.
+    arrivals = {j.arrival_s for j in trace.jobs if j.name in timed}
+    assert all(j.arrival_s in arrivals for j in trace.jobs if j.name not in timed)
 
 
 # Profiles
@@ -214,10 +227,49 @@ def test_results_are_reproducible_for_a_seed(pod256):
 def test_load_scales_arrivals_to_the_offered_load(pod256):
     jobs = [TraceJob(f"j{i}", 100.0 * i, 8, 100.0) for i in range(11)]
     trace = TraceRead("philly", jobs)
-    out = simulate(pod256, trace, ["first_fit"], load=0.5)
-    # 88 GPUs x 100 s of work over 1000 s on 256 GPUs is 0.034375; 0.5 needs arrivals 14.5x closer.
-    assert out.trace["offered_load"] == pytest.approx(8800 / 256000)
-    assert out.trace["arrival_scale"] == pytest.approx(8800 / 256000 / 0.5)
+    # Ten jobs of 8 GPUs x 100 s inside the 1000 s window (the last arrives as it closes): 0.03125.
+    assert offered_load(jobs, 256) == pytest.approx(8000 / 256000)
+    out = simulate(pod256, trace, ["first_fit"], load=0.1)
+    # Arrivals x s: the job arriving k gaps before the last holds min(100, 100 s k) of the window
+    # of 1000 s GPUs-seconds x 256; for 0.1 jobs k >= 4 hold all their 100 s: (7 + 6 s) / 320 s = 0.1.
+    assert out.trace["arrival_scale"] == pytest.approx(7 / 26)
+    assert out.trace["scaled_load"] == pytest.approx(0.1)
+    assert offered_load(jobs, 256, 7 / 26) == pytest.approx(0.1)
+
+
+def test_a_load_beyond_packing_the_arrivals_stops_near_its_ceiling():
+    jobs = [TraceJob(f"j{i}", 100.0 * i, 8, 100.0) for i in range(11)]
+    # Even arrivals all but at once leave each job holding its GPUs only to the last arrival:
+    # (1 + ... + 10) / 320 = 0.171875 at most.
+    scale, reached = arrival_scale(jobs, 256, 0.5)
+    assert reached == pytest.approx(0.171875 * 0.999, rel=1e-6)
+    # The ceiling holds for every factor up to 0.1 (the widest gap, 100 s x 0.1, no longer than a
+    # job): the factor stops just above, not at arrivals all at once.
+    assert 0.1 < scale < 0.101
+
+
+def test_a_job_running_long_past_the_arrivals_counts_only_inside_the_window():
+    short = [TraceJob(f"s{i}", 10.0 * i, 1, 10.0) for i in range(200)]
+    long = [TraceJob("long", 500.0, 8, 1e7)]
+    jobs = sorted(short + long, key=lambda j: j.arrival_s)
+    first, last = arrival_window([j.arrival_s for j in jobs])
+    # The 1st and 99th percentiles of 201 arrivals: the 3rd and the 199th.
+    assert (first, last) == (20.0, 1970.0)
+    held = sum(
+        min(j.arrival_s + 10.0, last) - max(j.arrival_s, first)
+        for j in short
+        if first < j.arrival_s + 10 and j.arrival_s < last
+    )
+    assert offered_load(jobs, 16) == pytest.approx((held + 8 * (last - 500.0)) / ((last - first) * 16))
+
+
+def test_metrics_say_how_busy_the_cluster_was_while_jobs_waited(pod256):
+    # Two 256-GPU jobs back to back: the second waits the whole first run on a full cluster.
+    run = _replay(pod256, [_profile("a", 256, 100.0), _profile("b", 256, 100.0)], [0.0, 0.0])
+    s = summarize(run)
+    assert s["busy_while_waiting"] == pytest.approx(1.0)
+    assert s["waiting_share"] == pytest.approx(0.5)
+    assert s["utilisation_window"] is None  # every arrival at one instant: no window
 
 
 def test_a_job_larger_than_the_cluster_is_rejected_not_queued_forever(pod256):

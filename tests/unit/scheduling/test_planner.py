@@ -12,7 +12,8 @@ import pytest
 from apps.placement.jobs import load_job
 from apps.placement.planner import overdue_flags, plan_cycle
 from apps.placement.planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
-from apps.placement.topology import load_topology_file
+from apps.placement.solvers import Placement, place
+from apps.placement.topology import load_topology, load_topology_file
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -139,12 +140,83 @@ def test_job_without_estimate_is_not_backfilled_past_a_reservation(topo):
     assert "without estimated_runtime_s it cannot be backfilled" in p.waiting[2]
 
 
-def test_long_job_may_use_gpus_the_head_will_not_need(topo):
-    # At the reservation 16 GPUs are free and the head needs 12: 4 are spare, for one long job only.
+def test_long_jobs_backfill_only_outside_the_gpus_reserved_for_the_head(topo):
+    # At the reservation 16 GPUs are free and the head needs 12: the long jobs may take only the
+    # free GPUs its placement then leaves out, and the head still fits when job 7 ends.
     queue = [queued(1, 12, priority=9), queued(2, 4, runtime_s=99999), queued(3, 2, runtime_s=99999)]
-    p = plan(topo, [active(7, NODE_A, ends_in_s=3600)], queue)
+    actives = [active(7, NODE_A, ends_in_s=3600)]
+    p = plan(topo, actives, queue)
+    taken = [g for b in p.bookings for g in b.placement.gids]
+    assert 0 < len(taken) <= 4
+    for job_id in {2, 3} - set(booked(p)):
+        assert "does not fit outside the 12 GPUs reserved for it" in p.waiting[job_id]
+    later = snapshot(topo, [])
+    later.free[taken] = False
+    assert isinstance(place(topo, later.free, {}, queued(1, 12).spec), Placement)
+
+
+def test_a_job_ending_before_the_reservation_may_use_the_reserved_gpus(topo):
+    p = plan(
+        topo, [active(7, NODE_A, ends_in_s=3600)], [queued(1, 16, priority=9), queued(2, 8, runtime_s=600)]
+    )
     assert booked(p) == [2]
-    assert "needs 2 GPUs with 0 spare then" in p.waiting[3]
+
+
+def lone_nodes(n: int = 2, gpus: int = 8):
+    """Nodes without a network: a job spanning two of them cannot run, whatever the GPU count."""
+    return load_topology(
+        {
+            "version": 1,
+            "name": "lone",
+            "gpu_models": {"A100": {"peak_tflops": 312}},
+            "switches": [],
+            "nodes": [
+                {
+                    "name": f"n{i}",
+                    "gpu_model": "A100",
+                    "gpus": gpus,
+                    "standalone": True,
+                    "nvlink": {"domain": f"n{i}", "bw_GBps": 300, "latency_us": 2},
+                }
+                for i in range(n)
+            ],
+        }
+    )
+
+
+def test_the_head_is_reserved_where_its_shape_fits_and_long_jobs_use_the_other_node():
+    # 8 GPUs are free, 4 on each node, but the head needs one node's 8: it is reserved node 0,
+    # freed first, so a long job may start on node 1's free GPUs. Counting GPUs saw 8 free for
+    # 8 needed, reserved the next end with none spare, and let nothing start.
+    lone = lone_nodes()
+    actives = [active(7, range(0, 4), ends_in_s=3600), active(8, range(8, 12), ends_in_s=36000)]
+    queue = [queued(1, 8, priority=9), queued(2, 2, runtime_s=99999)]
+    p = plan(lone, actives, queue)
+    assert booked(p) == [2]
+    assert set(p.bookings[0].placement.gids) <= set(range(12, 16))
+    end = NOW + timedelta(seconds=3600)
+    assert f"reserved to start at {end:%Y-%m-%dT%H:%M:%SZ} when job 7 is expected to end" in p.waiting[1]
+
+
+def test_backfill_never_takes_the_free_gpus_of_the_node_reserved_for_the_head():
+    # Node 0 frees its 6 busy GPUs first: the head (8 GPUs, one node) is reserved all of node 0.
+    # Counting GPUs, 4 free + 6 released left 2 spare, and the long 2-GPU job could take node 0's
+    # free pair and push the head back to job 8's end; here it must use node 1's pair.
+    lone = lone_nodes()
+    actives = [active(7, range(0, 6), ends_in_s=3600), active(8, range(8, 14), ends_in_s=36000)]
+    queue = [queued(1, 8, priority=9), queued(2, 2, runtime_s=99999), queued(3, 2, runtime_s=99999)]
+    p = plan(lone, actives, queue)
+    assert booked(p) == [2]
+    assert set(p.bookings[0].placement.gids) == {14, 15}
+    assert "does not fit outside the 8 GPUs reserved for it" in p.waiting[3]
+
+
+def test_a_head_that_fits_nowhere_until_an_unestimated_job_ends_has_no_start():
+    lone = lone_nodes()
+    actives = [active(7, range(0, 4), ends_in_s=None), active(8, range(8, 12), ends_in_s=None)]
+    p = plan(lone, actives, [queued(1, 8, priority=9), queued(2, 2, runtime_s=60)])
+    assert "start time unknown: it needs GPUs of jobs without estimated_runtime_s (7, 8)" in p.waiting[1]
+    assert booked(p) == []
 
 
 def test_backfill_off_keeps_every_later_job_waiting(topo):
