@@ -13,6 +13,19 @@
     select.addEventListener("change", function () { if (select.value && !keyed) select.form.submit(); });
   });
 
+  // A status badge links to its glossary entry: bring the entry into view (also after the queue's
+  // table was refreshed under it) and move the focus there for keyboard users.
+  function showTarget() {
+    const id = decodeURIComponent(window.location.hash.slice(1));
+    const target = id && document.getElementById(id);
+    if (!target || !target.closest(".glossary")) return;
+    target.scrollIntoView({ block: "center" });
+    if (!target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+    target.focus({ preventScroll: true });
+  }
+  window.addEventListener("hashchange", showTarget);
+  showTarget();
+
   // Search: a combobox whose suggestions come from /search/?format=json; arrows move through
   // them, Enter opens the chosen one (or submits the query), Escape closes the list.
   const input = document.getElementById("search-q");

@@ -231,7 +231,7 @@ def test_statuses_are_explained_where_they_are_shown(laptop, live_server, scenar
     # The badge leads to its entry in the glossary, which is highlighted.
     waiting.click()
     assert laptop.url.endswith("#status-job-queued")
-    expect(laptop.locator("#status-job-queued dt")).to_be_in_viewport()
+    expect(laptop.locator("#status-job-queued:target")).to_have_count(1)
     laptop_shot("statuses")
     job = scenario["jobs"]["llm-tp8-pp2"]
     laptop.goto(f"{live_server.url}/jobs/{job.pk}/")
