@@ -2,7 +2,7 @@
 the time from placement to every rank started.
 
 Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
-(16,384 GPUs), starts one gunicorn process (gthread, one thread per open long-poll; scheduling
+(16,384 GPUs), starts a gunicorn process (gthread, one thread per open long-poll; scheduling
 cycles run in it, as in the embedded default, so a placement wakes its nodes' polls at once), and
 runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
 POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports every rank the
@@ -12,11 +12,14 @@ one run, on the same server and agents: they switch, then spread their polls aga
     window, from /proc) while every agent waits in its long-poll;
   - placement: --jobs jobs of --job-gpus GPUs submitted one after another; for each, the time
     from placed_at to started_at (every rank reported started), both server timestamps.
-The server's TOPOWEB_AGENT_POLL_S is the longest interval, and TOPOWEB_AGENT_DOWN_AFTER_S three times it.
-Goal: the web host well under one core for a 2,048-node cluster. This machine runs other work;
-the 1-minute load average before and after is recorded, and the simulated agents share its cores.
+The server's TOPOWEB_AGENT_POLL_S is the longest interval, TOPOWEB_AGENT_DOWN_AFTER_S three times
+it. --workers N runs N gunicorn processes (the polls spread over them; --redis carries the
+wakeups between them as CACHE_URL, as in a deployment; CPU is summed over them). Goal: the web
+host well under one core for a 2,048-node cluster. This machine runs other work; the 1-minute
+load average before and after is recorded, and the simulated agents share its cores.
 
     .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 30 60] [--seconds 60] [--jobs 8]
+        [--workers 2 --redis redis://127.0.0.1:6379/10]
 """
 
 from __future__ import annotations
@@ -200,6 +203,8 @@ def main() -> int:
     )
     ap.add_argument("--seconds", type=float, default=60.0, help="idle measuring window per interval")
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=1, help="gunicorn processes (more than one needs --redis)")
+    ap.add_argument("--redis", default="", help="Redis URL for the wakeups between web processes (CACHE_URL)")
     ap.add_argument("--job-gpus", type=int, default=256)
     scratch_db.add_arguments(ap, "agents")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "agents_scale.json"))
@@ -208,6 +213,8 @@ def main() -> int:
         ap.error("--poll-s: every interval must be between 0 and 60 seconds")
     if not 1 <= args.nodes <= 8192 or args.seconds <= 0 or not 1 <= args.jobs <= 100:
         ap.error("--nodes 1..8192, --seconds > 0, --jobs 1..100")
+    if not 1 <= args.workers <= 8 or (args.workers > 1 and not args.redis.startswith("redis://")):
+        ap.error("--workers 1..8; more than one needs --redis redis://host:port/db for the wakeups")
     with scratch_db.scratch_database(args) as url:
         return run(args, url)
 
@@ -230,6 +237,8 @@ def run(args, url: str) -> int:
     )
     for name in ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL"):
         env.pop(name, None)
+    if args.redis:
+        env["CACHE_URL"] = args.redis
     web = None
     try:
         subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
@@ -253,6 +262,7 @@ def run(args, url: str) -> int:
         token, launcher, nodes = lines["TOKEN"], lines["LAUNCHER"], lines["NODES"].split(",")
         print(f"imported {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         port = free_port()
+        # Each process may be handed any share of the connections: room for all of them.
         threads = len(nodes) + 64
         web = subprocess.Popen(
             [
@@ -261,7 +271,7 @@ def run(args, url: str) -> int:
                 "-b",
                 f"127.0.0.1:{port}",
                 "-w",
-                "1",
+                str(args.workers),
                 "-k",
                 "gthread",
                 "--threads",
@@ -288,10 +298,17 @@ def run(args, url: str) -> int:
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        worker_pid = int(
-            subprocess.run(["pgrep", "-P", str(web.pid)], capture_output=True, text=True).stdout.split()[0]
-        )
-        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pid, env))
+        for _ in range(300):
+            worker_pids = [
+                int(p)
+                for p in subprocess.run(
+                    ["pgrep", "-P", str(web.pid)], capture_output=True, text=True
+                ).stdout.split()
+            ]
+            if len(worker_pids) >= args.workers:
+                break
+            time.sleep(0.1)
+        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pids, env))
         result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -309,7 +326,7 @@ def run(args, url: str) -> int:
         tmp.cleanup()
 
 
-async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env) -> dict:
+async def measure(args, url, token, launcher, nodes, master_pid, worker_pids, env) -> dict:
     agents = SimulatedAgents(url, launcher, nodes, args.poll_s[0])
     task = asyncio.ensure_future(agents.run())
     pg = await psycopg.AsyncConnection.connect(env["DATABASE_URL"], autocommit=True)
@@ -322,7 +339,7 @@ async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env
         await asyncio.sleep(1.0)
 
     def cpu() -> float:
-        return cpu_s(worker_pid) + cpu_s(master_pid)
+        return sum(cpu_s(pid) for pid in [master_pid, *worker_pids])
 
     intervals = []
     previous = 0.0
@@ -359,6 +376,7 @@ async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env
     return {
         "nodes": len(nodes),
         "gpus": len(nodes) * GPUS_PER_NODE,
+        "web_processes": args.workers,
         "intervals": intervals,
         "agent_errors": agents.errors,
     }
