@@ -6,8 +6,7 @@ processes (Celery workers) and Redis is configured (CACHE_URL, else CELERY_BROKE
 change is also published on a Redis channel that each web process with waiting polls listens
 to; without Redis, or while it is unreachable, a poll simply ends at its timeout and the agent
 asks again. Wakeups are per node, so placing one job does not wake every agent of a large
-cluster, and a wakeup sets only the waiting polls of the nodes it names (thousands of threads
-waiting on one condition would all be woken by every placement).
+cluster.
 """
 
 from __future__ import annotations
@@ -29,28 +28,22 @@ _LISTENER: threading.Thread | None = None
 _LISTENER_LOCK = threading.Lock()
 _PUBLISHERS: dict = {}
 
-_LOCK = threading.Lock()
+_COND = threading.Condition()
 # (cluster id, node name) -> change counter; node None counts changes to every node.
 _EPOCH: dict[tuple[int, str | None], int] = {}
-# cluster id -> node name -> the events of this process's polls waiting for that node.
-_WAITING: dict[int, dict[str, set[threading.Event]]] = {}
 
 
 def epoch(cluster_id: int, node: str) -> tuple[int, int]:
     """The change counters (whole cluster, this node) in this process."""
-    with _LOCK:
-        return epoch_unlocked(cluster_id, node)
+    with _COND:
+        return _EPOCH.get((cluster_id, None), 0), _EPOCH.get((cluster_id, node), 0)
 
 
 def _bump(cluster_id: int, nodes: tuple[str, ...] | None) -> None:
-    with _LOCK:
+    with _COND:
         for node in nodes if nodes is not None else (None,):
             _EPOCH[(cluster_id, node)] = _EPOCH.get((cluster_id, node), 0) + 1
-        waiting = _WAITING.get(cluster_id, {})
-        named = waiting.values() if nodes is None else (waiting.get(n, ()) for n in nodes)
-        woken = [event for events in named for event in events]
-    for event in woken:
-        event.set()
+        _COND.notify_all()
 
 
 def redis_url() -> str:
@@ -146,22 +139,8 @@ def wait_for_change(cluster_id: int, node: str, since: tuple[int, int], timeout_
     """Block until the node's or the cluster's counter moves past `since` or `timeout_s` passes;
     True if it moved."""
     listen_for_other_processes()
-    event = threading.Event()
-    with _LOCK:
-        if epoch_unlocked(cluster_id, node) != since:
-            return True
-        _WAITING.setdefault(cluster_id, {}).setdefault(node, set()).add(event)
-    try:
-        event.wait(timeout_s)
-    finally:
-        with _LOCK:
-            events = _WAITING[cluster_id][node]
-            events.discard(event)
-            if not events:
-                del _WAITING[cluster_id][node]
-                if not _WAITING[cluster_id]:
-                    del _WAITING[cluster_id]
-    return epoch(cluster_id, node) != since
+    with _COND:
+        return _COND.wait_for(lambda: epoch_unlocked(cluster_id, node) != since, timeout=timeout_s)
 
 
 def epoch_unlocked(cluster_id: int, node: str) -> tuple[int, int]:
