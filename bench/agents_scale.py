@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -240,6 +241,7 @@ def run(args, url: str) -> int:
     if args.redis:
         env["CACHE_URL"] = args.redis
     web = None
+    worker_pids: list[int] = []
     try:
         subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
         t0 = time.perf_counter()
@@ -323,6 +325,12 @@ def run(args, url: str) -> int:
                 # Thousands of open long-polls can outlast gunicorn's graceful stop.
                 web.kill()
                 web.wait(timeout=30)
+            # A killed master leaves its workers running, serving a dropped database.
+            for pid in worker_pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         tmp.cleanup()
 
 
