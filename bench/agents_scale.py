@@ -2,19 +2,24 @@
 the time from placement to every rank started.
 
 Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
-(16,384 GPUs), starts one gunicorn process (gthread, one thread per open long-poll; scheduling
+(16,384 GPUs), starts a gunicorn process (gthread, one thread per open long-poll; scheduling
 cycles run in it, as in the embedded default, so a placement wakes its nodes' polls at once), and
 runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
 POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports every rank the
-server hands it as started at once (no processes). Measured:
+server hands it as started at once (no processes). For each interval of --poll-s (several in
+one run, on the same server and agents: they switch, then spread their polls again), measured:
   - idle: sync requests per second and the web process's CPU share (its utime + stime over the
     window, from /proc) while every agent waits in its long-poll;
   - placement: --jobs jobs of --job-gpus GPUs submitted one after another; for each, the time
     from placed_at to started_at (every rank reported started), both server timestamps.
-Goal: the web host well under one core for a 2,048-node cluster. This machine runs other work;
-the 1-minute load average before and after is recorded, and the simulated agents share its cores.
+The server's TOPOWEB_AGENT_POLL_S is the longest interval, TOPOWEB_AGENT_DOWN_AFTER_S three times
+it. --workers N runs N gunicorn processes (the polls spread over them; --redis carries the
+wakeups between them as CACHE_URL, as in a deployment; CPU is summed over them). Goal: the web
+host well under one core for a 2,048-node cluster. This machine runs other work; the 1-minute
+load average before and after is recorded, and the simulated agents share its cores.
 
-    .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 10] [--seconds 30] [--jobs 8]
+    .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 30 60] [--seconds 60] [--jobs 8]
+        [--workers 2 --redis redis://127.0.0.1:6379/10]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -129,6 +135,8 @@ class SimulatedAgents:
     """N agents in one event loop: long-poll, report handed-out ranks as started at once."""
 
     def __init__(self, url: str, token: str, nodes: list[str], poll_s: float):
+        # poll_s may be changed while running: each agent then waits a random part of the new
+        # interval once, so the polls are spread over it again.
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
         self.token = token
@@ -139,22 +147,24 @@ class SimulatedAgents:
         self.stop = False
 
     async def agent(self, node: str) -> None:
-        await asyncio.sleep(random.uniform(0, self.poll_s))
+        poll_s = self.poll_s
+        await asyncio.sleep(random.uniform(0, poll_s))
         conn = Connection(self.host, self.port, {"Authorization": f"Launcher {self.token}"})
         running: set[tuple[int, int, int]] = set()
         reports: list[dict] = []
         while not self.stop:
+            if poll_s != self.poll_s:
+                poll_s = self.poll_s
+                await asyncio.sleep(random.uniform(0, poll_s))
             body = {
                 "node": node,
                 "version": "bench",
                 "running": [list(k) for k in sorted(running)],
                 "reports": reports,
-                "wait_s": 0.0 if reports else self.poll_s,
+                "wait_s": 0.0 if reports else poll_s,
             }
             try:
-                status, answer = await asyncio.wait_for(
-                    conn.post("/api/v1/agents/sync/", body), self.poll_s + 120
-                )
+                status, answer = await asyncio.wait_for(conn.post("/api/v1/agents/sync/", body), poll_s + 120)
             except (OSError, IndexError, ValueError, asyncio.IncompleteReadError, TimeoutError):
                 conn.close()
                 self.errors += 1
@@ -185,13 +195,27 @@ class SimulatedAgents:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=2048)
-    ap.add_argument("--poll-s", type=float, default=10.0, help="long-poll wait = heartbeat interval")
-    ap.add_argument("--seconds", type=float, default=30.0, help="idle measuring window")
+    ap.add_argument(
+        "--poll-s",
+        type=float,
+        nargs="+",
+        default=[60.0],
+        help="long-poll waits (= heartbeat intervals) to measure one after another, each 0 < s <= 60",
+    )
+    ap.add_argument("--seconds", type=float, default=60.0, help="idle measuring window per interval")
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=1, help="gunicorn processes (more than one needs --redis)")
+    ap.add_argument("--redis", default="", help="Redis URL for the wakeups between web processes (CACHE_URL)")
     ap.add_argument("--job-gpus", type=int, default=256)
     scratch_db.add_arguments(ap, "agents")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "agents_scale.json"))
     args = ap.parse_args()
+    if not all(0 < p <= 60 for p in args.poll_s):
+        ap.error("--poll-s: every interval must be between 0 and 60 seconds")
+    if not 1 <= args.nodes <= 8192 or args.seconds <= 0 or not 1 <= args.jobs <= 100:
+        ap.error("--nodes 1..8192, --seconds > 0, --jobs 1..100")
+    if not 1 <= args.workers <= 8 or (args.workers > 1 and not args.redis.startswith("redis://")):
+        ap.error("--workers 1..8; more than one needs --redis redis://host:port/db for the wakeups")
     with scratch_db.scratch_database(args) as url:
         return run(args, url)
 
@@ -207,14 +231,17 @@ def run(args, url: str) -> int:
         DJANGO_SETTINGS_MODULE="bench_settings",
         PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
         TOPOWEB_LOG_LEVEL="WARNING",
-        TOPOWEB_AGENT_POLL_S=str(args.poll_s),
-        TOPOWEB_AGENT_DOWN_AFTER_S=str(args.poll_s * 3),
+        TOPOWEB_AGENT_POLL_S=str(max(args.poll_s)),
+        TOPOWEB_AGENT_DOWN_AFTER_S=str(max(args.poll_s) * 3),
         # Thousands of threads wait in long-polls: they share a pool of connections.
         TOPOWEB_DB_POOL_MAX="40",
     )
     for name in ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL"):
         env.pop(name, None)
+    if args.redis:
+        env["CACHE_URL"] = args.redis
     web = None
+    worker_pids: list[int] = []
     try:
         subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
         t0 = time.perf_counter()
@@ -237,6 +264,7 @@ def run(args, url: str) -> int:
         token, launcher, nodes = lines["TOKEN"], lines["LAUNCHER"], lines["NODES"].split(",")
         print(f"imported {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         port = free_port()
+        # Each process may be handed any share of the connections: room for all of them.
         threads = len(nodes) + 64
         web = subprocess.Popen(
             [
@@ -245,7 +273,7 @@ def run(args, url: str) -> int:
                 "-b",
                 f"127.0.0.1:{port}",
                 "-w",
-                "1",
+                str(args.workers),
                 "-k",
                 "gthread",
                 "--threads",
@@ -272,10 +300,17 @@ def run(args, url: str) -> int:
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        worker_pid = int(
-            subprocess.run(["pgrep", "-P", str(web.pid)], capture_output=True, text=True).stdout.split()[0]
-        )
-        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pid, env))
+        for _ in range(300):
+            worker_pids = [
+                int(p)
+                for p in subprocess.run(
+                    ["pgrep", "-P", str(web.pid)], capture_output=True, text=True
+                ).stdout.split()
+            ]
+            if len(worker_pids) >= args.workers:
+                break
+            time.sleep(0.1)
+        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pids, env))
         result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -290,40 +325,58 @@ def run(args, url: str) -> int:
                 # Thousands of open long-polls can outlast gunicorn's graceful stop.
                 web.kill()
                 web.wait(timeout=30)
+            # A killed master leaves its workers running, serving a dropped database.
+            for pid in worker_pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         tmp.cleanup()
 
 
-async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env) -> dict:
-    agents = SimulatedAgents(url, launcher, nodes, args.poll_s)
+async def measure(args, url, token, launcher, nodes, master_pid, worker_pids, env) -> dict:
+    agents = SimulatedAgents(url, launcher, nodes, args.poll_s[0])
     task = asyncio.ensure_future(agents.run())
     pg = await psycopg.AsyncConnection.connect(env["DATABASE_URL"], autocommit=True)
-    # Warm-up: every agent registered, then one more poll period so the polls are spread.
-    deadline = time.monotonic() + args.poll_s * 4 + 120
+    # Warm-up: every agent registered (then, per interval, one more poll period: polls spread).
+    deadline = time.monotonic() + args.poll_s[0] * 4 + 120
     while time.monotonic() < deadline:
         cur = await pg.execute("SELECT count(*) FROM scheduling_nodeagent")
         if (await cur.fetchone())[0] >= len(nodes):
             break
         await asyncio.sleep(1.0)
-    await asyncio.sleep(args.poll_s)
 
     def cpu() -> float:
-        return cpu_s(worker_pid) + cpu_s(master_pid)
+        return sum(cpu_s(pid) for pid in [master_pid, *worker_pids])
 
-    r0, c0, t0 = agents.requests, cpu(), time.monotonic()
-    await asyncio.sleep(args.seconds)
-    r1, c1, t1 = agents.requests, cpu(), time.monotonic()
-    idle = {
-        "seconds": round(t1 - t0, 1),
-        "sync_requests_per_s": round((r1 - r0) / (t1 - t0), 1),
-        "expected_requests_per_s": round(len(nodes) / args.poll_s, 1),
-        "web_cpu_share_of_one_core": round((c1 - c0) / (t1 - t0), 3),
-        "web_cpu_ms_per_request": round(1000 * (c1 - c0) / max(r1 - r0, 1), 2),
-    }
-    print(f"idle: {json.dumps(idle)}", file=sys.stderr, flush=True)
-    try:
-        placement = await place_jobs(args, url, token, agents, pg, cpu)
-    except (httpx.HTTPError, RuntimeError) as exc:
-        placement = {"error": f"{type(exc).__name__}: {exc}"}
+    intervals = []
+    previous = 0.0
+    for n, poll_s in enumerate(args.poll_s):
+        agents.poll_s = poll_s
+        # Polls already waiting end within the previous interval; then each agent waits a random
+        # part of the new one before its first poll at it: after both, the polls are spread.
+        await asyncio.sleep(previous + poll_s + 2)
+        previous = poll_s
+        e0 = agents.errors
+        r0, c0, t0 = agents.requests, cpu(), time.monotonic()
+        await asyncio.sleep(args.seconds)
+        r1, c1, t1 = agents.requests, cpu(), time.monotonic()
+        idle = {
+            "seconds": round(t1 - t0, 1),
+            "sync_requests_per_s": round((r1 - r0) / (t1 - t0), 1),
+            "expected_requests_per_s": round(len(nodes) / poll_s, 1),
+            "web_cpu_share_of_one_core": round((c1 - c0) / (t1 - t0), 3),
+            "web_cpu_ms_per_request": round(1000 * (c1 - c0) / max(r1 - r0, 1), 2),
+        }
+        print(f"poll {poll_s:g} s, idle: {json.dumps(idle)}", file=sys.stderr, flush=True)
+        try:
+            placement = await place_jobs(args, url, token, agents, pg, cpu, prefix=f"bench-{n}")
+        except (httpx.HTTPError, RuntimeError) as exc:
+            placement = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"poll {poll_s:g} s, placement: {json.dumps(placement)}", file=sys.stderr, flush=True)
+        intervals.append(
+            {"poll_s": poll_s, "idle": idle, "placement": placement, "agent_errors": agents.errors - e0}
+        )
     agents.stop = True
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -331,14 +384,13 @@ async def measure(args, url, token, launcher, nodes, master_pid, worker_pid, env
     return {
         "nodes": len(nodes),
         "gpus": len(nodes) * GPUS_PER_NODE,
-        "poll_s": args.poll_s,
-        "idle": idle,
-        "placement": placement,
+        "web_processes": args.workers,
+        "intervals": intervals,
         "agent_errors": agents.errors,
     }
 
 
-async def place_jobs(args, url, token, agents, pg, cpu) -> dict:
+async def place_jobs(args, url, token, agents, pg, cpu, *, prefix: str) -> dict:
     """Submit jobs one after another; per job the time from placed_at to started_at."""
 
     async with httpx.AsyncClient(
@@ -349,7 +401,7 @@ async def place_jobs(args, url, token, agents, pg, cpu) -> dict:
         for i in range(args.jobs):
             spec = {
                 "version": 1,
-                "name": f"bench-{i}",
+                "name": f"{prefix}-{i}",
                 "cluster": "bench",
                 "gpus": args.job_gpus,
                 "parallelism": {"tp": 8, "pp": 1, "dp": args.job_gpus // 8},

@@ -333,10 +333,26 @@ LOGGING = {
 SIMULATION_TRACE_DIR = _env("SIMULATION_TRACE_DIR") or str(BASE_DIR.parent / "shared" / "data" / "traces")
 SIMULATIONS_IN_THREAD = EMBEDDED and CELERY_TASK_ALWAYS_EAGER and not TESTING
 
-# Node agents (apps/agent): how long an agent's work poll may wait, when a silent node is down,
-# and how long a placed job may take until every rank started before it is requeued.
-TOPOWEB_AGENT_POLL_S = float(_env("TOPOWEB_AGENT_POLL_S", "10"))
-TOPOWEB_AGENT_DOWN_AFTER_S = float(_env("TOPOWEB_AGENT_DOWN_AFTER_S", "30"))
+# Node agents (apps/agent): the longest an agent's work poll waits on the server (the poll is
+# also its heartbeat; a placement or stop answers it at once, so a long poll costs no launch
+# latency), when a node silent that long is down, and how long a placed job may take until every
+# rank started before it is requeued. An unchanged heartbeat is written once half of the down
+# time has passed, so a node stays up only while the poll is at most a third of it (Slurm's
+# SlurmdTimeout is 300 s); 60 s polls keep 2,048 nodes at a fraction of one web core.
+try:
+    TOPOWEB_AGENT_POLL_S = float(_env("TOPOWEB_AGENT_POLL_S", "60"))
+    TOPOWEB_AGENT_DOWN_AFTER_S = float(_env("TOPOWEB_AGENT_DOWN_AFTER_S", "180"))
+except ValueError:
+    raise ImproperlyConfigured(
+        "TOPOWEB_AGENT_POLL_S and TOPOWEB_AGENT_DOWN_AFTER_S must be seconds"
+    ) from None
+if not 0 < TOPOWEB_AGENT_POLL_S <= 60:
+    raise ImproperlyConfigured("TOPOWEB_AGENT_POLL_S must be between 0 and 60 seconds")
+if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
+    raise ImproperlyConfigured(
+        "TOPOWEB_AGENT_DOWN_AFTER_S must be at least three times TOPOWEB_AGENT_POLL_S "
+        "(an idle node's heartbeat is written once half of it has passed)"
+    )
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
 # Thousands of agents' long-polls each take a connection briefly: a pool instead of one
 # connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).

@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from .runner import Agent
+from .runner import DEFAULT_POLL_S, Agent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -19,7 +19,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--node", default=socket.gethostname(), help="this node's name in the topology")
     parser.add_argument("--token-file", required=True, help="file holding the cluster's launcher token")
     parser.add_argument("--log-dir", default="/var/log/topoweb-agent", help="where rank output files go")
-    parser.add_argument("--poll-s", type=float, default=10.0, help="long-poll wait (also the heartbeat)")
+    parser.add_argument(
+        "--poll-s",
+        type=float,
+        default=DEFAULT_POLL_S,
+        help="long-poll wait, also the heartbeat (the server may answer sooner; at most 60)",
+    )
     parser.add_argument("--addr", default="", help="address other nodes reach this one on (MASTER_ADDR)")
     return parser.parse_args(argv)
 

@@ -30,6 +30,9 @@ log = logging.getLogger("topoweb.agent")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 TAIL_BYTES = 4096
+# The long-poll wait, also the heartbeat: the server answers at once when the node's work changes,
+# and bounds the wait by its own TOPOWEB_AGENT_POLL_S (60 s by default).
+DEFAULT_POLL_S = 60.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 Key = tuple[int, int, int]
 
@@ -79,7 +82,7 @@ class Agent:
         node: str,
         token: str,
         log_dir: str | Path,
-        poll_s: float = 10.0,
+        poll_s: float = DEFAULT_POLL_S,
         addr: str = "",
         log_every_s: float = 30.0,
         timeout_s: float = 10.0,

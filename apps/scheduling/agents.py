@@ -39,7 +39,7 @@ REASON_TAIL_CHARS = 1500
 
 def down_after_s() -> float:
     """Seconds without a heartbeat after which a node is down."""
-    return float(getattr(settings, "TOPOWEB_AGENT_DOWN_AFTER_S", 30.0))
+    return float(getattr(settings, "TOPOWEB_AGENT_DOWN_AFTER_S", 180.0))
 
 
 def start_timeout_s() -> float:
@@ -115,7 +115,7 @@ def agent_heartbeat(
     changed = was_down or agent.unhealthy_gpus != unhealthy
     fresh = agent.last_seen is not None and now - agent.last_seen < timedelta(seconds=down_after_s() / 2)
     if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):
-        # Nothing new and seen recently: no write (thousands of agents poll every few seconds).
+        # Nothing new and seen recently: no write (thousands of agents poll, each once a minute).
         return agent
     NodeAgent.objects.filter(pk=agent.pk).update(
         **fields,

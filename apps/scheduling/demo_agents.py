@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import tempfile
 
-from apps.agent.runner import Agent, run_in_thread
+from apps.agent.runner import DEFAULT_POLL_S, Agent, run_in_thread
 from apps.topology.models import Cluster, Node
 
 from .models import LauncherToken
@@ -15,10 +15,10 @@ from .services import launcher_token_create
 
 log = logging.getLogger(__name__)
 
-DEMO_POLL_S = 5.0
 
-
-def start_demo_agents(*, server: str, poll_s: float = DEMO_POLL_S, log_dir: str | None = None) -> list[Agent]:
+def start_demo_agents(
+    *, server: str, poll_s: float = DEFAULT_POLL_S, log_dir: str | None = None
+) -> list[Agent]:
     """Start an agent for every node of every cluster against `server` (base URL), rank output
     under `log_dir` (a new temporary folder by default); returns them."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="topoweb-demo-agents-")

@@ -131,3 +131,42 @@ def test_embedded_default_and_tests_need_no_collected_static_files():
     from topoweb.startup import check_static_collected
 
     check_static_collected()
+
+
+def agent_intervals(**env: str) -> subprocess.CompletedProcess:
+    probe = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.TOPOWEB_AGENT_POLL_S, s.TOPOWEB_AGENT_DOWN_AFTER_S)"
+    )
+    full_env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "topoweb.settings", **compose_env(**env)}
+    return subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=full_env, capture_output=True, text=True
+    )
+
+
+def test_agent_intervals_default_to_a_minute_poll_and_three_minutes_down():
+    run = agent_intervals()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["60.0", "180.0"]
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"TOPOWEB_AGENT_POLL_S": "61"}, "TOPOWEB_AGENT_POLL_S must be between 0 and 60"),
+        ({"TOPOWEB_AGENT_POLL_S": "0"}, "TOPOWEB_AGENT_POLL_S must be between 0 and 60"),
+        ({"TOPOWEB_AGENT_POLL_S": "soon"}, "must be seconds"),
+        ({"TOPOWEB_AGENT_DOWN_AFTER_S": "120"}, "at least three times TOPOWEB_AGENT_POLL_S"),
+        ({"TOPOWEB_AGENT_POLL_S": "30", "TOPOWEB_AGENT_DOWN_AFTER_S": "89"}, "at least three times"),
+    ],
+)
+def test_agent_intervals_that_would_mark_idle_nodes_down_refuse_to_start(env, named):
+    run = agent_intervals(**env)
+    assert run.returncode != 0
+    assert "ImproperlyConfigured" in run.stderr and named in run.stderr
+
+
+def test_shorter_agent_intervals_with_room_for_the_heartbeat_are_accepted():
+    run = agent_intervals(TOPOWEB_AGENT_POLL_S="10", TOPOWEB_AGENT_DOWN_AFTER_S="30")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["10.0", "30.0"]

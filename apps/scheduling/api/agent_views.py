@@ -75,7 +75,8 @@ class AgentSyncView(APIView):
         if reports:
             agents.agent_report(node=node, reports=reports)
         work = node_work(node=node)
-        wait_s = min(data["wait_s"], MAX_WAIT_S)
+        # The server bounds the wait (its own poll interval), whatever the agent asks for.
+        wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
         if wait_s > 0 and not reports and running == _keys(work):
             if not connection.in_atomic_block:

@@ -4,6 +4,7 @@ unhealthy GPUs, drain and resume, the start timeout, job logs."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -329,3 +330,13 @@ def test_malformed_or_own_wakeups_change_nothing():
     wakeups._apply(json.dumps({"origin": wakeups._ORIGIN, "cluster": 424243, "nodes": ["node-z"]}))
     wakeups._apply(json.dumps({"origin": "x", "nodes": ["node-z"]}))
     assert wakeups.epoch(424243, "node-z") == before
+
+
+def test_the_server_bounds_a_poll_by_its_own_interval(launcher, settings):
+    settings.TOPOWEB_AGENT_POLL_S = 0.3
+    sync(launcher)
+    started = time.monotonic()
+    body = sync(launcher, wait_s=30).json()
+    # Nothing changed for the node: the poll waited, but the server's 0.3 s, not the asked 30 s.
+    assert 0.25 <= time.monotonic() - started < 10
+    assert body["work"] == [] and body["poll_s"] == 0.3 and body["down_after_s"] == agents.down_after_s()

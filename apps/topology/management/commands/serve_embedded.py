@@ -56,7 +56,7 @@ class Command(BaseCommand):
                 # An unmigrated database serves its pages (and errors) without agents.
                 self.stderr.write(f"no node agents: {exc}")
             self.stdout.write(f"{len(agents)} node agents run the demo nodes' ranks in this process")
-            # Every agent polls every few seconds: keep their successful polls out of the request log.
+            # Every agent polls at least once a minute: keep their successful polls out of the request log.
             logging.getLogger("django.server").addFilter(_quiet_agent_polls)
         # SIGTERM ends the server like Ctrl-C, so the ranks are stopped below.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
