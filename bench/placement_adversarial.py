@@ -293,7 +293,9 @@ def scenario(cls: str, rng: np.random.Generator):
     load = None
     if cls == "link-load":
         leaves = rng.choice(topo.leaf_names, size=max(1, len(topo.leaf_names) // 2), replace=False)
-        load = {str(leaf): float(rng.integers(4, 32)) for leaf in leaves}
+        # Other jobs' mean rates (GB/s): a quarter to twice each loaded leaf's uplink capacity.
+        total = topo.leaf_uplink_total_bw
+        load = {str(leaf): float(rng.uniform(0.25, 2.0) * total[topo.leaf_by_name[leaf]]) for leaf in leaves}
     job = random_job(rng, int(free.sum()))
     return topo, free, load, job
 

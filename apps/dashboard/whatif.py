@@ -54,7 +54,7 @@ def what_if(
     current_step_ms: float | None = None,
 ) -> list[WhatIfRow]:
     """Every policy of the core placed on `free` plus `own_gids` (bool mask over gids), with the
-    other jobs' link load (`link_load` minus `own_flows`, heavy flows per leaf name)."""
+    other jobs' link load (`link_load` minus `own_flows`, offered GB/s per leaf name)."""
     mask = np.asarray(free, dtype=bool).copy()
     own = np.asarray(own_gids, dtype=np.int64)
     if own.size:

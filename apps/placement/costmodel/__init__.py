@@ -39,16 +39,21 @@ effect, `Topology.group_path`) and a its latency:
 - volume: `S/B` with the group's bottleneck and no latency (the seed's accounting).
 
 Congestion, and what a "flow" is. A flow is one stream of a comm entry through a leaf switch's
-uplinks (to the spines), counted on that leaf while the entry runs:
+uplinks (to the spines), on that leaf while the entry runs:
 - ring collectives (allreduce, allgather, reducescatter) run leaf by leaf, so a group whose traffic
   crosses leaves puts one flow per parallel ring (rail) on each leaf it spans; a rail-aligned one
   puts none;
 - alltoall and volume: every member GPU of a group that spans leaves is one flow on its own leaf;
 - p2p: every hop between consecutive members under different leaves is one flow on each of the two.
-A leaf's uplinks (`Topology.leaf_uplink_total_bw`, GB/s) are shared fairly by every flow on them:
-other jobs' (`link_load[leaf]`) plus this entry's own. A group crossing leaves gets, per flow, the
-smallest share over the leaves it spans when that is below its path bottleneck. `Prediction.flows`
-is this job's flows per leaf, the maximum over its comm entries (entries run one after another).
+Each flow offers the rate its path allows unshared (volume: the group's bottleneck; the others: the
+network path capped by its NIC's share among the kind's groups). A leaf's uplinks
+(`Topology.leaf_uplink_total_bw`, C GB/s) are shared in proportion to the rates offered on them:
+other jobs' mean rates L (`link_load[leaf]`, GB/s) plus this entry's D, each flow getting its
+offered rate times min(1, C / (L + D)), the least such factor over the leaves (and pods' core
+links, the same way) it spans. So a light job sharing an uplink with a heavy one takes little of it.
+`Prediction.flows` is this job's mean offered rate per leaf (GB/s, and per pod's core links on
+its spines): what its flows carry there per step (granted rate x the group's time x count; p2p
+its bytes) summed over its entries, over the step (max(step_ms, comm_ms)), to add to `link_load`.
 """
 
 from .formulas import (

@@ -43,8 +43,9 @@ class GroupCost:
 @dataclass(frozen=True)
 class Prediction:
     """A placement's cost per training step: comm and step time (ms), MFU (None without
-    flops_per_step), every group of the kinds that communicate, this job's flows per leaf
-    (to add to `link_load` once placed) and each comm entry's time (ms, count included)."""
+    flops_per_step), every group of the kinds that communicate, this job's mean offered rate
+    (GB/s) per leaf's uplinks and per core-linked spine (to add to `link_load` once placed) and
+    each comm entry's time (ms, count included)."""
 
     comm_ms: float
     step_ms: float
@@ -55,9 +56,9 @@ class Prediction:
 
 
 def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | None) -> np.ndarray:
-    """`link_load` as one array: flows of other jobs on each leaf's uplinks (keyed by leaf name),
-    then on each pod's links to the cores (keyed by the name of a spine with core links, summed over
-    the pod's spines). An array passes through: one value per leaf, optionally then one per pod."""
+    """`link_load` as one array: other jobs' rates (GB/s) on each leaf's uplinks (keyed by leaf
+    name), then on each pod's links to the cores (keyed by the name of a spine with core links,
+    summed over the pod's spines). An array passes through: one value per leaf, optionally then one per pod."""
     n_leaves, n_pods = len(topo.leaf_names), len(topo.pod_core_bw)
     out = np.zeros(n_leaves + n_pods)
     if link_load is None:
@@ -84,7 +85,7 @@ def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | Non
                 f"link_load: unknown leaf {name!r} (keys name leaves, or spines with core links)"
             )
         if not flows >= 0:
-            raise ValueError(f"link_load[{name!r}]: flows must be non-negative, got {flows!r}")
+            raise ValueError(f"link_load[{name!r}]: rates (GB/s) must be non-negative, got {flows!r}")
         out[at] += flows
     return out
 
@@ -109,8 +110,9 @@ def evaluate(
     *,
     detail: bool = True,
 ) -> Prediction:
-    """Predict one placement: `gids[r]` is rank r's GPU; `link_load` the flows of other jobs on
-    each leaf's uplinks. Times in ms. `detail=False` leaves `groups` empty (faster, for solvers)."""
+    """Predict one placement: `gids[r]` is rank r's GPU; `link_load` other jobs' mean rates
+    (GB/s) on each leaf's uplinks (and pods' core links). Times in ms. `detail=False` leaves
+    `groups` empty (faster, for solvers)."""
     g = check_gids(topology, job, gids)
     arrays = group_arrays(job)
     both = load_array(topology, link_load)
@@ -133,14 +135,22 @@ def evaluate(
         t, bw, own, own_core = _entry(
             topology, st, entry.collective, entry.bytes, load, core_load, entry.group
         )
-        flows = np.maximum(flows, own)
-        core_flows = np.maximum(core_flows, own_core)
+        flows += own * entry.count
+        core_flows += own_core * entry.count
         kind_time[entry.group] += t * entry.count
         kind_bw[entry.group] = np.minimum(kind_bw[entry.group], bw)
         entry_ms.append(float(t.max()) * entry.count)
 
     comm = float(sum(entry_ms))
     step = pipeline_compute_ms(job) + exposed_ms(job, entry_ms)
+    # Offered rates: the bytes each link carries per step over the step (or over the comm time
+    # when overlap hides more than the step lasts: a link is never busier than while in use).
+    period = max(step, comm)
+    if 0 < period < math.inf:
+        flows /= period
+        core_flows /= period
+    else:
+        flows[:], core_flows[:] = 0.0, 0.0
     peak = float(topology.node_peak_tflops[topology.gpu_node[g]].sum())
     groups = _group_costs(arrays, stats, kind_time, kind_bw) if detail else ()
     return Prediction(
@@ -154,12 +164,13 @@ def evaluate(
     )
 
 
-def _leaf_share(topo: Topology, load: np.ndarray, own: np.ndarray) -> np.ndarray:
-    # Fair share per flow of each leaf's uplinks, GB/s; inf where nothing shares them.
-    total = topo.leaf_uplink_total_bw
-    denom = load + own
+def _factor(total: np.ndarray, other: np.ndarray, offered: np.ndarray) -> np.ndarray:
+    """Per link: the share of its offered rate each flow gets, proportional sharing of its capacity
+    `total` among the rates on it (`other`, other jobs', plus `offered`, this entry's), GB/s; 1 where
+    the link holds them all or has no capacity given."""
+    demand = other + offered
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where((own > 0) & (total > 0), total / denom, math.inf)
+        return np.where((offered > 0) & (total > 0) & (demand > total), total / demand, 1.0)
 
 
 def spine_pods(topo: Topology) -> dict[str, int]:
@@ -179,7 +190,7 @@ def spine_pods(topo: Topology) -> dict[str, int]:
 
 
 def _core_flow_names(topo: Topology, core_flows: np.ndarray) -> dict[str, float]:
-    """This job's flows on each pod's core links, spread evenly over the pod's core-linked spines
+    """This job's rates on each pod's core links, spread evenly over the pod's core-linked spines
     (so that adding them to `link_load` puts them back on the pod)."""
     if not core_flows.any():
         return {}
@@ -194,25 +205,36 @@ def _core_flow_names(topo: Topology, core_flows: np.ndarray) -> dict[str, float]
     return out
 
 
-def _core_share(
-    topo: Topology, pods: np.ndarray, rings: np.ndarray | None, core_load: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of `pods` (each member's pod, groups crossing pods): the least fair share (GB/s) of
-    a pod's core links over the flows on them, other jobs' (`core_load` per pod) and the rows':
-    `rings` per pod a ring row spans, or one per member for alltoall and volume (rings None); and
-    the rows' own flows per pod."""
-    total = pod_core_total(topo)
+def _spread(links: np.ndarray, rings: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The flows of the rows of `links` (each member's leaf or pod) as (row, link, flows) triplets:
+    `rings[row]` on each distinct link a ring row spans, or one per member (rings None)."""
+    rows = np.broadcast_to(np.arange(links.shape[0])[:, None], links.shape)
     if rings is None:
-        flows = np.bincount(pods.ravel(), minlength=total.size).astype(float)
-    else:
-        srt = np.sort(pods, axis=1)
-        first = np.ones(srt.shape, dtype=bool)
-        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
-        flows = np.bincount(srt[first], weights=weights, minlength=total.size)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_pod = np.where((flows > 0) & (total > 0), total / (flows + core_load), math.inf)
-    return per_pod[pods].min(axis=1), flows
+        return rows.ravel(), links.ravel(), np.ones(links.size)
+    srt = np.sort(links, axis=1)
+    first = np.ones(srt.shape, dtype=bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    weight = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)
+    return rows[first], srt[first], weight[first]
+
+
+def _shared(
+    links: np.ndarray, rings: np.ndarray | None, demand: np.ndarray, total: np.ndarray, other: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per row of `links` (each member's leaf or pod, rows that cross them): the least `_factor` of
+    the links it spans, every flow of every row offering its row's `demand` (GB/s), with `other`
+    (other jobs' rates per link); and the rows' flows as `_spread` triplets."""
+    rows, where, flows = _spread(links, rings)
+    offered = np.bincount(where, weights=flows * demand[rows], minlength=total.size)
+    return _factor(total, other, offered)[links].min(axis=1), (rows, where, flows)
+
+
+def _carried(n_links: int, spread, rate: np.ndarray, time_ms: np.ndarray) -> np.ndarray:
+    """Per link: what the rows' flows carry through it, rate (GB/s) times time (ms)."""
+    rows, where, flows = spread
+    with np.errstate(invalid="ignore"):
+        carried = np.where(rate > 0, rate * time_ms, 0.0)
+    return np.bincount(where, weights=flows * carried[rows], minlength=n_links)
 
 
 def _entry(
@@ -224,45 +246,50 @@ def _entry(
     core_load: np.ndarray,
     kind: str = "",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One comm entry of group `kind`: per-group time (ms), the bandwidth that set it (GB/s), own
-    flows per leaf and per pod's core links."""
-    n_leaves = load.size
+    """One comm entry of group `kind`: per-group time (ms), the bandwidth that set it (GB/s), and
+    what its flows carry through each leaf's uplinks and each pod's core links (GB/s x ms)."""
     n = st.members.shape[1]
     if collective == "p2p":
         return _p2p(topo, st, nbytes, load, core_load, ring=kind == "cp")
-    own = np.zeros(n_leaves)
-    own_core = np.zeros(core_load.size)
     crossing = st.multi_leaf.copy()
     hier = st.spans if collective in HIERARCHICAL_FORMS else np.zeros_like(st.spans)
     if collective in HIERARCHICAL_FORMS:
         crossing &= ~st.rail_aligned
-    if crossing.any():
-        lv = st.leaves[crossing]
-        if collective in RING_COLLECTIVES:
-            # Each parallel ring of the group leaves every leaf it spans once.
-            rings = st.rails_min[crossing]
-            srt = np.sort(lv, axis=1)
-            first = np.ones(srt.shape, dtype=bool)
-            first[:, 1:] = srt[:, 1:] != srt[:, :-1]
-            weights = np.broadcast_to(np.asarray(rings, dtype=float)[:, None], srt.shape)[first]
-            own = np.bincount(srt[first], weights=weights, minlength=n_leaves)
-        else:
-            # alltoall and volume: every member sends across, one flow per member GPU.
-            own = np.bincount(lv.ravel(), minlength=n_leaves).astype(float)
     share = np.full(st.members.shape[0], math.inf)
+    up = core = None
     if crossing.any():
-        share[crossing] = _leaf_share(topo, load, own)[st.leaves[crossing]].min(axis=1)
-        # Groups crossing pods also share their pods' links to the cores, flow for flow.
-        across = crossing & (st.level == 3)
+        # Ring collectives run leaf by leaf: each parallel ring leaves every leaf (and pod) it
+        # spans once. alltoall and volume: every member sends across, one flow per member GPU.
+        # Each flow offers the rate its path allows unshared (volume: its bottleneck; others: the
+        # slower of the network path and its NIC's share among this kind's groups).
+        rings = st.rails_min[crossing] if collective in RING_COLLECTIVES else None
+        cap = st.path_bw if collective == "volume" else np.minimum(st.inter_bw, st.nic_share)
+        demand = cap[crossing]
+        factor, up = _shared(st.leaves[crossing], rings, demand, topo.leaf_uplink_total_bw, load)
+        # Groups crossing pods also share their pods' links to the cores.
+        across = st.level[crossing] == 3
         if across.any():
-            pods = topo.leaf_pod[np.maximum(st.leaves[across], 0)]
-            ring = collective in RING_COLLECTIVES
-            core, own_core = _core_share(topo, pods, st.rails_min[across] if ring else None, core_load)
-            share[across] = np.minimum(share[across], core)
+            pods = topo.leaf_pod[np.maximum(st.leaves[crossing][across], 0)]
+            r = rings[across] if rings is not None else None
+            f_core, core = _shared(pods, r, demand[across], pod_core_total(topo), core_load)
+            factor[across] = np.minimum(factor[across], f_core)
+            core = (np.flatnonzero(across)[core[0]], core[1], core[2])
+        share[crossing] = demand * factor
+    granted = share.copy()
+
+    def carried(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # What this entry's flows carry per leaf and per pod: each at its share for its group's time.
+        if up is None:
+            return np.zeros(load.size), np.zeros(core_load.size)
+        rate, time = granted[crossing], t[crossing]
+        own_core = np.zeros(core_load.size) if core is None else _carried(core_load.size, core, rate, time)
+        return _carried(load.size, up, rate, time), own_core
+
     if collective == "volume":
         # The seed's accounting: each rank's bytes over its own bottleneck, no NIC sharing.
         eff_bw = np.minimum(st.path_bw, share)
-        return np.asarray(volume_ms(nbytes, eff_bw)), eff_bw, own, own_core
+        t = np.broadcast_to(np.asarray(volume_ms(nbytes, eff_bw), dtype=float), eff_bw.shape)
+        return (t, eff_bw, *carried(t))
     uplink_share = share
     # Groups of one kind that cross the same NIC at once share its rate.
     share = np.minimum(share, st.nic_share)
@@ -297,7 +324,7 @@ def _entry(
         )
         eff_bw = eff_bw.copy()
         eff_bw[hier] = np.minimum(st.intra_bw[hier], inter_bw)
-    return t, eff_bw, own, own_core
+    return (t, eff_bw, *carried(t))
 
 
 def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: float, path_bw: np.ndarray):
@@ -328,7 +355,7 @@ def _alltoall_spanning(topo: Topology, st: KindStats, sp: np.ndarray, nbytes: fl
 def _p2p(
     topo: Topology, st: KindStats, nbytes: float, load: np.ndarray, core_load: np.ndarray, ring: bool = False
 ):
-    # Consecutive members (stage i -> i+1); a hop between leaves is one flow on each of its leaves.
+    # Consecutive members (stage i -> i+1); a hop between leaves is a flow on each of its leaves.
     # A ring (context parallelism's ring attention) also closes from the last member to the first,
     # and a pass takes n - 1 steps, every member sending to its successor at once in each.
     a, b = st.members[:, :-1], st.members[:, 1:]
@@ -345,21 +372,25 @@ def _p2p(
         bw[netted] = np.minimum(bw[netted], nic_sharing(topo, a.ravel()[netted], b.ravel()[netted]))
     own = np.zeros(load.size)
     own_core = np.zeros(core_load.size)
+    steps = st.members.shape[1] - 1 if ring else 1
     if crossing.any():
-        own = np.bincount(np.concatenate([la[crossing], lb[crossing]]), minlength=load.size).astype(float)
-        share = _leaf_share(topo, load, own)
-        hop_share = np.minimum(share[la[crossing]], share[lb[crossing]])
-        # Hops between pods also share their pods' links to the cores: one flow on each end's pod.
-        pa, pb = topo.leaf_pod[la[crossing]], topo.leaf_pod[lb[crossing]]
-        across = pa != pb
+        # Each crossing hop offers its path's rate on both ends' leaves (and pods, between pods)
+        # and carries its bytes there once per send (GB/s x ms: 1e6 bytes).
+        demand = bw[crossing]
+        ends = np.stack([la[crossing], lb[crossing]], axis=1)
+        factor, up = _shared(ends, None, demand, topo.leaf_uplink_total_bw, load)
+        sent = np.full(demand.size, nbytes * steps / 1e6)
+        own = _carried(load.size, up, sent, np.ones(demand.size))
+        pods = topo.leaf_pod[ends]
+        across = pods[:, 0] != pods[:, 1]
         if across.any():
-            core, own_core = _core_share(topo, np.stack([pa[across], pb[across]], axis=1), None, core_load)
-            hop_share[across] = np.minimum(hop_share[across], core)
+            f_core, core = _shared(pods[across], None, demand[across], pod_core_total(topo), core_load)
+            factor[across] = np.minimum(factor[across], f_core)
+            own_core = _carried(core_load.size, core, sent[across], np.ones(int(across.sum())))
         bw = bw.copy()
-        bw[crossing] = np.minimum(bw[crossing], hop_share)
+        bw[crossing] = demand * factor
     bw = bw.reshape(a.shape)
     hop = np.asarray(p2p_ms(nbytes, bw, lat.reshape(a.shape)))
-    steps = st.members.shape[1] - 1 if ring else 1
     return hop.max(axis=1) * steps, bw.min(axis=1), own, own_core
 
 

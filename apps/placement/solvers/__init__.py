@@ -40,7 +40,7 @@ def place(
     seed: int = 0,
 ) -> Placement | NoFit:
     """Place `job` on the `free` GPUs (bool array over gids) by `policy`, priced with `link_load`
-    (leaf name -> heavy flows of other jobs on its uplinks). `seed` drives `random` (and, since
+    (leaf name -> other jobs' rates, GB/s, on its uplinks). `seed` drives `random` (and, since
     topo weighs every baseline's placement, topo's random candidate). NoFit says what is missing,
     also when the only placement has no finite predicted time (GPUs that cannot reach each other)."""
     if policy not in POLICIES:

@@ -45,7 +45,7 @@ def check_free(topology: Topology, free) -> np.ndarray:
 
 
 def check_link_load(link_load) -> Mapping[str, float]:
-    """`link_load` as a mapping of leaf name to heavy flows already on its uplinks (empty if None)."""
+    """`link_load` as a mapping of leaf name to other jobs' rates (GB/s) on its uplinks (empty if None)."""
     if link_load is None:
         return {}
     if not isinstance(link_load, Mapping):

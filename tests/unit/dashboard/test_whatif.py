@@ -45,14 +45,14 @@ def test_own_flows_are_taken_out_of_the_link_load(leafspine):
     free = np.zeros(32, dtype=bool)
     own = list(range(32))
     alone = what_if(leafspine, job, free=free, own_gids=own)
-    loaded = what_if(leafspine, job, free=free, own_gids=own, link_load={"leaf-1": 40.0, "leaf-2": 40.0})
+    loaded = what_if(leafspine, job, free=free, own_gids=own, link_load={"leaf-1": 4000.0, "leaf-2": 4000.0})
     minus_own = what_if(
         leafspine,
         job,
         free=free,
         own_gids=own,
-        link_load={"leaf-1": 40.0, "leaf-2": 40.0},
-        own_flows={"leaf-1": 40.0, "leaf-2": 40.0},
+        link_load={"leaf-1": 4000.0, "leaf-2": 4000.0},
+        own_flows={"leaf-1": 4000.0, "leaf-2": 4000.0},
     )
     topo = [next(r for r in rows if r.policy == "topo") for rows in (alone, loaded, minus_own)]
     assert topo[1].step_ms > topo[0].step_ms

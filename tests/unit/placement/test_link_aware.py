@@ -305,14 +305,19 @@ def test_other_jobs_core_flows_share_the_pods_core_links_like_uplinks():
     j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
     gids = [topo.gid("node-001", i) for i in range(4)] + [topo.gid("node-005", i) for i in range(4)]
     alone = evaluate(topo, j, gids)
-    # The job's four DP pairs put 4 flows on each pod's core links, reported on the pods' spines.
+    # The job's four DP pairs offer 4 x 25 GB/s (one core link's rate, their path's bottleneck)
+    # to each pod's 50 GB/s of core links: 12.5 each,
+    # the core links full while the allreduce runs; reported on the pods' spines.
+    t = alone.comm_ms
+    assert t == pytest.approx(1e9 / 12.5e6, rel=1e-3)
     pods = spine_pods(topo)
-    assert sum(alone.flows[s] for s in pods if pods[s] == 0) == pytest.approx(4)
-    assert sum(alone.flows[s] for s in pods if pods[s] == 1) == pytest.approx(4)
-    # A second such job's flows, added to link_load as a scheduler does, halve each flow's share.
+    assert sum(alone.flows[s] for s in pods if pods[s] == 0) == pytest.approx(50 * t / (100 + t))
+    assert sum(alone.flows[s] for s in pods if pods[s] == 1) == pytest.approx(50 * t / (100 + t))
+    # A second such job's rates, added to link_load as a scheduler does, shrink each flow's share
+    # in proportion: 25 x 50 / (other + 100).
     beside = evaluate(topo, j, gids, alone.flows)
-    assert beside.comm_ms == pytest.approx(1e9 / 6.25e6, rel=1e-3)
-    assert beside.comm_ms == pytest.approx(2 * alone.comm_ms, rel=1e-3)
+    other = 50 * t / (100 + t)
+    assert beside.comm_ms == pytest.approx(1e9 / (1250 / (other + 100) * 1e6), rel=1e-3)
 
 
 def test_link_load_names_leaves_or_core_linked_spines():

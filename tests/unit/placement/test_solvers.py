@@ -270,13 +270,14 @@ def test_topo_refuses_a_multi_domain_job_on_standalone_nodes_and_says_why():
 
 
 def test_topo_avoids_leaves_whose_uplinks_carry_other_jobs():
+    # Another job offering 4,000 GB/s on leaf-1's uplinks leaves this one a small share there.
     topo = generated(leaves=3, nodes_per_leaf=1)
     job = make_job(dp=16)
     quiet = place(topo, topo.free_mask(), None, job, policy="topo")
-    loaded = place(topo, topo.free_mask(), {"leaf-1": 40.0}, job, policy="topo")
+    loaded = place(topo, topo.free_mask(), {"leaf-1": 4000.0}, job, policy="topo")
     assert {int(topo.gpu_leaf[g]) for g in quiet.gids} == {0, 1}
     assert {int(topo.gpu_leaf[g]) for g in loaded.gids} == {1, 2}
-    assert loaded.prediction.comm_ms < evaluate(topo, job, quiet.gids, {"leaf-1": 40.0}).comm_ms
+    assert loaded.prediction.comm_ms < evaluate(topo, job, quiet.gids, {"leaf-1": 4000.0}).comm_ms
 
 
 def test_topo_keeps_ep_groups_inside_an_nvl_domain():
