@@ -13,7 +13,7 @@ predicted comm_ms / lower bound comm_ms, 1.0 when both are 0): `gap` against the
 bound (`lower_bound(topology, job)`) and `gap_free` against the bound over the free set the job was
 placed on (`lower_bound(topology, job, free=free)`), so that gap_free measures the placement and
 gap also the fragmentation. Each as p50 and p99 of topo and of the best policy per placement, per
-cluster and fragmentation, per job class and overall; and the targets, against both.
+cluster and fragmentation, per job class and overall; and the targets (the gaps against the free-set bound).
 
     .venv/bin/python bench/placement_quality.py [--quick] [--seed N]
 """
@@ -300,10 +300,15 @@ def report(figures: dict, elapsed_s: float) -> None:
     print(f"{'all':<15}{len(overall['empty']):>10}" + "".join(f"{x:>10.3f}" for x in cells))
     tree = figures["fragmented_vs_tree"]
     print("\ntargets")
-    for kind, name in (("empty", "gap"), ("free", "gap_free")):
-        p50, p99 = _percentiles(overall[kind])
-        print(f"  {name} p50 {p50:.3f} <= {GAP_P50_TARGET}: {'met' if p50 <= GAP_P50_TARGET else 'NOT met'}")
-        print(f"  {name} p99 {p99:.3f} <= {GAP_P99_TARGET}: {'met' if p99 <= GAP_P99_TARGET else 'NOT met'}")
+    p50, p99 = _percentiles(overall["free"])
+    print(f"  gap_free p50 {p50:.3f} <= {GAP_P50_TARGET}: {'met' if p50 <= GAP_P50_TARGET else 'NOT met'}")
+    print(f"  gap_free p99 {p99:.3f} <= {GAP_P99_TARGET}: {'met' if p99 <= GAP_P99_TARGET else 'NOT met'}")
+    # The empty-cluster bound ignores the busy GPUs, so no placement on a fragmented cluster can
+    # reach it: its gap says how much the fragmentation costs, and carries no target.
+    p50, p99 = _percentiles(overall["empty"])
+    print(
+        f"  gap to the empty-cluster bound (the fragmentation's cost, no target) p50 {p50:.3f} p99 {p99:.3f}"
+    )
     print(
         f"  topo/tree_best_fit on fragmented clusters (geomean) {tree:.3f} <= {TREE_RATIO_TARGET}: "
         f"{'met' if tree <= TREE_RATIO_TARGET else 'NOT met'}"
