@@ -46,15 +46,6 @@ PY = sys.executable
 GPUS_PER_NODE = 8
 NODES_PER_LEAF = 32
 
-SETTINGS_OVERRIDE = """\
-from topoweb.settings import *  # noqa: F401,F403
-from topoweb.settings import REST_FRAMEWORK, STORAGES
-
-REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
-# The API needs no collected static files (gunicorn refuses to start on a missing manifest).
-STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-"""
-
 SETUP = """\
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
@@ -223,7 +214,7 @@ def main() -> int:
 def run(args, url: str) -> int:
     load_before = os.getloadavg()[0]
     tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-agents-")
-    Path(tmp.name, "bench_settings.py").write_text(SETTINGS_OVERRIDE)
+    Path(tmp.name, "bench_settings.py").write_text(scratch_db.SERVED_SETTINGS)
     env = dict(
         os.environ,
         DATABASE_URL=url,

@@ -1,6 +1,7 @@
 """The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
 metrics_scale, api_throughput): `--postgres` (the server) and `--db-name`, created before the run
-and dropped after it, even when the run fails.
+and dropped after it, even when the run fails; and the settings module the benchmarks that serve
+the API under gunicorn run with (`SERVED_SETTINGS`).
 
     parser = argparse.ArgumentParser()
     scratch_db.add_arguments(parser, "cycle")
@@ -17,6 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
+
+SERVED_SETTINGS = """\
+from topoweb.settings import *  # noqa: F401,F403
+from topoweb.settings import REST_FRAMEWORK, STORAGES
+
+# The benchmark measures the service, not the per-user throttles.
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
+# The API needs no collected static files (gunicorn refuses to start on a missing manifest).
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+"""
+
 # Databases a benchmark must never create, let alone drop.
 RESERVED = frozenset({"postgres", "template0", "template1", "test"})
 
