@@ -28,6 +28,9 @@ from .vendor import plotly_js_url
 
 SESSION_CLUSTER = "dashboard_cluster"
 NODE_CHOICES = 4096  # node names offered as suggestions in the path form
+# Rows of the placed-jobs table; past this the queue page lists them all (1,600 rows cost the
+# page about a second of parsing and layout before the graph draws).
+JOB_TABLE_ROWS = 100
 
 
 @login_required
@@ -63,7 +66,11 @@ def cluster_page(request, name: str | None = None):
     context["version"] = graph_version(cluster, request.user)
     # Measured values change every collection: added per request, outside the cached graph.
     measured = jobs_measured(cluster=cluster)
-    context["jobs"] = [{**row, "measured": measured.get(row["view"].id)} for row in context["jobs"]]
+    context["job_rows"] = [
+        {**row, "measured": measured.get(row["view"].id)} for row in context["jobs"][:JOB_TABLE_ROWS]
+    ]
+    context["job_rows_more"] = max(0, len(context["jobs"]) - JOB_TABLE_ROWS)
+    context["active_statuses"] = ACTIVE_STATUSES
     context["hotspots"] = list(open_hotspots(cluster=cluster))
     context["health"] = cluster_health(cluster_id=cluster.pk)
     return render(request, "dashboard/cluster.html", context)

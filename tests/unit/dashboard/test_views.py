@@ -305,3 +305,25 @@ def test_cluster_page_of_the_pcie_lab_draws_its_intra_node_pairs(client, people)
     assert response.status_code == 200
     names = {t["name"] for t in payload(response)["figure"]["data"]}
     assert {"NVLink pairs", "PCIe switch pairs", "intra-node links"} <= names
+
+
+def test_cluster_page_lists_the_first_placed_jobs_and_points_to_the_queue_for_the_rest(
+    client, people, case44_db, monkeypatch
+):
+    from apps.dashboard.views import cluster as cluster_views
+
+    monkeypatch.setattr(cluster_views, "JOB_TABLE_ROWS", 2)
+    jobs = [run_job(case44_db, people["alice"], job_spec(2, name=f"small-{i}")) for i in range(3)]
+    assert all(j.status == "running" for j in jobs)
+    client.force_login(people["alice"])
+    response = client.get("/clusters/case-4-4/")
+    body = response.content.decode()
+    table = body[body.index('id="placed-title"') : body.index("<h2>Hotspots</h2>")]
+    assert [f"/jobs/{j.pk}/" in table for j in jobs] == [True, True, False]
+    assert "The first 2 of 3 placed jobs" in table
+    more = re.search(r'id="jobs-more">.*?<a href="([^"]+)"', table).group(1).replace("&amp;", "&")
+    queue = client.get(more)
+    assert queue.status_code == 200 and f"/jobs/{jobs[2].pk}/".encode() in queue.content
+    # The graph, its legend and the highlight picker still carry every job.
+    assert len(payload(response)["client"]["jobs"]) == 3
+    assert body.count('<option value="2">') == 1
