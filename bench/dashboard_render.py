@@ -327,7 +327,9 @@ def main() -> int:
     for r in at_target:
         for kind in ("cold", "warm"):
             verdict = "meets" if r[f"{kind}_ms"] < TARGET_MS else "misses"
-            print(f"16,384 GPUs ({args.mix}), {kind}: {r[f'{kind}_ms']} ms, {verdict} the {TARGET_MS:.0f} ms target")
+            print(
+                f"16,384 GPUs ({args.mix}), {kind}: {r[f'{kind}_ms']} ms, {verdict} the {TARGET_MS:.0f} ms target"
+            )
         verdict = "meets" if r["first_zoom_ms"] < TARGET_ZOOM_MS else "misses"
         print(
             f"16,384 GPUs ({args.mix}), first zoom-in: {r['first_zoom_ms']} ms, {verdict} the {TARGET_ZOOM_MS:.0f} ms target"
