@@ -12,9 +12,12 @@ server's response time and the page size. Targets at 16,384 GPUs: under 3,000 ms
 `--mix train` (the default) fills the clusters with about 60 large training jobs per 16,384 GPUs
 (TP8 x PP x DP, up to 1,024 GPUs each); `--mix many` with thousands of small jobs as a shared
 research cluster runs them (most of 1 to 8 GPUs, a few up to 64; about 1,600 jobs on 16,384
-GPUs), the case the legend, the colours, the job table and the bars must survive.
+GPUs), the case the legend, the colours, the job table and the bars must survive. `--shape`
+picks the network: rail-optimized (the default), `3tier` (pods of rail-optimized units under core
+switches) or `nvl72` (racks of 72 GPUs in one NVLink domain, a leaf per rack).
 
-    .venv/bin/python bench/dashboard_render.py [--runs 3] [--sizes 256,2048,16384,32768] [--mix many]
+    .venv/bin/python bench/dashboard_render.py [--runs 3] [--sizes 256,2048,16384,32768]
+        [--mix train|many] [--shape rail|3tier|nvl72] [--db FILE]
 """
 
 from __future__ import annotations
@@ -49,31 +52,54 @@ FIRST_ZOOM_JS = """async () => {
 TARGET_GPUS = 16384
 
 
-def cluster_name(n_gpus: int, mix: str) -> str:
-    return f"bench-{n_gpus}" if mix == "train" else f"bench-{n_gpus}-{mix}"
+SHAPES = ("rail", "3tier", "nvl72")
 
 
-def cluster_spec(n_gpus: int, mix: str = "train") -> dict:
-    """A rail-optimized cluster of n_gpus / 8 nodes: 32-node units, 8 rails, spines by size."""
-    nodes = n_gpus // 8
-    units = max(1, nodes // 32)
-    return {
-        "version": 1,
-        "name": cluster_name(n_gpus, mix),
-        "generate": {
-            "shape": "rail-optimized",
-            "spines": 4 if units <= 2 else 16,
-            "leaves": 8 * units,
-            "nodes_per_leaf": min(32, nodes),
-            "gpus_per_node": 8,
-            "gpu_model": "H100-SXM5-80GB",
-            "peak_tflops": 989,
-            "nvlink_bw_GBps": 450,
-            "nic_bw_GBps": 50,
-            "nics_per_node": 8,
-            "uplink_bw_GBps": 400,
-        },
-    }
+def cluster_name(n_gpus: int, mix: str, shape: str) -> str:
+    return "-".join(["bench", str(n_gpus)] + [k for k in (mix, shape) if k not in ("train", "rail")])
+
+
+def cluster_spec(n_gpus: int, mix: str = "train", shape: str = "rail") -> dict:
+    """rail: rail-optimized, n_gpus / 8 nodes in 32-node units of 8 rails, spines by size. 3tier:
+    the same units four to a pod (8 spines each) under 4 cores. nvl72: racks of 18 4-GPU nodes,
+    each rack one NVLink domain under one leaf, 16 spines (n_gpus rounded down to whole racks)."""
+    gen = {"gpu_model": "H100-SXM5-80GB", "peak_tflops": 989, "nic_bw_GBps": 50, "uplink_bw_GBps": 400}
+    if shape == "nvl72":
+        racks = max(1, n_gpus // 72)
+        gen.update(
+            shape="leaf-spine",
+            spines=16 if racks > 4 else 2,
+            leaves=racks,
+            nodes_per_leaf=18,
+            gpus_per_node=4,
+            nics_per_node=4,
+            nvlink_bw_GBps=900,
+            nvlink_domain_nodes=18,
+        )
+    else:
+        nodes = n_gpus // 8
+        units = max(1, nodes // 32)
+        gen.update(
+            shape="rail-optimized",
+            spines=4 if units <= 2 else 16,
+            leaves=8 * units,
+            nodes_per_leaf=min(32, nodes),
+            gpus_per_node=8,
+            nics_per_node=8,
+            nvlink_bw_GBps=450,
+        )
+        if shape == "3tier":
+            pods = max(1, units // 4)
+            gen.update(spines=8, leaves=8 * units // pods, pods=pods, cores=4, core_uplink_bw_GBps=800)
+    return {"version": 1, "name": cluster_name(n_gpus, mix, shape), "generate": gen}
+
+
+def cluster_size(n_gpus: int, shape: str) -> tuple[int, int]:
+    """(GPUs, nodes) of cluster_spec(n_gpus, shape=shape)."""
+    if shape == "nvl72":
+        racks = max(1, n_gpus // 72)
+        return racks * 72, racks * 18
+    return n_gpus, n_gpus // 8
 
 
 MIXES = {
@@ -118,7 +144,7 @@ def job_mix(n_gpus: int, mix: str = "train") -> list[dict]:
     return jobs
 
 
-def setup(sizes: list[int], mix: str) -> None:
+def setup(sizes: list[int], mix: str, shape: str) -> None:
     """Inside the scratch database: the benchmark user and the clusters not there yet, with their
     running jobs (cycles run until the queue stops shrinking)."""
     import django
@@ -136,10 +162,10 @@ def setup(sizes: list[int], mix: str) -> None:
     if user is None:
         user = get_user_model().objects.create_superuser(USER, email="", password=PASSWORD)
     for n in sizes:
-        if Cluster.objects.filter(name=cluster_name(n, mix)).exists():
+        if Cluster.objects.filter(name=cluster_name(n, mix, shape)).exists():
             continue
         t0 = time.perf_counter()
-        cluster = cluster_import(data=cluster_spec(n, mix))
+        cluster = cluster_import(data=cluster_spec(n, mix, shape))
         with transaction.atomic():
             for spec in job_mix(n, mix):
                 services.job_submit(user=user, spec=spec, cluster=cluster)
@@ -180,7 +206,7 @@ def _wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"server did not answer at {url}")
 
 
-def measure(base: str, sizes: list[int], runs: int, mix: str) -> list[dict]:
+def measure(base: str, sizes: list[int], runs: int, mix: str, shape: str) -> list[dict]:
     """Navigate to each cluster page `runs` times cold and warm; medians in ms."""
     from playwright.sync_api import sync_playwright
 
@@ -198,7 +224,7 @@ def measure(base: str, sizes: list[int], runs: int, mix: str) -> list[dict]:
         state = login.storage_state()
         login.close()
         for n in sizes:
-            url = f"{base}/clusters/{cluster_name(n, mix)}/"
+            url = f"{base}/clusters/{cluster_name(n, mix, shape)}/"
             cold, warm, zoom, server, size = [], [], [], [], 0
             phases: dict[str, list[float]] = {"html_ms": [], "script_ms": [], "plot_ms": []}
             for _ in range(runs):
@@ -230,12 +256,13 @@ def measure(base: str, sizes: list[int], runs: int, mix: str) -> list[dict]:
                         ".filter(t => t.meta && ['gpu-free', 'gpu-job'].includes(t.meta.role))"
                         ".reduce((a, t) => a + t.x.length, 0)"
                     )
-                    assert n_gpus == n, f"graph shows {n_gpus} GPUs, cluster has {n}"
+                    want = cluster_size(n, shape)[0]
+                    assert n_gpus == want, f"graph shows {n_gpus} GPUs, cluster has {want}"
                 ctx.close()
             out.append(
                 {
                     "gpus": n,
-                    "nodes": n // 8,
+                    "nodes": cluster_size(n, shape)[1],
                     "cold_ms": round(statistics.median(cold)),
                     "warm_ms": round(statistics.median(warm)),
                     "first_zoom_ms": round(statistics.median(zoom)),
@@ -256,12 +283,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="256,2048,16384,32768")
     parser.add_argument("--mix", choices=sorted(MIXES), default="train", help="the jobs on each cluster")
+    parser.add_argument("--shape", choices=SHAPES, default="rail", help="the clusters' network")
     parser.add_argument("--db", help="reuse this scratch SQLite file (clusters not in it are added)")
     parser.add_argument("--setup", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.setup:
-        setup(sizes, args.mix)
+        setup(sizes, args.mix, args.shape)
         return 0
     db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
     fresh = not db.exists()
@@ -276,7 +304,7 @@ def main() -> int:
     py = sys.executable
     if fresh:
         subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
-    setup_cmd = [py, __file__, "--setup", "--sizes", args.sizes, "--mix", args.mix]
+    setup_cmd = [py, __file__, "--setup", "--sizes", args.sizes, "--mix", args.mix, "--shape", args.shape]
     subprocess.run(setup_cmd, cwd=ROOT, env=env, check=True)
     port = _free_port()
     server = subprocess.Popen(
@@ -296,7 +324,7 @@ def main() -> int:
             f"{base}/vendor/plotly-{plotly.__version__}.min.js", headers={"Accept-Encoding": "gzip"}
         )
         urllib.request.urlopen(warm_up, timeout=30).read()
-        results = measure(base, sizes, args.runs, args.mix)
+        results = measure(base, sizes, args.runs, args.mix, args.shape)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -328,15 +356,15 @@ def main() -> int:
         for kind in ("cold", "warm"):
             verdict = "meets" if r[f"{kind}_ms"] < TARGET_MS else "misses"
             print(
-                f"16,384 GPUs ({args.mix}), {kind}: {r[f'{kind}_ms']} ms, {verdict} the {TARGET_MS:.0f} ms target"
+                f"16,384 GPUs ({args.mix}, {args.shape}), {kind}: {r[f'{kind}_ms']} ms, {verdict} the {TARGET_MS:.0f} ms target"
             )
         verdict = "meets" if r["first_zoom_ms"] < TARGET_ZOOM_MS else "misses"
         print(
-            f"16,384 GPUs ({args.mix}), first zoom-in: {r['first_zoom_ms']} ms, {verdict} the {TARGET_ZOOM_MS:.0f} ms target"
+            f"16,384 GPUs ({args.mix}, {args.shape}), first zoom-in: {r['first_zoom_ms']} ms, {verdict} the {TARGET_ZOOM_MS:.0f} ms target"
         )
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(exist_ok=True)
-    suffix = "" if args.mix == "train" else f"-{args.mix}"
+    suffix = cluster_name(0, args.mix, args.shape).removeprefix("bench-0")
     (out_dir / f"dashboard_render{suffix}.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
