@@ -131,6 +131,8 @@
     full[first("hl-links")].line.color = c.fg;
     full[first("hl-outline")].line.color = c.fg;
     (roleIndex["node-label"] || []).concat(roleIndex["agg-label"] || []).forEach(function (i) { full[i].textfont.color = c.fg; });
+    // Switches keep their tier colours; an edge in the text colour keeps them apart from a dark card.
+    (roleIndex["switch"] || []).forEach(function (i) { full[i].marker.line = { color: c.fg, width: 1 }; });
   }
 
   // ---- values: predicted, or measured where fresh -------------------------------------------
