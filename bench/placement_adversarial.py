@@ -42,9 +42,10 @@ sys.path.insert(0, str(ROOT))
 from apps.placement.bounds import gap as bound_gap  # noqa: E402
 from apps.placement.bounds import lower_bound  # noqa: E402
 from apps.placement.costmodel import evaluate  # noqa: E402
-from apps.placement.jobs import JobSpec, load_job  # noqa: E402
+from apps.placement.jobs import JobSpec  # noqa: E402
 from apps.placement.solvers import NoFit, place  # noqa: E402
 from apps.placement.topology import Topology, load_topology  # noqa: E402
+from bench.placement_quality import job_spec  # noqa: E402
 
 ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET = 1.02, 1.10, 1.05
 SPEED_TARGET_1K_P99_MS, SPEED_TARGET_16K_MS = 1000.0, 2000.0
@@ -221,19 +222,6 @@ def fragment(topology: Topology, fraction: float, rng: np.random.Generator) -> n
 # --- jobs ---------------------------------------------------------------------------------------
 
 
-def _job(name: str, tp: int, pp: int, dp: int, ep: int, comm: list[dict], compute_ms: float = 500) -> JobSpec:
-    return load_job(
-        {
-            "version": 1,
-            "name": name,
-            "gpus": tp * pp * dp,
-            "parallelism": {"tp": tp, "pp": pp, "dp": dp, "ep": ep},
-            "step": {"compute_ms": compute_ms},
-            "comm": comm,
-        }
-    )
-
-
 def random_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
     """One job of a random shape that fits `max_gpus` (8 to 64 GPUs)."""
     while True:
@@ -282,7 +270,7 @@ def random_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
             ]
         gpus = tp * pp * dp
         if 8 <= gpus <= min(64, max_gpus):
-            return _job(f"{shape}-tp{tp}-pp{pp}-dp{dp}-ep{ep}", tp, pp, dp, ep, comm)
+            return job_spec(f"{shape}-tp{tp}-pp{pp}-dp{dp}-ep{ep}", tp, pp, dp, ep, comm)
 
 
 def scenario(cls: str, rng: np.random.Generator):
@@ -478,7 +466,7 @@ def report_quality(rows: list[dict]) -> dict:
 
 def speed_job(gpus: int) -> JobSpec:
     pp = 4 if gpus >= 64 else 1
-    return _job(
+    return job_spec(
         f"llm-{gpus}",
         8,
         pp,

@@ -92,7 +92,8 @@ def clusters(quick: bool) -> dict[str, Topology]:
     return out
 
 
-def _job(name: str, tp: int, pp: int, dp: int, ep: int, comm: list[dict], compute_ms: float):
+def job_spec(name: str, tp: int, pp: int, dp: int, ep: int, comm: list[dict], compute_ms: float = 500):
+    """A job of tp x pp x dp GPUs with these communication entries and compute time per step."""
     return load_job(
         {
             "version": 1,
@@ -113,7 +114,7 @@ def job_mix(quick: bool) -> list[tuple[str, object]]:
         jobs.append(
             (
                 "llm",
-                _job(
+                job_spec(
                     f"llm-tp8-pp4-dp{dp}",
                     8,
                     4,
@@ -132,7 +133,7 @@ def job_mix(quick: bool) -> list[tuple[str, object]]:
         jobs.append(
             (
                 "moe",
-                _job(
+                job_spec(
                     f"moe-ep8-dp{dp}",
                     1,
                     1,
@@ -151,7 +152,7 @@ def job_mix(quick: bool) -> list[tuple[str, object]]:
         jobs.append(
             (
                 "dp-only",
-                _job(
+                job_spec(
                     f"dp{dp}", 1, 1, dp, 1, [{"group": "dp", "collective": "allreduce", "bytes": nbytes}], 300
                 ),
             )
@@ -160,7 +161,7 @@ def job_mix(quick: bool) -> list[tuple[str, object]]:
         jobs.append(
             (
                 "small",
-                _job(
+                job_spec(
                     f"small-{g}", 1, 1, g, 1, [{"group": "dp", "collective": "allreduce", "bytes": 1e8}], 100
                 ),
             )

@@ -21,6 +21,14 @@ ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
 PASSWORD = "e2e-password"
 
 
+def screenshot_folder() -> Path:
+    """docs/screenshots/ (the images the docs show) with TOPOWEB_SCREENSHOTS=1, otherwise
+    test-artifacts/e2e/, so that a test run leaves the checkout as it was."""
+    folder = REPO_ROOT / "docs" / "screenshots" if os.environ.get("TOPOWEB_SCREENSHOTS") == "1" else ARTIFACTS
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     for item in items:

@@ -9,16 +9,14 @@ test-artifacts/e2e/.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import ARTIFACTS, PASSWORD, REPO_ROOT, _job
+from .conftest import PASSWORD, _job, screenshot_folder
 
 GRAPH_DRAWN = "#cluster-graph[data-rendered='1']"
-DOCS = REPO_ROOT / "docs" / "screenshots"
 # Pixel position of plot coordinates (x, y) on the page.
 TO_PAGE_JS = """([x, y]) => { const gd = document.getElementById('cluster-graph'), fl = gd._fullLayout;
   const r = gd.querySelector('.nsewdrag').getBoundingClientRect();
@@ -30,10 +28,8 @@ def graph_shot(page):
     """Screenshot the viewport (after scrolling `selector` into view) as graph-NAME.png."""
 
     def _shot(name: str, selector: str = "#cluster-graph") -> None:
-        folder = DOCS if os.environ.get("TOPOWEB_SCREENSHOTS") == "1" else ARTIFACTS
-        folder.mkdir(parents=True, exist_ok=True)
         page.locator(selector).scroll_into_view_if_needed()
-        page.screenshot(path=str(folder / f"graph-{name}.png"))
+        page.screenshot(path=str(screenshot_folder() / f"graph-{name}.png"))
 
     return _shot
 

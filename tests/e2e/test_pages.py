@@ -1,8 +1,8 @@
 """The operator's pages in Chromium: node page, search, queue sorting and history, keyboard
 navigation, the cluster graph on a 1366x768 laptop, the dark theme and the status explanations.
 
-The tests that pass `laptop_shot` save docs/screenshots/pages-*.png at 1366x768 (rerun these
-tests to regenerate them)."""
+The tests that pass `laptop_shot` save pages-*.png at 1366x768: into docs/screenshots/ with
+TOPOWEB_SCREENSHOTS=1 (the images the docs show), otherwise into test-artifacts/e2e/."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from .conftest import screenshot_folder
+
 LAPTOP = {"width": 1366, "height": 768}
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 GRAPH_DRAWN = "#cluster-graph[data-rendered='1']"
 # Page y (CSS px from the top of the document) of the lowest and highest GPU marker drawn.
 GPU_ROWS_JS = """() => {
@@ -41,10 +42,9 @@ def laptop(page):
 def laptop_shot(laptop):
     """Save the viewport (1366x768, what a laptop shows without scrolling) as
     docs/screenshots/pages-NAME.png."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
     def _shot(name: str) -> Path:
-        path = SCREENSHOTS / f"pages-{name}.png"
+        path = screenshot_folder() / f"pages-{name}.png"
         laptop.screenshot(path=str(path))
         return path
 
