@@ -218,7 +218,7 @@ def run(args, url: str) -> int:
     env = dict(
         os.environ,
         DATABASE_URL=url,
-        SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
+        SECRET_KEY=scratch_db.BENCH_SECRET_KEY,
         DJANGO_SETTINGS_MODULE="bench_settings",
         PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
         TOPOWEB_LOG_LEVEL="WARNING",

@@ -67,22 +67,8 @@ def main() -> int:
     args = ap.parse_args()
 
     load_before = os.getloadavg()[0]
-    with scratch_db.scratch_database(args) as url:
-        os.environ.update(
-            DATABASE_URL=url,
-            SECRET_KEY="bench-only-secret-key-not-for-production-use-0123456789",
-            DJANGO_SETTINGS_MODULE="topoweb.settings",
-            TOPOWEB_LOG_LEVEL="WARNING",
-        )
-        for name in ("CELERY_BROKER_URL", "CACHE_URL", "TOPOWEB_TESTING"):
-            os.environ.pop(name, None)
-        try:
-            result = run(args)
-        finally:
-            if "django" in sys.modules:
-                from django.db import connections
-
-                connections.close_all()
+    with scratch_db.in_process_django(args):
+        result = run(args)
     result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -145,7 +145,7 @@ def run(args, url: str) -> None:
     """Set up, measure and print, on the scratch database at `url`."""
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
-    os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
+    os.environ.setdefault("SECRET_KEY", scratch_db.BENCH_SECRET_KEY)
     os.environ.pop("CELERY_BROKER_URL", None)
     os.chdir(REPO)
     load_before = os.getloadavg()[0]

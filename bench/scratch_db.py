@@ -1,6 +1,6 @@
 """The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
-metrics_scale, api_throughput): `--postgres` (the server) and `--db-name`, created before the run
-and dropped after it, even when the run fails; and the settings module the benchmarks that serve
+metrics_scale, api_throughput, search_scale): `--postgres` (the server) and `--db-name`, created
+before the run and dropped after it, even when the run fails; and the settings module the benchmarks that serve
 the API under gunicorn run with (`SERVED_SETTINGS`).
 
     parser = argparse.ArgumentParser()
@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
+BENCH_SECRET_KEY = "bench-only-secret-key-not-for-production-use-0123456789"
 
 SERVED_SETTINGS = """\
 from topoweb.settings import *  # noqa: F401,F403
@@ -66,3 +68,25 @@ def scratch_database(args: argparse.Namespace) -> Iterator[str]:
             yield f"{server}/{name}"
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def in_process_django(args: argparse.Namespace) -> Iterator[str]:
+    """`scratch_database`, with this process's environment set for Django on it (no Celery broker,
+    no Redis cache, quiet logs); Django's connections are closed before the database is dropped."""
+    with scratch_database(args) as url:
+        os.environ.update(
+            DATABASE_URL=url,
+            SECRET_KEY=BENCH_SECRET_KEY,
+            DJANGO_SETTINGS_MODULE="topoweb.settings",
+            TOPOWEB_LOG_LEVEL="WARNING",
+        )
+        for name in ("CELERY_BROKER_URL", "CACHE_URL", "TOPOWEB_TESTING"):
+            os.environ.pop(name, None)
+        try:
+            yield url
+        finally:
+            if "django" in sys.modules:
+                from django.db import connections
+
+                connections.close_all()

@@ -64,3 +64,25 @@ def test_query_length_is_bounded_and_patterns_are_literal(client, people, naive_
     for q in ("%", "_", ".*", "node-%", "(", "\\"):
         assert find(client, q, format="json").json()["results"] == [], q
     assert find(client, "   ").status_code == 200
+
+
+def test_job_hits_rank_exact_then_prefix_then_substring_newest_first_and_stop_at_the_limit(
+    client, people, case44_db
+):
+    from apps.dashboard.search import PER_KIND
+    from apps.scheduling import services
+
+    from .conftest import job_spec
+
+    alice = people["alice"]
+    names = ["pre-llama", "llama-7b", "llama", "my-llama", "llama-13b"] + [
+        f"x-llama-{i}" for i in range(PER_KIND)
+    ]
+    jobs = {n: services.job_submit(user=alice, spec=job_spec(2, name=n), cluster=case44_db) for n in names}
+    client.force_login(alice)
+    labels = [
+        h["label"] for h in find(client, "LLAMA", format="json").json()["results"] if h["kind"] == "job"
+    ]
+    newest_substring = [f"x-llama-{i}" for i in reversed(range(PER_KIND))]
+    expected = ["llama", "llama-13b", "llama-7b", *newest_substring][:PER_KIND]
+    assert labels == [f"job {jobs[n].pk} · {n} (alice)" for n in expected]

@@ -1,0 +1,221 @@
+"""Search box on a long job history: the job-name matches of one keystroke, on Postgres.
+
+Creates a scratch Postgres database (dropped at the end), migrates it and fills the job table
+with a history of `--jobs` finished jobs (default 1,000,000, and a small history of 10,000 for
+the ratio), names like `llama-7b-sft-012345` from 40 project words, the newest few hundred
+thousand ids at the top. For each query it times, in milliseconds (median of `--runs`), the job
+matches the search makes (`apps.dashboard.search._ranked`: exact, prefix, substring tiers, each
+bounded, newest first) against the one query it replaced (every substring match ranked by
+exact/prefix/name, then cut to 8), with the indexes of migration 0008 and without its trigram
+index (a role that may not create the pg_trgm extension).
+
+    .venv/bin/python bench/search_scale.py [--jobs 1000000] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import scratch_db
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+WORDS = (
+    "llama gpt bert t5 mixtral moe vit clip whisper sdxl resnet yolo diffusion mamba rwkv opt bloom "
+    "falcon gemma phi qwen mistral deepseek palm chinchilla gopher jurassic megatron nemo dlrm "
+    "retinanet maskrcnn unet wav2vec hubert conformer ernie electra roberta deberta"
+).split()
+SMALL = 10_000
+# Migration scheduling/0008's trigram index, dropped and rebuilt to measure the search where the
+# database role may not create pg_trgm (the b-tree on UPPER(name) stays: it needs no extension).
+TRIGRAM = ("job_name_upper_trgm", "USING gin (UPPER(name::text) gin_trgm_ops)")
+
+
+def job_name(i: int) -> str:
+    """The name `fill` gives its i-th job."""
+    word = WORDS[(i * 7919) % len(WORDS)]
+    return f"{word}-{('7b', '13b', '70b')[i % 3]}-{('pt', 'sft', 'rl')[(i // 3) % 3]}-{i:06d}"
+
+
+# One letter, a common project word, the middle of one name, a name of none, a whole name.
+QUERIES = ("l", "llama", job_name(417).split("-", 1)[1], "no-such-job", job_name(123))
+
+
+def old_ranked(qs, field: str, query: str, limit: int) -> list:
+    """The search's job query before the tiers: every substring match ranked, then cut."""
+    from django.db.models import Case, IntegerField, Value, When
+
+    rank = Case(
+        When(**{f"{field}__iexact": query}, then=Value(0)),
+        When(**{f"{field}__istartswith": query}, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
+    qs = qs.filter(**{f"{field}__icontains": query}).annotate(hit_rank=rank).order_by("hit_rank", field)
+    return list(qs[:limit])
+
+
+def fill(n: int, template_id: int) -> None:
+    """n finished jobs copied from the template row, named from WORDS, sizes and ids increasing."""
+    from django.db import connection
+
+    from apps.scheduling.models import Job
+
+    table = Job._meta.db_table
+    cols = [f.column for f in Job._meta.concrete_fields if f.column not in ("id", "name", "status")]
+    col_list = ", ".join(cols)
+    words = "ARRAY[" + ", ".join(f"'{w}'" for w in WORDS) + "]"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (name, status, {col_list}) "
+            f"SELECT ({words})[1 + (i::bigint * 7919) %% {len(WORDS)}] || '-' || (ARRAY['7b', '13b', '70b'])[1 + i %% 3]"
+            f" || '-' || (ARRAY['pt', 'sft', 'rl'])[1 + (i / 3) %% 3] || '-' || lpad(i::text, 6, '0'),"
+            f" 'completed', {col_list} FROM {table}, generate_series(1, %s) AS i WHERE id = %s",
+            [n, template_id],
+        )
+        cursor.execute(f"ANALYZE {table}")
+
+
+def timed(fn, runs: int) -> float:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(out)
+
+
+def measure(runs: int) -> dict:
+    from apps.dashboard.search import PER_KIND, _ranked
+    from apps.scheduling.models import Job
+
+    jobs = Job.objects.select_related("cluster", "owner")
+    rows = {}
+    for q in QUERIES:
+        new = _ranked(jobs, "name", q, "-pk")
+        old = old_ranked(jobs, "name", q, PER_KIND)
+        rows[q] = {
+            "hits": len(new),
+            "tiers_ms": round(timed(lambda q=q: _ranked(jobs, "name", q, "-pk"), runs), 2),
+            "ranked_ms": round(timed(lambda q=q: old_ranked(jobs, "name", q, PER_KIND), runs), 2),
+            "same_first": bool(new) == bool(old) and (not new or new[0].name == old[0].name),
+        }
+    return rows
+
+
+def run(args) -> dict:
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+
+    from apps.scheduling import services
+    from apps.scheduling.models import Job
+    from apps.topology.services import cluster_import
+
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench")
+    cluster = cluster_import(
+        data={
+            "version": 1,
+            "name": "bench",
+            "generate": {
+                "shape": "leaf-spine",
+                "spines": 2,
+                "leaves": 2,
+                "nodes_per_leaf": 2,
+                "gpus_per_node": 8,
+                "gpu_model": "H100",
+                "peak_tflops": 989,
+                "nvlink_bw_GBps": 450,
+                "nic_bw_GBps": 50,
+                "nics_per_node": 1,
+                "uplink_bw_GBps": 100,
+            },
+        }
+    )
+    template = services.job_submit(
+        user=user,
+        cluster=cluster,
+        spec={
+            "version": 1,
+            "name": "template",
+            "gpus": 8,
+            "parallelism": {"tp": 8, "pp": 1, "dp": 1, "ep": 1},
+            "step": {"compute_ms": 100},
+            "comm": [{"group": "tp", "collective": "allreduce", "bytes": 1e8}],
+        },
+    )
+    result: dict = {"jobs": {}, "queries": list(QUERIES)}
+    filled = 0
+    for n in (SMALL, args.jobs):
+        t0 = time.perf_counter()
+        fill(n - filled, template.pk)
+        filled = n
+        fill_s = time.perf_counter() - t0
+        with_index = measure(args.runs)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX {TRIGRAM[0]}")
+            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+        without_index = measure(args.runs)
+        with connection.cursor() as cursor:
+            t0 = time.perf_counter()
+            cursor.execute(f"CREATE INDEX {TRIGRAM[0]} ON {Job._meta.db_table} {TRIGRAM[1]}")
+            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+            index_s = time.perf_counter() - t0
+        result["jobs"][n] = {
+            "fill_s": round(fill_s, 1),
+            "index_build_s": round(index_s, 1),
+            "with_index": with_index,
+            "without_trigram": without_index,
+        }
+        print(
+            f"{n:,} jobs (filled in {fill_s:.1f} s, trigram index built in {index_s:.1f} s); ms, median",
+            flush=True,
+        )
+        print(
+            f"  {'query':<26}{'hits':>5}{'tiers':>10}{'ranked':>10}{'tiers, no trgm':>16}{'ranked, no trgm':>17}"
+        )
+        for q in QUERIES:
+            a, b = with_index[q], without_index[q]
+            print(
+                f"  {q:<26}{a['hits']:>5}{a['tiers_ms']:>10}{a['ranked_ms']:>10}{b['tiers_ms']:>16}{b['ranked_ms']:>17}",
+                flush=True,
+            )
+    small, large = result["jobs"][SMALL]["with_index"], result["jobs"][args.jobs]["with_index"]
+    worst_new = max(large[q]["tiers_ms"] for q in QUERIES)
+    worst_old = max(large[q]["ranked_ms"] for q in QUERIES)
+    print(
+        f"worst query at {args.jobs:,} jobs: tiers {worst_new:.1f} ms, ranked {worst_old:.1f} ms "
+        f"({worst_old / worst_new:.0f}x); tiers at {args.jobs:,} vs {SMALL:,} jobs: "
+        f"{worst_new / max(small[q]['tiers_ms'] for q in QUERIES):.1f}x"
+    )
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=5)
+    scratch_db.add_arguments(ap, "search")
+    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "search_scale.json"))
+    args = ap.parse_args()
+    if args.jobs <= SMALL:
+        raise SystemExit(f"--jobs: more than {SMALL:,} (the small history it is compared with)")
+    with scratch_db.in_process_django(args):
+        result = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
