@@ -130,7 +130,12 @@ def queue_jobs(
     default highest priority and oldest first. Every user sees every job here; labels hide other
     users' details, and a user who may not see all jobs filtering by another owner gets nothing
     (ownership is not revealed)."""
-    jobs = Job.objects.select_related("cluster", "owner").filter(status__in=list(statuses))
+    # A running job's predicted block and flows run to tens of kB of JSON that no queue row shows.
+    jobs = (
+        Job.objects.select_related("cluster", "owner")
+        .defer("predicted", "flows")
+        .filter(status__in=list(statuses))
+    )
     if finished_between is not None:
         since, until = finished_between
         window = Q(status__in=FINISHED_STATUSES)
