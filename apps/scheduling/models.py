@@ -77,6 +77,8 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["cluster", "status"], name="job_cluster_status"),
             models.Index(fields=["owner", "status"], name="job_owner_status"),
+            # The queue page's history of finished jobs in a time range.
+            models.Index(fields=["finished_at"], name="job_finished_at"),
         ]
         constraints = [
             models.UniqueConstraint(

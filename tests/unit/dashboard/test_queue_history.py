@@ -74,6 +74,15 @@ def test_history_presets_show_finished_jobs_in_range(client, people, case44_db):
     assert set(job_order(both)) == {recent.pk, waiting.pk}
 
 
+def test_a_history_without_a_sort_column_lists_the_last_finished_first(client, people, case44_db):
+    first = finished(case44_db, people["alice"], "submitted-first", hours_ago=10)
+    second = finished(case44_db, people["alice"], "submitted-second", hours_ago=1)
+    client.force_login(people["alice"])
+    assert job_order(client.get("/queue/?range=24h").content.decode()) == [second.pk, first.pk]
+    # Without a range the queue's order stays: priority, then oldest submitted first.
+    assert job_order(client.get("/queue/?status=completed").content.decode()) == [first.pk, second.pk]
+
+
 def test_history_bounds_are_checked(client, people, case44_db):
     client.force_login(people["alice"])
     now = timezone.now()
