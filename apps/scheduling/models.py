@@ -79,6 +79,8 @@ class Job(models.Model):
             models.Index(fields=["owner", "status"], name="job_owner_status"),
             # The queue page's history of finished jobs in a time range.
             models.Index(fields=["finished_at"], name="job_finished_at"),
+            # The API's job list, newest first (and the queue's age column) on a long history.
+            models.Index(fields=["submitted_at", "id"], name="job_submitted"),
         ]
         constraints = [
             models.UniqueConstraint(

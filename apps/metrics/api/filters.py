@@ -43,7 +43,7 @@ class NodeScrapeFilter(django_filters.FilterSet):
     """?cluster=<name or id>, ?state=ok|stale|error, ?node=<name>."""
 
     cluster = django_filters.CharFilter(method="filter_cluster", label="cluster (name or id)")
-    state = django_filters.MultipleChoiceFilter(choices=ScrapeState.choices)
+    state = django_filters.MultipleChoiceFilter(choices=ScrapeState.choices, distinct=False)
     node = django_filters.CharFilter(field_name="node__name")
 
     class Meta:

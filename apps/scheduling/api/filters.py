@@ -30,7 +30,9 @@ class NamedFilterBackend(DjangoFilterBackend):
 class JobFilter(FilterSet):
     """?status=queued&status=running, ?owner=<username or id>, ?cluster=<name or id>, ?overdue=true."""
 
-    status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices)
+    # distinct=False: a status is a column of the row, no join can repeat it (DISTINCT over a
+    # million rows cost 0.9 s per page).
+    status = django_filters.MultipleChoiceFilter(choices=JobStatus.choices, distinct=False)
     owner = IdOrNameFilter(path="owner", name_field="username", label="owner (username or id)")
     cluster = IdOrNameFilter(path="cluster")
     priority_min = IntegerFilter(field_name="priority", lookup_expr="gte")
@@ -45,7 +47,7 @@ class JobFilter(FilterSet):
 class MigrationProposalFilter(FilterSet):
     """?status=proposed, ?cluster=<name or id>, ?job=<id>."""
 
-    status = django_filters.MultipleChoiceFilter(choices=ProposalStatus.choices)
+    status = django_filters.MultipleChoiceFilter(choices=ProposalStatus.choices, distinct=False)
     cluster = IdOrNameFilter(path="job__cluster")
     job = IntegerFilter(field_name="job_id")
 
