@@ -1,5 +1,5 @@
 """The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
-metrics_scale, api_throughput, search_scale): `--postgres` (the server) and `--db-name`, created
+metrics_scale, api_throughput, history_scale): `--postgres` (the server) and `--db-name`, created
 before the run and dropped after it, even when the run fails; and the settings module the benchmarks that serve
 the API under gunicorn run with (`SERVED_SETTINGS`).
 

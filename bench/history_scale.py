@@ -1,15 +1,19 @@
-"""Search box on a long job history: the job-name matches of one keystroke, on Postgres.
+"""A long job history on Postgres: the search box, the queue page's history, the API's job list.
 
 Creates a scratch Postgres database (dropped at the end), migrates it and fills the job table
 with a history of `--jobs` finished jobs (default 1,000,000, and a small history of 10,000 for
-the ratio), names like `llama-7b-sft-012345` from 40 project words, the newest few hundred
-thousand ids at the top. For each query it times, in milliseconds (median of `--runs`), the job
-matches the search makes (`apps.dashboard.search._ranked`: exact, prefix, substring tiers, each
-bounded, newest first) against the one query it replaced (every substring match ranked by
-exact/prefix/name, then cut to 8), with the indexes of migration 0008 and without its trigram
-index (a role that may not create the pg_trgm extension).
+the ratio), names like `llama-7b-sft-012345` from 40 project words, one finishing every 30 s up
+to now. Times in milliseconds (median of `--runs`):
 
-    .venv/bin/python bench/search_scale.py [--jobs 1000000] [--runs 5]
+- for each search query, the job matches the search makes (`apps.dashboard.search._ranked`:
+  exact, prefix, substring tiers, each bounded, newest first) against the one query it replaced
+  (every substring match ranked by exact/prefix/name, then cut to 8), with the indexes of
+  migration 0008 and without its trigram index (a role that may not create pg_trgm);
+- the pages a staff user's browser or client asks again and again, in-process through Django's
+  test client: the queue's history table (last week; the whole year) and the API's job list
+  (newest first, finished ones, the last page), at 10,000 and at `--jobs` jobs.
+
+    .venv/bin/python bench/history_scale.py [--jobs 1000000] [--runs 5]
 """
 
 from __future__ import annotations
@@ -79,7 +83,43 @@ def fill(n: int, template_id: int) -> None:
             f" 'completed', {col_list} FROM {table}, generate_series(1, %s) AS i WHERE id = %s",
             [n, template_id],
         )
-        cursor.execute(f"ANALYZE {table}")
+        # One job finishing every 30 s, the highest id last, submitted an hour before it finished.
+        cursor.execute(
+            f"UPDATE {table} SET finished_at = now() - make_interval(secs => ((SELECT max(id) FROM {table}) - id) * 30),"
+            " submitted_at = now() - make_interval(secs => ((SELECT max(id) FROM {table}) - id) * 30 + 3600)"
+            " WHERE status = 'completed'".replace("{table}", table)
+        )
+        # As autovacuum would leave it: no dead row versions from the update, statistics fresh.
+        cursor.execute(f"VACUUM ANALYZE {table}")
+
+
+def pages() -> dict[str, str]:
+    """The repeated pages: name -> URL."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    year_ago = (timezone.now() - timedelta(days=365)).strftime("%Y-%m-%dT%H:%M")
+    return {
+        "queue history, last 7 days (500 rows)": "/queue/?range=7d&fragment=1",
+        "queue history, the whole year (500 rows)": f"/queue/?since={year_ago}&fragment=1",
+        "API job list, newest first (50)": "/api/v1/jobs/",
+        "API job list, ?status=completed": "/api/v1/jobs/?status=completed",
+        "API job list, ?page=last": "/api/v1/jobs/?page=last",
+    }
+
+
+def measure_pages(staff, runs: int) -> dict[str, float]:
+    from django.test import Client
+
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(staff)
+    out = {}
+    for name, url in pages().items():
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+        out[name] = round(timed(lambda url=url: client.get(url), runs), 1)
+    return out
 
 
 def timed(fn, runs: int) -> float:
@@ -123,6 +163,7 @@ def run(args) -> dict:
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
+    staff = get_user_model().objects.create_superuser("ops", email="", password=None)
     cluster = cluster_import(
         data={
             "version": 1,
@@ -162,6 +203,7 @@ def run(args) -> dict:
         filled = n
         fill_s = time.perf_counter() - t0
         with_index = measure(args.runs)
+        page_ms = measure_pages(staff, args.runs)
         with connection.cursor() as cursor:
             cursor.execute(f"DROP INDEX {TRIGRAM[0]}")
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
@@ -176,6 +218,7 @@ def run(args) -> dict:
             "index_build_s": round(index_s, 1),
             "with_index": with_index,
             "without_trigram": without_index,
+            "pages_ms": page_ms,
         }
         print(
             f"{n:,} jobs (filled in {fill_s:.1f} s, trigram index built in {index_s:.1f} s); ms, median",
@@ -190,6 +233,10 @@ def run(args) -> dict:
                 f"  {q:<26}{a['hits']:>5}{a['tiers_ms']:>10}{a['ranked_ms']:>10}{b['tiers_ms']:>16}{b['ranked_ms']:>17}",
                 flush=True,
             )
+    print(f"pages (ms, median): {SMALL:,} jobs, {args.jobs:,} jobs, ratio")
+    for name in pages():
+        a, b = result["jobs"][SMALL]["pages_ms"][name], result["jobs"][args.jobs]["pages_ms"][name]
+        print(f"  {name:<44}{a:>9}{b:>9}{b / a:>7.1f}x")
     small, large = result["jobs"][SMALL]["with_index"], result["jobs"][args.jobs]["with_index"]
     worst_new = max(large[q]["tiers_ms"] for q in QUERIES)
     worst_old = max(large[q]["ranked_ms"] for q in QUERIES)
@@ -205,8 +252,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=5)
-    scratch_db.add_arguments(ap, "search")
-    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "search_scale.json"))
+    scratch_db.add_arguments(ap, "history")
+    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "history_scale.json"))
     args = ap.parse_args()
     if args.jobs <= SMALL:
         raise SystemExit(f"--jobs: more than {SMALL:,} (the small history it is compared with)")
