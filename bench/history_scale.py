@@ -11,7 +11,9 @@ to now. Times in milliseconds (median of `--runs`):
   migration 0008 and without its trigram index (a role that may not create pg_trgm);
 - the pages a staff user's browser or client asks again and again, in-process through Django's
   test client: the queue's history table (last week; the whole year) and the API's job list
-  (newest first, finished ones, the last page), at 10,000 and at `--jobs` jobs.
+  (newest first, finished ones, the last page), at 10,000 and at `--jobs` jobs;
+- beside that history (8 released allocations per finished job), a 16,384-GPU cluster running
+  300 jobs: its snapshot, a scheduling cycle and the cluster page's change signature.
 
     .venv/bin/python bench/history_scale.py [--jobs 1000000] [--runs 5]
 """
@@ -66,22 +68,35 @@ def old_ranked(qs, field: str, query: str, limit: int) -> list:
 
 
 def fill(n: int, template_id: int) -> None:
-    """n finished jobs copied from the template row, named from WORDS, sizes and ids increasing."""
+    """n finished jobs copied from the template row, named from WORDS, each with 8 released
+    allocations on the cluster's GPUs; then one job finishing every 30 s up to now."""
     from django.db import connection
 
-    from apps.scheduling.models import Job
+    from apps.scheduling.models import Allocation, Job
 
-    table = Job._meta.db_table
-    cols = [f.column for f in Job._meta.concrete_fields if f.column not in ("id", "name", "status")]
+    table, allocations = Job._meta.db_table, Allocation._meta.db_table
+    skip = ("id", "name", "status", "predicted", "flows")
+    cols = [f.column for f in Job._meta.concrete_fields if f.column not in skip]
     col_list = ", ".join(cols)
     words = "ARRAY[" + ", ".join(f"'{w}'" for w in WORDS) + "]"
     with connection.cursor() as cursor:
+        cursor.execute(f"SELECT coalesce(max(id), 0) FROM {table}")
+        (before,) = cursor.fetchone()
         cursor.execute(
-            f"INSERT INTO {table} (name, status, {col_list}) "
+            f"INSERT INTO {table} (name, status, flows, {col_list}) "
             f"SELECT ({words})[1 + (i::bigint * 7919) %% {len(WORDS)}] || '-' || (ARRAY['7b', '13b', '70b'])[1 + i %% 3]"
             f" || '-' || (ARRAY['pt', 'sft', 'rl'])[1 + (i / 3) %% 3] || '-' || lpad(i::text, 6, '0'),"
-            f" 'completed', {col_list} FROM {table}, generate_series(1, %s) AS i WHERE id = %s",
+            f" 'completed', '{{}}', {col_list} FROM {table}, generate_series(1, %s) AS i WHERE id = %s",
             [n, template_id],
+        )
+        cursor.execute("SELECT min(id), max(id) FROM topology_gpu")
+        g0, g1 = cursor.fetchone()
+        cursor.execute(
+            f"INSERT INTO {allocations} (job_id, rank, gpu_id, node_name, gpu_index, nic_name, live,"
+            " generation, created_at, released_at)"
+            f" SELECT j.id, r, {g0} + ((j.id * 8 + r) %% {g1 - g0 + 1}), '', 0, '', false, 1, now(), now()"
+            f" FROM {table} j, generate_series(0, 7) AS r WHERE j.id > %s AND j.status = 'completed'",
+            [before],
         )
         # One job finishing every 30 s, the highest id last, submitted an hour before it finished.
         cursor.execute(
@@ -91,6 +106,22 @@ def fill(n: int, template_id: int) -> None:
         )
         # As autovacuum would leave it: no dead row versions from the update, statistics fresh.
         cursor.execute(f"VACUUM ANALYZE {table}")
+        cursor.execute(f"VACUUM ANALYZE {allocations}")
+
+
+def measure_cycle(cluster, staff, runs: int) -> dict[str, float]:
+    """The scheduler's reads of a cluster beside the history: its snapshot, a whole cycle (jobs
+    running, none waiting that fits) and the cluster page's change signature."""
+    from apps.dashboard.selectors import graph_signature
+    from apps.scheduling import services
+    from apps.scheduling.snapshot import cluster_snapshot
+
+    steps = {
+        "cluster snapshot": lambda: cluster_snapshot(cluster=cluster),
+        "scheduling cycle": lambda: services.schedule_cluster(cluster=cluster),
+        "cluster page signature": lambda: graph_signature(cluster=cluster, user=staff),
+    }
+    return {name: round(timed(fn, runs), 1) for name, fn in steps.items()}
 
 
 def pages() -> dict[str, str]:
@@ -164,25 +195,42 @@ def run(args) -> dict:
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     staff = get_user_model().objects.create_superuser("ops", email="", password=None)
+    # 16,384 GPUs, about 5,000 of them running 300 jobs: the cycle and the history share tables.
     cluster = cluster_import(
         data={
             "version": 1,
             "name": "bench",
             "generate": {
-                "shape": "leaf-spine",
-                "spines": 2,
-                "leaves": 2,
-                "nodes_per_leaf": 2,
+                "shape": "rail-optimized",
+                "spines": 16,
+                "leaves": 64,
+                "nodes_per_leaf": 32,
                 "gpus_per_node": 8,
                 "gpu_model": "H100",
                 "peak_tflops": 989,
                 "nvlink_bw_GBps": 450,
                 "nic_bw_GBps": 50,
-                "nics_per_node": 1,
-                "uplink_bw_GBps": 100,
+                "nics_per_node": 8,
+                "uplink_bw_GBps": 400,
             },
         }
     )
+    for i in range(300):
+        gpus = (8, 16, 64, 1)[i % 4]
+        spec = {
+            "version": 1,
+            "name": f"running-{i}",
+            "gpus": gpus,
+            "parallelism": {"tp": min(8, gpus), "pp": 1, "dp": max(1, gpus // 8), "ep": 1},
+            "step": {"compute_ms": 100},
+            "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+        }
+        services.job_submit(user=user, cluster=cluster, spec=spec)
+    queued = -1
+    while queued != (queued := Job.objects.filter(status="queued").count()):
+        services.schedule_cluster(cluster=cluster)
+        for job in Job.objects.filter(status="placing"):
+            services.job_start(job=job)
     template = services.job_submit(
         user=user,
         cluster=cluster,
@@ -204,6 +252,7 @@ def run(args) -> dict:
         fill_s = time.perf_counter() - t0
         with_index = measure(args.runs)
         page_ms = measure_pages(staff, args.runs)
+        cycle_ms = measure_cycle(cluster, staff, args.runs)
         with connection.cursor() as cursor:
             cursor.execute(f"DROP INDEX {TRIGRAM[0]}")
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
@@ -219,6 +268,7 @@ def run(args) -> dict:
             "with_index": with_index,
             "without_trigram": without_index,
             "pages_ms": page_ms,
+            "cycle_ms": cycle_ms,
         }
         print(
             f"{n:,} jobs (filled in {fill_s:.1f} s, trigram index built in {index_s:.1f} s); ms, median",
@@ -233,10 +283,11 @@ def run(args) -> dict:
                 f"  {q:<26}{a['hits']:>5}{a['tiers_ms']:>10}{a['ranked_ms']:>10}{b['tiers_ms']:>16}{b['ranked_ms']:>17}",
                 flush=True,
             )
-    print(f"pages (ms, median): {SMALL:,} jobs, {args.jobs:,} jobs, ratio")
-    for name in pages():
-        a, b = result["jobs"][SMALL]["pages_ms"][name], result["jobs"][args.jobs]["pages_ms"][name]
-        print(f"  {name:<44}{a:>9}{b:>9}{b / a:>7.1f}x")
+    print(f"pages and cycle (ms, median): {SMALL:,} jobs, {args.jobs:,} jobs, ratio")
+    for kind in ("pages_ms", "cycle_ms"):
+        for name, a in result["jobs"][SMALL][kind].items():
+            b = result["jobs"][args.jobs][kind][name]
+            print(f"  {name:<44}{a:>9}{b:>9}{b / a:>7.1f}x")
     small, large = result["jobs"][SMALL]["with_index"], result["jobs"][args.jobs]["with_index"]
     worst_new = max(large[q]["tiers_ms"] for q in QUERIES)
     worst_old = max(large[q]["ranked_ms"] for q in QUERIES)
