@@ -158,7 +158,11 @@ def queue_jobs(
     if order is None:
         # The queue: highest priority, then oldest first; a history: the last finished first.
         order = (
-            ("-finished_at", "-id") if finished_between is not None else ("-priority", "submitted_at", "id")
+            # Jobs still waiting or running (no finish time) first on SQLite and Postgres alike,
+            # the order Postgres reads the finish-time index backwards in.
+            (F("finished_at").desc(nulls_first=True), "-id")
+            if finished_between is not None
+            else ("-priority", "submitted_at", "id")
         )
     return jobs.order_by(*order)
 
