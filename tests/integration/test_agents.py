@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,39 @@ def agents(live_server, cluster, tmp_path):
     yield running
     running.close()
     kill_groups(RankRun.objects.filter(state=RankState.STARTED).values_list("pid", flat=True))
+
+
+@contextmanager
+def double_booking_watch() -> Iterator[list[str]]:
+    """While the block runs, a second thread (its own database connection) samples the live
+    allocations every 50 ms; the yielded list collects each GPU found held by two jobs."""
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def watch():
+        from django.db import connections
+
+        try:
+            while not stop.is_set():
+                doubled = (
+                    Allocation.objects.filter(live=True)
+                    .values("gpu_id")
+                    .annotate(jobs=Count("job_id", distinct=True))
+                    .filter(jobs__gt=1)
+                )
+                if doubled.exists():
+                    violations.append(f"GPU held by two jobs: {list(doubled)}")
+                time.sleep(0.05)
+        finally:
+            connections.close_all()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield violations
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def spec(tmp_path: Path, name: str, gpus: int, *, cluster="case-4-4", par=None, **env) -> dict:
@@ -242,30 +277,7 @@ def test_migration_holds_old_gpus_until_every_old_rank_exited(agents, user, tmp_
         predicted_old_step_ms=110.0,
         predicted_new_step_ms=100.0,
     )
-    violations: list[str] = []
-    stop = threading.Event()
-
-    def watch():
-        # A second connection samples the database while the migration goes on.
-        from django.db import connections
-
-        try:
-            while not stop.is_set():
-                doubled = (
-                    Allocation.objects.filter(live=True)
-                    .values("gpu_id")
-                    .annotate(jobs=Count("job_id", distinct=True))
-                    .filter(jobs__gt=1)
-                )
-                if doubled.exists():
-                    violations.append(f"GPU held by two jobs: {list(doubled)}")
-                time.sleep(0.05)
-        finally:
-            connections.close_all()
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with double_booking_watch() as violations:
         services.migration_apply(proposal=proposal, user=user)
         job.refresh_from_db()
         assert job.status == JobStatus.MIGRATING and job.generation == 2
@@ -275,9 +287,6 @@ def test_migration_holds_old_gpus_until_every_old_rank_exited(agents, user, tmp_
         assert other.status == JobStatus.QUEUED
         wait_for(status_is(job, JobStatus.RUNNING), timeout_s=30, what="the new generation to run")
         wait_for(status_is(other, JobStatus.COMPLETED), timeout_s=30, what="the other job to run")
-    finally:
-        stop.set()
-        watcher.join()
     assert not violations
     old_exits = list(RankRun.objects.filter(job=job, generation=1).values_list("exited_at", flat=True))
     assert len(old_exits) == 8 and None not in old_exits
@@ -304,29 +313,7 @@ def test_preemption_of_an_agent_run_job_holds_its_gpus_until_every_rank_exited(
     body["stop_grace_s"] = 10
     low = services.job_submit(user=user, spec=body)
     wait_for(status_is(low, JobStatus.RUNNING), what="the victim to run")
-    violations: list[str] = []
-    stop = threading.Event()
-
-    def watch():
-        from django.db import connections
-
-        try:
-            while not stop.is_set():
-                doubled = (
-                    Allocation.objects.filter(live=True)
-                    .values("gpu_id")
-                    .annotate(jobs=Count("job_id", distinct=True))
-                    .filter(jobs__gt=1)
-                )
-                if doubled.exists():
-                    violations.append(f"GPU held by two jobs: {list(doubled)}")
-                time.sleep(0.05)
-        finally:
-            connections.close_all()
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with double_booking_watch() as violations:
         high = services.job_submit(
             user=user, spec={**spec(tmp_path, "high", 8, BEHAVIOUR="exit"), "priority": 5}
         )
@@ -336,9 +323,6 @@ def test_preemption_of_an_agent_run_job_holds_its_gpus_until_every_rank_exited(
         held = {a.rank: (a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=low, live=True)}
         assert len(held) == 16
         wait_for(status_is(high, JobStatus.COMPLETED), timeout_s=30, what="the preemptor to run")
-    finally:
-        stop.set()
-        watcher.join()
     assert not violations
     on = {(a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=high)}
     victims = RankRun.objects.filter(job=low, generation=1)
