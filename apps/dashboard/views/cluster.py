@@ -69,7 +69,6 @@ def cluster_page(request, name: str | None = None):
     context["job_rows"] = [
         {**row, "measured": measured.get(row["view"].id)} for row in context["jobs"][:JOB_TABLE_ROWS]
     ]
-    context["job_rows_more"] = max(0, len(context["jobs"]) - JOB_TABLE_ROWS)
     context["active_statuses"] = ACTIVE_STATUSES
     context["hotspots"] = list(open_hotspots(cluster=cluster))
     context["health"] = cluster_health(cluster_id=cluster.pk)
