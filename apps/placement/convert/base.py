@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,35 @@ def check_size(source: Source) -> None:
         raise fail(source.name, f"is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates escaped, safe to encode as UTF-8 in a message."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_text(source: Source) -> None:
+    """Refuse a source whose name or text holds a lone surrogate (no UTF-8 encoding exists for
+    it: it can come from a JSON escape or a file name, never from real UTF-8 text)."""
+    if _SURROGATE.search(source.name) or _SURROGATE.search(source.node):
+        raise fail(printable(source.name), "the file or node name is not valid Unicode (a lone surrogate)")
+    m = _SURROGATE.search(source.text)
+    if m:
+        line = source.text.count("\n", 0, m.start()) + 1
+        col = m.start() - (source.text.rfind("\n", 0, m.start()) + 1) + 1
+        raise fail(at(source, line), f"column {col}: not valid Unicode text (a lone surrogate)")
+
+
+def assumed(notes: list[str], defaults: Defaults, key: str, what: str, count: int, of: str) -> None:
+    """A note that a default shaped `count` items (`what` with `{}` for the value), unless the
+    operator gave the value: "1 NIC per node assumed (nics_per_node): 32 nodes"."""
+    if count and key not in defaults.given:
+        value = getattr(defaults, key)
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        notes.append(f"{what.format(shown)} assumed ({key}, not in the input): {count} {of}")
+
+
 # ---- import defaults -------------------------------------------------------------------------
 
 
@@ -71,8 +101,12 @@ class Defaults:
     blocks_are_nvlink_domains: bool = True
     rails: bool = True
     topology: str = ""
+    nics: str = ""  # comma-separated shell patterns of the NICs that are fabric rails
     given: set[str] = field(default_factory=set, repr=False)
     used: set[str] = field(default_factory=set, repr=False)
+    # Per-node counts from `gpus[HOSTLIST]=N` and `nics[HOSTLIST]=N`: node -> count.
+    host_gpus: dict[str, int] = field(default_factory=dict, repr=False)
+    host_nics: dict[str, int] = field(default_factory=dict, repr=False)
 
     def take(self, key: str) -> Any:
         """The value of `key`, remembered as used."""
@@ -89,7 +123,11 @@ class Defaults:
 
     @classmethod
     def fields(cls) -> dict[str, type]:
-        return {f.name: f.type for f in dataclasses.fields(cls) if f.name not in ("given", "used")}
+        return {
+            f.name: f.type
+            for f in dataclasses.fields(cls)
+            if f.name not in ("given", "used", "host_gpus", "host_nics")
+        }
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "defaults") -> Defaults:
@@ -103,6 +141,13 @@ class Defaults:
         types = self.fields()
         errors = []
         for key, raw in values.items():
+            per_host = _PER_HOST.match(str(key))
+            if per_host:
+                try:
+                    self._per_host(per_host.group(1), per_host.group(2), raw)
+                except ValueError as exc:
+                    errors.append((f"{where}.{printable(str(key))}", str(exc)))
+                continue
             if key not in types:
                 errors.append((f"{where}.{key}", f"unknown default; one of {', '.join(sorted(types))}"))
                 continue
@@ -115,6 +160,22 @@ class Defaults:
             self.given.add(key)
         if errors:
             raise SpecError(errors)
+
+    def _per_host(self, kind: str, hostlist: str, raw: Any) -> None:
+        top = 1024 if kind.startswith("gpus") else 64
+        if isinstance(raw, bool) or not str(raw).strip().isdigit() or not 0 <= int(str(raw)) <= top:
+            raise ValueError(f"must be a whole number in 0..{top}, got {raw!r}")
+        try:
+            names = expand(hostlist)
+        except HostlistError as exc:
+            raise ValueError(f"bad hostlist: {exc}") from None
+        target = self.host_gpus if kind.startswith("gpus") else self.host_nics
+        for n in names:
+            target[n] = int(str(raw))
+
+
+# `gpus[gpu[001-064]]=8`: a count for the nodes of a hostlist.
+_PER_HOST = re.compile(r"^(gpus|nics|gpus_per_node|nics_per_node)\[(.+)\]$")
 
 
 def _coerce(kind: str, raw: Any) -> Any:

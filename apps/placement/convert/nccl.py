@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from xml.parsers import expat
 
 from .base import Defaults, Imported, Source, at, check_size, fail
+from .hardware import gpu_kind, nic_kind
 from .node import NodeHW, node_name, nodes_to_spec
 
 MAX_ELEMENTS = 100_000
@@ -97,16 +98,19 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
     """One node from an NCCL topology XML."""
     system = parse_xml(source)
     gpus: list[tuple[Element, Element | None]] = []
-    nics: list[tuple[str, Element, float | None]] = []
+    nics: list[tuple[str, Element, float | None, object]] = []
     for e in _walk(system):
         if _is_gpu_pci(e):
             gpus.append((e, next((c for c in e.children if c.tag == "gpu"), None)))
         elif e.tag == "nic" or (_is_nic_pci(e) and not any(c.tag == "nic" for c in e.children)):
             nets = [c for c in e.children if c.tag == "net"] if e.tag == "nic" else []
+            pci = e.parent if e.tag == "nic" and e.parent is not None and e.parent.tag == "pci" else e
+            vendor, device = pci.attrs.get("vendor", ""), pci.attrs.get("device", "")
+            kind, rated = nic_kind(vendor, device)
             for net in nets or [None]:
                 name = net.attrs.get("name") if net is not None else None
                 speed = net.attrs.get("speed") if net is not None else None
-                bw = None
+                bw = rated
                 if speed is not None:
                     try:
                         bw = float(speed) / 8000.0  # Mb/s to GB/s
@@ -116,7 +120,10 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
                         ) from None
                     if not 0 < bw < 1e5:
                         raise fail(at(source, net.line), f"net speed {speed!r} Mb/s is out of range")
-                nics.append((name or f"mlx5_{len(nics)}", e, bw))
+                if not name:
+                    prefix = kind.prefix if kind else _class_prefix(pci)
+                    name = f"{prefix}{sum(1 for n in nics if n[0].startswith(prefix))}"
+                nics.append((name, e, bw, kind))
     if not gpus:
         raise fail(source.name, "no GPU found (no <gpu> and no PCI device of class 0x0302xx)")
     order = []
@@ -128,6 +135,12 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
     by_dev = {dev: gpus[k] for dev, k in order}
     busid = {pci.attrs.get("busid", "").lower(): dev for dev, (pci, _) in by_dev.items()}
     hw = NodeHW(node_name(source), source.name, len(gpus))
+    # A cloud VM's dump has no <nvlink> elements: NCCL learns NVLink from NVML at run time.
+    hw.nvlink_known = any(e.tag == "nvlink" for e in _walk(system))
+    kinds = {gpu_kind(vendor=p.attrs.get("vendor", ""), device=p.attrs.get("device", "")) for p, _ in gpus}
+    if len(kinds) == 1 and None not in kinds:
+        hw.kind = kinds.pop()
+        hw.model = hw.kind.model
     # NVLink counts: to NVSwitches (tclass 0x0680xx) per GPU, or straight to another GPU.
     switch_links = {dev: 0 for dev in by_dev}
     direct: dict[tuple[int, int], int] = {}
@@ -151,7 +164,7 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
                 continue
             links = min(switch_links[i], switch_links[j]) + max(direct.get((i, j), 0), direct.get((j, i), 0))
             hw.pairs[(i, j)] = f"NV{links}" if links else _pcie_class(by_dev[i][0], by_dev[j][0])
-    for name, e, bw in nics:
+    for name, e, bw, kind in nics:
         # A <nic> element sits inside its PCI device; distances count from the device.
         if e.tag == "nic" and e.parent is not None and e.parent.tag == "pci":
             e = e.parent
@@ -160,6 +173,12 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
         hw.nics.append(name)
         if bw is not None:
             hw.nic_bw_GBps[name] = bw
+        if kind is not None:
+            hw.nic_vendor[name] = kind.vendor
+            if kind.fabric:
+                hw.nic_fabric[name] = kind.fabric
+        elif e.attrs.get("class", "").lower().startswith("0x0200"):
+            hw.nic_fabric[name] = "ethernet"
         for dev, (pci, _) in by_dev.items():
             hw.nic_class[(name, dev)] = _pcie_class(pci, e)
     for dev, (pci, _) in by_dev.items():
@@ -167,6 +186,11 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
         if cpu is not None and "numaid" in cpu.attrs:
             hw.numa[dev] = cpu.attrs["numaid"]
     return hw
+
+
+def _class_prefix(pci: Element) -> str:
+    # Without a vendor id: InfiniBand-class devices are most often ConnectX (mlx5), others Ethernet.
+    return "mlx5_" if pci.attrs.get("class", "").lower().startswith("0x0207") else "eth"
 
 
 def import_xml(sources: list[Source], defaults: Defaults) -> Imported:

@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from .base import MAX_NODES, Defaults, Imported, Source, cluster_spec, fail
+from .base import MAX_NODES, Defaults, Imported, Source, assumed, cluster_spec, fail
+from .hardware import GpuKind, gpu_kind, matches, nic_fabric, pair_links
 
 # PCIe distance classes of nvidia-smi, nearest first.
 PCIE_CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -27,6 +28,13 @@ class NodeHW:
     nic_class: dict[tuple[str, int], str] = field(default_factory=dict)
     nic_bw_GBps: dict[str, float] = field(default_factory=dict)
     numa: dict[int, str] = field(default_factory=dict)
+    nic_fabric: dict[str, str] = field(default_factory=dict)  # NIC -> ethernet | infiniband | efa
+    nic_vendor: dict[str, str] = field(default_factory=dict)
+    model: str = ""  # the GPU model the file names, if any
+    kind: GpuKind | None = None  # the NVLink GPU model the file names, if any
+    nvlink_known: bool = True  # False: the file cannot show NVLink (cloud VM dumps)
+    nics_assumed: bool = False  # the file showed no NICs; nics_per_node made them
+    link_GBps: float = 0.0  # GB/s per NVLink when the GPU model says (else nvlink_link_GBps)
 
 
 def nv_links(cls: str) -> int:
@@ -53,6 +61,28 @@ def assign_nics(hw: NodeHW) -> dict[str, list[int]]:
     return {n: gs for n, gs in load.items() if gs}
 
 
+def select_rails(hw: NodeHW, defaults: Defaults, notes: list[str]) -> None:
+    """Keep the NICs that are fabric rails: those matching the `nics` patterns when given, else
+    all but the Ethernet front ends of a node whose other NICs are InfiniBand or EFA."""
+    if "nics" in defaults.given:
+        patterns = defaults.take("nics")
+        keep = [n for n in hw.nics if matches(n, patterns)]
+        if not keep:
+            raise fail(
+                hw.where, f"no NIC of node {hw.name!r} matches nics={patterns!r}; it has {', '.join(hw.nics)}"
+            )
+        why = f"not in nics={patterns}"
+    else:
+        fabric = {n: hw.nic_fabric.get(n) or nic_fabric(n) for n in hw.nics}
+        rails = [n for n in hw.nics if fabric[n] != "ethernet"]
+        keep = rails if rails else hw.nics
+        why = "Ethernet/RoCE front end (the other NICs are the fabric); set nics=PATTERNS to choose"
+    dropped = [n for n in hw.nics if n not in keep]
+    if dropped:
+        notes.append(f"{hw.name}: NICs {', '.join(dropped)} left out: {why}")
+        hw.nics = keep
+
+
 def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
     """A cluster of the given nodes: NIC k of every node on leaf k (rails) or all on one leaf,
     leaves joined by one spine; NVLink domains per node from the pair classes."""
@@ -60,15 +90,18 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
     seen: dict[str, str] = {}
     spec_nodes = []
     origins: dict[str, str] = {}
-    model = defaults.take("gpu_model")
+    models: dict[str, float] = {}
     rails = defaults.take("rails")
     n_leaves = 1
+    unpriced_nics = 0
+    default_model = 0
     if len(nodes) > MAX_NODES:
         raise fail("input", f"more than {MAX_NODES} node files")
     for hw in nodes:
         if hw.name in seen:
             raise fail(hw.where, f"node {hw.name!r} is already described by {seen[hw.name]}")
         seen[hw.name] = hw.where
+        select_rails(hw, defaults, notes)
         served = assign_nics(hw)
         if not served:
             raise fail(hw.where, f"node {hw.name!r} has no NIC; spec v1 needs one per GPU")
@@ -79,7 +112,10 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
             )
         nics = []
         for k, (nic, gpus) in enumerate(served.items()):
-            bw = hw.nic_bw_GBps.get(nic) or defaults.take("nic_bw_GBps")
+            bw = hw.nic_bw_GBps.get(nic)
+            if not bw:
+                bw = defaults.take("nic_bw_GBps")
+                unpriced_nics += 1
             leaf = f"leaf-{k + 1}" if rails else "leaf-1"
             n_leaves = max(n_leaves, k + 1 if rails else 1)
             nics.append(
@@ -91,7 +127,16 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
                     "latency_us": defaults.take("nic_latency_us"),
                 }
             )
-        bw, lat, kind = _domain(hw, defaults)
+        kind = nvlink_fallback(hw, defaults, notes)
+        if "gpu_model" in defaults.given or not (hw.model or kind):
+            model = defaults.take("gpu_model")
+            default_model += "gpu_model" not in defaults.given
+        else:
+            model = kind.model if kind else hw.model
+        if model not in models:
+            known = kind is not None and "peak_tflops" not in defaults.given
+            models[model] = kind.peak_tflops if known else defaults.take("peak_tflops")
+        bw, lat, what = _domain(hw, defaults)
         entry = {
             "name": hw.name,
             "gpu_model": model,
@@ -99,10 +144,10 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
             "nvlink": {"domain": hw.name, "bw_GBps": bw, "latency_us": lat},
             "nics": nics,
         }
-        if kind != "nvlink":
+        if what != "nvlink":
             entry["intra"] = intra_spec(hw, [c["name"] for c in nics], defaults)
             entry["nvlink"]["bw_GBps"] = max(c["bw_GBps"] for c in entry["intra"]["classes"].values())
-            notes.append(f"{hw.name}: {kind}; GPU pairs described by link class (intra)")
+            notes.append(f"{hw.name}: {what}; GPU pairs described by link class (intra)")
         origins[f"nodes[{len(spec_nodes)}]"] = hw.where
         spec_nodes.append(entry)
     leaves = [f"leaf-{k + 1}" for k in range(n_leaves)]
@@ -124,8 +169,51 @@ def nodes_to_spec(nodes: list[NodeHW], defaults: Defaults) -> Imported:
         if n_leaves > 1
         else "every NIC is cabled to leaf-1"
     )
-    models = {model: defaults.take("peak_tflops")}
+    assumed(
+        notes, defaults, "nic_bw_GBps", "{} GB/s per NIC", unpriced_nics, "NICs without a speed in the file"
+    )
+    assumed(notes, defaults, "gpu_model", "GPU model {}", default_model, "nodes naming none")
     return cluster_spec(defaults, models, switches, links, spec_nodes, notes, origins)
+
+
+def nvlink_fallback(hw: NodeHW, defaults: Defaults, notes: list[str]) -> GpuKind | None:
+    """When the file shows no NVLink, take it from `nvlink_bw_GBps` (given), else from the GPU
+    model (the file's, or a given `gpu_model`) when it is an SXM/NVSwitch part. Returns the
+    node's NVLink GPU model, if known."""
+    kind = hw.kind
+    if "gpu_model" in defaults.given:
+        kind = gpu_kind(model=defaults.gpu_model)
+    elif kind is None and hw.model:
+        kind = gpu_kind(model=hw.model)
+    if kind is not None and "nvlink_link_GBps" not in defaults.given:
+        hw.link_GBps = kind.link_GBps
+    if hw.nvlink_known or any(nv_links(c) for c in hw.pairs.values()):
+        return kind
+    what = "this file has no NVLink information"
+    n = hw.gpus
+    if "nvlink_bw_GBps" in defaults.given and n > 1:
+        links = max(1, round(defaults.nvlink_bw_GBps / defaults.take("nvlink_link_GBps")))
+        for i in range(n):
+            for j in range(n):
+                if i != j:
+                    hw.pairs[(i, j)] = f"NV{links}"
+        notes.append(f"{hw.name}: {what}; NVLink from nvlink_bw_GBps={defaults.nvlink_bw_GBps}")
+    elif kind is not None and n > 1:
+        for i in range(n):
+            for j in range(n):
+                k = pair_links(kind, n, i, j) if i != j else 0
+                if k:
+                    hw.pairs[(i, j)] = f"NV{k}"
+        notes.append(
+            f"{hw.name}: {what}; NVLink taken from the GPU model {kind.model} "
+            f"({kind.links} links of {kind.link_GBps:g} GB/s per GPU, {kind.fabric})"
+        )
+    elif n > 1:
+        notes.append(
+            f"{hw.name}: {what}; its GPU pairs are priced as PCIe. Set gpu_model to an SXM model "
+            "(A100/H100/H200/B200 SXM, V100 SXM2) or nvlink_bw_GBps if the machine has NVLink"
+        )
+    return kind
 
 
 def _domain(hw: NodeHW, defaults: Defaults) -> tuple[float, float, str]:
@@ -133,7 +221,8 @@ def _domain(hw: NodeHW, defaults: Defaults) -> tuple[float, float, str]:
     pair has NVLink, else PCIe (and the pairs go into `intra`)."""
     links = [nv_links(hw.pairs.get((i, j), "SYS")) for i in range(hw.gpus) for j in range(i + 1, hw.gpus)]
     if links and min(links) > 0:
-        return min(links) * defaults.take("nvlink_link_GBps"), defaults.take("nvlink_latency_us"), "nvlink"
+        rate = hw.link_GBps or defaults.take("nvlink_link_GBps")
+        return min(links) * rate, defaults.take("nvlink_latency_us"), "nvlink"
     kind = "NVLink between some GPU pairs only" if any(links) else "no NVLink (PCIe only)"
     return defaults.take("pcie_bw_GBps"), defaults.take("pcie_latency_us"), kind
 
@@ -154,7 +243,8 @@ def intra_spec(hw: NodeHW, nics: list[str], defaults: Defaults) -> dict:
     for c in used:
         k = nv_links(c)
         if k:
-            bw, lat = k * defaults.take("nvlink_link_GBps"), defaults.take("nvlink_latency_us")
+            rate = hw.link_GBps or defaults.take("nvlink_link_GBps")
+            bw, lat = k * rate, defaults.take("nvlink_latency_us")
         else:
             bw, lat = PCIE_CLASS_SHARE[c] * defaults.take("pcie_bw_GBps"), defaults.take("pcie_latency_us")
         classes[c] = {"bw_GBps": round(bw, 3), "latency_us": lat}
