@@ -29,6 +29,10 @@ def add_parser(sub) -> None:
     s.add_argument("--defaults", help="YAML file of values the input lacks (gpus_per_node, nic_bw_GBps, ...)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one such value")
     s.add_argument("--name", help="cluster name (same as --set name=NAME)")
+    s.add_argument(
+        "--nics",
+        help="the NICs that are fabric rails, as shell patterns (mlx5_[0-7],ibp*); others are left out",
+    )
 
 
 def read_source(path: str, node: str = "") -> Source:
@@ -72,6 +76,8 @@ def defaults_from(args: argparse.Namespace) -> Defaults:
         values[key.strip()] = value.strip()
     if args.name:
         values["name"] = args.name
+    if getattr(args, "nics", None):
+        values["nics"] = args.nics
     d.update(values, where="--set")
     return d
 

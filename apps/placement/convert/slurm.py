@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..topology import Topology
 from .base import Defaults, Imported, Source, at, check_size, fail, hosts, yaml_documents
 from .hostlist import compress
+from .slurmnodes import read_node_info, split_sources
 from .tree import SwitchTree, TreeSwitch, domain_groups, leaf_groups, tree_to_spec, uplinks
 
 _KEYS = {
@@ -146,29 +147,57 @@ def _tree_from_statements(statements: list[Statement], want: str, defaults: Defa
 
 
 def import_tree(sources: list[Source], defaults: Defaults) -> Imported:
-    """slurm-tree: one topology.conf with SwitchName lines (RingName lines become leaves)."""
-    return tree_to_spec(
-        _tree_from_statements(parse_conf(_one(sources, "slurm-tree")), "tree", defaults), defaults
-    )
+    """slurm-tree: one topology.conf with SwitchName lines (RingName lines become leaves), and
+    optionally slurm.conf / gres.conf files giving each node's GPUs."""
+    return _import_conf(sources, defaults, "tree")
 
 
 def import_block(sources: list[Source], defaults: Defaults) -> Imported:
-    """slurm-block: one topology.conf with BlockName (and BlockSizes) lines."""
-    return tree_to_spec(
-        _tree_from_statements(parse_conf(_one(sources, "slurm-block")), "block", defaults), defaults
-    )
+    """slurm-block: one topology.conf with BlockName (and BlockSizes) lines, and optionally
+    slurm.conf / gres.conf files giving each node's GPUs."""
+    return _import_conf(sources, defaults, "block")
 
 
-def _one(sources: list[Source], fmt: str) -> Source:
-    if len(sources) != 1:
-        raise fail("input", f"{fmt} takes one file, got {len(sources)}")
-    return sources[0]
+def _import_conf(sources: list[Source], defaults: Defaults, want: str) -> Imported:
+    topology, node_files = split_sources(sources, f"slurm-{want}")
+    statements = parse_conf(topology)
+    tree = _tree_from_statements(statements, want, defaults)
+    _name_from_comments(topology, tree)
+    read_node_info(node_files, tree)
+    return tree_to_spec(tree, defaults)
+
+
+# topograph writes the real switch or domain name above each line: `# switch.1.1=leaf-1-1`.
+_NAME_COMMENT = re.compile(r"^\s*#\s*([A-Za-z0-9_.\[\]-]+)=([A-Za-z0-9][A-Za-z0-9._-]{0,99})\s*$")
+
+
+def _name_from_comments(source: Source, tree: SwitchTree) -> None:
+    """Rename switches and blocks to the names in topograph's comments, when they are unique."""
+    names: dict[str, str] = {}
+    for line in source.text.splitlines():
+        m = _NAME_COMMENT.match(line)
+        if m and m.group(1) in tree.switches:
+            names[m.group(1)] = m.group(2)
+    taken = set(tree.switches) - set(names)
+    if not names or len(set(names.values())) != len(names) or taken & set(names.values()):
+        return
+    renamed: dict[str, TreeSwitch] = {}
+    for name, sw in tree.switches.items():
+        sw.name = names.get(name, name)
+        sw.children = [names.get(c, c) for c in sw.children]
+        renamed[sw.name] = sw
+    tree.switches = renamed
+    tree.domains = {n: names.get(d, d) for n, d in tree.domains.items()}
+    tree.notes.append(f"{len(names)} switch and block names taken from the file's comments (topograph's)")
 
 
 def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
     """slurm-yaml: topology.yaml, a list of topologies; imports the one named by the `topology`
-    default, else the `cluster_default` one, else the first."""
-    source = _one(sources, "slurm-yaml")
+    default, else the one holding the most GPU nodes (the cluster default on a tie); a block
+    topology beside the imported tree gives the NVLink domains."""
+    source, node_files = split_sources(sources, "slurm-yaml")
+    tree = SwitchTree()
+    read_node_info(node_files, tree)
     docs = yaml_documents(source)
     if len(docs) != 1 or not isinstance(docs[0][0], list) or not docs[0][0]:
         raise fail(source.name, "topology.yaml must be one non-empty list of topologies")
@@ -182,30 +211,54 @@ def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
         unknown = set(entry) - {"topology", "cluster_default", "tree", "block", "flat", "nodes"}
         if len(kinds) != 1 or unknown:
             raise fail(where, f"topology {entry['topology']!r} needs exactly one of tree, block, flat")
-        found.append((entry, kinds[0], where))
+        items = _yaml_items(entry, kinds[0], where, source, lines)
+        found.append((entry["topology"], kinds[0], where, items, entry.get("cluster_default") is True))
+    listing = ", ".join(f"{name} ({kind})" for name, kind, *_ in found)
+    gpu_nodes = {name: _gpu_nodes(items, tree, defaults) for name, _, _, items, _ in found}
+    default = next((f for f in found if f[4]), found[0])
     wanted = defaults.topology
     if wanted:
-        chosen = [f for f in found if f[0]["topology"] == wanted]
-        if not chosen:
-            raise fail(
-                source.name,
-                f"no topology named {wanted!r}; have {', '.join(f[0]['topology'] for f in found)}",
-            )
+        chosen = next((f for f in found if f[0] == wanted), None)
+        if chosen is None:
+            raise fail(source.name, f"no topology named {wanted!r}; have {listing}")
     else:
-        chosen = [f for f in found if f[0].get("cluster_default") is True] or found[:1]
-    entry, kind, where = chosen[0]
-    tree = SwitchTree()
+        usable = [f for f in found if f[1] != "flat"]
+        if not usable:
+            raise fail(default[2], f"every topology is flat ({listing}): none lists switches or nodes")
+        best = max(gpu_nodes[f[0]] for f in usable)
+        order = ([default] if default in usable else []) + usable
+        chosen = next(f for f in order if gpu_nodes[f[0]] == best)
+    name, kind, where, items, _ = chosen
     if kind == "flat":
-        raise fail(where, f"topology {entry['topology']!r} is flat: it lists no switches or nodes to import")
+        others = ", ".join(f"{f[0]} ({f[1]})" for f in found if f[1] != "flat") or "none"
+        raise fail(where, f"topology {name!r} is flat: it lists no switches or nodes; the others: {others}")
+    for sw_name, children, names, iw in items:
+        tree.add(TreeSwitch(sw_name, iw, children, names))
+        if kind == "block" and defaults.take("blocks_are_nvlink_domains"):
+            for n in names:
+                tree.domains[n] = sw_name
+    tree.notes.append(f"topology.yaml holds {listing}; imported {name!r}")
+    if not wanted and chosen is not default:
+        why = "is flat" if default[1] == "flat" else f"holds {gpu_nodes[default[0]]} GPU nodes against {best}"
+        tree.notes.append(
+            f"warning: the cluster default topology {default[0]!r} is not the GPU fabric (it {why}); "
+            f"imported {name!r}. Set topology={default[0]} to import the default"
+        )
+    if kind == "tree" and defaults.take("blocks_are_nvlink_domains"):
+        _blocks_as_domains(found, tree)
+    return tree_to_spec(tree, defaults)
+
+
+def _yaml_items(entry: dict, kind: str, where: str, source: Source, lines: dict) -> list:
+    """(name, child switches, nodes, file:line) of each switch or block of one topology."""
+    if kind == "flat":
+        return []
     body = entry[kind]
-    if kind == "tree":
-        items = body.get("switches") if isinstance(body, dict) else None
-        key = "switch"
-    else:
-        items = body.get("blocks") if isinstance(body, dict) else None
-        key = "block"
+    key = "switch" if kind == "tree" else "block"
+    items = body.get("switches" if kind == "tree" else "blocks") if isinstance(body, dict) else None
     if not isinstance(items, list) or not items:
         raise fail(where, f"{kind} of {entry['topology']!r} needs a list of {key}es")
+    out = []
     for item in items:
         iw = at(source, lines.get(id(item)))
         if not isinstance(item, dict) or not isinstance(item.get(key), str):
@@ -217,13 +270,40 @@ def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
         names = hosts(item["nodes"], iw) if "nodes" in item else []
         if not names and not children:
             raise fail(iw, f"{key} {item[key]!r} needs nodes or children")
-        tree.add(TreeSwitch(item[key], iw, children, names))
-        if kind == "block" and defaults.take("blocks_are_nvlink_domains"):
-            for n in names:
-                tree.domains[n] = item[key]
-    listing = ", ".join(f"{e['topology']} ({k})" for e, k, _ in found)
-    tree.notes.append(f"topology.yaml holds {listing}; imported {entry['topology']!r}")
-    return tree_to_spec(tree, defaults)
+        out.append((item[key], children, names, iw))
+    return out
+
+
+# Node names that say GPU when no slurm.conf or gpus[...] tells.
+_GPU_NAME = re.compile(r"gpu|dgx|hgx|gb[23]00|[abh]100|h200|b200", re.IGNORECASE)
+
+
+def _gpu_nodes(items: list, tree: SwitchTree, defaults: Defaults) -> int:
+    """How many GPU nodes a topology holds on switches of GPU nodes only (a front-end Ethernet
+    tree mixing CPU and GPU nodes scores less than the GPU fabric); a node has GPUs by the node
+    descriptions given, else by its name."""
+    known = {**tree.node_gpus, **defaults.host_gpus}
+
+    def has_gpus(n: str) -> bool:
+        return known[n] > 0 if n in known else (not known and bool(_GPU_NAME.search(n)))
+
+    return sum(len(names) for _, _, names, _ in items if names and all(map(has_gpus, names)))
+
+
+def _blocks_as_domains(found: list, tree: SwitchTree) -> None:
+    """The first block topology's blocks become the NVLink domains of the imported tree's nodes."""
+    blocks = [f for f in found if f[1] == "block"]
+    if not blocks:
+        return
+    on_tree = {n for sw in tree.switches.values() for n in sw.nodes}
+    name, _, _, items, _ = blocks[0]
+    kept = 0
+    for block, _, names, _ in items:
+        members = [n for n in names if n in on_tree]
+        kept += bool(members)
+        for n in members:
+            tree.domains.setdefault(n, block)
+    tree.notes.append(f"block topology {name!r} kept as NVLink domains: {kept} blocks")
 
 
 # ---- export ---------------------------------------------------------------------------------

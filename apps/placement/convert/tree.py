@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..topology import Topology
-from .base import MAX_NODES, Defaults, Imported, cluster_spec, fail
+from .base import MAX_NODES, Defaults, Imported, assumed, cluster_spec, fail
+from .hardware import GpuKind
+from .hostlist import compress
 
 
 @dataclass
@@ -25,7 +27,9 @@ class SwitchTree:
 
     switches: dict[str, TreeSwitch] = field(default_factory=dict)
     domains: dict[str, str] = field(default_factory=dict)  # node -> NVLink domain
-    node_gpus: dict[str, int] = field(default_factory=dict)
+    node_gpus: dict[str, int] = field(default_factory=dict)  # 0: a node without GPUs (left out)
+    node_nics: dict[str, int] = field(default_factory=dict)
+    described: bool = False  # node_gpus comes from files that describe every node (slurm.conf)
     node_model: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -60,6 +64,8 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
     `defaults` (named in the notes)."""
     notes = list(tree.notes)
     sw = tree.switches
+    _leave_out_cpu_nodes(tree, defaults, notes)
+    rack_gpus = _nvl72_racks(tree, defaults, notes)
     for s in sw.values():
         if s.nodes and s.children:
             raise fail(
@@ -163,8 +169,8 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
     nodes = []
     seen: dict[str, str] = {}
     models: dict[str, float] = {}
-    nics = defaults.take("nics_per_node")
     total = 0
+    assumed_gpus = assumed_nics = assumed_nvlink = 0
     for s in live.values():
         total += len(s.nodes)
         if total > MAX_NODES:
@@ -180,13 +186,27 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                 )
                 continue
             seen[nname] = s.where
-            gpus = tree.node_gpus.get(nname) or defaults.take("gpus_per_node")
-            model = tree.node_model.get(nname) or defaults.take("gpu_model")
+            gpus = defaults.host_gpus.get(nname) or rack_gpus.get(nname) or tree.node_gpus.get(nname)
+            if not gpus:
+                gpus = defaults.take("gpus_per_node")
+                assumed_gpus += 1
+            nics = defaults.host_nics.get(nname) or tree.node_nics.get(nname)
+            if not nics:
+                nics = defaults.take("nics_per_node")
+                assumed_nics += 1
+            rack = nname in rack_gpus and "gpu_model" not in defaults.given
+            model = tree.node_model.get(nname) or (GB200.model if rack else defaults.take("gpu_model"))
             if model not in models:
-                models[model] = defaults.take("peak_tflops")
+                known = model == GB200.model and "peak_tflops" not in defaults.given
+                models[model] = GB200.peak_tflops if known else defaults.take("peak_tflops")
+            if nname in rack_gpus and "nvlink_bw_GBps" not in defaults.given:
+                nvlink_bw = GB200.nvlink_bw_GBps
+            else:
+                nvlink_bw = defaults.take("nvlink_bw_GBps")
+                assumed_nvlink += nname in tree.domains
             dom = tree.domains.get(nname, nname)
             if nics < 1 or gpus % nics:
-                raise fail(s.where, f"nics_per_node ({nics}) must divide the {gpus} GPUs of node {nname!r}")
+                raise fail(s.where, f"{nics} NICs per node must divide the {gpus} GPUs of node {nname!r}")
             per = gpus // nics
             origins[f"nodes[{len(nodes)}]"] = s.where
             nodes.append(
@@ -196,7 +216,7 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                     "gpus": gpus,
                     "nvlink": {
                         "domain": dom,
-                        "bw_GBps": defaults.take("nvlink_bw_GBps"),
+                        "bw_GBps": nvlink_bw,
                         "latency_us": defaults.take("nvlink_latency_us"),
                     },
                     "nics": [
@@ -211,7 +231,72 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                     ],
                 }
             )
+    assumed(notes, defaults, "gpus_per_node", "{} GPUs per node", assumed_gpus, "nodes")
+    assumed(notes, defaults, "nics_per_node", "{} NIC per node", assumed_nics, "nodes")
+    assumed(notes, defaults, "nic_bw_GBps", "{} GB/s per NIC", len(nodes), "nodes")
+    assumed(
+        notes, defaults, "nvlink_bw_GBps", "{} GB/s NVLink per GPU", assumed_nvlink, "nodes in NVLink domains"
+    )
     return cluster_spec(defaults, models, switches, links, nodes, notes, origins)
+
+
+def _leave_out_cpu_nodes(tree: SwitchTree, defaults: Defaults, notes: list[str]) -> None:
+    """Drop the nodes that have no GPUs (a Slurm node without a gpu Gres, `gpus[...]=0`), and,
+    when node descriptions were given, the nodes they do not describe."""
+
+    def no_gpus(n: str) -> bool:
+        if n in defaults.host_gpus:
+            return defaults.host_gpus[n] == 0
+        return tree.node_gpus.get(n) == 0
+
+    dropped, undescribed = [], []
+    for s in tree.switches.values():
+        kept = []
+        for n in s.nodes:
+            if no_gpus(n):
+                dropped.append(n)
+            elif tree.described and n not in tree.node_gpus and n not in defaults.host_gpus:
+                undescribed.append(n)
+            else:
+                kept.append(n)
+        s.nodes = kept
+    if dropped:
+        notes.append(f"{len(dropped)} nodes without GPUs left out: {compress(dropped)}")
+    if undescribed:
+        notes.append(
+            f"{len(undescribed)} nodes without GPUs in the node descriptions given left out: "
+            f"{compress(undescribed)} (set gpus[HOSTLIST]=N to keep them)"
+        )
+
+
+# A multi-node NVLink domain of 18 nodes is a GB200/GB300 NVL72 rack: 18 trays of 4 GPUs.
+NVL72_NODES, NVL72_NODE_GPUS = 18, 4
+GB200 = GpuKind("GB200", 18, 50.0, 2250.0)
+
+
+def _nvl72_racks(tree: SwitchTree, defaults: Defaults, notes: list[str]) -> dict[str, int]:
+    """GPUs per node of the nodes in 18-node NVLink domains (4, the NVL72 tray), unless the GPU
+    count is given; noted."""
+    if "gpus_per_node" in defaults.given:
+        return {}
+    members: dict[str, list[str]] = {}
+    for node, dom in tree.domains.items():
+        members.setdefault(dom, []).append(node)
+    racks = [
+        d
+        for d, ns in members.items()
+        if len(ns) == NVL72_NODES
+        and all(tree.node_gpus.get(n, NVL72_NODE_GPUS) == NVL72_NODE_GPUS for n in ns)
+    ]
+    out = {n: NVL72_NODE_GPUS for d in racks for n in members[d]}
+    if out:
+        notes.append(
+            f"{len(racks)} NVLink domains of {NVL72_NODES} nodes taken as GB200 NVL72 racks: "
+            f"{NVL72_NODE_GPUS} {GB200.model} GPUs per node at {GB200.nvlink_bw_GBps:g} GB/s NVLink, "
+            f"{NVL72_NODES * NVL72_NODE_GPUS} GPUs per domain ({len(out)} nodes; set gpus_per_node, "
+            "gpu_model and nvlink_bw_GBps to override)"
+        )
+    return out
 
 
 # ---- what exporters read from a Topology ----------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from apps.placement.__main__ import main
 from apps.placement.convert import Defaults, Source, export_topology, import_sources
@@ -146,3 +147,14 @@ def test_convert_benchmark_quick_run_prints_its_table():
     )
     assert done.returncode == 0, done.stderr
     assert "slurm-tree" in done.stdout and "slowest other format" in done.stdout
+
+
+def test_cli_nics_flag_chooses_the_rails(capsys):
+    from tests.unit.placement.realfiles import DATA
+
+    src = str(DATA / "nvsmi-h20-quoted-roce-frontend.txt")
+    assert main(["convert", "--from", "nvidia-smi", "--to", "topology-v1", src, "--nics", "mlx5_[0-1]"]) == 0
+    captured = capsys.readouterr()
+    nics = yaml.safe_load(captured.out)["nodes"][0]["nics"]
+    assert [n["name"] for n in nics] == ["mlx5_0", "mlx5_1"]
+    assert "not in nics=mlx5_[0-1]" in captured.err

@@ -104,3 +104,36 @@ def test_intra_node_links_survive_the_database(tmp_path):
     out = io.StringIO()
     call_command("export_topology", "pcie", stdout=out)
     assert yaml.safe_load(out.getvalue())["nodes"][0]["intra"]["links"][0] == ["X", "PIX", "SYS", "SYS"]
+
+
+DATA = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "converters"
+
+
+def test_import_a_space_aligned_paste_with_a_nics_filter():
+    out = io.StringIO()
+    call_command(
+        "import_topology",
+        f"h20={DATA / 'nvsmi-h20-quoted-roce-frontend.txt'}",
+        "--format",
+        "nvidia-smi",
+        "--name",
+        "h20",
+        "--nics",
+        "mlx5_*",
+        stdout=out,
+    )
+    node = Node.objects.get(cluster__name="h20", name="h20")
+    assert sorted(node.nics.values_list("name", flat=True)) == [f"mlx5_{k}" for k in range(4)]
+    assert "not in nics=mlx5_*" in out.getvalue()
+
+
+def test_import_of_a_matrix_without_nic_columns_names_what_is_missing():
+    with pytest.raises(CommandError, match="no NIC columns"):
+        call_command(
+            "import_topology",
+            str(DATA / "nvsmi-gpus-only.txt"),
+            "--format",
+            "nvidia-smi",
+            stdout=io.StringIO(),
+        )
+    assert not Cluster.objects.exists()

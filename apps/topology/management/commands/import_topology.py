@@ -38,19 +38,27 @@ class Command(BaseCommand):
         parser.add_argument("--defaults", help="YAML file of values the input lacks (gpus_per_node, ...)")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one such value")
         parser.add_argument("--name", help="cluster name for formats that carry none")
+        parser.add_argument(
+            "--nics", help="node formats: the NICs that are fabric rails, as shell patterns (mlx5_[0-7])"
+        )
 
     def handle(self, *args, files, format, replace, **options):
         started = time.perf_counter()
         notes: list[str] = []
         label = " ".join(files)
         try:
-            if format == "topology-v1" and not (options["defaults"] or options["set"] or options["name"]):
+            if format == "topology-v1" and not (
+                options["defaults"] or options["set"] or options["name"] or options["nics"]
+            ):
                 if len(files) != 1:
                     raise CommandError("a topology spec v1 import takes one file")
                 cluster = services.cluster_import(data=read_spec_file(files[0]), replace=replace)
             else:
                 ns = argparse.Namespace(
-                    defaults=options["defaults"], set=options["set"], name=options["name"]
+                    defaults=options["defaults"],
+                    set=options["set"],
+                    name=options["name"],
+                    nics=options["nics"],
                 )
                 cluster, notes = cluster_import_format(
                     fmt=format, sources=read_inputs(files), defaults=defaults_from(ns), replace=replace
