@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 
 from ..topology import Topology
-from .base import Defaults, Imported, Source, at, check_size, fail, hosts, yaml_documents
+from .base import Defaults, Imported, Source, at, fail, hosts, yaml_documents
 from .hostlist import compress
-from .slurmnodes import read_node_info, split_sources
+from .slurmnodes import conf_lines, read_node_info, split_sources
 from .tree import SwitchTree, TreeSwitch, domain_groups, leaf_groups, tree_to_spec, uplinks
 
 _KEYS = {
@@ -32,22 +32,7 @@ class Statement:
 def parse_conf(source: Source) -> list[Statement]:
     """The statements of a topology.conf: comments dropped, `\\` continuation lines joined, keys
     case-insensitive; SpecError with the file's line number on anything else."""
-    check_size(source)
-    out: list[Statement] = []
-    pending, start = "", 0
-    for no, raw in enumerate(source.text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].rstrip()
-        if not pending:
-            start = no
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line, pending = pending + line, ""
-        if line.strip():
-            out.append(_statement(line, at(source, start)))
-    if pending.strip():
-        out.append(_statement(pending, at(source, start)))
-    return out
+    return [_statement(line, at(source, start)) for start, line in conf_lines(source)]
 
 
 def _statement(line: str, where: str) -> Statement:

@@ -17,6 +17,25 @@ _GRES_GPU = re.compile(r"^gpu(?::([A-Za-z0-9_.-]+))?(?::(\d+))?(?:\([^)]*\))?$",
 MAX_NODE_GPUS = 1024
 
 
+def conf_lines(source: Source):
+    """(first line number, text) of each statement of a Slurm config file: comments dropped,
+    `\\` continuation lines joined, blank statements skipped."""
+    check_size(source)
+    pending, start = "", 0
+    for no, raw in enumerate(source.text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not pending:
+            start = no
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        if line.strip():
+            yield start, line
+    if pending.strip():
+        yield start, pending
+
+
 def is_node_info(source: Source) -> bool:
     """Whether a file describes nodes (slurm.conf, gres.conf) rather than the topology."""
     lines = [ln.split("#", 1)[0] for ln in source.text.splitlines()]
@@ -63,20 +82,11 @@ def _file_count(value: str, where: str) -> int:
 def read_node_info(sources: list[Source], tree: SwitchTree) -> None:
     """GPUs per node from slurm.conf and gres.conf lines into `tree.node_gpus` (0: no GPUs)."""
     for source in sources:
-        check_size(source)
         slurm_conf: dict[str, int] = {}
         gres_conf: dict[str, int] = {}
         default_gres = ""
         unattributed = 0
-        pending, start = "", 0
-        for no, raw in enumerate(source.text.splitlines(), start=1):
-            line = raw.split("#", 1)[0].rstrip()
-            if not pending:
-                start = no
-            if line.endswith("\\"):
-                pending += line[:-1] + " "
-                continue
-            line, pending = pending + line, ""
+        for start, line in conf_lines(source):
             where = at(source, start)
             pairs = _pairs(line, where)
             fields = dict(pairs)
