@@ -39,6 +39,22 @@ FAMILIES = (
         ),
     ),
     (
+        "topograph (tier-0)",
+        (
+            "network.topology.nvidia.com/tier-0",
+            "network.topology.nvidia.com/tier-1",
+            "network.topology.nvidia.com/tier-2",
+        ),
+    ),
+    (
+        "topograph (levels)",
+        (
+            "network.topology.nvidia.com/level-0",
+            "network.topology.nvidia.com/level-1",
+            "network.topology.nvidia.com/level-2",
+        ),
+    ),
+    (
         "topograph (tiers)",
         (
             "network.topology.nvidia.com/tier-1",
@@ -62,8 +78,15 @@ FAMILIES = (
             "topology.k8s.aws/network-node-layer-1",
         ),
     ),
+    ("OCI", ("oci.oraclecloud.com/host.rack_id", "oci.oraclecloud.com/host.network_block_id")),
+    ("Kueue", ("cloud.provider.com/topology-rack", "cloud.provider.com/topology-block")),
 )
-DOMAIN_LABELS = (ACCELERATOR, "nvidia.com/gpu.clique")
+DOMAIN_LABELS = (
+    "accelerated.topology.nvidia.com/domain-0",
+    "accelerated.topology.nvidia.com/level-0",
+    ACCELERATOR,
+    "nvidia.com/gpu.clique",
+)
 # Stands in for a leaf label when nodes carry NVLink cliques only.
 FALLBACK_LEAF = "topoweb/leaf"
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -140,6 +163,16 @@ def _line_of(text: str, obj) -> int | None:
     return text.count("\n", 0, pos) + 1 if pos >= 0 else None
 
 
+def _family(parsed: list) -> tuple[str, tuple[str, ...]] | None:
+    """The label family every node carries, from its lowest level present on all of them: a GKE
+    list with block labels only takes the block as the leaf level."""
+    for lo in range(3):
+        for fname, keys in FAMILIES:
+            if lo < len(keys) and all(keys[lo] in lab for _, lab, _, _ in parsed):
+                return (fname if lo == 0 else f"{fname}, from {keys[lo]} up"), keys[lo:]
+    return None
+
+
 def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
     """kueue: nodes and their topology labels from `kubectl get nodes -o json` (or manifests)."""
     objects = [item for s in sources for item in _nodes(s)]
@@ -160,18 +193,16 @@ def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
         if not isinstance(labels, dict):
             raise fail(where, f"node {meta['name']!r}: metadata.labels must be a mapping")
         parsed.append((meta["name"], {str(k): str(v) for k, v in labels.items()}, obj, where))
-    family = next(
-        ((fname, keys) for fname, keys in FAMILIES if all(keys[0] in lab for _, lab, _, _ in parsed)), None
-    )
+    family = _family(parsed)
     tree = SwitchTree()
     if family is None:
         # Some nodes with a leaf label: name one without. None: every node needs a clique.
-        labelled = any(keys[0] in lab for _, lab, _, _ in parsed for _, keys in FAMILIES)
+        labelled = any(k in lab for _, lab, _, _ in parsed for _, keys in FAMILIES for k in keys)
         lacking = next(
             (
                 (n, w)
                 for n, lab, _, w in parsed
-                if not any(keys[0] in lab for _, keys in FAMILIES)
+                if not any(k in lab for _, keys in FAMILIES for k in keys)
                 and (labelled or not any(lab.get(k) for k in DOMAIN_LABELS))
             ),
             None,
@@ -180,7 +211,7 @@ def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
             known = ", ".join(keys[0] for _, keys in FAMILIES)
             raise fail(
                 lacking[1],
-                f"node {lacking[0]!r} has no leaf-level topology label (one of {known}) and no NVLink clique",
+                f"node {lacking[0]!r} has no topology label (such as {known}) and no NVLink clique",
             )
         # NVLink cliques only (GB200 racks labelled by the GPU operator): the network is not described.
         family = ("NVLink clique only", (FALLBACK_LEAF,))
@@ -224,7 +255,8 @@ def import_labels(sources: list[Source], defaults: Defaults) -> Imported:
             if not str(count).isdigit() or not 0 < int(count) <= 1024:
                 raise fail(where, f"node {name!r}: GPU count {count!r} is not a whole number in 1..1024")
             tree.node_gpus[name] = int(count)
-        if labels.get("nvidia.com/gpu.product"):
-            tree.node_model[name] = labels["nvidia.com/gpu.product"]
+        product = labels.get("nvidia.com/gpu.product") or labels.get("cloud.google.com/gke-accelerator")
+        if product:
+            tree.node_model[name] = product
     tree.notes.append(f"{len(parsed)} nodes with {fname} labels ({', '.join(keys)})")
     return tree_to_spec(tree, defaults)

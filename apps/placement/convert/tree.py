@@ -170,7 +170,7 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
     seen: dict[str, str] = {}
     models: dict[str, float] = {}
     total = 0
-    assumed_gpus = assumed_nics = assumed_nvlink = 0
+    assumed_gpus = assumed_nics = assumed_nvlink = assumed_model = 0
     for s in live.values():
         total += len(s.nodes)
         if total > MAX_NODES:
@@ -195,7 +195,10 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                 nics = defaults.take("nics_per_node")
                 assumed_nics += 1
             rack = nname in rack_gpus and "gpu_model" not in defaults.given
-            model = tree.node_model.get(nname) or (GB200.model if rack else defaults.take("gpu_model"))
+            model = tree.node_model.get(nname) or (GB200.model if rack else None)
+            if model is None:
+                model = defaults.take("gpu_model")
+                assumed_model += 1
             if model not in models:
                 known = model == GB200.model and "peak_tflops" not in defaults.given
                 models[model] = GB200.peak_tflops if known else defaults.take("peak_tflops")
@@ -203,7 +206,7 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                 nvlink_bw = GB200.nvlink_bw_GBps
             else:
                 nvlink_bw = defaults.take("nvlink_bw_GBps")
-                assumed_nvlink += nname in tree.domains
+                assumed_nvlink += 1
             dom = tree.domains.get(nname, nname)
             if nics < 1 or gpus % nics:
                 raise fail(s.where, f"{nics} NICs per node must divide the {gpus} GPUs of node {nname!r}")
@@ -232,6 +235,7 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                 }
             )
     assumed(notes, defaults, "gpus_per_node", "{} GPUs per node", assumed_gpus, "nodes")
+    assumed(notes, defaults, "gpu_model", "GPU model {}", assumed_model, "nodes")
     assumed(notes, defaults, "nics_per_node", "{} NIC per node", assumed_nics, "nodes")
     assumed(notes, defaults, "nic_bw_GBps", "{} GB/s per NIC", len(nodes), "nodes")
     assumed(

@@ -82,7 +82,7 @@ def test_a_node_without_topology_labels_is_named_with_its_line():
     with pytest.raises(SpecError) as exc:
         import_sources("kueue", [Source("nodes.json", text)])
     where, message = exc.value.errors[0]
-    assert "node 'b' has no leaf-level topology label" in message
+    assert "node 'b' has no topology label" in message
     # The error points at the line of node b's name.
     line = int(where.split(":")[1])
     assert text.splitlines()[line - 1].strip() == '"name": "b",'
