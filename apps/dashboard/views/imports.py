@@ -3,6 +3,8 @@ file), show errors per field or file line, preview, import."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
@@ -84,9 +86,20 @@ def topology_import(request):
             "spines": tiers.count("spine"),
             "cores": tiers.count("core"),
             "domains": len(topo.domains),
+            "shapes": _shapes(topo),
         },
     )
     if topo.n_gpus <= PREVIEW_MAX_GPUS:
         fig = cluster_figure(cluster_layout(topo), [])
         context["payload"] = script_json({"figure": fig.figure, "client": fig.client})
     return render(request, "dashboard/import.html", context)
+
+
+def _shapes(topo) -> str:
+    """What decides placements at a glance: GPUs per node and NVLink domain sizes, with counts
+    ("8 GPUs × 36 nodes; NVLink domains: 2 × 72 GPUs")."""
+    per_node = Counter(n.gpus for n in topo.nodes)
+    sizes = Counter(int(k) for k in Counter(topo.gpu_domain.tolist()).values())
+    nodes = ", ".join(f"{g} GPUs × {k} node{'s' if k != 1 else ''}" for g, k in sorted(per_node.items()))
+    domains = ", ".join(f"{k} × {g} GPUs" for g, k in sorted(sizes.items(), reverse=True))
+    return f"{nodes}; NVLink domains: {domains}"

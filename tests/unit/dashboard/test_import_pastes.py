@@ -49,3 +49,13 @@ def test_the_preview_shows_the_nics_per_node_default_with_its_node_count(client,
     body = response.content.decode()
     assert "1 NIC per node assumed (nics_per_node, not in the input): 32 nodes" in body
     assert "8 GPUs per node assumed (gpus_per_node, not in the input): 32 nodes" in body
+
+
+def test_the_preview_shows_gpus_per_node_domain_sizes_and_the_default_warning(client, people):
+    client.force_login(people["ops"])
+    text = (DATA / "slurm-multi-topology.yaml").read_text()
+    response = _post(client, text, "slurm-yaml")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "4 GPUs × 36 nodes; NVLink domains: 2 × 72 GPUs" in body
+    assert '<li class="reason-box">warning: the cluster default topology' in body
