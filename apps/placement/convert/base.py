@@ -252,8 +252,26 @@ def _plain(node: yaml.Node, lines: dict[int, int], source: Source, depth: int) -
 _SCALAR_LOADER = yaml.SafeLoader("")
 
 
-def hosts(value: Any, where: str) -> list[str]:
-    """Expand a hostlist (or a list of hostlists) found at `where`."""
+# Names one input file may expand to in all, repeats included: many lines of large hostlists must
+# not add up to an unbounded amount of work.
+MAX_EXPANDED_NAMES = 10 * MAX_NODES
+
+
+class NameBudget:
+    """Counts the names a file's hostlists expand to; SpecError past MAX_EXPANDED_NAMES."""
+
+    def __init__(self, limit: int = MAX_EXPANDED_NAMES) -> None:
+        self.limit = self.left = limit
+
+    def spend(self, names: list[str], where: str) -> list[str]:
+        self.left -= len(names)
+        if self.left < 0:
+            raise fail(where, f"the file's hostlists name more than {self.limit} nodes in all")
+        return names
+
+
+def hosts(value: Any, where: str, budget: NameBudget | None = None) -> list[str]:
+    """Expand a hostlist (or a list of hostlists) found at `where`, within `budget` if given."""
     items = value if isinstance(value, list) else [value]
     names: list[str] = []
     for item in items:
@@ -265,7 +283,7 @@ def hosts(value: Any, where: str) -> list[str]:
             names.extend(expand(item))
         except HostlistError as exc:
             raise fail(where, str(exc)) from None
-    return names
+    return budget.spend(names, where) if budget is not None else names
 
 
 # ---- a converted cluster ---------------------------------------------------------------------

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ..topology import Topology
-from .base import Defaults, Imported, Source, at, fail, hosts, yaml_documents
+from .base import Defaults, Imported, NameBudget, Source, at, fail, hosts, yaml_documents
 from .hostlist import compress
 from .slurmnodes import conf_lines, read_node_info, split_sources
 from .tree import SwitchTree, TreeSwitch, domain_groups, leaf_groups, tree_to_spec, uplinks
@@ -86,6 +86,7 @@ def _block_sizes(st: Statement) -> list[int]:
 
 def _tree_from_statements(statements: list[Statement], want: str, defaults: Defaults) -> SwitchTree:
     tree = SwitchTree()
+    budget = NameBudget()
     sizes_at = None
     rings = 0
     for st in statements:
@@ -98,8 +99,8 @@ def _tree_from_statements(statements: list[Statement], want: str, defaults: Defa
             raise fail(st.where, "SwitchName belongs to a tree topology (--from slurm-tree)")
         if st.kind == "blockname" and want != "block":
             raise fail(st.where, "BlockName belongs to a block topology (--from slurm-block)")
-        names = hosts(st.fields["nodes"], st.where) if "nodes" in st.fields else []
-        children = hosts(st.fields["switches"], st.where) if "switches" in st.fields else []
+        names = hosts(st.fields["nodes"], st.where, budget) if "nodes" in st.fields else []
+        children = hosts(st.fields["switches"], st.where, budget) if "switches" in st.fields else []
         if st.kind != "switchname" and not names:
             raise fail(st.where, f"{st.kind} {st.name!r} needs Nodes=")
         if st.kind == "switchname" and not names and not children:
@@ -188,6 +189,7 @@ def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
         raise fail(source.name, "topology.yaml must be one non-empty list of topologies")
     data, lines = docs[0]
     found = []
+    budget = NameBudget()
     for entry in data:
         where = at(source, lines.get(id(entry)))
         if not isinstance(entry, dict) or not isinstance(entry.get("topology"), str):
@@ -196,7 +198,7 @@ def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
         unknown = set(entry) - {"topology", "cluster_default", "tree", "block", "flat", "nodes"}
         if len(kinds) != 1 or unknown:
             raise fail(where, f"topology {entry['topology']!r} needs exactly one of tree, block, flat")
-        items = _yaml_items(entry, kinds[0], where, source, lines)
+        items = _yaml_items(entry, kinds[0], where, source, lines, budget)
         found.append((entry["topology"], kinds[0], where, items, entry.get("cluster_default") is True))
     listing = ", ".join(f"{name} ({kind})" for name, kind, *_ in found)
     gpu_nodes = {name: _gpu_nodes(items, tree, defaults) for name, _, _, items, _ in found}
@@ -234,7 +236,7 @@ def import_yaml(sources: list[Source], defaults: Defaults) -> Imported:
     return tree_to_spec(tree, defaults)
 
 
-def _yaml_items(entry: dict, kind: str, where: str, source: Source, lines: dict) -> list:
+def _yaml_items(entry: dict, kind: str, where: str, source: Source, lines: dict, budget: NameBudget) -> list:
     """(name, child switches, nodes, file:line) of each switch or block of one topology."""
     if kind == "flat":
         return []
@@ -251,8 +253,8 @@ def _yaml_items(entry: dict, kind: str, where: str, source: Source, lines: dict)
         extra = set(item) - {key, "children", "nodes"}
         if extra:
             raise fail(iw, f"unknown field(s) {', '.join(sorted(map(str, extra)))}")
-        children = hosts(item["children"], iw) if "children" in item else []
-        names = hosts(item["nodes"], iw) if "nodes" in item else []
+        children = hosts(item["children"], iw, budget) if "children" in item else []
+        names = hosts(item["nodes"], iw, budget) if "nodes" in item else []
         if not names and not children:
             raise fail(iw, f"{key} {item[key]!r} needs nodes or children")
         out.append((item[key], children, names, iw))

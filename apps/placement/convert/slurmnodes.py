@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Source, at, check_size, fail, hosts
+from .base import NameBudget, Source, at, check_size, fail, hosts
 from .hostlist import HostlistError, expand
 from .tree import SwitchTree
 
@@ -72,9 +72,9 @@ def _gres_gpus(value: str, where: str) -> int:
     return total
 
 
-def _file_count(value: str, where: str) -> int:
+def _file_count(value: str, where: str, budget: NameBudget) -> int:
     try:
-        return len(expand(value))
+        return len(budget.spend(expand(value), where))
     except HostlistError as exc:
         raise fail(where, f"File={value!r}: {exc}") from None
 
@@ -82,6 +82,7 @@ def _file_count(value: str, where: str) -> int:
 def read_node_info(sources: list[Source], tree: SwitchTree) -> None:
     """GPUs per node from slurm.conf and gres.conf lines into `tree.node_gpus` (0: no GPUs)."""
     for source in sources:
+        budget = NameBudget()
         slurm_conf: dict[str, int] = {}
         gres_conf: dict[str, int] = {}
         default_gres = ""
@@ -98,7 +99,7 @@ def read_node_info(sources: list[Source], tree: SwitchTree) -> None:
             if names_raw.upper() == "DEFAULT":
                 default_gres = fields.get("gres", default_gres)
                 continue
-            names = hosts(names_raw, where)
+            names = hosts(names_raw, where, budget)
             if "name" in fields:  # gres.conf
                 if fields["name"].lower() != "gpu":
                     continue
@@ -107,7 +108,7 @@ def read_node_info(sources: list[Source], tree: SwitchTree) -> None:
                         raise fail(where, f"Count must be 1..{MAX_NODE_GPUS}, got {fields['count']!r}")
                     count = int(fields["count"])
                 elif "file" in fields:
-                    count = _file_count(fields["file"], where)
+                    count = _file_count(fields["file"], where, budget)
                 else:
                     count = 1
                 for n in names:

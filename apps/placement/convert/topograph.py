@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..topology import Topology
-from .base import Defaults, Imported, Source, at, fail, hosts, yaml_documents
+from .base import Defaults, Imported, NameBudget, Source, at, fail, hosts, yaml_documents
 from .tree import SwitchTree, TreeSwitch, node_hierarchy, tree_to_spec
 
 _DOMAIN_KEYS = ("/accelerator", "/domain")
@@ -70,6 +70,7 @@ def import_model(sources: list[Source], defaults: Defaults) -> Imported:
             "nodes, capacity_blocks (and blocks in the older form)",
         )
     tree = SwitchTree()
+    budget = NameBudget()
     switches = data.get("switches") or {}
     if not isinstance(switches, dict):
         raise fail(
@@ -84,12 +85,12 @@ def import_model(sources: list[Source], defaults: Defaults) -> Imported:
         children = body.get("switches") or []
         if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
             raise fail(where, f"switch {name!r}: switches must be a list of names")
-        names = hosts(body.get("nodes") or [], where)
+        names = hosts(body.get("nodes") or [], where, budget)
         if names and children:
             raise fail(where, f"switch {name!r} has switches below it and cannot also hold nodes")
         tree.add(TreeSwitch(str(name), where, list(children), names))
-    _old_blocks(data, source, lines, tree)
-    named = _node_domains(data, source, lines, tree)
+    _old_blocks(data, source, lines, tree, budget)
+    named = _node_domains(data, source, lines, tree, budget)
     # Children named but never described are empty racks.
     for sw in list(tree.switches.values()):
         for c in sw.children:
@@ -108,7 +109,7 @@ def import_model(sources: list[Source], defaults: Defaults) -> Imported:
     return tree_to_spec(tree, defaults)
 
 
-def _old_blocks(data: dict, source: Source, lines: dict, tree: SwitchTree) -> None:
+def _old_blocks(data: dict, source: Source, lines: dict, tree: SwitchTree, budget: NameBudget) -> None:
     """The older form: `blocks` (or a `capacity_blocks` list) of {switch, nodes, annotations}."""
     blocks = data.get("blocks")
     if blocks is None and isinstance(data.get("capacity_blocks"), list):
@@ -121,7 +122,7 @@ def _old_blocks(data: dict, source: Source, lines: dict, tree: SwitchTree) -> No
         where = at(source, lines.get(id(block)))
         if not isinstance(block, dict) or not isinstance(block.get("switch"), str):
             raise fail(where, "each block needs `switch:` and `nodes:`")
-        names = hosts(block.get("nodes") or [], where)
+        names = hosts(block.get("nodes") or [], where, budget)
         if not names:
             raise fail(where, f"block on switch {block['switch']!r} has no nodes")
         sw = tree.switches.get(block["switch"])
@@ -137,7 +138,7 @@ def _old_blocks(data: dict, source: Source, lines: dict, tree: SwitchTree) -> No
                 tree.domains[n] = domain
 
 
-def _node_domains(data: dict, source: Source, lines: dict, tree: SwitchTree) -> set[str]:
+def _node_domains(data: dict, source: Source, lines: dict, tree: SwitchTree, budget: NameBudget) -> set[str]:
     """The current form: a node's accelerated domain is its attributes.nvlink, else its capacity
     block's attributes.nvlink, else the capacity block itself. Returns the nodes named there."""
     raw_nodes, raw_blocks = data.get("nodes"), data.get("capacity_blocks")
@@ -153,7 +154,7 @@ def _node_domains(data: dict, source: Source, lines: dict, tree: SwitchTree) -> 
         where = at(source, lines.get(id(body)))
         body = _mapping(body, where, f"capacity block {bid!r}")
         block_nvlink[str(bid)] = _nvlink_attr(body, where, f"capacity block {bid!r}")
-        for n in hosts(body.get("nodes") or [], where):
+        for n in hosts(body.get("nodes") or [], where, budget):
             block_of[n] = str(bid)
     node_nvlink: dict[str, str] = {}
     for name, body in nodes.items():

@@ -115,3 +115,21 @@ def test_a_bad_gres_count_names_its_line():
     with pytest.raises(SpecError) as exc:
         import_sources("slurm-tree", [Source("topology.conf", conf), Source("gres.conf", gres)])
     assert exc.value.errors[0][0] == "gres.conf:2" and "Count" in exc.value.errors[0][1]
+
+
+def test_many_large_hostlists_in_a_node_file_are_refused_quickly():
+    import time
+
+    from apps.placement.convert import Source, import_sources
+
+    gres = "".join(f"NodeName=n[1-90000] Name=gpu File=/dev/nvidia{k}\n" for k in range(20))
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as exc:
+        import_sources(
+            "slurm-tree", [Source("topology.conf", "SwitchName=s Nodes=n1\n"), Source("gres.conf", gres)]
+        )
+    assert time.perf_counter() - started < 5
+    assert (
+        exc.value.errors[0][0] == "gres.conf:12"
+        and "more than 1000000 nodes in all" in exc.value.errors[0][1]
+    )
