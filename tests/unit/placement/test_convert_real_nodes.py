@@ -167,3 +167,11 @@ def test_the_simai_nccl_dump_keeps_its_bonded_nics_as_rails():
     node = topo.nodes[0]
     assert nic_gpus(node) == {f"mlx5_bond_{k + 1}": (2 * k, 2 * k + 1) for k in range(4)}
     assert domain_sizes(topo) == [8] and tp8_domains(topo) == 1
+
+
+def test_a_legend_entry_with_a_description_names_the_nic_and_its_fabric():
+    text = (DATA / "nvsmi-h20-quoted-roce-frontend.txt").read_text()
+    text = text.replace("NIC4: rocep152s0f0", "NIC4: mlx5_4 (front end, RoCE)")
+    imported = import_sources("nvidia-smi", [Source("h20.txt", text)])
+    assert any("mlx5_4 left out: Ethernet/RoCE front end" in n for n in imported.notes)
+    assert sorted(n["name"] for n in imported.spec["nodes"][0]["nics"]) == [f"mlx5_{k}" for k in range(4)]
