@@ -99,7 +99,9 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
     system = parse_xml(source)
     gpus: list[tuple[Element, Element | None]] = []
     nics: list[tuple[str, Element, float | None, object]] = []
+    saw_nvlink = False
     for e in _walk(system):
+        saw_nvlink = saw_nvlink or e.tag == "nvlink"
         if _is_gpu_pci(e):
             gpus.append((e, next((c for c in e.children if c.tag == "gpu"), None)))
         elif e.tag == "nic" or (_is_nic_pci(e) and not any(c.tag == "nic" for c in e.children)):
@@ -136,7 +138,7 @@ def parse_nccl(source: Source, defaults: Defaults) -> NodeHW:
     busid = {pci.attrs.get("busid", "").lower(): dev for dev, (pci, _) in by_dev.items()}
     hw = NodeHW(node_name(source), source.name, len(gpus))
     # A cloud VM's dump has no <nvlink> elements: NCCL learns NVLink from NVML at run time.
-    hw.nvlink_known = any(e.tag == "nvlink" for e in _walk(system))
+    hw.nvlink_known = saw_nvlink
     kinds = {gpu_kind(vendor=p.attrs.get("vendor", ""), device=p.attrs.get("device", "")) for p, _ in gpus}
     if len(kinds) == 1 and None not in kinds:
         hw.kind = kinds.pop()
