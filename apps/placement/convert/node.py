@@ -193,6 +193,7 @@ def nvlink_fallback(hw: NodeHW, defaults: Defaults, notes: list[str]) -> GpuKind
     n = hw.gpus
     if "nvlink_bw_GBps" in defaults.given and n > 1:
         links = max(1, round(defaults.nvlink_bw_GBps / defaults.take("nvlink_link_GBps")))
+        hw.link_GBps = defaults.nvlink_bw_GBps / links
         for i in range(n):
             for j in range(n):
                 if i != j:

@@ -175,3 +175,11 @@ def test_a_legend_entry_with_a_description_names_the_nic_and_its_fabric():
     imported = import_sources("nvidia-smi", [Source("h20.txt", text)])
     assert any("mlx5_4 left out: Ethernet/RoCE front end" in n for n in imported.notes)
     assert sorted(n["name"] for n in imported.spec["nodes"][0]["nics"]) == [f"mlx5_{k}" for k in range(4)]
+
+
+def test_a_given_nvlink_bandwidth_wins_over_the_gpu_models_link_rate():
+    text = (DATA / "nccl-p4d-efa-no-nvlink.xml").read_text().replace('device="0x20b0"', 'device="0x2901"')
+    values = {"nvlink_bw_GBps": 210}
+    topo = import_sources("nccl-xml", [Source("b200.xml", text)], Defaults.from_mapping(values)).topology()
+    assert topo.domains["b200"].bw_GBps == pytest.approx(210.0)
+    assert topo.nodes[0].gpu_model == "B200"
