@@ -2,7 +2,7 @@
 SYS), the NIC legend, CPU and NUMA affinity; one file per node, merged into a cluster.
 
 Read as people paste it: tab-separated as printed, or re-aligned with runs of spaces (a terminal,
-an issue, a wiki), indented or quoted, with or without the legend, with the NIC columns named
+an issue, a wiki), indented, quoted or as a Markdown table, with or without the legend, with the NIC columns named
 `NIC0` (and a `NIC0: mlx5_0` legend) or by their device names (older drivers). `nvidia-smi -L`
 lines pasted with it (`GPU 0: NVIDIA H100 80GB HBM3 (UUID: ...)`) name the GPU model."""
 
@@ -26,7 +26,8 @@ MAX_DEVICES = 256
 
 
 def _lines(text: str) -> list[str]:
-    return [_QUOTE.sub("", ln).replace("\u00a0", " ").rstrip() for ln in text.splitlines()]
+    # Cells never hold `|`: a matrix pasted as a Markdown table reads as space-aligned.
+    return [_QUOTE.sub("", ln).replace("\u00a0", " ").replace("|", " ").rstrip() for ln in text.splitlines()]
 
 
 def _header(lines: list[str]) -> int | None:

@@ -183,3 +183,12 @@ def test_a_given_nvlink_bandwidth_wins_over_the_gpu_models_link_rate():
     topo = import_sources("nccl-xml", [Source("b200.xml", text)], Defaults.from_mapping(values)).topology()
     assert topo.domains["b200"].bw_GBps == pytest.approx(210.0)
     assert topo.nodes[0].gpu_model == "B200"
+
+
+def test_a_matrix_pasted_as_a_markdown_table_converts():
+    tabbed = (DATA / "nvsmi-a100-old-driver-crlf.txt").read_text().splitlines()
+    rows = ["| " + " | ".join(c.strip() for c in ln.split("\t")) + " |" for ln in tabbed]
+    table = "\n".join([rows[0], "|" + "---|" * 14, *rows[1:]])
+    topo = import_sources("nvidia-smi", [Source("wiki.md", table)]).topology()
+    assert topo.nodes[0].gpus == 8 and domain_sizes(topo) == [8]
+    assert nic_gpus(topo.nodes[0]) == {f"mlx5_{k}": (2 * k, 2 * k + 1) for k in range(4)}
