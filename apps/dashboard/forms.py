@@ -128,7 +128,7 @@ class TopologyImportForm(forms.Form):
     text = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}),
-        help_text="Or paste the spec here.",
+        help_text="Or paste it here (an nvidia-smi matrix may be pasted as copied from a terminal or an issue).",
     )
     replace = forms.BooleanField(
         required=False, help_text="Replace the topology of an existing cluster of the same name."
@@ -143,7 +143,10 @@ class TopologyImportForm(forms.Form):
         required=False,
         max_length=4096,
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
-        help_text="Values the file lacks, as YAML (e.g. name: lab, gpus_per_node: 4, nic_bw_GBps: 50).",
+        help_text=(
+            "Values the file lacks, as YAML (e.g. name: lab, gpus_per_node: 4, nic_bw_GBps: 50, "
+            "nics: mlx5_*, gpus[gpu[001-064]]: 8)."
+        ),
     )
     # The uploaded file's name, kept between preview and import: per-node formats name the node after it.
     source_name = forms.CharField(required=False, max_length=255, widget=forms.HiddenInput)
