@@ -22,7 +22,7 @@ import yaml
 
 from ..topology import Topology, parse_spec_text, topology_to_spec
 from . import kueue, nccl, nvsmi, slurm, topograph
-from .base import Defaults, Imported, Source, check_size, check_text, fail
+from .base import Defaults, Imported, Source, check_size, check_text, fail, printable_source
 
 # The C emitter when PyYAML was built with libyaml: much faster on large clusters.
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -83,7 +83,7 @@ def import_sources(fmt: str, sources: list[Source], defaults: Defaults | None = 
     """Read `sources` in format `fmt` into spec v1; SpecError naming the file and line."""
     if fmt not in IMPORTERS:
         raise fail("format", f"unknown input format {fmt!r}; one of {', '.join(IMPORTERS)}")
-    sources = list(sources)
+    sources = [printable_source(s) for s in sources]
     for source in sources:
         check_size(source)
         check_text(source)

@@ -55,15 +55,22 @@ def printable(text: str) -> str:
 
 
 def check_text(source: Source) -> None:
-    """Refuse a source whose name or text holds a lone surrogate (no UTF-8 encoding exists for
-    it: it can come from a JSON escape or a file name, never from real UTF-8 text)."""
-    if _SURROGATE.search(source.name) or _SURROGATE.search(source.node):
-        raise fail(printable(source.name), "the file or node name is not valid Unicode (a lone surrogate)")
+    """Refuse a source whose node name or text holds a lone surrogate (no UTF-8 encoding exists
+    for it: it comes from a JSON escape or an undecodable file name, never from UTF-8 text)."""
+    if _SURROGATE.search(source.node):
+        raise fail(printable(source.node), "the node name is not valid Unicode (a lone surrogate)")
     m = _SURROGATE.search(source.text)
     if m:
         line = source.text.count("\n", 0, m.start()) + 1
         col = m.start() - (source.text.rfind("\n", 0, m.start()) + 1) + 1
         raise fail(at(source, line), f"column {col}: not valid Unicode text (a lone surrogate)")
+
+
+def printable_source(source: Source) -> Source:
+    """The source with its file name safe to print (an undecodable file name's surrogates
+    escaped): messages name the file, and the name of a per-node file's node comes from it."""
+    name = printable(source.name)
+    return source if name == source.name else Source(name, source.text, source.node)
 
 
 def assumed(notes: list[str], defaults: Defaults, key: str, what: str, count: int, of: str) -> None:

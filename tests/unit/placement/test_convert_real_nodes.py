@@ -85,10 +85,17 @@ def test_a_lone_surrogate_is_a_spec_error_naming_the_line():
     with pytest.raises(SpecError) as exc:
         import_sources("nvidia-smi", [Source("box.txt", text)])
     assert exc.value.errors[0][0] == "box.txt:1" and "surrogate" in exc.value.errors[0][1]
+    # An undecodable file name is escaped: the node named after it is refused by the name rules.
+    good = (DATA / "nvsmi-h20-quoted-roce-frontend.txt").read_text()
+    imported = import_sources("nvidia-smi", [Source("b\udc80x.txt", good)])
     with pytest.raises(SpecError) as exc:
-        import_sources("nvidia-smi", [Source("b\udc80x.txt", "GPU0")])
-    assert exc.value.errors[0][0] == "b\\udc80x.txt"
+        imported.topology()
+    assert exc.value.errors[0][0].startswith("b\\udc80x.txt")
     exc.value.errors[0][0].encode("utf-8")
+    named = import_sources("nvidia-smi", [Source("b\udc80x.txt", good, node="box1")]).topology()
+    assert named.nodes[0].name == "box1"
+    with pytest.raises(SpecError, match="node name is not valid Unicode"):
+        import_sources("nvidia-smi", [Source("box.txt", good, node="b\udc80x")])
 
 
 def test_a_cloud_nccl_file_says_it_has_no_nvlink_and_takes_it_from_the_gpu_model():
