@@ -260,8 +260,9 @@ _SCALAR_LOADER = yaml.SafeLoader("")
 
 
 # Names one input file may expand to in all, repeats included: many lines of large hostlists must
-# not add up to an unbounded amount of work.
-MAX_EXPANDED_NAMES = 10 * MAX_NODES
+# not add up to an unbounded amount of work. A gres.conf with a line per GPU of the largest
+# cluster (32,768 nodes of 8) names 262,144.
+MAX_EXPANDED_NAMES = 4 * MAX_NODES
 
 
 class NameBudget:
