@@ -6,7 +6,8 @@ rules, errors naming the input's file and line. `export_topology(fmt, topology)`
 validated Topology in another format. Formats:
 
 - `topology-v1`: spec v1 itself (YAML or JSON in, YAML out)
-- `slurm-tree`, `slurm-block`: Slurm topology.conf; `slurm-yaml`: Slurm topology.yaml
+- `slurm-tree`, `slurm-block`: Slurm topology.conf; `slurm-yaml`: Slurm topology.yaml (each with
+  optional slurm.conf / gres.conf files giving the nodes' GPUs)
 - `nvidia-smi`: `nvidia-smi topo -m` matrices, one per node (import only)
 - `nccl-xml`: NCCL topology XML, one per node (import only)
 - `topograph`: NVIDIA topograph's model YAML in, its topology graph JSON out
