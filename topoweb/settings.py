@@ -3,7 +3,7 @@
 With no variables set this is the embedded default (SQLite in the project folder, Celery tasks run
 eagerly in-process, a generated secret key in `.secret_key`), so `make run` needs no services.
 `DATABASE_URL` (postgres://...) and `CELERY_BROKER_URL` (redis://...) switch the same code to
-Postgres and Redis. `ENV_VARS` lists every variable read here (the README documents each).
+Postgres and Redis. `ENV_VARS` lists every variable read here (docs/configuration.md documents each).
 """
 
 import os
