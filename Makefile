@@ -4,6 +4,9 @@ PIP := .venv/bin/pip
 # The integration run's services (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
+# `make run PORT=8001`: the web port; the demo's simulated dcgm-exporter listens 1400 above it.
+PORT ?= 8000
+DCGM_PORT ?= $(shell expr $(PORT) + 1400)
 
 .PHONY: run test lint format bench venv
 
@@ -20,7 +23,7 @@ venv: .venv/.installed
 run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
-	$(PY) manage.py serve_embedded --addr 127.0.0.1:8000
+	$(PY) manage.py serve_embedded --addr 127.0.0.1:$(PORT) --dcgm-port $(DCGM_PORT)
 
 lint: venv
 	.venv/bin/ruff check .
