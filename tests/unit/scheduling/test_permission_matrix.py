@@ -1,7 +1,7 @@
 """The permission matrix: every API endpoint and dashboard page, called by an anonymous client, the
 job's owner, another user, the cluster's launcher token, each role (viewer, submitter, operator,
 admin; staff so the admin site lets them in) and a superuser. Each cell is the status the
-documented rules give (README, "Roles and permissions"); every call runs in a savepoint that is
+documented rules give (docs/guide.md, "Roles and permissions"); every call runs in a savepoint that is
 rolled back, so the cells do not change each other's world (and one world serves them all)."""
 
 from __future__ import annotations
