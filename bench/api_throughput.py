@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psycopg
 import scratch_db
+from figures import figure
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -171,6 +172,21 @@ def read_load(api: Api, rate: float, seconds: float, stop: threading.Event | Non
     for t in pool:
         t.join(timeout=30)
     return latencies
+
+
+UNITS = {"per_s": "1/s", "_ms": "ms", "placed": "jobs", "cycles.count": "cycles"}
+
+
+def print_figures(result: dict, prefix: str = "") -> None:
+    """FIGURE lines of the result's numeric leaves, named by their dotted path as bench/ab.py
+    names the leaves of the JSON printed by earlier versions."""
+    for key, value in result.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            print_figures(value, name)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            unit = next((u for part, u in UNITS.items() if part in name), "")
+            figure(name, value, unit)
 
 
 def wait_ready(port: int, timeout_s: float = 60) -> None:
@@ -372,6 +388,7 @@ def run(args, url: str) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
+        print_figures(result)
         return 0
     finally:
         for p in procs:

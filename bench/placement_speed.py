@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from figures import figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -170,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     rate = throughput(topologies["16k"], 200 if args.quick else 3000, args.seed)
     print(f"\nplacements/s of 8-GPU jobs on {len(topologies['16k'].nodes)} nodes: {rate:.0f}")
+    print()
+    for (name, gpus, policy), xs in lat.items():
+        short = "topo" if policy == "topo" else "tree"
+        figure(f"{short}_{gpus}_on_{name}_p50_ms", _ms(xs, 50), "ms")
+        figure(f"{short}_{gpus}_on_{name}_p99_ms", _ms(xs, 99), "ms")
+    figure("placements_per_s_8gpu", rate, "1/s")
 
     print("\ngrowth exponent k (p50 time ~ GPUs^k)")
     names = [s[0] for s in specs]

@@ -167,7 +167,10 @@ def test_the_module_exits_2_with_one_line_on_bad_input():
     "script,expect",
     [
         ("placement_quality.py", ["mean predicted comm per step", "topo gap", "targets"]),
-        ("placement_speed.py", ["topo p50", "placements/s", "growth exponent", "targets"]),
+        (
+            "placement_speed.py",
+            ["topo p50", "placements/s", "growth exponent", "targets", "FIGURE placements_per_s_8gpu="],
+        ),
     ],
 )
 def test_benchmark_quick_run_prints_its_tables(script, expect):

@@ -1,0 +1,151 @@
+"""bench/ab.py on a tiny fake benchmark in a throwaway git repository: a release found through
+CHANGELOG.md without tags, alternate runs, medians and ratios, and the older output forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import ab  # noqa: E402
+
+FAKE = """\
+import sys, time
+from pathlib import Path
+with open(sys.argv[1], "a") as log:
+    log.write("{side}\\n")
+{body}
+"""
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message],
+        check=True,
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    return repo
+
+
+def run_ab(repo: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "ab.py"),
+            "--repo",
+            str(repo),
+            "--cache",
+            str(tmp_path / "cache"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_release_name_resolves_through_the_changelog_and_sides_alternate(repo: Path, tmp_path: Path):
+    # The old release prints its figure as JSON only; today's prints FIGURE lines, twice as fast.
+    old = FAKE.format(side="ref", body='print(\'{"speed": {"jobs_per_s": 10}, "ok": true}\')')
+    first = commit(repo, {"bench/fake.py": old, "requirements.txt": "# none\n"}, "first")
+    new = FAKE.format(
+        side="here", body='print("FIGURE speed.jobs_per_s=20 1/s")\nprint("FIGURE p99_ms=5 ms")'
+    )
+    changelog = f"# Changelog\n\n## Unreleased\n\n## v0.1 (2026-12-02, commit {first})\n\n- first\n"
+    commit(repo, {"bench/fake.py": new, "CHANGELOG.md": changelog}, "second")
+    log = tmp_path / "order.log"
+    out_json = tmp_path / "ab.json"
+
+    done = run_ab(
+        repo, tmp_path, "--runs", "3", "--json", str(out_json), "v0.1", "--", "bench/fake.py", str(log)
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().split() == ["ref", "here", "here", "ref", "ref", "here"]
+    data = json.loads(out_json.read_text())
+    speed = next(r for r in data["figures"] if r["figure"] == "speed.jobs_per_s")
+    assert speed["ref"] == [10.0] * 3 and speed["here"] == [20.0] * 3 and speed["ratio"] == 2.0
+    assert speed["unit"] == "1/s"
+    assert not any(r["figure"] == "ok" for r in data["figures"])  # booleans are not figures
+    assert "speed.jobs_per_s" in done.stdout and "load average" in done.stdout
+    # The temporary worktree is gone and its virtualenv stays cached for the next run.
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True
+    ).stdout
+    assert len(listed.strip().splitlines()) == 1
+    assert [p.name for p in (tmp_path / "cache").glob("venv-*") if p.is_dir()]
+
+
+def test_an_unknown_ref_is_a_usage_error_naming_the_releases(repo: Path, tmp_path: Path):
+    first = commit(repo, {"bench/fake.py": "print('FIGURE x=1')\n"}, "first")
+    commit(repo, {"CHANGELOG.md": f"## v0.1 (2026-12-02, commit {first})\n"}, "second")
+
+    done = run_ab(repo, tmp_path, "v0.9", "--", "bench/fake.py")
+
+    assert done.returncode == 2
+    assert "v0.9" in done.stderr and "v0.1" in done.stderr
+
+
+def test_a_benchmark_missing_at_the_ref_is_named(repo: Path, tmp_path: Path):
+    commit(repo, {"README": "x\n"}, "first")
+    commit(repo, {"bench/fake.py": "print('FIGURE x=1')\n"}, "second")
+
+    done = run_ab(repo, tmp_path, "HEAD~1", "--", "bench/fake.py")
+
+    assert done.returncode == 2 and "bench/fake.py does not exist at HEAD~1" in done.stderr
+
+
+def test_figure_lines_win_over_json_and_units_are_kept():
+    out = 'noise\nFIGURE placed_per_s=151.5 1/s\n{"placed_per_s": 3}\nFIGURE get_p99_ms=80 ms\n'
+    assert ab.parse_figures(out, "bench/x.py") == {"placed_per_s": (151.5, "1/s"), "get_p99_ms": (80.0, "ms")}
+
+
+def test_the_last_json_object_is_flattened_by_dotted_path():
+    out = '{"a": 1}\nTOKEN x\n{\n  "a": 2,\n  "lat": {"p50": 4.5, "p99": 9},\n  "codes": [500]\n}\n'
+    assert ab.parse_figures(out, "bench/x.py") == {"a": (2.0, ""), "lat.p50": (4.5, ""), "lat.p99": (9.0, "")}
+
+
+def test_the_first_releases_placement_speed_output_is_read():
+    out = (
+        "cluster     GPUs   job  topo p50      p99  tree p50      p99  (ms)\n"
+        "1k          1024     8      0.60     0.90      0.20     0.30\n"
+        "16k       131072     8      1.20     2.00      0.40     0.50\n"
+        "16k       131072  1024     25.60    40.10      9.00    12.00\n"
+        "\nplacements/s of 8-GPU jobs on 2048 nodes: 624\n"
+    )
+    figures = ab.parse_figures(out, "bench/placement_speed.py")
+    assert figures["placements_per_s_8gpu"] == (624.0, "1/s")
+    assert figures["topo_1024_on_16k_p50_ms"] == (25.6, "ms")
+    assert figures["topo_8_on_16k_p50_ms"] == (1.2, "ms") and figures["tree_8_on_1k_p99_ms"] == (0.3, "ms")
+    assert len(figures) == 13
+
+
+def test_release_headings_give_name_and_commit():
+    text = "## Unreleased\n- x\n## v0.2 (2026-12-03, commit 0be9d11)\n## v0.1 (2026-12-02, commit 1d9380a)\n"
+    assert ab.releases(text) == {"v0.2": "0be9d11", "v0.1": "1d9380a"}
+
+
+def test_this_projects_changelog_names_its_releases():
+    text = (BENCH.parent / "CHANGELOG.md").read_text()
+    named = ab.releases(text)
+    assert named["v0.1"] == "1d9380a" and named["v0.2"] == "0be9d11"
+    assert "## Unreleased" in text.split("## v0.2")[0]
