@@ -104,6 +104,14 @@ class HierarchyIndex:
         self.node_domain = t.node_domain.astype(np.int64)
         self.max_node_gpus = int(self.node_gpu_count.max())
         self.max_domain_gpus = int(np.bincount(self.gpu_domain, minlength=self.n_domains).max())
+        # A domain is uniform when every GPU pair in it runs at the domain's rate and latency: not
+        # so a node with intra links (PCIe GPUs, a partial NVLink mesh) whose pairs differ.
+        self.domain_uniform = np.ones(self.n_domains, dtype=bool)
+        for ni, intra in t.node_intra.items():
+            off = ~np.eye(intra.bw.shape[0], dtype=bool)
+            bw, lat = intra.bw[off], intra.latency[off]
+            if bw.size and (np.ptp(bw) > 0 or np.ptp(lat) > 0):
+                self.domain_uniform[int(t.node_domain[ni])] = False
         # Canonical order: plane, pod, unit, cell, node, GPU index; position of each gid in it.
         order = np.lexsort(
             (self.gpu_index, self.gpu_node, self.gpu_cell, self.gpu_unit, self.gpu_pod, self.gpu_plane)

@@ -1,6 +1,7 @@
 """`topo`: topology-aware placement.
 
-1. Which GPUs: the smallest domain that holds the job - one NVLink domain, else one unit (a leaf,
+1. Which GPUs: the smallest domain that holds the job - one uniform NVLink domain (every GPU pair
+   at the domain rate; a node with intra links is not one), else one unit (a leaf,
    or a rail-optimized scalable unit), else one spine pod, else the whole cluster - chosen by best
    fit (fewest GPUs left over) with a fragmentation penalty for every node left partly used.
    Below the chosen block, children are taken best-fit first (`best_fit_cover`), every NVLink
@@ -8,7 +9,9 @@
    whole PP stages, DP replicas or TP groups; when the free set cannot supply aligned pieces the
    pieces shrink (`chunk_ladder`), and a looser alignment is kept only if it fits lower. Beside
    these, the job split evenly over the nodes with the fastest network per GPU (`fast.py`), so
-   that link speed, not only GPU count, decides the set.
+   that link speed, not only GPU count, decides the set; and, when nodes with intra links have
+   free GPUs, the same sets over the other nodes only. A job of up to 8 GPUs that lands in one
+   uniform domain at the top rate is done here (nothing is cheaper; no bound, no search).
 2. Which rank where: rank blocks nested by group (`mapping.py`).
 3. When the best of these misses the lower bound over the free GPUs (`bounds.lower_bound` with
    `free`): a job spanning units of a pod is also spread evenly over more units with its (pp, dp)
@@ -57,6 +60,8 @@ REFINE_MAX_GPUS = 64
 # thousand GPUs), so bigger jobs get fewer; counted in moves, not seconds, so the answer does not
 # depend on how busy the machine is.
 SEARCH_EVALS = ((64, 120), (512, 40), (4096, 10), (math.inf, 2))
+# Jobs up to this many GPUs placed in one uniform NVLink domain at the top rate skip the bound.
+ONE_DOMAIN_MAX_GPUS = 8
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -77,6 +82,18 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     leaf_load = load_array(topology, link_load)
     counts = Free(idx, free, leaf_load)
     plans, spreads = _candidate_sets(idx, counts, job)
+    best = _one_best_domain(topology, idx, counts, job, plans)
+    if best is not None:
+        # The job inside one uniform NVLink domain at the fastest rate any holding domain has:
+        # nothing is cheaper, so neither the bound nor a search is needed.
+        return Placement("topo", tuple(int(g) for g in best), evaluate(topology, job, best, leaf_load))
+    mixed = ~idx.domain_uniform[idx.gpu_domain] & free
+    if mixed.any() and int((free & ~mixed).sum()) >= job.gpus:
+        # Sets that leave out the nodes whose GPU pairs differ (PCIe GPUs, partial NVLink meshes):
+        # best fit counts such a node as one domain and would stop at it.
+        for gset, fit, regular in _candidate_sets(idx, Free(idx, free & ~mixed, leaf_load), job)[0]:
+            if all(np.sort(gset).tobytes() != np.sort(p[0]).tobytes() for p in plans):
+                plans.append((gset, fit, regular))
     if not plans:
         networked = int(np.count_nonzero(idx.networked[counts.ids]))
         return NoFit(
@@ -121,6 +138,29 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
         )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
+
+
+def _one_best_domain(
+    topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec, plans: list
+) -> np.ndarray | None:
+    """The first plan's map when the whole job sits in one uniform NVLink domain whose rate is the
+    highest (and latency the lowest) of every domain with room for the job and at least any NIC's
+    rate: every group then rides the fastest link the job could get. Only for jobs up to
+    ONE_DOMAIN_MAX_GPUS: a larger ring in one domain pays a latency per member, and a hierarchical
+    collective over two domains may price lower. None otherwise."""
+    if len(plans) < 1 or not 2 <= job.gpus <= ONE_DOMAIN_MAX_GPUS:
+        return None
+    gset = plans[0][0]
+    domain = int(idx.gpu_domain[gset[0]])
+    if not idx.domain_uniform[domain] or (idx.gpu_domain[gset] != domain).any():
+        return None
+    room = counts.domain >= job.gpus
+    bw, lat = topology.domain_bw, topology.domain_latency
+    if bw[domain] < bw[room].max() or lat[domain] > lat[room].min():
+        return None
+    if topology.gpu_nic_bw.size and bw[domain] < float(topology.gpu_nic_bw.max()):
+        return None
+    return next(candidate_mappings(idx, job, gset))
 
 
 def search_evals(job: JobSpec) -> int:
@@ -197,7 +237,7 @@ def _candidate_sets(
     """Candidate GPU sets as (gids in canonical order, fit score, regular?), and the pods worth
     spreading the job over as (pod, chunk, units its best set there uses)."""
     n = job.gpus
-    fits = np.flatnonzero(counts.domain >= n)
+    fits = np.flatnonzero((counts.domain >= n) & idx.domain_uniform)
     if fits.size:
         # One NVLink domain holds the job: every group rides NVLink, so only fit matters.
         leftover = counts.domain[fits] - n

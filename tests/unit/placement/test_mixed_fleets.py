@@ -1,0 +1,132 @@
+"""topo on mixed fleets: nodes with intra links (PCIe, cube mesh) beside NVLink nodes, free counts
+and domains that are not powers of two, nodes with different NIC rates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apps.placement.jobs import load_job
+from apps.placement.solvers import place
+from apps.placement.topology import load_topology
+from tests.unit.placement.test_intra_links import _CUBE_MESH, _SOCKETS, CLASSES
+
+
+def nvl_node(name, leaf="leaf-1", gpus=8, nics=8, nic_bw=50.0, domain=None):
+    per = gpus // nics
+    return {
+        "name": name,
+        "gpu_model": "H100",
+        "gpus": gpus,
+        "nvlink": {"domain": domain or name, "bw_GBps": 450, "latency_us": 2.0},
+        "nics": [
+            {
+                "name": f"mlx5_{i}",
+                "gpus": list(range(i * per, (i + 1) * per)),
+                "leaf": leaf,
+                "bw_GBps": nic_bw,
+                "latency_us": 1.5,
+            }
+            for i in range(nics)
+        ],
+    }
+
+
+def intra_node(name, links, leaf="leaf-1"):
+    """An 8-GPU node with intra links and 8 NICs: PCIe GPUs on two sockets or a cube mesh."""
+    out = nvl_node(name, leaf)
+    used = {c for row in links for c in row if c != "X"}
+    out["nvlink"]["bw_GBps"] = 50
+    out["intra"] = {"links": links, "classes": {c: v for c, v in CLASSES.items() if c in used}}
+    return out
+
+
+def fleet(nodes, leaves=1, spines=0, uplink=400.0):
+    switches = [{"name": f"leaf-{i + 1}", "tier": "leaf"} for i in range(leaves)]
+    switches += [{"name": f"spine-{i + 1}", "tier": "spine"} for i in range(spines)]
+    links = [
+        {"a": f"leaf-{i + 1}", "b": f"spine-{j + 1}", "bw_GBps": uplink, "latency_us": 1.0}
+        for i in range(leaves)
+        for j in range(spines)
+    ]
+    return load_topology(
+        {
+            "version": 1,
+            "name": "mixed",
+            "gpu_models": {"H100": {"peak_tflops": 989}},
+            "switches": switches,
+            "links": links,
+            "nodes": nodes,
+        }
+    )
+
+
+def job(tp=1, pp=1, dp=1, comm=()):
+    return load_job(
+        {
+            "version": 1,
+            "name": "j",
+            "gpus": tp * pp * dp,
+            "parallelism": {"tp": tp, "pp": pp, "dp": dp},
+            "step": {"compute_ms": 100},
+            "comm": [
+                {"group": g, "collective": c, "bytes": b} | ({"count": n} if n else {}) for g, c, b, n in comm
+            ],
+        }
+    )
+
+
+def node_names(topo, gids) -> list[str]:
+    return [topo.nodes[int(topo.gpu_node[g])].name for g in gids]
+
+
+def free_counts(topo, counts: dict[str, int]) -> np.ndarray:
+    """Each named node's first `counts[name]` GPUs free, the rest of the cluster busy."""
+    free = np.zeros(topo.n_gpus, dtype=bool)
+    for ni, n in enumerate(topo.nodes):
+        first = int(topo.node_first_gid[ni])
+        free[first : first + counts.get(n.name, 0)] = True
+    return free
+
+
+TP_PP_DP = [("tp", "allreduce", 4.2e7, 96), ("pp", "p2p", 4.2e7, 16), ("dp", "allreduce", 8e8, 0)]
+
+
+# --------------------------------------------------------------------------- intra-link nodes
+
+
+@pytest.mark.parametrize("links", [_SOCKETS, _CUBE_MESH], ids=["pcie", "cube-mesh"])
+def test_an_empty_intra_link_node_does_not_stop_the_nvlink_sets(links):
+    # The node with intra links holds the whole job, but its pairs are not all at its domain
+    # rate: the NVLink nodes' 4+4 (each TP group on one node) must still be generated and win.
+    topo = fleet([intra_node("mixed0", links), nvl_node("nvl0"), nvl_node("nvl1")])
+    free = free_counts(topo, {"mixed0": 8, "nvl0": 6, "nvl1": 6})
+    placed = place(topo, free, None, job(tp=4, dp=2, comm=TP_PP_DP))
+    names = node_names(topo, placed.gids)
+    assert len(set(names[:4])) == 1 and len(set(names[4:])) == 1
+    assert set(names) == {"nvl0", "nvl1"}
+
+
+def test_a_small_job_in_one_uniform_domain_at_the_top_rate_skips_the_bound(monkeypatch):
+    from apps.placement.bounds import lower_bound
+    from apps.placement.solvers import topo as topo_solver
+
+    topo = fleet([nvl_node(f"n{i}") for i in range(4)])
+    free = free_counts(topo, {"n0": 3, "n1": 8, "n2": 5, "n3": 8})
+    j = job(tp=4, dp=2, comm=TP_PP_DP)
+    bound = lower_bound(topo, j, free=free).comm_ms
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the bound was computed")
+
+    monkeypatch.setattr(topo_solver, "lower_bound", refuse)
+    placed = place(topo, free, None, j)
+    assert set(node_names(topo, placed.gids)) in ({"n1"}, {"n3"})
+    assert placed.prediction.comm_ms == pytest.approx(bound, rel=1e-9)
+
+
+def test_a_domain_of_mixed_pairs_is_not_uniform():
+    from apps.placement.solvers.base import hierarchy
+
+    topo = fleet([intra_node("pcie0", _SOCKETS), nvl_node("nvl0")])
+    assert hierarchy(topo).domain_uniform.tolist() == [False, True]
