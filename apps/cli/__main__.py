@@ -51,8 +51,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--entrypoint", help="training script for the launcher line (default train.py)")
     s.set_defaults(run=commands.rankmap)
 
-    s = sub.add_parser("nodes", help="nodes and their health")
+    s = sub.add_parser("nodes", help="nodes and their health (as sinfo)")
     s.add_argument("--cluster")
+    s.add_argument(
+        "--state",
+        choices=("up", "draining", "drained", "down", "no_agent", "unhealthy"),
+        help="only nodes in this state (unhealthy: a GPU reported unhealthy)",
+    )
     s.set_defaults(run=commands.nodes)
 
     for name, run, text in (

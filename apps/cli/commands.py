@@ -15,7 +15,7 @@ from .client import Api, CliError
 MAX_SPEC_BYTES = 1 << 20
 FINISHED = {"completed": 0, "failed": 1, "cancelled": 1}
 JOB_COLUMNS = ("id", "name", "status", "gpus", "priority", "cluster_name", "owner", "pending_reason")
-NODE_COLUMNS = ("name", "cluster_name", "state", "reason", "running", "unhealthy_gpus", "last_seen")
+NODE_COLUMNS = ("name", "cluster_name", "state", "since", "reason", "running", "unhealthy_gpus", "last_seen")
 RANKMAP_FORMATS = ("openmpi", "slurm", "slurm-hostfile", "torchrun", "json")
 
 
@@ -142,7 +142,8 @@ def rankmap(api: Api, args) -> int:
 
 
 def nodes(api: Api, args) -> int:
-    params = {"cluster": args.cluster} if args.cluster else None
+    """`topoweb nodes [--cluster C] [--state S]`: the nodes as sinfo lists them."""
+    params = {k: v for k, v in (("cluster", args.cluster), ("state", args.state)) if v} or None
     emit(api.pages("node-health/", params), args.json, NODE_COLUMNS)
     return 0
 

@@ -100,9 +100,97 @@ def job_styles(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> tuple[int, ..
     return tuple(styles)
 
 
-def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFigure:
+# How each node state shows on the graph: a mark above the node (legend entry per state).
+NODE_MARKS = {
+    "down": ("down", "x", "#c62828"),
+    "drained": ("drained", "square-x-open", "#ef6c00"),
+    "draining": ("draining", "hourglass", "#f9a825"),
+    "no_agent": ("no agent", "circle-open", "#78909c"),
+    "unhealthy": ("unhealthy GPU", "diamond-x", "#ad1457"),
+}
+OUT_OF_SERVICE = ("down", "drained", "draining")
+OUT_COLOR = "#90a4ae"  # idle GPUs of nodes that take no placements
+UNHEALTHY_COLOR = "#ad1457"
+
+
+def node_marks(lay: geo.ClusterLayout, node_states: dict | None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """From `node_states` (by node name: {"state", "reason", "since", "unhealthy"}): the GPUs of
+    nodes that take no placements, the GPUs reported unhealthy (boolean masks over gids), and per
+    node index its [state, reason, since as ISO text, unhealthy GPU indexes] for the client."""
+    topo = lay.topology
+    out = np.zeros(topo.n_gpus, dtype=bool)
+    bad = np.zeros(topo.n_gpus, dtype=bool)
+    shown: dict[str, list] = {}
+    if not node_states:
+        return out, bad, shown
+    index = {n.name: i for i, n in enumerate(topo.nodes)}
+    first = np.concatenate([[0], np.cumsum(topo.node_gpu_count)[:-1]]).astype(np.int64)
+    for name, st in node_states.items():
+        i = index.get(name)
+        if i is None:
+            continue
+        count = int(topo.node_gpu_count[i])
+        if st["state"] in OUT_OF_SERVICE:
+            out[first[i] : first[i] + count] = True
+        for g in st.get("unhealthy", ()):
+            if 0 <= g < count:
+                bad[first[i] + g] = True
+        since = st.get("since")
+        shown[str(i)] = [
+            st["state"],
+            st.get("reason", ""),
+            since.isoformat() if since else None,
+            list(st.get("unhealthy", ())),
+        ]
+    return out, bad, shown
+
+
+def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
+    """One trace per node state present, its mark above each such node, named with the count;
+    hover says the state, since when and why, a click opens the node's page."""
+    topo = lay.topology
+    out = []
+    for key, (label, symbol, color) in NODE_MARKS.items():
+        if key == "unhealthy":
+            nodes = [int(i) for i, v in shown.items() if v[3]]
+        else:
+            nodes = [int(i) for i, v in shown.items() if v[0] == key]
+        if not nodes:
+            continue
+        nodes.sort()
+        text = []
+        for i in nodes:
+            state, reason, since, gpus = shown[str(i)]
+            line = f"<b>{topo.nodes[i].name}</b> · {label}"
+            if key == "unhealthy":
+                line += ": GPU " + ", ".join(str(g) for g in gpus)
+            elif since:
+                line += f" since {since[:16].replace('T', ' ')} UTC"
+            if reason and key != "unhealthy":
+                line += f"<br>{reason[:120]}"
+            text.append(line + "<br><i>click for the node's page</i>")
+        y_off = 0.1 if key == "unhealthy" else 0.0
+        t = markers(
+            f"{label} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})",
+            lay.node_x[nodes],
+            np.full(len(nodes), geo.Y_NODE + y_off),
+            text,
+            "node-state",
+            marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 2, "color": color}},
+            legend=True,
+            customdata=nodes,
+        )
+        t["meta"]["state"] = key
+        out.append(t)
+    return out
+
+
+def cluster_figure(
+    lay: geo.ClusterLayout, jobs: Sequence[JobView], node_states: dict | None = None
+) -> ClusterFigure:
     """The layered cluster graph with placement, predicted metrics, link loads, the zoomed-out
-    bars and empty highlight layers (filled by the client script)."""
+    bars, node states (`node_states` by node name, see `node_marks`) and empty highlight layers
+    (filled by the client script)."""
     topo = lay.topology
     n = topo.n_gpus
     gpu_job = np.full(n, -1, dtype=np.int64)
@@ -111,6 +199,7 @@ def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFi
         g = np.asarray(job.gids, dtype=np.int64)
         gpu_job[g] = j
         gpu_rank[g] = np.arange(g.size)
+    out_gpus, bad_gpus, shown = node_marks(lay, node_states)
     data: list[dict] = []
 
     loads = link_loads(lay, jobs)
@@ -123,7 +212,7 @@ def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFi
     data += nic_and_node_traces(lay)
     data.append(link_hover_trace())
 
-    data += gpu_traces(lay, jobs, gpu_job, looks)
+    data += gpu_traces(lay, jobs, gpu_job, looks, out_gpus, bad_gpus)
     busy = np.flatnonzero(gpu_job >= 0)
     metrics = {
         k: _metric_values(jobs, gpu_job[busy], attr)
@@ -131,8 +220,9 @@ def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFi
     }
     data.append(_metric_trace(lay, busy, metrics["mfu"]))
     data += outline_traces(lay, jobs, looks)
-    bars, bar_data = bar_trace(lay, jobs, gpu_job, looks)
+    bars, bar_data = bar_trace(lay, jobs, gpu_job, looks, out_gpus | bad_gpus)
     data += bars
+    data += node_state_traces(lay, shown)
     # Highlight and path layers, filled by the client script.
     data.append(lines("highlighted links", [], [], HIGHLIGHT_COLOR, 3, "hl-links"))
     data.append(lines("highlighted job", [], [], HIGHLIGHT_COLOR, 2.5, "hl-outline"))
@@ -154,6 +244,7 @@ def cluster_figure(lay: geo.ClusterLayout, jobs: Sequence[JobView]) -> ClusterFi
         overlays=OVERLAYS,
         aggregate_above=AGGREGATE_ABOVE_NODES,
     )
+    client["node_state"] = shown
     return ClusterFigure(figure=figure, client=client, styles=styles)
 
 
@@ -162,11 +253,23 @@ def _gpu_marker(color, symbol="square") -> dict:
     return {"color": color, "size": 7, "symbol": symbol, "line": {"width": 0, "color": "#333333"}}
 
 
-def gpu_traces(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, looks) -> list[dict]:
-    """Free GPUs in grey, then one trace per job in its colour and mark (the legend lists the
-    jobs) and, past MAX_JOB_TRACES, one trace for the rest. `customdata` holds each point's gid;
-    the client places the points and builds their hover text from the per-GPU data."""
-    free = np.flatnonzero(gpu_job < 0)
+def gpu_traces(
+    lay: geo.ClusterLayout,
+    jobs: Sequence[JobView],
+    gpu_job: np.ndarray,
+    looks,
+    out_gpus: np.ndarray | None = None,
+    bad_gpus: np.ndarray | None = None,
+) -> list[dict]:
+    """Free GPUs in grey; idle GPUs of nodes that take no placements (`out_gpus`) and idle GPUs
+    reported unhealthy (`bad_gpus`) apart, not counted free; then one trace per job in its
+    colour and mark (the legend lists the jobs) and, past MAX_JOB_TRACES, one trace for the rest.
+    `customdata` holds each point's gid; the client places the points and builds their hover
+    text from the per-GPU data."""
+    idle = gpu_job < 0
+    bad = idle & (bad_gpus if bad_gpus is not None else False)
+    out_of_service = idle & (out_gpus if out_gpus is not None else False) & ~bad
+    free = np.flatnonzero(idle & ~bad & ~out_of_service)
     out = [
         markers(
             f"free ({free.size})",
@@ -179,6 +282,23 @@ def gpu_traces(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndar
             customdata=free.tolist(),
         )
     ]
+    for mask, name, color, symbol in (
+        (out_of_service, "not schedulable (down, drained or draining node)", OUT_COLOR, "square-x"),
+        (bad, "unhealthy", UNHEALTHY_COLOR, "x"),
+    ):
+        if mask.any():
+            t = markers(
+                f"{name} ({int(mask.sum())})",
+                [],
+                [],
+                [],
+                "gpu-free",
+                marker=_gpu_marker(color, symbol),
+                legend=True,
+                customdata=np.flatnonzero(mask).tolist(),
+            )
+            t["meta"]["unavailable"] = True
+            out.append(t)
     for j, job in enumerate(jobs[:MAX_JOB_TRACES]):
         g = np.asarray(job.gids, dtype=np.int64)
         color, symbol, _ = looks[j]
@@ -273,23 +393,34 @@ def _metric_trace(lay: geo.ClusterLayout, busy: np.ndarray, values: list) -> dic
     )
 
 
-def bar_trace(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarray, looks):
+def bar_trace(
+    lay: geo.ClusterLayout,
+    jobs: Sequence[JobView],
+    gpu_job: np.ndarray,
+    looks,
+    unavailable: np.ndarray | None = None,
+):
     """The zoomed-out view: one stacked bar per leaf group, the height of its GPUs, in segments
     per job (largest first, in the job's colour and hatch), then the free GPUs on partly busy
     nodes and on top the free GPUs on wholly free nodes (the largest block a whole-node job can
-    take there), with each group's free count above its bar. Returns the two traces and the
-    segments (group, job or -1/-2, GPUs) for the client."""
+    take there), with each group's free count above its bar; idle GPUs that take no placements
+    (`unavailable`: down, drained or draining nodes, unhealthy GPUs) are a dark segment of their
+    own, not free. Returns the two traces and the segments (group, job or -1/-2/-3, GPUs) for
+    the client."""
     topo = lay.topology
     n_groups = len(lay.group_names)
     group_of_gpu = lay.group_of_node[topo.gpu_node]
     total = np.bincount(group_of_gpu, minlength=n_groups)
-    free_on_node = np.bincount(topo.gpu_node[gpu_job < 0], minlength=len(topo.nodes))
+    off = (gpu_job < 0) & (unavailable if unavailable is not None else False)
+    gpu_job = np.where(off, -3, gpu_job)
+    n_off = np.bincount(group_of_gpu[off], minlength=n_groups)
+    free_on_node = np.bincount(topo.gpu_node[gpu_job == -1], minlength=len(topo.nodes))
     whole = free_on_node == topo.node_gpu_count
     whole_gpus = np.bincount(lay.group_of_node, weights=np.where(whole, free_on_node, 0), minlength=n_groups)
     whole_nodes = np.bincount(lay.group_of_node, weights=whole.astype(float), minlength=n_groups)
     most_on_node = np.zeros(n_groups, dtype=np.int64)
     np.maximum.at(most_on_node, lay.group_of_node, free_on_node)
-    free = np.bincount(group_of_gpu[gpu_job < 0], minlength=n_groups)
+    free = np.bincount(group_of_gpu[gpu_job == -1], minlength=n_groups)
     busy = gpu_job >= 0
     pairs = group_of_gpu[busy] * (len(jobs) + 1) + gpu_job[busy]
     keys, counts = np.unique(pairs, return_counts=True)
@@ -318,7 +449,7 @@ def bar_trace(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarr
         )
         rows = sorted(per_group.get(g, []), key=lambda jc: (-jc[1], jc[0]))
         partial = int(free[g] - whole_gpus[g])
-        rows += [(-1, partial), (-2, int(whole_gpus[g]))]
+        rows += [(-3, int(n_off[g])), (-1, partial), (-2, int(whole_gpus[g]))]
         for j, c in rows:
             if c <= 0:
                 continue
@@ -330,6 +461,10 @@ def bar_trace(lay: geo.ClusterLayout, jobs: Sequence[JobView], gpu_job: np.ndarr
                 colors.append(looks[j][0])
                 hatch.append(looks[j][2])
                 text.append(f"{head}<br>{jobs[j].label}: {c} GPUs here, {len(jobs[j].gids)} in all")
+            elif j == -3:
+                colors.append(OUT_COLOR)
+                hatch.append("x")
+                text.append(f"{head}<br>not schedulable (down, drained, draining or unhealthy): {c} GPUs")
             else:
                 colors.append(FREE_COLOR if j == -1 else FREE_WHOLE_COLOR)
                 hatch.append("")

@@ -23,6 +23,7 @@ from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
 from apps.scheduling.agent_models import NodeAgent
+from apps.scheduling.agent_selectors import node_state_map
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState
 from apps.scheduling.models import Allocation, Job, MigrationProposal
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
@@ -64,13 +65,15 @@ def visible_jobs(user) -> QuerySet[Job]:
 
 @dataclass(frozen=True)
 class ClusterGraphData:
-    """What the cluster page draws: the snapshot, its layout and one view per active job."""
+    """What the cluster page draws: the snapshot, its layout, one view per active job, and the
+    nodes not simply up (`node_states`, by name, see `node_state_map`)."""
 
     cluster: Cluster
     snapshot: ClusterSnapshot
     layout: ClusterLayout
     jobs: list[JobView]
     queued: int
+    node_states: dict | None = None
 
 
 def cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
@@ -107,7 +110,8 @@ def cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
             )
         )
     queued = Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).count()
-    return ClusterGraphData(cluster, snap, layout_for(topo), views, queued)
+    states = node_state_map(cluster_id=cluster.pk)
+    return ClusterGraphData(cluster, snap, layout_for(topo), views, queued, states)
 
 
 def _public_prediction(predicted: dict | None) -> dict:
@@ -188,8 +192,9 @@ def job_proposals(*, job: Job) -> QuerySet[MigrationProposal]:
 
 
 def graph_signature(*, cluster: Cluster, user) -> tuple:
-    """A cheap key (two queries) that changes whenever the cluster graph `user` sees would:
-    topology edits, allocations booked or released, job status or prediction changes."""
+    """A cheap key (four queries) that changes whenever the cluster graph `user` sees would:
+    topology edits, allocations booked or released, job status or prediction changes, node
+    states (down, drained, draining, no agent, unhealthy GPUs)."""
     live = Allocation.objects.filter(live=True, job__cluster=cluster).aggregate(
         n=Count("id"), top=Max("id"), total=Sum("id")
     )
@@ -200,7 +205,23 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
     )
     stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
     viewer = "all" if roles.sees_all_jobs(user) else user.pk
-    return (cluster.pk, stamp, live["n"], live["top"], live["total"], jobs, viewer)
+    agents = NodeAgent.objects.filter(node__cluster=cluster)
+    marked = tuple(
+        agents.filter(~Q(state=NodeState.UP) | ~Q(unhealthy_gpus=[]) | Q(last_seen__isnull=True))
+        .order_by("node_id")
+        .values_list("node_id", "state", "reason", "unhealthy_gpus", "state_since")
+    )
+    return (
+        cluster.pk,
+        stamp,
+        live["n"],
+        live["top"],
+        live["total"],
+        jobs,
+        viewer,
+        agents.count(),
+        repr(marked),
+    )
 
 
 RECENT_JOBS_ON_NODE = 10

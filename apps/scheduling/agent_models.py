@@ -18,11 +18,14 @@ LOG_TAIL_CHARS = 8192
 class NodeAgent(models.Model):
     """A node's agent and health: `state` up | draining | drained | down, when it was last heard
     from, what it runs, and the GPUs it reported unhealthy (`unhealthy_gpus`: list of
-    {"gpu": index, "reason": text}). A node without a row has never had an agent and is up."""
+    {"gpu": index, "reason": text}); `state_since` is when `state` last changed. A node without a
+    row has never had an agent: it takes placements (an outside launcher may run its jobs), and
+    the pages show it as "no agent", not as up."""
 
     node = models.OneToOneField("topology.Node", on_delete=models.CASCADE, related_name="agent")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.UP)
     reason = models.TextField(blank=True, default="", help_text="Why the node is down or draining.")
+    state_since = models.DateTimeField(null=True, blank=True, help_text="When the state last changed.")
     last_seen = models.DateTimeField(null=True, blank=True)
     version = models.CharField(max_length=40, blank=True, default="")
     addr = models.CharField(max_length=255, blank=True, default="", help_text="Address ranks rendezvous on.")

@@ -17,7 +17,7 @@ from django.db.models import Count, Q
 from apps.placement.jobs import load_job
 from apps.topology.models import Gpu, Nic, Node
 
-from .choices import JobStatus, NodeState, RankState
+from .choices import NO_AGENT, SHOWN_NODE_STATES, UNHEALTHY, JobStatus, NodeState, RankState
 from .models import Allocation, Job, NodeAgent, RankRun
 
 BASE_MASTER_PORT = 20000
@@ -245,28 +245,110 @@ def job_log_tails(*, job: Job, limit: int = 16) -> list[RankRun]:
     return failed + list(current)
 
 
+def shown_state(agent: NodeAgent | None) -> str:
+    """The node's state as the pages show it: its agent's state, or "no_agent" when no agent ever
+    reported (no row, or an up row without a heartbeat)."""
+    if agent is None or (agent.state == NodeState.UP and agent.last_seen is None):
+        return NO_AGENT
+    return agent.state
+
+
+def node_state_q(state: str) -> Q:
+    """A filter on nodes for one of NODE_STATE_FILTERS."""
+    if state == UNHEALTHY:
+        return Q(agent__isnull=False) & ~Q(agent__unhealthy_gpus=[])
+    if state == NO_AGENT:
+        return Q(agent__isnull=True) | Q(agent__state=NodeState.UP, agent__last_seen__isnull=True)
+    if state == NodeState.UP:
+        return Q(agent__state=NodeState.UP, agent__last_seen__isnull=False)
+    return Q(agent__state=state)
+
+
+def node_rows(*, cluster_id: int, state: str = "") -> list[dict[str, Any]]:
+    """The cluster's nodes as `sinfo -N` lists them, in topology order, optionally only those in
+    `state` (one of NODE_STATE_FILTERS): name, shown state, reason, since when, last heartbeat,
+    GPUs, GPUs booked, unhealthy GPUs ([{"gpu", "reason"}]) and the leaf."""
+    nodes = Node.objects.filter(cluster_id=cluster_id).select_related("agent", "leaf")
+    if state:
+        nodes = nodes.filter(node_state_q(state))
+    nodes = nodes.annotate(n_gpus=Count("gpus", distinct=True)).order_by("position", "id")
+    busy = dict(
+        Allocation.objects.filter(live=True, gpu__node__cluster_id=cluster_id)
+        .values("gpu__node_id")
+        .annotate(n=Count("id"))
+        .values_list("gpu__node_id", "n")
+    )
+    rows = []
+    for node in nodes:
+        agent = getattr(node, "agent", None)
+        rows.append(
+            {
+                "node": node.name,
+                "state": shown_state(agent),
+                "reason": agent.reason if agent else "",
+                "since": agent.state_since if agent else None,
+                "last_seen": agent.last_seen if agent else None,
+                "gpus": node.n_gpus,
+                "busy": busy.get(node.pk, 0),
+                "unhealthy": list(agent.unhealthy_gpus or ()) if agent else [],
+                "leaf": node.leaf.name if node.leaf_id else "",
+            }
+        )
+    return rows
+
+
+def node_state_map(*, cluster_id: int) -> dict[str, dict[str, Any]]:
+    """Nodes not simply up, by name: {"state", "reason", "since", "unhealthy": [GPU index]}; a
+    node with no agent row at all is "no_agent" too."""
+    out: dict[str, dict[str, Any]] = {}
+    rows = NodeAgent.objects.filter(node__cluster_id=cluster_id).values_list(
+        "node__name", "state", "reason", "state_since", "last_seen", "unhealthy_gpus"
+    )
+    seen = set()
+    for name, state, reason, since, last_seen, bad in rows:
+        seen.add(name)
+        shown = NO_AGENT if state == NodeState.UP and last_seen is None else state
+        gpus = sorted(int(g.get("gpu", -1)) for g in bad or () if isinstance(g, dict))
+        if shown != NodeState.UP or gpus:
+            out[name] = {"state": shown, "reason": reason, "since": since, "unhealthy": gpus}
+    for name in (
+        Node.objects.filter(cluster_id=cluster_id).exclude(agent__isnull=False).values_list("name", flat=True)
+    ):
+        if name not in seen:
+            out[name] = {"state": NO_AGENT, "reason": "", "since": None, "unhealthy": []}
+    return out
+
+
 def cluster_health(*, cluster_id: int) -> dict[str, Any]:
-    """Node health of a cluster at a glance: counts per state (nodes without an agent row count
-    as up), nodes not up with their reasons, and unhealthy GPUs as "node:index (reason)"."""
+    """Node health of a cluster at a glance: counts per shown state (a node no agent ever
+    reported from counts as "no_agent", not up), nodes not up with their reasons and since when,
+    and unhealthy GPUs as "node:index (reason)"."""
     rows = list(
         NodeAgent.objects.filter(node__cluster_id=cluster_id)
         .order_by("node__position", "node_id")
-        .values_list("node__name", "state", "reason", "unhealthy_gpus", "last_seen")
+        .values_list("node__name", "state", "reason", "unhealthy_gpus", "last_seen", "state_since")
     )
     total = Node.objects.filter(cluster_id=cluster_id).count()
-    counts = {state: 0 for state in NodeState.values}
-    for _, state, _, _, _ in rows:
-        counts[state] += 1
-    counts[NodeState.UP] += total - len(rows)
+    counts = {state: 0 for state in SHOWN_NODE_STATES}
+    shown = []
+    for name, state, reason, bad, seen, since in rows:
+        s = NO_AGENT if state == NodeState.UP and seen is None else state
+        counts[s] += 1
+        shown.append((name, s, reason, bad, seen, since))
+    counts[NO_AGENT] += total - len(rows)
     return {
         "counts": counts,
+        "nodes_total": total,
         "agents": sum(1 for r in rows if r[4] is not None),
         "nodes": [
-            {"node": name, "state": state, "reason": reason, "last_seen": seen}
-            for name, state, reason, _, seen in rows
-            if state != NodeState.UP
+            {"node": name, "state": s, "reason": reason, "last_seen": seen, "since": since}
+            for name, s, reason, _, seen, since in shown
+            if s not in (NodeState.UP, NO_AGENT)
         ],
         "unhealthy": [
-            f"{name}:{g.get('gpu')} ({g.get('reason', '')})" for name, _, _, bad, _ in rows for g in bad or ()
+            f"{name}:{g.get('gpu')} ({g.get('reason', '')})"
+            for name, _, _, bad, _, _ in shown
+            for g in bad or ()
         ],
+        "unhealthy_nodes": [name for name, _, _, bad, _, _ in shown if bad],
     }

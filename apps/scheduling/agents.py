@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, CharField, Count, F, Q, TextField, Value, When
+from django.db.models import Case, CharField, Count, DateTimeField, F, Q, TextField, Value, When
 from django.utils import timezone
 
 from apps.topology.models import Cluster, Node
@@ -106,7 +106,7 @@ def agent_heartbeat(
     if beat.inventory is not None:
         fields["inventory"] = beat.inventory
     if agent is None:
-        agent, created = NodeAgent.objects.get_or_create(node=node, defaults=fields)
+        agent, created = NodeAgent.objects.get_or_create(node=node, defaults={**fields, "state_since": now})
         if created:
             if unhealthy:
                 queue_cycle(node.cluster_id)
@@ -127,11 +127,16 @@ def agent_heartbeat(
         reason=Case(
             When(state=NodeState.DOWN, then=Value("")), default=F("reason"), output_field=TextField()
         ),
+        state_since=Case(
+            When(state=NodeState.DOWN, then=Value(now)),
+            default=F("state_since"),
+            output_field=DateTimeField(),
+        ),
     )
     for name, value in fields.items():
         setattr(agent, name, value)
     if was_down:
-        agent.state, agent.reason = NodeState.UP, ""
+        agent.state, agent.reason, agent.state_since = NodeState.UP, "", now
     if changed:
         queue_cycle(node.cluster_id)
     return agent
@@ -315,7 +320,9 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     )
     for agent in draining:
         if not Allocation.objects.filter(live=True, gpu__node=agent.node).exists():
-            NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DRAINING).update(state=NodeState.DRAINED)
+            NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DRAINING).update(
+                state=NodeState.DRAINED, state_since=now
+            )
             out["drained"].append(agent.node.name)
     deadline = now - timedelta(seconds=start_timeout_s())
     late = Job.objects.filter(cluster=cluster, status=JobStatus.PLACING, placed_at__lt=deadline)
@@ -360,7 +367,9 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
     now = now or timezone.now()
     touched: list[int] = []
     with transaction.atomic():
-        NodeAgent.objects.update_or_create(node=node, defaults={"state": NodeState.DOWN, "reason": reason})
+        NodeAgent.objects.update_or_create(
+            node=node, defaults={"state": NodeState.DOWN, "reason": reason, "state_since": now}
+        )
         job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
         RankRun.objects.filter(node=node, state=RankState.STARTED).update(
             state=RankState.EXITED, exited_at=now, log_tail="lost: node down"
@@ -392,11 +401,14 @@ def node_drain(*, node: Node, reason: str) -> NodeAgent:
     """Take no new placements on the node; running jobs finish, then it is drained."""
     with transaction.atomic():
         agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        before = agent.state
         if agent.state != NodeState.DOWN:
             busy = Allocation.objects.filter(live=True, gpu__node=node).exists()
             agent.state = NodeState.DRAINING if busy else NodeState.DRAINED
+        if agent.state != before or agent.state_since is None:
+            agent.state_since = timezone.now()
         agent.reason = reason
-        agent.save(update_fields=["state", "reason"])
+        agent.save(update_fields=["state", "reason", "state_since"])
         return agent
 
 
@@ -405,11 +417,13 @@ def node_resume(*, node: Node) -> NodeAgent:
     comes back by itself at its next heartbeat)."""
     with transaction.atomic():
         agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        if agent.state in (NodeState.DRAINING, NodeState.DRAINED) or agent.state_since is None:
+            agent.state_since = timezone.now()
         if agent.state in (NodeState.DRAINING, NodeState.DRAINED):
             agent.state = NodeState.UP
         agent.reason = ""
         agent.unhealthy_gpus = []
-        agent.save(update_fields=["state", "reason", "unhealthy_gpus"])
+        agent.save(update_fields=["state", "reason", "unhealthy_gpus", "state_since"])
         queue_cycle(node.cluster_id)
         return agent
 

@@ -63,6 +63,20 @@ class NodeState(models.TextChoices):
 # Nodes whose GPUs take no new placements.
 UNSCHEDULABLE_NODE_STATES = (NodeState.DRAINING, NodeState.DRAINED, NodeState.DOWN)
 
+# A node as the pages, the API and the CLI show it: its agent's state, or "no_agent" when no agent
+# ever reported (an up row without a heartbeat, or no row at all).
+NO_AGENT = "no_agent"
+SHOWN_NODE_STATES = (
+    NodeState.UP.value,
+    NodeState.DRAINING.value,
+    NodeState.DRAINED.value,
+    NodeState.DOWN.value,
+    NO_AGENT,
+)
+# What the node lists filter by: a shown state, or "unhealthy" (a GPU reported unhealthy).
+UNHEALTHY = "unhealthy"
+NODE_STATE_FILTERS = (*SHOWN_NODE_STATES, UNHEALTHY)
+
 
 class RankState(models.TextChoices):
     """A rank process as its agent reported it."""
@@ -93,6 +107,10 @@ NODE_STATE_HELP = {
     NodeState.DRAINING: "An operator drained it: no new placements; the jobs on it run to their end.",
     NodeState.DRAINED: "Drained and empty: no job runs on it and none will be placed until it is resumed.",
     NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set and its jobs failed or were requeued.",
+    NO_AGENT: "No agent ever reported from it: it still takes placements (an outside launcher may run "
+    "its jobs), but nothing says it is alive.",
+    UNHEALTHY: "Its agent reported one or more GPUs unhealthy (an XID error, or missing from nvidia-smi): "
+    "those GPUs take no placements until a healthy report or a resume.",
 }
 
 PROPOSAL_STATUS_HELP = {

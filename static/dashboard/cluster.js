@@ -50,8 +50,21 @@
   for (let i = 0; i < links.n_uplinks; i++) capOf[links.a[i]] = (capOf[links.a[i]] || 0) + links.cap[i];
   const nicJob = {};
   const freeOnNode = client.node_gpus.slice();
+  // Nodes not simply up, by node index: [state, reason, since (ISO), unhealthy GPU indexes].
+  const nodeState = client.node_state || {};
+  const OUT_STATES = { down: 1, drained: 1, draining: 1 };
+  function idleText(gid) {
+    const st = nodeState[String(client.gpu_node[gid])];
+    if (!st) return "free";
+    if (st[3].indexOf(client.gpu_index[gid]) >= 0) return "unhealthy GPU: takes no placements";
+    if (OUT_STATES[st[0]]) return "idle, node " + st[0] + ": takes no placements";
+    return st[0] === "no_agent" ? "free (no agent reports from this node)" : "free";
+  }
   client.gpu_job.forEach(function (j, g) {
-    if (j < 0) return;
+    if (j < 0) {
+      if (idleText(g).indexOf("free") !== 0) freeOnNode[client.gpu_node[g]]--;
+      return;
+    }
     freeOnNode[client.gpu_node[g]]--;
     const k = client.gpu_nic[g];
     if (k >= 0 && nicJob[k] === undefined) nicJob[k] = j;
@@ -186,7 +199,7 @@
     const nic = client.gpu_nic[gid];
     if (nic >= 0) s += " · " + client.nic_names[client.nic_name[nic]] + " → " + client.leaf_names[client.nic_leaf[nic]];
     const j = client.gpu_job[gid];
-    if (j < 0) return s + "<br>free";
+    if (j < 0) return s + "<br>" + idleText(gid);
     const job = client.jobs[j];
     if (!job.details) return s + "<br>" + job.label;
     const rank = client.gpu_rank[gid];
@@ -249,8 +262,15 @@
   }
   function nodeText(i) {
     const leaf = client.node_leaf[i] >= 0 ? client.leaf_names[client.node_leaf[i]] : "standalone";
+    const st = nodeState[String(i)];
+    let state = "";
+    if (st) {
+      state = "<br>" + st[0].replace("_", " ") + (st[2] ? " since " + st[2].slice(0, 16).replace("T", " ") + " UTC" : "");
+      if (st[1]) state += ": " + st[1].slice(0, 120);
+      if (st[3].length) state += "<br>unhealthy GPU " + st[3].join(", ");
+    }
     return "<b>" + client.node_names[i] + "</b> · " + leaf + "<br>" + client.node_gpus[i] + " GPUs, " +
-      freeOnNode[i] + " free<br><i>click for the node's page</i>";
+      freeOnNode[i] + " free" + state + "<br><i>click for the node's page</i>";
   }
   const TEXT = { "gpu-free": gpuText, "gpu-job": gpuText, "gpu-metric": gpuText, link: linkText, nic: nicText,
     node: nodeText, "node-label": function (i) { return nodeLabel(i); } };
@@ -618,7 +638,7 @@
     if (role === "agg" || role === "agg-label") {
       const g = pt.customdata;
       zoomTo(client.group_x0[g] - 2, client.group_x1[g] + 2);
-    } else if (role === "node" || role === "node-label") {
+    } else if (role === "node" || role === "node-label" || role === "node-state") {
       window.location.href = nodeUrl(client.node_names[pt.customdata]);
     } else if (role === "gpu-free" || role === "gpu-job" || role === "gpu-metric") {
       const gid = pt.customdata;

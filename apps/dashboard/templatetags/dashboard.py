@@ -137,3 +137,31 @@ def with_query(context, **changes) -> str:
         if value not in (None, ""):
             query[key] = value
     return "?" + query.urlencode()
+
+
+def relative_text(when, now=None) -> str:
+    """A moment relative to now: "5 min ago", "in 24 h", "now" within a second; "–" if none."""
+    from datetime import datetime
+
+    from django.utils import timezone
+
+    if not isinstance(when, datetime):
+        return "–"
+    now = now or timezone.now()
+    seconds = (when - now).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    span = duration_s(abs(seconds))
+    return f"in {span}" if seconds > 0 else f"{span} ago"
+
+
+@register.filter
+def relative(when) -> str:
+    """A datetime as "5 min ago" or "in 24 h" (the exact UTC time in a tooltip is the template's)."""
+    return relative_text(when)
+
+
+@register.filter
+def words(value) -> str:
+    """An identifier for people: "no_agent" -> "no agent"."""
+    return str(value).replace("_", " ")

@@ -9,8 +9,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.api import roles
 from apps.dashboard.selectors import node_overview, switch_overview
+from apps.scheduling.agent_selectors import cluster_health, node_rows
 from apps.scheduling.agents import node_drain, node_resume
-from apps.topology.models import Node, Switch
+from apps.scheduling.choices import NODE_STATE_FILTERS
+from apps.topology.models import Cluster, Node, Switch
 
 from .common import perm_required
 
@@ -27,6 +29,30 @@ def node_page(request, name: str, node: str):
     )
     context = {"cluster": target.cluster, "node": target, **node_overview(node=target, user=request.user)}
     return render(request, "dashboard/node.html", context)
+
+
+@login_required
+@require_GET
+def node_list(request, name: str):
+    """`/clusters/NAME/nodes/?state=S`: every node as `sinfo -N` lists it, with its state, reason,
+    since when and last heartbeat; `state` one of NODE_STATE_FILTERS (400 naming it otherwise)."""
+    cluster = get_object_or_404(Cluster, name=name)
+    state = request.GET.get("state", "")
+    error = ""
+    if state and state not in NODE_STATE_FILTERS:
+        error = f"state: one of {', '.join(NODE_STATE_FILTERS)}"
+        state = ""
+    rows = [] if error else node_rows(cluster_id=cluster.pk, state=state)
+    health = cluster_health(cluster_id=cluster.pk)
+    context = {
+        "cluster": cluster,
+        "rows": rows,
+        "state": state,
+        "error": error,
+        "health": health,
+        "filters": [(s, health["counts"].get(s, len(health["unhealthy_nodes"]))) for s in NODE_STATE_FILTERS],
+    }
+    return render(request, "dashboard/nodes.html", context, status=400 if error else 200)
 
 
 @login_required

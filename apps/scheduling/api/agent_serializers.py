@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.topology.models import Node
 
 from ..agent_models import LOG_TAIL_CHARS
+from ..agent_selectors import shown_state
 from ..agents import Heartbeat
+from ..choices import SHOWN_NODE_STATES
 from ..models import NodeAgent, RankRun
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -99,11 +102,13 @@ class DrainSerializer(serializers.Serializer):
 
 
 class NodeHealthSerializer(serializers.ModelSerializer):
-    """A node and its agent's health (state up without an agent row: never had one)."""
+    """A node and its agent's health: state up, draining, drained, down, or no_agent (no agent ever
+    reported from it), since when, and why."""
 
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     state = serializers.SerializerMethodField()
     reason = serializers.SerializerMethodField()
+    since = serializers.SerializerMethodField(help_text="When the state last changed (null: never).")
     last_seen = serializers.SerializerMethodField()
     version = serializers.SerializerMethodField()
     unhealthy_gpus = serializers.SerializerMethodField()
@@ -118,6 +123,7 @@ class NodeHealthSerializer(serializers.ModelSerializer):
             "cluster_name",
             "state",
             "reason",
+            "since",
             "last_seen",
             "version",
             "unhealthy_gpus",
@@ -131,9 +137,13 @@ class NodeHealthSerializer(serializers.ModelSerializer):
         except NodeAgent.DoesNotExist:
             return None
 
+    @extend_schema_field(serializers.ChoiceField(choices=SHOWN_NODE_STATES))
     def get_state(self, node: Node) -> str:
+        return shown_state(self._agent(node))
+
+    def get_since(self, node: Node) -> datetime | None:
         agent = self._agent(node)
-        return agent.state if agent else "up"
+        return agent.state_since if agent else None
 
     def get_reason(self, node: Node) -> str:
         agent = self._agent(node)

@@ -9,6 +9,7 @@ from django.db import connection
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
@@ -21,7 +22,8 @@ from apps.api.permissions import holds
 from apps.topology.models import Node
 
 from .. import agents, selectors
-from ..agent_selectors import node_work, sync_node
+from ..agent_selectors import node_state_q, node_work, sync_node
+from ..choices import NODE_STATE_FILTERS
 from ..models import RankRun
 from ..wakeups import epoch, wait_for_change
 from .agent_serializers import (
@@ -120,7 +122,23 @@ class NodeHealthViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         name = self.request.query_params.get("node")
         if name:
             nodes = nodes.filter(name=name)
+        state = self.request.query_params.get("state")
+        if state:
+            if state not in NODE_STATE_FILTERS:
+                raise ValidationError({"state": [f"one of {', '.join(NODE_STATE_FILTERS)}"]})
+            nodes = nodes.filter(node_state_q(state))
         return nodes
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("cluster", str, required=False, description="cluster name or id"),
+            OpenApiParameter("node", str, required=False, description="node name"),
+            OpenApiParameter("state", str, required=False, enum=list(NODE_STATE_FILTERS)),
+        ]
+    )
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        """Nodes with their state, reason and since when (?cluster=, ?node=, ?state=)."""
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(
         summary="Drain a node: no new placements, running jobs finish, then drained",

@@ -8,6 +8,7 @@ import httpx
 import pytest
 import yaml
 from django.core.wsgi import get_wsgi_application
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from apps.cli import commands
@@ -101,16 +102,25 @@ def test_queue_cancel_rankmap_and_logs(cli, tmp_path, django_capture_on_commit_c
     assert code == 2 and "not found" in err
 
 
-def test_nodes_and_drain_need_staff(cli, monkeypatch, staff):
+def test_nodes_and_drain_need_staff(cli, monkeypatch, staff, capsys):
     code, out, _ = cli("nodes")
-    assert code == 0 and "node-a" in out and "up" in out
+    assert code == 0 and "node-a" in out and "no_agent" in out
     code, _, err = cli("drain", "node-a", "--reason", "firmware")
     assert code == 3
     monkeypatch.setenv("TOPOWEB_TOKEN", Token.objects.create(user=staff).key)
     code, out, _ = cli("--json", "drain", "node-a", "--reason", "firmware")
     assert code == 0 and json.loads(out)["state"] == NodeState.DRAINED
     assert NodeAgent.objects.get(node__name="node-a").reason == "firmware"
+    code, out, _ = cli("nodes", "--state", "drained")
+    assert code == 0 and "node-a" in out and "firmware" in out and "node-b" not in out
     code, out, _ = cli("--json", "resume", "node-a")
-    assert code == 0 and json.loads(out)["state"] == NodeState.UP
+    # Back in service, but no agent ever reported from it.
+    assert code == 0 and json.loads(out)["state"] == "no_agent"
+    NodeAgent.objects.filter(node__name="node-a").update(last_seen=timezone.now())
+    code, out, _ = cli("--json", "nodes", "--state", "up")
+    assert code == 0 and [n["name"] for n in json.loads(out)] == ["node-a"]
+    with pytest.raises(SystemExit) as usage:
+        cli("nodes", "--state", "sleepy")
+    assert usage.value.code == 2 and "--state" in capsys.readouterr().err
     code, _, err = cli("drain", "no-such-node", "--reason", "x")
     assert code == 2 and "no node" in err
