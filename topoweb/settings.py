@@ -67,7 +67,13 @@ EMBEDDED = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
 if EMBEDDED:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # IMMEDIATE makes SQLite writers queue for the lock up front instead of failing mid-transaction.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    # WAL lets readers run beside the one writer (pages no longer fail while a pass writes);
+    # the busy timeout is how long a writer waits for the lock before "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
 
 SECRET_KEY = _env("SECRET_KEY")
 if not SECRET_KEY:

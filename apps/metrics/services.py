@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from apps.scheduling.models import Job
 from apps.topology.models import Cluster
+from apps.topology.retry import retry_when_locked
 
 from .choices import SourceKind
 from .exposition import VALUE_FIELDS
@@ -85,17 +86,31 @@ def metrics_collect(
     out.stage_ms["fetch_parse"] = (t1 - t0) * 1e3
     out.parse_cpu_ms = sum(r.parse_ms for r in results)
     now = now or timezone.now()
-    stored = results_store(cluster=cluster, results=results, now=now, interval_s=settings.interval_s)
+    stored = retry_when_locked(
+        lambda: results_store(cluster=cluster, results=results, now=now, interval_s=settings.interval_s),
+        what="metrics store",
+    )
     t2 = time.perf_counter()
     out.stage_ms["store"] = (t2 - t1) * 1e3
     out.nodes_ok, out.nodes_failed, out.readings = stored.nodes_ok, stored.nodes_failed, stored.readings
     fresh_s = STALE_INTERVALS * settings.interval_s
-    samples = job_samples_record(cluster=cluster, now=now, fresh_s=fresh_s)
+    samples = retry_when_locked(
+        lambda: job_samples_record(cluster=cluster, now=now, fresh_s=fresh_s), what="job samples"
+    )
     out.jobs_measured = len(samples)
     out.hotspots = len(
-        hotspots_detect(cluster=cluster, samples=samples, now=now, interval_s=settings.interval_s)
+        retry_when_locked(
+            lambda: hotspots_detect(
+                cluster=cluster, samples=samples, now=now, interval_s=settings.interval_s
+            ),
+            what="hotspots",
+        )
     )
-    out.hotspots += len(uplink_hotspots_detect(cluster=cluster, now=now, fresh_s=fresh_s))
+    out.hotspots += len(
+        retry_when_locked(
+            lambda: uplink_hotspots_detect(cluster=cluster, now=now, fresh_s=fresh_s), what="uplink hotspots"
+        )
+    )
     out.stage_ms["jobs"] = (time.perf_counter() - t2) * 1e3
     return out
 

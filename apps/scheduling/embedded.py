@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 
 from django.db import close_old_connections
+
+from apps.topology.retry import retry_when_locked
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class PeriodicScheduler(threading.Thread):
             for cluster in Cluster.objects.order_by("pk"):
                 for step in (nodes_check, schedule_cluster, active_jobs_reprice, migrations_propose):
                     try:
-                        step(cluster=cluster)
+                        retry_when_locked(partial(step, cluster=cluster), what=step.__name__)
                     except Cluster.DoesNotExist:
                         break
                     except Exception:

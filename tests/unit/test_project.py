@@ -97,12 +97,12 @@ def test_embedded_secret_key_is_generated_once_and_private(tmp_path):
 
 def test_secret_key_file_and_databases_are_git_ignored():
     run = subprocess.run(
-        ["git", "check-ignore", ".secret_key", "db.sqlite3", "staticfiles/x"],
+        ["git", "check-ignore", ".secret_key", "db.sqlite3", "db.sqlite3-wal", "staticfiles/x"],
         cwd=REPO,
         capture_output=True,
         text=True,
     )
-    assert run.stdout.split() == [".secret_key", "db.sqlite3", "staticfiles/x"]
+    assert run.stdout.split() == [".secret_key", "db.sqlite3", "db.sqlite3-wal", "staticfiles/x"]
 
 
 @pytest.mark.django_db

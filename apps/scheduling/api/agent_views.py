@@ -20,6 +20,7 @@ from apps.api import roles
 from apps.api.authentication import AUTHENTICATION, LauncherAuthentication, launcher_of
 from apps.api.permissions import holds
 from apps.topology.models import Node
+from apps.topology.retry import retry_when_locked
 
 from .. import agents, selectors
 from ..agent_selectors import node_state_q, node_work, sync_node
@@ -72,10 +73,14 @@ class AgentSyncView(APIView):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         since = epoch(node.cluster_id, node.name)
-        agent = agents.agent_heartbeat(node=node, beat=body.heartbeat(), agent=known)
+        beat = body.heartbeat()
+        # Both writes are safe to repeat: on the embedded SQLite they retry a lost write lock.
+        agent = retry_when_locked(
+            lambda: agents.agent_heartbeat(node=node, beat=beat, agent=known), what="agent heartbeat"
+        )
         reports = agents.parse_reports(data["reports"])
         if reports:
-            agents.agent_report(node=node, reports=reports)
+            retry_when_locked(lambda: agents.agent_report(node=node, reports=reports), what="agent report")
         work = node_work(node=node)
         # The server bounds the wait (its own poll interval), whatever the agent asks for.
         wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)

@@ -340,3 +340,30 @@ def test_the_server_bounds_a_poll_by_its_own_interval(launcher, settings):
     # Nothing changed for the node: the poll waited, but the server's 0.3 s, not the asked 30 s.
     assert 0.25 <= time.monotonic() - started < 10
     assert body["work"] == [] and body["poll_s"] == 0.3 and body["down_after_s"] == agents.down_after_s()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_that_loses_the_write_lock_is_retried_not_refused(launcher, alice, monkeypatch):
+    """On the embedded SQLite a heartbeat or a report that meets "database is locked" is written
+    again after a short wait instead of answering the agent 503."""
+    from django.db import OperationalError
+
+    job = services.job_submit(user=alice, spec=small_spec("j", 16, command=COMMAND))
+    calls = {"beat": 0, "report": 0}
+
+    def locked_once(name, real):
+        def wrapper(**kwargs):
+            calls[name] += 1
+            if calls[name] == 1:
+                raise OperationalError("database is locked")
+            return real(**kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(agents, "agent_heartbeat", locked_once("beat", agents.agent_heartbeat))
+    monkeypatch.setattr(agents, "agent_report", locked_once("report", agents.agent_report))
+    report = {"job": job.pk, "generation": 1, "rank": 0, "event": "started", "pid": 100}
+    answer = sync(launcher, reports=[report])
+    assert answer.status_code == 200, answer.content
+    assert calls == {"beat": 2, "report": 2}
+    assert RankRun.objects.get(job=job, rank=0).pid == 100
