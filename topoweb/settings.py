@@ -185,7 +185,7 @@ if TESTING:
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/"
+LOGIN_REDIRECT_URL = "/welcome/"  # operators go on to the now page, others to the graph
 LOGOUT_REDIRECT_URL = "/"
 
 LANGUAGE_CODE = "en-us"

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import cluster, imports, job, nodes, queue, search, vendor
+from .views import cluster, imports, job, nodes, now, queue, search, vendor
 
 app_name = "dashboard"
 
@@ -30,6 +30,8 @@ urlpatterns = [
     path("clusters/<str:name>/nodes/<str:node>/", nodes.node_page, name="node"),
     path("clusters/<str:name>/switches/<str:switch>/", nodes.switch_page, name="switch"),
     path("search/", search.search_page, name="search"),
+    path("now/", now.now_page, name="now"),
+    path("welcome/", now.landing, name="landing"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),
     path(

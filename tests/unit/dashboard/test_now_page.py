@@ -1,0 +1,80 @@
+"""The now page: what is broken right now, each line linking to its page; operators land on it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from apps.metrics.models import NodeScrape
+from apps.scheduling.choices import JobStatus, NodeState
+from apps.scheduling.models import Job, NodeAgent, RankRun
+from apps.topology.models import Node
+
+
+def test_now_page_lists_what_is_broken_with_links(client, people, naive_case44):
+    cluster = naive_case44.cluster
+    a, b = Node.objects.filter(cluster=cluster).order_by("position")
+    now = timezone.now()
+    NodeAgent.objects.create(
+        node=a, state=NodeState.DOWN, reason="no heartbeat for 180 s", last_seen=now, state_since=now
+    )
+    NodeAgent.objects.create(
+        node=b, last_seen=now - timedelta(seconds=170), unhealthy_gpus=[{"gpu": 3, "reason": "XID 79"}]
+    )
+    Job.objects.filter(pk=naive_case44.pk).update(
+        status=JobStatus.FAILED, finished_at=now, pending_reason="rank 5 exited with code 1"
+    )
+    RankRun.objects.create(
+        job=naive_case44,
+        generation=naive_case44.generation,
+        rank=5,
+        node=b,
+        state="exited",
+        exit_code=1,
+        exited_at=now,
+        log_tail="step 10\nstep 11\nRuntimeError: NCCL timeout",
+    )
+    NodeScrape.objects.create(node=a, state="error", last_error="connection refused", last_error_at=now)
+    client.force_login(people["alice"])
+    html = client.get("/now/").content.decode()
+    assert 'href="/clusters/case-4-4/nodes/node-a/">node-a</a>' in html and "no heartbeat for 180 s" in html
+    assert "node-b:3</a>" in html and "XID 79" in html
+    assert f'href="/jobs/{naive_case44.pk}/"' in html and "rank 5 on" in html and "exit 1" in html
+    assert "RuntimeError: NCCL timeout" in html
+    assert 'id="now-agents"' in html and "down in" in html.lower()
+    assert "connection refused" in html
+    assert "Queue pressure" in html and "things need a look" in html
+    fragment = client.get("/now/?fragment=1").content.decode()
+    assert "<html" not in fragment and "RuntimeError: NCCL timeout" in fragment
+
+
+def test_other_users_failed_jobs_show_without_their_output(client, people, naive_case44):
+    Job.objects.filter(pk=naive_case44.pk).update(status=JobStatus.FAILED, finished_at=timezone.now())
+    RankRun.objects.create(
+        job=naive_case44,
+        generation=naive_case44.generation,
+        rank=0,
+        node=Node.objects.filter(cluster=naive_case44.cluster).first(),
+        state="exited",
+        exit_code=2,
+        exited_at=timezone.now(),
+        log_tail="secret path /home/alice",
+    )
+    client.force_login(people["bob"])
+    html = client.get("/now/").content.decode()
+    assert f"job {naive_case44.pk} (other user)" in html and "secret path" not in html
+
+
+def test_nothing_broken_says_so(client, people, case44_db):
+    client.force_login(people["alice"])
+    html = client.get("/now/").content.decode()
+    assert "Nothing is broken" in html and "No job failed in the last" in html
+
+
+def test_operators_land_on_the_now_page_and_users_on_the_graph(client, people, case44_db):
+    response = client.post("/accounts/login/", {"username": "ops", "password": "pw"}, follow=True)
+    assert response.redirect_chain[-1][0] == "/now/"
+    client.logout()
+    response = client.post("/accounts/login/", {"username": "alice", "password": "pw"}, follow=True)
+    assert response.redirect_chain[-1][0] == "/"
