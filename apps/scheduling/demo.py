@@ -1,23 +1,29 @@
 """Demo jobs for `manage.py load_demo`: a realistic mix on pod-256 and the seed's job on case-4-4.
 
 `load_demo_jobs()` is idempotent: a cluster that already holds the demo jobs is left alone.
+`demo_workload_refill()` keeps the demo busy: a demo job that finished is submitted again, so the
+graph never empties however long the demo runs (`serve_embedded` calls it every few seconds).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import close_old_connections, transaction
+from django.utils import timezone
 
 from apps.placement.topology import read_spec_file
 from apps.topology.models import Cluster
+from apps.topology.retry import retry_when_locked
 
 from . import services
-from .choices import JobStatus
+from .choices import FINISHED_STATUSES, JobStatus
 from .models import Job
 
 log = logging.getLogger(__name__)
@@ -268,14 +274,96 @@ def load_demo_jobs(*, start_all: bool = False) -> dict[str, int]:
             services.migrations_propose(cluster=cluster)
     case = Cluster.objects.filter(name=CASE).first()
     if case is not None:
-        spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
-        # The seed's pattern: placed free-GPU-first, every DP group straddles the two nodes.
-        spec["policy"] = "naive"
-        # The seed's job runs its full estimate, so the demo keeps measuring (and flagging) it.
-        spec["command"] = dummy_command(72.0 * spec.get("estimated_runtime_s", 3600))
+        spec = case_job()
         if Job.objects.filter(cluster=case, name=spec["name"]).exists():
             loaded[CASE] = 0
         else:
             loaded[CASE] = len(_submit_and_start(case, [("alice", spec)], users, start_all=start_all))
     log.info("demo jobs loaded: %s", loaded)
     return loaded
+
+
+def case_job() -> dict:
+    """The seed's job on case-4-4, placed as the seed did."""
+    spec = read_spec_file(Path(settings.BASE_DIR) / CASE_JOB_FILE)
+    # The seed's pattern: placed free-GPU-first, every DP group straddles the two nodes.
+    spec["policy"] = "naive"
+    # The seed's job runs its full estimate, so the demo keeps measuring (and flagging) it.
+    spec["command"] = dummy_command(72.0 * spec.get("estimated_runtime_s", 3600))
+    return spec
+
+
+def demo_jobs() -> list[tuple[str, str, dict]]:
+    """(cluster name, owner, job spec) of every demo job."""
+    return [
+        *((POD, owner, spec) for owner, spec in pod_jobs()),
+        *((SU, owner, spec) for owner, spec in su_jobs()),
+        (CASE, "alice", case_job()),
+    ]
+
+
+# A finished demo job stays on the pages as finished this long before its next copy is submitted.
+REFILL_AFTER_S = 20.0
+
+
+def demo_workload_refill(*, now: datetime | None = None, after_s: float = REFILL_AFTER_S) -> list[Job]:
+    """Submit again every demo job whose latest copy on its cluster finished (completed, failed or
+    cancelled) at least `after_s` seconds ago, as the same owner with the same spec; returns the
+    jobs submitted. A cluster where the demo jobs were never loaded is left alone, and a copy that
+    still waits or runs is never doubled."""
+    now = now or timezone.now()
+    users = _users()
+    clusters = {c.name: c for c in Cluster.objects.filter(name__in=(POD, SU, CASE))}
+    refill: list[tuple[Cluster, str, dict]] = []
+    for cluster_name, owner, spec in demo_jobs():
+        cluster = clusters.get(cluster_name)
+        if cluster is None:
+            continue
+        latest = (
+            Job.objects.filter(cluster=cluster, name=spec["name"])
+            .order_by("-pk")
+            .only("status", "finished_at")
+            .first()
+        )
+        if latest is None or latest.status not in FINISHED_STATUSES:
+            continue
+        if latest.finished_at is not None and now - latest.finished_at < timedelta(seconds=after_s):
+            continue
+        refill.append((cluster, owner, spec))
+    submitted: list[Job] = []
+    for cluster, owner, spec in refill:
+        # Each submission queues a scheduling cycle when it commits.
+        with transaction.atomic():
+            submitted.append(services.job_submit(user=users[owner], spec=spec, cluster=cluster))
+    if submitted:
+        log.info("demo workload: submitted %s again", ", ".join(j.name for j in submitted))
+    return submitted
+
+
+class DemoWorkload(threading.Thread):
+    """Calls `demo_workload_refill()` every `interval_s` seconds until `stop()`."""
+
+    def __init__(self, interval_s: float = 10.0):
+        super().__init__(name="topoweb-demo-workload", daemon=True)
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            close_old_connections()
+            try:
+                retry_when_locked(demo_workload_refill, what="demo workload")
+            except Exception:
+                log.exception("demo workload refill failed")
+            finally:
+                close_old_connections()
+
+
+def start_demo_workload(interval_s: float = 10.0) -> DemoWorkload:
+    """Start the thread that keeps the demo's jobs coming; returns it."""
+    workload = DemoWorkload(interval_s)
+    workload.start()
+    return workload

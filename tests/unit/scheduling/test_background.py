@@ -10,7 +10,7 @@ from django.db import transaction
 
 from apps.scheduling import services, tasks
 from apps.scheduling.choices import JobStatus, ProposalStatus
-from apps.scheduling.demo import load_demo_jobs
+from apps.scheduling.demo import demo_workload_refill, load_demo_jobs
 from apps.scheduling.embedded import PeriodicScheduler, start_periodic_scheduler
 from apps.scheduling.models import Job, LauncherToken, MigrationProposal, SchedulingCycle
 
@@ -97,6 +97,32 @@ def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44, s
     assert bert.predicted_step_ms == pytest.approx(209.09, abs=0.01)
     assert load_demo_jobs() == {"pod-256": 0, "su-h100": 0, "case-4-4": 0}
     assert Job.objects.count() == 12
+
+
+def test_finished_demo_jobs_come_back_and_active_ones_are_not_doubled(pod256, case44, committed):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    load_demo_jobs(start_all=True)
+    assert demo_workload_refill() == []  # nothing finished: nothing submitted
+    done = Job.objects.get(cluster=pod256, name="finetune-1gpu")
+    failed = Job.objects.get(cluster=case44)
+    services.job_complete(job=done)
+    services.job_fail(job=failed, reason="rank 3 exited 1")
+    now = timezone.now()
+    # Finished a moment ago: still shown as finished, not yet resubmitted.
+    assert demo_workload_refill(now=now + timedelta(seconds=5), after_s=20) == []
+    again = committed(demo_workload_refill, now=now + timedelta(seconds=30), after_s=20)
+    assert sorted(j.name for j in again) == ["bert-large-16", "finetune-1gpu"]
+    copy = Job.objects.filter(cluster=pod256, name="finetune-1gpu").latest("pk")
+    assert copy.pk != done.pk and copy.owner == done.owner and copy.spec["command"]
+    # The cycle its submission queued placed it on the GPUs the finished copy left.
+    assert copy.status == JobStatus.PLACING
+    assert Job.objects.get(pk=[j for j in again if j.name == "bert-large-16"][0].pk).placed_policy == "naive"
+    # The copies wait or run: a second pass submits nothing more.
+    assert demo_workload_refill(now=now + timedelta(seconds=60), after_s=20) == []
+    assert Job.objects.filter(name="finetune-1gpu").count() == 2
 
 
 def test_demo_rail_job_keeps_each_dp_ring_on_one_rail_leaf(su_h100):

@@ -56,6 +56,10 @@ class Command(BaseCommand):
                 # An unmigrated database serves its pages (and errors) without agents.
                 self.stderr.write(f"no node agents: {exc}")
             self.stdout.write(f"{len(agents)} node agents run the demo nodes' ranks in this process")
+            # The demo's jobs come back as they finish, so the graph stays busy however long it runs.
+            from apps.scheduling.demo import start_demo_workload
+
+            start_demo_workload()
             # Every agent polls at least once a minute: keep their successful polls out of the request log.
             logging.getLogger("django.server").addFilter(_quiet_agent_polls)
         # SIGTERM ends the server like Ctrl-C, so the ranks are stopped below.
