@@ -27,6 +27,7 @@ urlpatterns = [
         name="node-resume",
     ),
     path("clusters/<str:name>/nodes/", nodes.node_list, name="nodes"),
+    path("clusters/<str:name>/links/", nodes.links_page, name="links"),
     path("clusters/<str:name>/nodes/<str:node>/", nodes.node_page, name="node"),
     path("clusters/<str:name>/switches/<str:switch>/", nodes.switch_page, name="switch"),
     path("search/", search.search_page, name="search"),

@@ -259,3 +259,21 @@ class Hotspot(models.Model):
     @property
     def is_open(self) -> bool:
         return self.closed_at is None
+
+
+class UplinkSample(models.Model):
+    """One leaf's measured uplink utilisation at one metrics pass: the leaf's NIC traffic that
+    leaves it, as a share of its total uplink bandwidth (see `uplinks.leaf_uplink_loads`). Kept
+    for UPLINK_RETENTION_S; the links and switch pages draw the last hours from it."""
+
+    cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="+")
+    leaf = models.CharField(max_length=100)
+    at = models.DateTimeField()
+    share = models.FloatField(help_text="Measured load over uplink capacity (1.0: saturated).")
+
+    class Meta:
+        ordering = ["cluster_id", "leaf", "at"]
+        indexes = [models.Index(fields=["cluster", "at"], name="metrics_uplinksample_at")]
+
+    def __str__(self) -> str:
+        return f"{self.leaf} at {self.at}: {self.share:.0%}"

@@ -21,7 +21,7 @@ from .choices import SourceKind
 from .exposition import VALUE_FIELDS
 from .hotspots import hotspots_detect
 from .jobseries import job_samples_record
-from .models import GpuRollup, GpuSample, JobReport, MetricsSource
+from .models import GpuRollup, GpuSample, JobReport, MetricsSource, UplinkSample
 from .sources import Source
 from .sources.dcgm import DcgmSource
 from .sources.prometheus import PrometheusSource
@@ -145,12 +145,13 @@ def metrics_rollup(*, now: datetime | None = None) -> int:
 
 
 def metrics_retain(*, now: datetime | None = None) -> dict[str, int]:
-    """Delete raw samples older than an hour and rollups older than a day (per-job samples and
-    reports stay with their job). Returns rows deleted per table."""
+    """Delete raw samples older than an hour, rollups and uplink samples older than a day
+    (per-job samples and reports stay with their job). Returns rows deleted per table."""
     now = now or timezone.now()
     raw, _ = GpuSample.objects.filter(at__lt=now - timedelta(seconds=RAW_RETENTION_S)).delete()
     rolled, _ = GpuRollup.objects.filter(minute__lt=now - timedelta(seconds=ROLLUP_RETENTION_S)).delete()
-    return {"raw": raw, "rollup": rolled}
+    uplink, _ = UplinkSample.objects.filter(at__lt=now - timedelta(seconds=ROLLUP_RETENTION_S)).delete()
+    return {"raw": raw, "rollup": rolled, "uplink": uplink}
 
 
 REPORT_LIMITS = {

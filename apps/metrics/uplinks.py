@@ -19,7 +19,7 @@ from apps.topology.models import Cluster, Node
 
 from .choices import HotspotKind
 from .hotspots import HOTSPOT_INTERVALS
-from .models import Hotspot, NicLatest
+from .models import Hotspot, NicLatest, UplinkSample
 
 UPLINK_SATURATED = 0.9  # fraction of the leaf's total uplink bandwidth
 
@@ -76,9 +76,16 @@ def leaf_uplink_loads(*, cluster: Cluster, now: datetime, fresh_s: float) -> tup
 
 
 def uplink_hotspots_detect(*, cluster: Cluster, now: datetime, fresh_s: float) -> list[Hotspot]:
-    """Count saturated intervals per leaf; open a hotspot (and proposals for the jobs crossing the
+    """Record each leaf's measured uplink share (UplinkSample), count saturated intervals per
+    leaf; open a hotspot (and proposals for the jobs crossing the
     leaf) at HOTSPOT_INTERVALS; close it, or forget the count, once the leaf is below the mark."""
     loads, crossing = leaf_uplink_loads(cluster=cluster, now=now, fresh_s=fresh_s)
+    UplinkSample.objects.bulk_create(
+        [
+            UplinkSample(cluster=cluster, leaf=leaf, at=now, share=share)
+            for leaf, share in sorted(loads.items())
+        ]
+    )
     rows = {
         h.leaf: h
         for h in Hotspot.objects.filter(cluster=cluster, kind=HotspotKind.UPLINK, closed_at__isnull=True)

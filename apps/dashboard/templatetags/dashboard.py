@@ -165,3 +165,32 @@ def relative(when) -> str:
 def words(value) -> str:
     """An identifier for people: "no_agent" -> "no agent"."""
     return str(value).replace("_", " ")
+
+
+@register.simple_tag
+def sparkline(points, width: int = 240, height: int = 36, top: float = 1.0) -> str:
+    """An inline SVG line of [(time, value)] points, values from 0 to at least `top` (a dashed
+    line marks `top`); empty without two points. No script: the page's CSP allows it."""
+    if not points or len(points) < 2:
+        return ""
+    t0 = points[0][0].timestamp()
+    span = max(1.0, points[-1][0].timestamp() - t0)
+    high = max(top, max(v for _, v in points)) or 1.0
+    xy = " ".join(
+        f"{(p[0].timestamp() - t0) / span * width:.1f},{height - min(p[1], high) / high * height:.1f}"
+        for p in points
+    )
+    mark = height - top / high * height
+    return format_html(
+        '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        '<line x1="0" x2="{}" y1="{}" y2="{}" class="spark-top"/><polyline points="{}" class="spark-line"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        f"{len(points)} samples from {points[0][1]:.0%} to {points[-1][1]:.0%}, peak {max(v for _, v in points):.0%}",
+        width,
+        f"{mark:.1f}",
+        f"{mark:.1f}",
+        xy,
+    )

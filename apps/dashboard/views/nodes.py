@@ -8,6 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.api import roles
+from apps.dashboard.hotlinks import MAX_LIMIT, SORTS, hot_links, leaf_history, oversubscription
 from apps.dashboard.selectors import node_overview, switch_overview
 from apps.scheduling.agent_selectors import cluster_health, node_rows
 from apps.scheduling.agents import node_drain, node_resume
@@ -58,10 +59,66 @@ def node_list(request, name: str):
 @login_required
 @require_GET
 def switch_page(request, name: str, switch: str):
-    """`/clusters/NAME/switches/SWITCH/`: the switch's tier, links and the nodes cabled to it."""
+    """`/clusters/NAME/switches/SWITCH/`: the switch's tier, links and the nodes cabled to it, its
+    oversubscription, the load on its links with the jobs crossing them, and for a leaf its
+    measured uplink share over the last hours."""
     target = get_object_or_404(Switch.objects.select_related("cluster"), cluster__name=name, name=switch)
-    context = {"cluster": target.cluster, "switch": target, **switch_overview(switch=target)}
+    context = {
+        "cluster": target.cluster,
+        "switch": target,
+        **switch_overview(switch=target),
+        "oversub": oversubscription(switch=target),
+        "loads": hot_links(cluster=target.cluster, user=request.user, limit=64, switch=target.name),
+        "history": leaf_history(cluster=target.cluster, hours=HISTORY_HOURS, leaf=target.name)
+        if target.tier == "leaf"
+        else [],
+        "hours": HISTORY_HOURS,
+    }
     return render(request, "dashboard/switch.html", context)
+
+
+HISTORY_HOURS = 6.0
+LINKS_LISTED = 25
+
+
+@login_required
+@require_GET
+def links_page(request, name: str):
+    """`/clusters/NAME/links/?sort=load|predicted|measured|diff&n=N&hours=H`: the N busiest links
+    (default 25, at most 500) with their jobs, and each leaf's measured uplink share over the
+    last H hours (default 6, at most 24). Bad parameters answer 400 naming them."""
+    cluster = get_object_or_404(Cluster, name=name)
+    errors = []
+    sort = request.GET.get("sort", "load")
+    if sort not in SORTS:
+        errors.append(f"sort: one of {', '.join(SORTS)}")
+        sort = "load"
+    limit = _number(request.GET.get("n"), LINKS_LISTED, 1, MAX_LIMIT, "n", errors)
+    hours = _number(request.GET.get("hours"), HISTORY_HOURS, 0.25, 24, "hours", errors)
+    context = {
+        "cluster": cluster,
+        "sort": sort,
+        "limit": int(limit),
+        "hours": hours,
+        "errors": errors,
+        "sorts": SORTS,
+        "history": leaf_history(cluster=cluster, hours=hours),
+        **hot_links(cluster=cluster, user=request.user, limit=int(limit), sort=sort),
+    }
+    return render(request, "dashboard/links.html", context, status=400 if errors else 200)
+
+
+def _number(raw, default: float, low: float, high: float, field: str, errors: list) -> float:
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:
+        errors.append(f"{field}: a number from {low:g} to {high:g}")
+        return default
+    return value
 
 
 def _back(request, name: str, node: Node | None):

@@ -24,5 +24,5 @@ def test_rollup_means_per_minute_and_retention_by_age(case44):
     assert metrics_rollup() == 0  # minutes already rolled up are not written twice
 
     deleted = metrics_retain(now=minute + timedelta(hours=1, minutes=1))
-    assert deleted == {"raw": 4, "rollup": 0}
+    assert deleted == {"raw": 4, "rollup": 0, "uplink": 0}
     assert metrics_retain(now=minute + timedelta(days=1, minutes=1))["rollup"] == 1
