@@ -25,6 +25,8 @@ BODY_LIMITS: tuple[tuple[re.Pattern, int], ...] = (
     (re.compile(r"^/import/$"), TOPOLOGY_LIMITS.max_bytes + 64 * KiB),
     # Job spec v1: submission and placement preview.
     (re.compile(r"^/api/v1/(jobs|placements/preview)/$"), JOB_LIMITS.max_bytes),
+    # Node agents' syncs: up to 256 rank reports, each with the tail of the rank's output.
+    (re.compile(r"^/api/v1/agents/sync/$"), 4 * MiB),
     # The admin topology editor posts whole inline formsets.
     (re.compile(r"^/admin/"), 10 * MiB),
     # Everything else (job actions, cluster settings, launcher reports, login): small bodies.

@@ -1,4 +1,5 @@
-"""`python -m apps.agent --server URL --node NAME --token-file F`: run the node agent."""
+"""`python -m apps.agent --server URL --node NAME --token-file F`: run the node agent (F holds
+the node's own token: `manage.py create_node_token CLUSTER NODE`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="topoweb-agent", description="TopoWeb node agent")
     parser.add_argument("--server", required=True, help="TopoWeb base URL, e.g. https://topoweb.example:443")
     parser.add_argument("--node", default=socket.gethostname(), help="this node's name in the topology")
-    parser.add_argument("--token-file", required=True, help="file holding the cluster's launcher token")
+    parser.add_argument(
+        "--token-file",
+        required=True,
+        help="file holding this node's agent token (manage.py create_node_token CLUSTER NODE)",
+    )
     parser.add_argument("--log-dir", default="/var/log/topoweb-agent", help="where rank output files go")
     parser.add_argument(
         "--poll-s",
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--token-file: cannot read {args.token_file}: {exc}", file=sys.stderr)
         return 2
     if not token or len(token) > 200:
-        print("--token-file: expected one launcher token", file=sys.stderr)
+        print("--token-file: expected one node token", file=sys.stderr)
         return 2
     if not 0 < args.poll_s <= 60:
         print("--poll-s: must be between 0 and 60 seconds", file=sys.stderr)

@@ -1,8 +1,11 @@
 """The agent's loop: sync with the server (heartbeat, reports, long-poll for work), start the
 ranks it lacks, stop the ranks the server no longer lists, report starts and exits.
 
-Reports are keyed by (job, generation, rank, event) and resent until a sync succeeds, so a
-retried report is harmless. Each rank's stdout and stderr go to one file in `log_dir`; its tail
+The agent authenticates with its node's own token (`Authorization: Node <key>`): the server
+answers only for that node. Reports are keyed by (job, generation, rank, event) and resent until
+a sync succeeds, so a retried report is harmless; at most MAX_REPORTS go in one sync. A report
+the server refused (listed in the answer's `refused` with the reason) is logged and dropped, not
+resent. Output travels as text whatever bytes the rank wrote: invalid UTF-8 and NUL become U+FFFD. Each rank's stdout and stderr go to one file in `log_dir`; its tail
 travels with the exit report (and, while it runs, every `log_every_s`).
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import os
 import signal
@@ -30,6 +34,9 @@ log = logging.getLogger("topoweb.agent")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 TAIL_BYTES = 4096
+MAX_REPORTS = 256
+# The reports of one sync stay under this many bytes of JSON (the server takes 4 MiB bodies).
+MAX_REPORT_BYTES = 2 * 1024 * 1024
 # The long-poll wait, also the heartbeat: the server answers at once when the node's work changes,
 # and bounds the wait by its own TOPOWEB_AGENT_POLL_S (60 s by default).
 DEFAULT_POLL_S = 60.0
@@ -60,14 +67,32 @@ class LocalRank:
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
+def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The oldest reports that fit one sync: at most MAX_REPORTS and MAX_REPORT_BYTES of JSON
+    (always at least one), so no backlog makes a sync the server must refuse."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for report in outbox[:MAX_REPORTS]:
+        size += len(json.dumps(report)) + 2
+        if batch and size > MAX_REPORT_BYTES:
+            break
+        batch.append(report)
+    return batch
+
+
+def safe_text(data: bytes) -> str:
+    """Bytes as text any JSON parser and database take: invalid UTF-8 and NUL become U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a file as text ('' if it is missing)."""
+    """The last `limit` bytes of a file as text ('' if it is missing; see `safe_text`)."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(size - limit, 0))
-            return fh.read().decode("utf-8", "replace")
+            return safe_text(fh.read())
     except OSError:
         return ""
 
@@ -99,6 +124,7 @@ class Agent:
         self.outbox: dict[tuple[int, int, int, str], dict[str, Any]] = {}
         self.state = "unknown"
         self.syncs = 0
+        self.refused = 0
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,7 +165,7 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        headers = {"Authorization": f"Launcher {self.token}", "User-Agent": f"topoweb-agent/{VERSION}"}
+        headers = {"Authorization": f"Node {self.token}", "User-Agent": f"topoweb-agent/{VERSION}"}
         # The long-poll may take poll_s on the server: the read timeout leaves room for it.
         timeout = httpx.Timeout(self.timeout_s, read=self.poll_s + self.timeout_s)
         async with httpx.AsyncClient(base_url=self.server, headers=headers, timeout=timeout) as client:
@@ -166,7 +192,7 @@ class Agent:
             pass
 
     async def _sync(self, client: httpx.AsyncClient) -> None:
-        reports = list(self.outbox.values())
+        reports = report_batch(list(self.outbox.values()))
         running = [list(k) for k, r in self.ranks.items() if r.status is not RankStatus.EXITED]
         body = {
             "node": self.node,
@@ -192,6 +218,9 @@ class Agent:
             raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
         answer = response.json()
         self.syncs += 1
+        for item in answer.get("refused") or ():
+            log.warning("the server refused a report, dropped: %s", item)
+        self.refused += len(answer.get("refused") or ())
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
             if self.outbox.get(key) is r:
@@ -300,7 +329,7 @@ class Agent:
                 "addr": self.addr,
                 "gpus": gpu_inventory(),
                 "running": [],
-                "reports": list(self.outbox.values()),
+                "reports": report_batch(list(self.outbox.values())),
                 "wait_s": 0.0,
             }
             try:

@@ -1,18 +1,21 @@
-"""API authentication: user tokens (`Authorization: Token <key>`), sessions, and per-cluster
-launcher tokens (`Authorization: Launcher <key>`). Failed token attempts count against the
-caller's address like failed sign-ins (see logins.py)."""
+"""API authentication: user tokens (`Authorization: Token <key>`), sessions, per-cluster
+launcher tokens (`Authorization: Launcher <key>`) and per-node agent tokens (`Authorization:
+Node <key>`). Failed token attempts count against the caller's address like failed sign-ins
+(see logins.py)."""
 
 from __future__ import annotations
 
 import time
 
 from django.contrib.auth.models import AnonymousUser
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed, Throttled
 
-from apps.scheduling.models import LauncherToken
+from apps.scheduling.agent_models import node_key_hash
+from apps.scheduling.models import LauncherToken, NodeToken
 
 from .logins import failure_keys, failure_record, failures_exceeded
 
@@ -78,6 +81,64 @@ class LauncherAuthentication(BaseAuthentication):
         return self.keyword
 
 
+# A valid node token is remembered per process for NODE_CACHE_S seconds: a revoked token stops
+# working at once in the process that revoked it and within that time in the others. Its
+# `last_used` is written at most every NODE_LAST_USED_S seconds (thousands of agents poll).
+NODE_CACHE_S = 30.0
+NODE_CACHE_SIZE = 65536
+NODE_LAST_USED_S = 300.0
+_NODES: dict[str, tuple[NodeToken, float]] = {}
+
+
+def node_tokens_forget() -> None:
+    """Drop every remembered node token (after a revocation)."""
+    _NODES.clear()
+
+
+class NodeAuthentication(BaseAuthentication):
+    """Authenticates a node agent by its node token; `request.auth` is the NodeToken (with its
+    node and cluster) and `request.user` stays anonymous: only the agent views let it in."""
+
+    keyword = "Node"
+
+    def authenticate(self, request):
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != self.keyword.lower().encode():
+            return None
+        return _guarded(request._request, lambda: self._token(parts))
+
+    def _token(self, parts: list[bytes]):
+        if len(parts) != 2:
+            raise AuthenticationFailed("Invalid Node header: expected 'Authorization: Node <key>'.")
+        try:
+            key = parts[1].decode()[:200]
+        except UnicodeDecodeError as exc:
+            raise AuthenticationFailed("Invalid Node header: the key is not text.") from exc
+        digest = node_key_hash(key)
+        now = time.monotonic()
+        hit = _NODES.get(digest)
+        if hit is not None and hit[1] > now:
+            return AnonymousUser(), hit[0]
+        token = (
+            NodeToken.objects.select_related("node__cluster")
+            .filter(key_hash=digest, revoked_at__isnull=True)
+            .first()
+        )
+        if token is None:
+            raise AuthenticationFailed("Invalid or revoked node token.")
+        wall = timezone.now()
+        if token.last_used is None or (wall - token.last_used).total_seconds() >= NODE_LAST_USED_S:
+            NodeToken.objects.filter(pk=token.pk).update(last_used=wall)
+            token.last_used = wall
+        if len(_NODES) >= NODE_CACHE_SIZE:
+            _NODES.clear()
+        _NODES[digest] = (token, now + NODE_CACHE_S)
+        return AnonymousUser(), token
+
+    def authenticate_header(self, request):
+        return self.keyword
+
+
 # Every API view authenticates with these, in this order.
 AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
 
@@ -86,6 +147,27 @@ def launcher_of(request) -> LauncherToken | None:
     """The request's launcher token, if it authenticated as a launcher."""
     auth = getattr(request, "auth", None)
     return auth if isinstance(auth, LauncherToken) else None
+
+
+def node_token_of(request) -> NodeToken | None:
+    """The request's node token, if it authenticated as a node agent."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, NodeToken) else None
+
+
+class NodeAuthenticationScheme(OpenApiAuthenticationExtension):
+    """OpenAPI security scheme of NodeAuthentication."""
+
+    target_class = NodeAuthentication
+    name = "nodeAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "Per-node agent token: `Node <key>` (manage.py create_node_token)",
+        }
 
 
 class LauncherAuthenticationScheme(OpenApiAuthenticationExtension):

@@ -15,8 +15,9 @@ from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
 from .validation import check_body
 
 
-def parse_spec_body(stream, parser_context, *, json_only: bool = False):
-    """The body parsed within the view's `spec_limits`; ParseError (400) naming the problem."""
+def parse_spec_body(stream, parser_context, *, json_only: bool = False, clean=None):
+    """The body parsed within the view's `spec_limits`; ParseError (400) naming the problem.
+    `clean(data)`, when given, may rewrite the parsed body before the validation layer sees it."""
     limits = getattr((parser_context or {}).get("view"), "spec_limits", TOPOLOGY_LIMITS)
     # One byte past the limit is enough to know the body is too large.
     raw = stream.read(limits.max_bytes + 1) if stream is not None else b""
@@ -24,6 +25,8 @@ def parse_spec_body(stream, parser_context, *, json_only: bool = False):
         data = parse_spec_text(raw, limits, json_only=json_only)
     except SpecError as exc:
         raise ParseError(str(exc)) from None
+    if clean is not None:
+        data = clean(data)
     return check_body(data)
 
 

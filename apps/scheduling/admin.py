@@ -1,4 +1,5 @@
-"""Admin pages for jobs, allocations, scheduling cycles, migration proposals and launcher tokens.
+"""Admin pages for jobs, allocations, scheduling cycles, migration proposals, launcher tokens and
+node agent tokens.
 
 Admin actions call the services, so the admin never books or releases GPUs behind their back.
 """
@@ -7,8 +8,10 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
+from apps.api.authentication import node_tokens_forget
+
 from . import agents, services
-from .models import Allocation, Job, LauncherToken, MigrationProposal, NodeAgent, SchedulingCycle
+from .models import Allocation, Job, LauncherToken, MigrationProposal, NodeAgent, NodeToken, SchedulingCycle
 from .proposals import ProposalStateError
 
 
@@ -149,6 +152,28 @@ class LauncherTokenAdmin(admin.ModelAdmin):
     list_display = ["id", "cluster", "created_at"]
     list_filter = ["cluster"]
     readonly_fields = ["key", "created_at"]
+
+
+@admin.register(NodeToken)
+class NodeTokenAdmin(admin.ModelAdmin):
+    """Node agent credentials: only the key's hash is stored, so none is created here (manage.py
+    create_node_token prints the key once); revoke one that leaked or whose node left."""
+
+    list_display = ["prefix", "node", "created_at", "last_used", "revoked_at"]
+    list_filter = ["node__cluster", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["node__name", "prefix"]
+    list_select_related = ["node"]
+    readonly_fields = ["node", "prefix", "created_at", "last_used", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected node tokens", permissions=["change"])
+    def revoke(self, request, queryset) -> None:
+        count = agents.node_tokens_revoke(tokens=queryset)
+        node_tokens_forget()
+        self.message_user(request, f"{count} node token(s) revoked.", messages.SUCCESS)
 
 
 @admin.register(NodeAgent)

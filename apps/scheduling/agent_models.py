@@ -6,6 +6,9 @@ in their own module and migration.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -74,3 +77,37 @@ class RankRun(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} gen {self.generation} rank {self.rank}: {self.state}"
+
+
+NODE_KEY_PREFIX = "tn_"
+
+
+def node_key_hash(key: str) -> str:
+    """The stored form of a node token's key: its SHA-256 (the key is 256 random bits, so a fast
+    hash is as strong as a slow one)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_node_key() -> str:
+    """A fresh node token key: `tn_` and 43 URL-safe characters."""
+    return NODE_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class NodeToken(models.Model):
+    """A node agent's credential (`Authorization: Node <key>`), bound to one node: it may sync,
+    report and ship logs for that node's ranks only. Only the key's hash is stored; `prefix`
+    (its first characters) tells tokens apart in the admin. A revoked token is refused."""
+
+    node = models.ForeignKey("topology.Node", on_delete=models.CASCADE, related_name="tokens")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["node_id", "created_at"]
+
+    def __str__(self) -> str:
+        state = "revoked" if self.revoked_at else "active"
+        return f"node token {self.prefix}… of node {self.node_id} ({state})"

@@ -18,17 +18,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Case, CharField, Count, DateTimeField, F, Q, TextField, Value, When
 from django.utils import timezone
 
 from apps.topology.models import Cluster, Node
 
 from . import snapshot as snap
+from .agent_models import new_node_key, node_key_hash
 from .agent_selectors import node_gpu_indexes
 from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
 from .cycle import queue_cycle
-from .models import Allocation, Job, NodeAgent, RankRun
+from .models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
@@ -142,28 +143,43 @@ def agent_heartbeat(
     return agent
 
 
-def agent_report(*, node: Node, reports: Iterable[RankReport], now: datetime | None = None) -> None:
+def agent_report(
+    *, node: Node, reports: Iterable[RankReport], now: datetime | None = None
+) -> list[tuple[RankReport, str]]:
     """Apply rank reports of one node (a repeated report is harmless) and move each job they
     touch: running when every rank started, completed when all exited 0, failed at the first
-    rank that exits otherwise; GPUs of exited ranks of stopped jobs are released."""
+    rank that exits otherwise; GPUs of exited ranks of stopped jobs are released. Each job's
+    reports apply in their own transaction: those whose data the database refuses are returned
+    with the reason, and the others are stored all the same (a lost lock or connection raises:
+    the whole sync is retried)."""
     now = now or timezone.now()
     by_job: dict[int, list[RankReport]] = {}
     for r in reports:
         by_job.setdefault(r.job, []).append(r)
+    refused: list[tuple[RankReport, str]] = []
     for job_id, items in by_job.items():
-        with transaction.atomic():
-            job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
-            if job is None:
-                continue
-            for r in items:
-                _record(job, node, r, now)
-            _advance(job, now)
-            older = any(r.generation < job.generation for r in items)
-            if older and job.status in (JobStatus.PLACING, JobStatus.RUNNING):
-                # Placed again (after a preemption or a requeue) while ranks of its previous
-                # placement were stopping: their GPUs free up as they exit.
-                if snap.release_exited(job_id=job.pk, now=now):
-                    queue_cycle(job.cluster_id)
+        try:
+            _report_job(node, job_id, items, now)
+        except (DataError, IntegrityError) as exc:
+            log.warning("reports of job %s from node %s refused: %s", job_id, node.name, exc)
+            refused.extend((r, f"could not be stored: {type(exc).__name__}") for r in items)
+    return refused
+
+
+def _report_job(node: Node, job_id: int, items: list[RankReport], now: datetime) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
+        if job is None:
+            return
+        for r in items:
+            _record(job, node, r, now)
+        _advance(job, now)
+        older = any(r.generation < job.generation for r in items)
+        if older and job.status in (JobStatus.PLACING, JobStatus.RUNNING):
+            # Placed again (after a preemption or a requeue) while ranks of its previous
+            # placement were stopping: their GPUs free up as they exit.
+            if snap.release_exited(job_id=job.pk, now=now):
+                queue_cycle(job.cluster_id)
 
 
 def _record(job: Job, node: Node, r: RankReport, now: datetime) -> None:
@@ -438,7 +454,56 @@ def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:
             event=str(i["event"]),
             pid=i.get("pid"),
             exit_code=i.get("exit_code"),
-            log_tail=str(i.get("log_tail") or ""),
+            log_tail=clean_text(str(i.get("log_tail") or "")),
         )
         for i in items
     ]
+
+
+def node_token_create(*, node: Node) -> tuple[NodeToken, str]:
+    """A new credential for `node`'s agent: the token row (only the key's hash is stored) and the
+    key, which is shown once (`Authorization: Node <key>`)."""
+    key = new_node_key()
+    token = NodeToken.objects.create(node=node, key_hash=node_key_hash(key), prefix=key[:10])
+    return token, key
+
+
+def node_tokens_revoke(*, tokens: Iterable[NodeToken], now: datetime | None = None) -> int:
+    """Revoke node tokens (their agents are refused from then on); returns how many were active."""
+    now = now or timezone.now()
+    pks = [t.pk for t in tokens]
+    return NodeToken.objects.filter(pk__in=pks, revoked_at__isnull=True).update(revoked_at=now)
+
+
+def clean_text(text: str) -> str:
+    """`text` as the database stores it: NUL and unpaired surrogates (invalid UTF-8 that reached
+    JSON as escapes) become U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
+
+
+def report_scope(*, node: Node, reports: Iterable[RankReport]) -> tuple[set[tuple], set[tuple]]:
+    """Which reported ranks (job, generation, rank) are not `node`'s: (foreign, unknown). A rank
+    is the node's when one of its allocations or its rank run is on the node; foreign when they
+    are on another node; unknown when there is neither (its job was deleted, say)."""
+    keys = {(r.job, r.generation, r.rank) for r in reports}
+    if not keys:
+        return set(), set()
+    jobs = {k[0] for k in keys}
+    where: dict[tuple, set[int]] = {}
+    rows = Allocation.objects.filter(job_id__in=jobs).values_list(
+        "job_id", "generation", "rank", "gpu__node_id"
+    )
+    for job, generation, rank, node_id in rows:
+        where.setdefault((job, generation, rank), set()).add(node_id)
+    runs = RankRun.objects.filter(job_id__in=jobs).values_list("job_id", "generation", "rank", "node_id")
+    for job, generation, rank, node_id in runs:
+        where.setdefault((job, generation, rank), set()).add(node_id)
+    foreign = {k for k in keys if where.get(k) and node.pk not in where[k]}
+    unknown = {k for k in keys if not where.get(k)}
+    return foreign, unknown

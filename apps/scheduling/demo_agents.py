@@ -1,6 +1,6 @@
 """The embedded demo's node agents: one `apps.agent` Agent per node of every cluster, each on its
 own event loop in a daemon thread of the server process, talking to the server over loopback
-HTTP with its cluster's launcher token, exactly as on a real node."""
+HTTP with its node's own token, exactly as on a real node."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import tempfile
 from apps.agent.runner import DEFAULT_POLL_S, Agent, run_in_thread
 from apps.topology.models import Cluster, Node
 
-from .models import LauncherToken
-from .services import launcher_token_create
+from .agents import node_token_create
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +23,13 @@ def start_demo_agents(
     log_dir = log_dir or tempfile.mkdtemp(prefix="topoweb-demo-agents-")
     started: list[Agent] = []
     for cluster in Cluster.objects.order_by("pk"):
-        token = LauncherToken.objects.filter(cluster=cluster).first() or launcher_token_create(
-            cluster=cluster
-        )
-        for name in (
-            Node.objects.filter(cluster=cluster).order_by("position", "pk").values_list("name", flat=True)
-        ):
+        for node in Node.objects.filter(cluster=cluster).order_by("position", "pk"):
+            _, key = node_token_create(node=node)
             agent = Agent(
                 server=server,
-                node=name,
-                token=token.key,
-                log_dir=f"{log_dir}/{cluster.name}/{name}",
+                node=node.name,
+                token=key,
+                log_dir=f"{log_dir}/{cluster.name}/{node.name}",
                 poll_s=poll_s,
                 addr="127.0.0.1",
             )

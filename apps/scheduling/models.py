@@ -261,7 +261,7 @@ class LauncherToken(models.Model):
         return f"launcher token for cluster {self.cluster_id}"
 
 
-from .agent_models import NodeAgent, RankRun  # noqa: E402  (models of the launch loop)
+from .agent_models import NodeAgent, NodeToken, RankRun  # noqa: E402  (models of the launch loop)
 
 __all__ = [
     "Allocation",
@@ -269,6 +269,7 @@ __all__ = [
     "LauncherToken",
     "MigrationProposal",
     "NodeAgent",
+    "NodeToken",
     "RankRun",
     "SchedulingCycle",
 ]

@@ -53,17 +53,27 @@ def record_command() -> list[str]:
 
 
 class Agents:
-    """Agent processes (python -m apps.agent) for nodes of one cluster, all killed at close."""
+    """Agent processes (python -m apps.agent) for nodes of one cluster, all killed at close.
+    `token_for(node)` gives a node's agent token (written to a 0600 file per node)."""
 
-    def __init__(self, server: str, token: str, tmp: Path):
+    def __init__(self, server: str, token_for: Callable[[str], str], tmp: Path):
         self.server = server
         self.tmp = tmp
-        self.token_file = tmp / "launcher-token"
-        self.token_file.write_text(token)
+        self.token_for = token_for
         self.procs: dict[str, subprocess.Popen] = {}
+
+    def token_file(self, node: str) -> Path:
+        """The node's token file (created with a new token on first use)."""
+        path = self.tmp / f"token-{node}"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.token_for(node))
+        return path
 
     def start(self, node: str, poll_s: float = 1.0) -> subprocess.Popen:
         """Start the agent of `node`."""
+        token_file = self.token_file(node)
         log = (self.tmp / f"agent-{node}.out").open("wb")
         proc = subprocess.Popen(
             [
@@ -75,7 +85,7 @@ class Agents:
                 "--node",
                 node,
                 "--token-file",
-                str(self.token_file),
+                str(token_file),
                 "--log-dir",
                 str(self.tmp / f"logs-{node}"),
                 "--poll-s",

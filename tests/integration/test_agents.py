@@ -51,8 +51,10 @@ def user(transactional_db):
 
 @pytest.fixture
 def agents(live_server, cluster, tmp_path):
-    token = services.launcher_token_create(cluster=cluster)
-    running = Agents(live_server.url, token.key, tmp_path)
+    def token_for(node: str) -> str:
+        return agent_services.node_token_create(node=Node.objects.get(cluster=cluster, name=node))[1]
+
+    running = Agents(live_server.url, token_for, tmp_path)
     yield running
     running.close()
     kill_groups(RankRun.objects.filter(state=RankState.STARTED).values_list("pid", flat=True))

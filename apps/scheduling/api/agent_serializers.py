@@ -1,9 +1,10 @@
-"""Serializers of the launch loop: the agent sync body (every field bounded), node health, drain
-and rank runs (job logs)."""
+"""Serializers of the launch loop: the agent sync body (every field bounded; each rank report
+validated on its own), node health, drain and rank runs (job logs)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -12,14 +13,14 @@ from apps.topology.models import Node
 
 from ..agent_models import LOG_TAIL_CHARS
 from ..agent_selectors import shown_state
-from ..agents import Heartbeat
+from ..agents import Heartbeat, RankReport, clean_text, parse_reports
 from ..choices import SHOWN_NODE_STATES
 from ..models import NodeAgent, RankRun
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
 MAX_GPUS_PER_NODE = 256
-MAX_REPORTS = 1024
+MAX_REPORTS = 256
 MAX_RANK = 1_048_575
 MAX_ID = 2**31 - 1
 
@@ -61,7 +62,12 @@ class RankReportSerializer(serializers.Serializer):
 class AgentSyncSerializer(serializers.Serializer):
     """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
 
-    node = serializers.RegexField(NAME_PATTERN, max_length=200)
+    node = serializers.RegexField(
+        NAME_PATTERN,
+        max_length=200,
+        required=False,
+        help_text="The node's name; when given it must be the node the credential names.",
+    )
     version = serializers.CharField(max_length=40)
     addr = serializers.RegexField(ADDR_PATTERN, max_length=255, required=False, allow_blank=True)
     gpus = GpuInventorySerializer(many=True, required=False, allow_null=True, max_length=MAX_GPUS_PER_NODE)
@@ -74,7 +80,12 @@ class AgentSyncSerializer(serializers.Serializer):
         max_length=MAX_GPUS_PER_NODE * 4,
         help_text="[job, generation, rank] of every rank process running now.",
     )
-    reports = RankReportSerializer(many=True, required=False, max_length=MAX_REPORTS)
+    reports = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        max_length=MAX_REPORTS,
+        help_text="Rank reports, each validated on its own: a bad one is refused in the answer.",
+    )
     wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
 
     def validate(self, attrs):
@@ -93,6 +104,39 @@ class AgentSyncSerializer(serializers.Serializer):
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
             running=len(data["running"]),
         )
+
+
+def report_key(item: Any) -> dict[str, Any]:
+    """What identifies a report in a refusal: its job, generation, rank and event as sent."""
+    if not isinstance(item, dict):
+        return {}
+    return {k: item[k] for k in ("job", "generation", "rank", "event") if k in item and _scalar(item[k])}
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, int | str) and len(str(value)) <= 40
+
+
+def split_reports(items: list[Any]) -> tuple[list[RankReport], list[dict[str, Any]]]:
+    """The valid reports, and the refused ones as their key and why (`reason`). Output text is
+    stored as the database can: NUL and invalid UTF-8 become U+FFFD, and only its last
+    LOG_TAIL_CHARS characters are kept."""
+    good: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and isinstance(item.get("log_tail"), str):
+            item = {**item, "log_tail": clean_text(item["log_tail"])[-LOG_TAIL_CHARS:]}
+        one = RankReportSerializer(data=item)
+        if one.is_valid():
+            good.append(one.validated_data)
+            continue
+        errors = one.errors if isinstance(item, dict) else {"report": ["must be an object"]}
+        reason = "; ".join(
+            f"{field}: {' '.join(str(m) for m in (msgs if isinstance(msgs, list) else [msgs]))}"
+            for field, msgs in errors.items()
+        )
+        refused.append({**report_key(item), "index": index, "reason": reason})
+    return parse_reports(good), refused
 
 
 class DrainSerializer(serializers.Serializer):

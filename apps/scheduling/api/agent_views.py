@@ -4,6 +4,8 @@ services in `agents`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import connection
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,14 +13,17 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
+from rest_framework.parsers import BaseParser
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION, LauncherAuthentication, launcher_of
+from apps.api.authentication import AUTHENTICATION, NodeAuthentication, node_token_of
+from apps.api.parsers import parse_spec_body
 from apps.api.permissions import holds
+from apps.placement.topology import SpecLimits
 from apps.topology.models import Node
 from apps.topology.retry import retry_when_locked
 
@@ -32,45 +37,90 @@ from .agent_serializers import (
     DrainSerializer,
     NodeHealthSerializer,
     RankRunSerializer,
+    split_reports,
 )
 
 MAX_WAIT_S = 60.0
+# A sync body: at most MAX_REPORTS reports of a few kB of output each (see topoweb/bodylimits.py).
+AGENT_SYNC_LIMITS = SpecLimits(max_bytes=4 * 1024 * 1024, max_nodes=200_000)
 
 
-class IsLauncher(BasePermission):
-    """Only a launcher token (the node agents' credential)."""
+def _clean_reports(data: Any) -> Any:
+    """Rank output as the database can store it, before the NUL check of the validation layer:
+    whatever bytes a rank wrote, its report is stored (see `agents.clean_text`)."""
+    if isinstance(data, dict) and isinstance(data.get("reports"), list):
+        for item in data["reports"]:
+            if isinstance(item, dict) and isinstance(item.get("log_tail"), str):
+                item["log_tail"] = agents.clean_text(item["log_tail"])
+    return data
 
-    message = "Agent calls need a launcher token: 'Authorization: Launcher <key>'."
+
+class AgentSyncParser(BaseParser):
+    """The agent sync's JSON body: bounded like every body; report output is cleaned, not refused."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return parse_spec_body(stream, parser_context, json_only=True, clean=_clean_reports)
+
+
+class IsNodeAgent(BasePermission):
+    """Only a node token (a node agent's own credential)."""
+
+    message = "Agent calls need the node's token: 'Authorization: Node <key>' (manage.py create_node_token)."
 
     def has_permission(self, request, view) -> bool:
-        return launcher_of(request) is not None
+        return node_token_of(request) is not None
 
 
 class AgentSyncView(APIView):
     """One round trip of a node agent: heartbeat, rank reports, then the node's work."""
 
-    authentication_classes = [LauncherAuthentication]
-    permission_classes = [IsLauncher]
+    authentication_classes = [NodeAuthentication]
+    permission_classes = [IsNodeAgent]
+    parser_classes = [AgentSyncParser]
+    spec_limits = AGENT_SYNC_LIMITS
     # Agents are a known set whose rate the protocol bounds; per-IP throttling would cut a rack off.
     throttle_classes: list = []
 
     @extend_schema(
         summary="Agent: heartbeat, report rank starts and exits, long-poll the node's work",
         request=AgentSyncSerializer,
-        responses={200: dict, 400: dict},
+        responses={200: dict, 400: dict, 403: dict},
     )
     def post(self, request: Request) -> Response:
-        """Record the heartbeat and reports, then answer the node's work; when nothing changed
-        for the agent (no reports, it runs exactly its work) wait up to `wait_s` for a change."""
+        """Record the heartbeat and the valid reports (the answer's `refused` lists the others and
+        why), then answer the node's work; when nothing changed for the agent (no reports, it
+        runs exactly its work) wait up to `wait_s` for a change. The credential's node is the
+        only node this answers for: another `node` in the body, or a report about a rank placed
+        on another node, is refused with 403 and nothing is recorded."""
         body = AgentSyncSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        token = launcher_of(request)
-        node, known = sync_node(cluster_id=token.cluster_id, name=data["node"])
-        if node is None:
+        token = node_token_of(request)
+        name = data.get("node", token.node.name)
+        if name != token.node.name:
             return Response(
-                {"node": [f"no node {data['node']!r} in cluster {token.cluster.name!r}"]},
-                status=status.HTTP_400_BAD_REQUEST,
+                {
+                    "detail": f"this credential is node {token.node.name!r}'s; it cannot sync for node {name!r}"
+                },
+                status=status.HTTP_403_FORBIDDEN,
+            )
+        node, known = sync_node(cluster_id=token.node.cluster_id, name=name)
+        if node is None or node.pk != token.node_id:
+            return Response(
+                {"detail": "the credential's node no longer exists"}, status=status.HTTP_403_FORBIDDEN
+            )
+        reports, refused = split_reports(data["reports"])
+        foreign, unknown = agents.report_scope(node=node, reports=reports)
+        if foreign:
+            job, generation, rank = sorted(foreign)[0]
+            return Response(
+                {
+                    "detail": f"rank {rank} of job {job} generation {generation} is not placed on node "
+                    f"{node.name!r}: a node reports only its own ranks"
+                },
+                status=status.HTTP_403_FORBIDDEN,
             )
         since = epoch(node.cluster_id, node.name)
         beat = body.heartbeat()
@@ -78,14 +128,23 @@ class AgentSyncView(APIView):
         agent = retry_when_locked(
             lambda: agents.agent_heartbeat(node=node, beat=beat, agent=known), what="agent heartbeat"
         )
-        reports = agents.parse_reports(data["reports"])
+        if unknown:
+            refused += [
+                {**_key(r), "reason": "no such rank was ever placed (its job may have been deleted)"}
+                for r in reports
+                if (r.job, r.generation, r.rank) in unknown
+            ]
+            reports = [r for r in reports if (r.job, r.generation, r.rank) not in unknown]
         if reports:
-            retry_when_locked(lambda: agents.agent_report(node=node, reports=reports), what="agent report")
+            stored = retry_when_locked(
+                lambda: agents.agent_report(node=node, reports=reports), what="agent report"
+            )
+            refused += [{**_key(r), "reason": why} for r, why in stored]
         work = node_work(node=node)
         # The server bounds the wait (its own poll interval), whatever the agent asks for.
         wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
-        if wait_s > 0 and not reports and running == _keys(work):
+        if wait_s > 0 and not data["reports"] and running == _keys(work):
             if not connection.in_atomic_block:
                 # A waiting poll holds no database connection: thousands of agents wait at once.
                 connection.close()
@@ -98,9 +157,14 @@ class AgentSyncView(APIView):
                 "reason": agent.reason,
                 "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
                 "down_after_s": agents.down_after_s(),
+                "refused": refused,
                 "work": work,
             }
         )
+
+
+def _key(r: agents.RankReport) -> dict[str, Any]:
+    return {"job": r.job, "generation": r.generation, "rank": r.rank, "event": r.event}
 
 
 def _keys(work) -> set[tuple[int, int, int]]:
@@ -171,8 +235,8 @@ class NodeHealthViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 class JobLogsView(APIView):
     """The tail of each rank's output, as its agent shipped it."""
 
-    authentication_classes = AUTHENTICATION
-    permission_classes = [IsAuthenticated | IsLauncher]
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAuthenticated]
 
     @extend_schema(
         summary="Each rank's output tail (current generation unless ?generation=)",
@@ -184,7 +248,7 @@ class JobLogsView(APIView):
     )
     def get(self, request: Request, pk: int) -> Response:
         """The job's rank runs with their state, exit code and output tail."""
-        jobs = selectors.jobs_visible_to(user=request.user, launcher=launcher_of(request))
+        jobs = selectors.jobs_visible_to(user=request.user)
         job = get_object_or_404(jobs, pk=pk)
         runs = RankRun.objects.filter(job=job).select_related("node").order_by("generation", "rank")
         for name in ("generation", "rank"):

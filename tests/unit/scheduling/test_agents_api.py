@@ -13,9 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from apps.api.authentication import node_tokens_forget
 from apps.scheduling import agents, services, wakeups
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Allocation, Job, NodeAgent, RankRun
+from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Node
@@ -25,15 +26,33 @@ from .conftest import small_spec
 COMMAND = ["python", "-c", "pass"]
 
 
+class NodeClients:
+    """An API client per node of a cluster, each with that node's own agent token."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.clients: dict[str, APIClient] = {}
+
+    def __getitem__(self, node: str) -> APIClient:
+        if node not in self.clients:
+            found = Node.objects.filter(cluster=self.cluster, name=node).first()
+            # A node that does not exist gets a client with another node's credential.
+            found = found or Node.objects.filter(cluster=self.cluster).first()
+            client = APIClient()
+            client.credentials(HTTP_AUTHORIZATION=f"Node {agents.node_token_create(node=found)[1]}")
+            self.clients[node] = client
+        return self.clients[node]
+
+
 @pytest.fixture
-def launcher(case44) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
-    return client
+def nodes(case44) -> NodeClients:
+    return NodeClients(case44)
 
 
-def sync(client: APIClient, node: str = "node-a", **body):
-    return client.post("/api/v1/agents/sync/", {"node": node, "version": "1.0.0", **body}, format="json")
+def sync(clients: NodeClients, node: str = "node-a", **body):
+    return clients[node].post(
+        "/api/v1/agents/sync/", {"node": node, "version": "1.0.0", **body}, format="json"
+    )
 
 
 def submit(user, committed, name: str, gpus: int, **extra) -> Job:
@@ -42,9 +61,9 @@ def submit(user, committed, name: str, gpus: int, **extra) -> Job:
     return job
 
 
-def test_sync_registers_the_node_and_hands_out_its_ranks(launcher, alice, committed):
+def test_sync_registers_the_node_and_hands_out_its_ranks(nodes, alice, committed):
     job = submit(alice, committed, "j", 16)
-    body = sync(launcher).json()
+    body = sync(nodes).json()
     assert body["state"] == "up"
     (work,) = body["work"]
     assert work["job"] == job.pk and work["generation"] == 1 and work["world_size"] == 16
@@ -53,21 +72,24 @@ def test_sync_registers_the_node_and_hands_out_its_ranks(launcher, alice, commit
     assert NodeAgent.objects.get(node__name="node-a").last_seen is not None
 
 
-def test_reports_move_the_job_running_then_completed(launcher, alice, committed):
+def test_reports_move_the_job_running_then_completed(nodes, alice, committed):
     job = submit(alice, committed, "j", 16)
     for node in ("node-a", "node-b"):
-        ranks = [r["rank"] for r in sync(launcher, node).json()["work"][0]["ranks"]]
+        ranks = [r["rank"] for r in sync(nodes, node).json()["work"][0]["ranks"]]
         reports = [
             {"job": job.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in ranks
         ]
-        committed(sync, launcher, node, reports=reports)
+        committed(sync, nodes, node, reports=reports)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.started_at is not None
-    exits = [
-        {"job": job.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": 0} for r in range(16)
-    ]
-    committed(sync, launcher, "node-a", reports=exits)
-    committed(sync, launcher, "node-a", reports=exits)  # a retried report is harmless
+    for node in ("node-a", "node-b"):
+        exits = [
+            {"job": job.pk, "generation": 1, "rank": r["rank"], "event": "exited", "exit_code": 0}
+            for r in job_ranks(job=job)
+            if r["node"] == node
+        ]
+        committed(sync, nodes, node, reports=exits)
+        committed(sync, nodes, node, reports=exits)  # a retried report is harmless
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED
     assert not Allocation.objects.filter(job=job, live=True).exists()
@@ -76,60 +98,139 @@ def test_reports_move_the_job_running_then_completed(launcher, alice, committed)
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"node": "no-such-node"}, "node"),
         ({"node": "node-a; rm"}, "node"),
         ({"wait_s": 1e9}, "wait_s"),
-        ({"reports": [{"job": 1, "generation": 1, "rank": 0, "event": "exited"}]}, "reports"),
-        ({"reports": [{"job": 1, "generation": 1, "rank": -1, "event": "started"}]}, "reports"),
         ({"unhealthy": [{"gpu": 999, "reason": "xid"}]}, "unhealthy"),
         ({"running": [[1, 2]]}, "running"),
-        ({"reports": [{"job": 1, "generation": 1, "rank": 0, "event": "started"}] * 2000}, "reports"),
+        ({"reports": "all of them"}, "reports"),
+        ({"reports": [{"job": 1, "generation": 1, "rank": 0, "event": "started"}] * 257}, "reports"),
     ],
 )
-def test_bad_sync_bodies_are_400_naming_the_field(launcher, body, field):
-    response = sync(launcher, **body)
+def test_bad_sync_bodies_are_400_naming_the_field(nodes, body, field):
+    response = sync(nodes, **body)
     assert response.status_code == 400
     assert field in response.json()
 
 
-def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(launcher, case44, settings):
+def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(nodes, case44, settings):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8)]
-    first = sync(launcher, gpus=gpus, addr="10.0.0.1")
+    first = sync(nodes, gpus=gpus, addr="10.0.0.1")
     assert first.status_code == 200 and first.json()["work"] == []
     with CaptureQueriesContext(connection) as queries:
-        again = sync(launcher, gpus=gpus, addr="10.0.0.1")
+        again = sync(nodes, gpus=gpus, addr="10.0.0.1")
     assert again.status_code == 200 and again.json()["state"] == "up"
     statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
     # The agent row and the node's work (the node and its GPU indexes are remembered).
     assert statements == ["SELECT"] * 2, statements
     # Something new (an unhealthy GPU) is written at once, and so is a heartbeat due again.
-    sync(launcher, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
+    sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
     assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [{"gpu": 1, "reason": "XID 79"}]
     old = timezone.now() - timedelta(seconds=16)
     NodeAgent.objects.filter(node__name="node-a").update(last_seen=old)
-    sync(launcher, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
+    sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
     assert NodeAgent.objects.get(node__name="node-a").last_seen > old
 
 
-def test_a_node_deleted_after_its_agent_synced_is_refused(launcher, case44):
-    assert sync(launcher, "node-b").status_code == 200
+def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
+    assert sync(nodes, "node-b").status_code == 200
     Node.objects.filter(cluster=case44, name="node-b").delete()
-    response = sync(launcher, "node-b")
-    assert response.status_code == 400 and "node" in response.json()
+    response = sync(nodes, "node-b")
+    assert response.status_code in (401, 403)
+    assert NodeAgent.objects.filter(node__name="node-b").count() == 0
 
 
-def test_only_a_launcher_token_may_sync(alice_api, case44):
-    assert alice_api.post(
-        "/api/v1/agents/sync/", {"node": "node-a", "version": "1"}, format="json"
-    ).status_code in (
-        401,
-        403,
+def test_only_a_node_token_may_sync(alice_api, case44):
+    body = {"node": "node-a", "version": "1"}
+    assert alice_api.post("/api/v1/agents/sync/", body, format="json").status_code in (401, 403)
+    launcher = APIClient()
+    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
+    assert launcher.post("/api/v1/agents/sync/", body, format="json").status_code in (401, 403)
+    assert not NodeAgent.objects.exists()
+
+
+def test_the_launcher_token_keeps_only_the_launcher_calls(case44, alice, committed):
+    job = submit(alice, committed, "j", 2)
+    launcher = APIClient()
+    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
+    assert launcher.get(f"/api/v1/jobs/{job.pk}/logs/").status_code in (401, 403)
+    assert launcher.get(f"/api/v1/jobs/{job.pk}/rankmap/").status_code == 200
+    assert launcher.get(f"/api/v1/jobs/{job.pk}/placement/").status_code == 200
+    assert launcher.post(f"/api/v1/jobs/{job.pk}/start/").status_code == 200
+
+
+def test_a_node_credential_cannot_sync_for_another_node(nodes, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    response = nodes["node-b"].post(
+        "/api/v1/agents/sync/", {"node": "node-a", "version": "1.0.0"}, format="json"
     )
+    assert response.status_code == 403 and "node-b" in response.json()["detail"]
+    assert not NodeAgent.objects.filter(node__name="node-a").exists()
+    # Without a node name the credential's own node is meant: node-b's ranks, never node-a's.
+    body = nodes["node-b"].post("/api/v1/agents/sync/", {"version": "1.0.0"}, format="json").json()
+    assert body["node"] == "node-b"
+    assert {r["node"] for w in body["work"] for r in w["ranks"]} == {"node-b"}
+    assert {w["job"] for w in body["work"]} == {job.pk}
 
 
-def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(launcher, case44, staff_api):
-    committed_sync = sync(launcher, unhealthy=[{"gpu": 3, "reason": "XID 79"}])
+def test_a_report_about_another_nodes_rank_is_403_and_changes_nothing(nodes, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    on_a = next(r["rank"] for r in job_ranks(job=job) if r["node"] == "node-a")
+    forged = {"job": job.pk, "generation": 1, "rank": on_a, "event": "exited", "exit_code": 1}
+    response = sync(nodes, "node-b", reports=[forged])
+    assert response.status_code == 403 and f"rank {on_a}" in response.json()["detail"]
+    assert not RankRun.objects.filter(job=job).exists()
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING
+    # Once node-a's agent reported the rank, node-b still may not report it.
+    committed(sync, nodes, "node-a", reports=[{**forged, "event": "started", "pid": 5}])
+    assert sync(nodes, "node-b", reports=[forged]).status_code == 403
+    assert RankRun.objects.get(job=job, rank=on_a).state == "started"
+
+
+def test_a_revoked_node_token_is_refused(case44):
+    node = Node.objects.get(cluster=case44, name="node-a")
+    token, key = agents.node_token_create(node=node)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Node {key}")
+    assert client.post("/api/v1/agents/sync/", {"version": "1"}, format="json").status_code == 200
+    assert NodeToken.objects.get(pk=token.pk).last_used is not None
+    assert key not in NodeToken.objects.values_list("key_hash", flat=True)
+    agents.node_tokens_revoke(tokens=[token])
+    node_tokens_forget()
+    assert client.post("/api/v1/agents/sync/", {"version": "1"}, format="json").status_code == 401
+
+
+def test_a_bad_report_is_refused_alone_and_the_rest_is_stored(nodes, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    ranks = [r["rank"] for r in job_ranks(job=job) if r["node"] == "node-a"]
+    raw = (
+        '{"node": "node-a", "version": "1", "reports": ['
+        f'{{"job": {job.pk}, "generation": 1, "rank": {ranks[0]}, "event": "started", "pid": 7,'
+        r' "log_tail": "a\u0000b \ud800 c"},'
+        f'{{"job": {job.pk}, "generation": 1, "rank": {ranks[1]}, "event": "exited"}},'
+        f'{{"job": {job.pk}, "generation": 1, "rank": {ranks[2]}, "event": "started", "pid": 8}},'
+        '"junk",'
+        f'{{"job": 999999, "generation": 1, "rank": 0, "event": "started"}}'
+        "]}"
+    )
+    response = committed(
+        nodes["node-a"].generic, "POST", "/api/v1/agents/sync/", raw, content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    refused = response.json()["refused"]
+    assert [(r.get("rank"), r.get("job")) for r in refused] == [(ranks[1], job.pk), (None, None), (0, 999999)]
+    assert "exit_code" in refused[0]["reason"] and "object" in refused[1]["reason"]
+    assert "was ever placed" in refused[2]["reason"]
+    stored = RankRun.objects.get(job=job, rank=ranks[0])
+    assert stored.log_tail == "a\ufffdb \ufffd c" and stored.pid == 7
+    assert RankRun.objects.filter(job=job, rank=ranks[2], state="started").exists()
+    assert not RankRun.objects.filter(job=job, rank=ranks[1]).exists()
+    assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
+
+
+def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(nodes, case44, staff_api):
+    committed_sync = sync(nodes, unhealthy=[{"gpu": 3, "reason": "XID 79"}])
     assert committed_sync.status_code == 200
     snap = cluster_snapshot(cluster=case44)
     assert int(snap.free.sum()) == 15 and not snap.free[snap.topology.gid("node-a", 3)]
@@ -140,9 +241,9 @@ def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(launcher, case44, st
     assert int(cluster_snapshot(cluster=case44).free.sum()) == 16
 
 
-def test_a_gpu_missing_from_nvidia_smi_is_unhealthy(launcher, case44):
+def test_a_gpu_missing_from_nvidia_smi_is_unhealthy(nodes, case44):
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8) if i != 5]
-    assert sync(launcher, gpus=gpus).status_code == 200
+    assert sync(nodes, gpus=gpus).status_code == 200
     assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [
         {"gpu": 5, "reason": "not found by nvidia-smi"}
     ]
@@ -210,12 +311,12 @@ def test_the_requeue_reason_outlives_the_next_cycles_pending_reason(
 
 
 def test_a_requeued_job_of_a_down_node_says_why_after_it_is_placed_again(
-    case44, launcher, alice, committed, settings
+    case44, nodes, alice, committed, settings
 ):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     job = submit(alice, committed, "again", 8, requeue=True)
     node = job_ranks(job=job)[0]["node"]
-    sync(launcher, node)
+    sync(nodes, node)
     NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     committed(agents.nodes_check, cluster=case44)
     job.refresh_from_db()
@@ -229,14 +330,18 @@ def live_gpus(job: Job) -> set[int]:
     return set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
 
 
-def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, launcher, alice, bob, committed):
+def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, nodes, alice, bob, committed):
     case44.preemption_enabled = True
     case44.save()
     low = submit(bob, committed, "low", 16)
-    started = [
-        {"job": low.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in range(16)
-    ]
-    committed(sync, launcher, "node-a", reports=started)
+    where = {r["rank"]: r["node"] for r in job_ranks(job=low)}
+    for node in ("node-a", "node-b"):
+        started = [
+            {"job": low.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r}
+            for r in range(16)
+            if where[r] == node
+        ]
+        committed(sync, nodes, node, reports=started)
     low.refresh_from_db()
     assert low.status == JobStatus.RUNNING
     high = submit(alice, committed, "high", 8, priority=5)
@@ -248,11 +353,11 @@ def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, launc
     assert len(live_gpus(low)) == 16 and not live_gpus(high)
     # Its agents no longer see it as work: they SIGTERM its ranks.
     for node in ("node-a", "node-b"):
-        assert all(w["job"] != low.pk for w in sync(launcher, node).json()["work"])
+        assert all(w["job"] != low.pk for w in sync(nodes, node).json()["work"])
     # Ranks exit one node at a time; each exit frees its GPU, never to anyone else meanwhile.
     for rank in range(15):
         exited = {"job": low.pk, "generation": 1, "rank": rank, "event": "exited", "exit_code": -15}
-        committed(sync, launcher, "node-a", reports=[exited])
+        committed(sync, nodes, where[rank], reports=[exited])
         high.refresh_from_db()
         if high.status == JobStatus.PLACING:
             break
@@ -267,7 +372,7 @@ def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, launc
 
 
 def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
-    case44, launcher, alice, bob, committed
+    case44, nodes, alice, bob, committed
 ):
     case44.preemption_enabled = True
     case44.save()
@@ -276,7 +381,7 @@ def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
     started = [
         {"job": low.pk, "generation": 1, "rank": r, "event": "started", "pid": 100 + r} for r in range(8)
     ]
-    committed(sync, launcher, old_node, reports=started)
+    committed(sync, nodes, old_node, reports=started)
     high = submit(alice, committed, "high", 16, priority=5)
     low.refresh_from_db()
     assert low.status == JobStatus.PREEMPTED and high.status == JobStatus.QUEUED
@@ -290,32 +395,32 @@ def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
     exits = [
         {"job": low.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": -15} for r in range(8)
     ]
-    committed(sync, launcher, old_node, reports=exits)
+    committed(sync, nodes, old_node, reports=exits)
     assert not Allocation.objects.filter(job=low, live=True, generation=1).exists()
     assert Allocation.objects.filter(job=low, live=True, generation=2).count() == 8
 
 
-def test_a_silent_node_goes_down_and_its_job_fails(case44, launcher, alice, committed, settings):
+def test_a_silent_node_goes_down_and_its_job_fails(case44, nodes, alice, committed, settings):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     job = submit(alice, committed, "j", 8)
     node = job_ranks(job=job)[0]["node"]
-    sync(launcher, node)
+    sync(nodes, node)
     NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and f"node {node} went down" in job.pending_reason
     assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
-    sync(launcher, node)
+    sync(nodes, node)
     assert NodeAgent.objects.get(node__name=node).state == NodeState.UP
 
 
-def test_job_logs_show_each_ranks_output_tail(launcher, alice, alice_api, bob_api, committed):
+def test_job_logs_show_each_ranks_output_tail(nodes, alice, alice_api, bob_api, committed):
     job = submit(alice, committed, "j", 2, estimated_runtime_s=60)
     reports = [
         {"job": job.pk, "generation": 1, "rank": 0, "event": "started", "pid": 10, "log_tail": "step 1\n"},
         {"job": job.pk, "generation": 1, "rank": 1, "event": "exited", "exit_code": 2, "log_tail": "oops\n"},
     ]
-    committed(sync, launcher, job_ranks(job=job)[0]["node"], reports=reports)
+    committed(sync, nodes, job_ranks(job=job)[0]["node"], reports=reports)
     logs = alice_api.get(f"/api/v1/jobs/{job.pk}/logs/").json()
     assert [(r["rank"], r["log_tail"]) for r in logs] == [(0, "step 1\n"), (1, "oops\n")]
     assert bob_api.get(f"/api/v1/jobs/{job.pk}/logs/").status_code == 404
@@ -332,11 +437,11 @@ def test_malformed_or_own_wakeups_change_nothing():
     assert wakeups.epoch(424243, "node-z") == before
 
 
-def test_the_server_bounds_a_poll_by_its_own_interval(launcher, settings):
+def test_the_server_bounds_a_poll_by_its_own_interval(nodes, settings):
     settings.TOPOWEB_AGENT_POLL_S = 0.3
-    sync(launcher)
+    sync(nodes)
     started = time.monotonic()
-    body = sync(launcher, wait_s=30).json()
+    body = sync(nodes, wait_s=30).json()
     # Nothing changed for the node: the poll waited, but the server's 0.3 s, not the asked 30 s.
     assert 0.25 <= time.monotonic() - started < 10
     assert body["work"] == [] and body["poll_s"] == 0.3 and body["down_after_s"] == agents.down_after_s()

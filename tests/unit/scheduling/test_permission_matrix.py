@@ -59,6 +59,10 @@ PAGE = cells(200, anonymous=LOGIN, launcher=LOGIN)
 ADMIN_PAGE = cells(ADMIN_LOGIN, viewer=200, submitter=200, operator=200, admin=200, superuser=200)
 
 MATRIX = [
+    # Node agents: only a node's own token syncs (no user, launcher or superuser credential does).
+    ("POST", "/api/v1/agents/sync/", {"version": "1"}, cells(401)),
+    # Rank logs: users who may see the job; not the launcher token.
+    ("GET", "/api/v1/jobs/{job}/logs/", None, api_read(launcher=401, other=404, submitter=404)),
     # Topology API.
     ("GET", "/api/v1/clusters/", None, api_read()),
     ("GET", "/api/v1/clusters/{cluster}/", None, api_read()),
