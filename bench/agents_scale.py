@@ -50,15 +50,21 @@ SETUP = """\
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from apps.topology.services import cluster_import
-from apps.scheduling.services import launcher_token_create
+from apps.scheduling.agent_models import new_node_key, node_key_hash
+from apps.scheduling.models import NodeToken
 spec = {{"version": 1, "name": "bench", "generate": {{"shape": "leaf-spine", "spines": 8, "leaves": {leaves},
         "nodes_per_leaf": {per_leaf}, "gpus_per_node": 8, "gpu_model": "H100", "peak_tflops": 989,
         "nvlink_bw_GBps": 450, "nic_bw_GBps": 50, "nics_per_node": 8, "uplink_bw_GBps": 3200}}}}
 cluster = cluster_import(data=spec)
 user = get_user_model().objects.create_user("bench", is_staff=True)
 print("TOKEN", Token.objects.create(user=user).key)
-print("LAUNCHER", launcher_token_create(cluster=cluster).key)
-print("NODES", ",".join(cluster.nodes.order_by("position").values_list("name", flat=True)))
+nodes = list(cluster.nodes.order_by("position"))
+keys = [new_node_key() for _ in nodes]
+NodeToken.objects.bulk_create(
+    NodeToken(node=n, key_hash=node_key_hash(k), prefix=k[:10]) for n, k in zip(nodes, keys)
+)
+print("NODES", ",".join(n.name for n in nodes))
+print("KEYS", ",".join(keys))
 """
 
 
@@ -125,12 +131,12 @@ class Connection:
 class SimulatedAgents:
     """N agents in one event loop: long-poll, report handed-out ranks as started at once."""
 
-    def __init__(self, url: str, token: str, nodes: list[str], poll_s: float):
+    def __init__(self, url: str, keys: dict[str, str], nodes: list[str], poll_s: float):
         # poll_s may be changed while running: each agent then waits a random part of the new
         # interval once, so the polls are spread over it again.
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
-        self.token = token
+        self.keys = keys
         self.nodes = nodes
         self.poll_s = poll_s
         self.requests = 0
@@ -140,7 +146,7 @@ class SimulatedAgents:
     async def agent(self, node: str) -> None:
         poll_s = self.poll_s
         await asyncio.sleep(random.uniform(0, poll_s))
-        conn = Connection(self.host, self.port, {"Authorization": f"Launcher {self.token}"})
+        conn = Connection(self.host, self.port, {"Authorization": f"Node {self.keys[node]}"})
         running: set[tuple[int, int, int]] = set()
         reports: list[dict] = []
         while not self.stop:
@@ -252,7 +258,8 @@ def run(args, url: str) -> int:
             text=True,
         ).stdout
         lines = dict(line.split(" ", 1) for line in out.splitlines() if line[:1].isupper() and " " in line)
-        token, launcher, nodes = lines["TOKEN"], lines["LAUNCHER"], lines["NODES"].split(",")
+        token, nodes = lines["TOKEN"], lines["NODES"].split(",")
+        keys = dict(zip(nodes, lines["KEYS"].split(","), strict=True))
         print(f"imported {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         port = free_port()
         # Each process may be handed any share of the connections: room for all of them.
@@ -301,7 +308,7 @@ def run(args, url: str) -> int:
             if len(worker_pids) >= args.workers:
                 break
             time.sleep(0.1)
-        result = asyncio.run(measure(args, url, token, launcher, nodes, web.pid, worker_pids, env))
+        result = asyncio.run(measure(args, url, token, keys, nodes, web.pid, worker_pids, env))
         result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -325,8 +332,8 @@ def run(args, url: str) -> int:
         tmp.cleanup()
 
 
-async def measure(args, url, token, launcher, nodes, master_pid, worker_pids, env) -> dict:
-    agents = SimulatedAgents(url, launcher, nodes, args.poll_s[0])
+async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -> dict:
+    agents = SimulatedAgents(url, keys, nodes, args.poll_s[0])
     task = asyncio.ensure_future(agents.run())
     pg = await psycopg.AsyncConnection.connect(env["DATABASE_URL"], autocommit=True)
     # Warm-up: every agent registered (then, per interval, one more poll period: polls spread).
