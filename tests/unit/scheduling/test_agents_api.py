@@ -448,7 +448,7 @@ def test_the_server_bounds_a_poll_by_its_own_interval(nodes, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_sync_that_loses_the_write_lock_is_retried_not_refused(launcher, alice, monkeypatch):
+def test_a_sync_that_loses_the_write_lock_is_retried_not_refused(nodes, alice, monkeypatch):
     """On the embedded SQLite a heartbeat or a report that meets "database is locked" is written
     again after a short wait instead of answering the agent 503."""
     from django.db import OperationalError
@@ -468,7 +468,7 @@ def test_a_sync_that_loses_the_write_lock_is_retried_not_refused(launcher, alice
     monkeypatch.setattr(agents, "agent_heartbeat", locked_once("beat", agents.agent_heartbeat))
     monkeypatch.setattr(agents, "agent_report", locked_once("report", agents.agent_report))
     report = {"job": job.pk, "generation": 1, "rank": 0, "event": "started", "pid": 100}
-    answer = sync(launcher, reports=[report])
+    answer = sync(nodes, job_ranks(job=job)[0]["node"], reports=[report])
     assert answer.status_code == 200, answer.content
     assert calls == {"beat": 2, "report": 2}
     assert RankRun.objects.get(job=job, rank=0).pid == 100
