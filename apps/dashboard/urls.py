@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import cluster, imports, job, nodes, now, queue, search, vendor
+from .views import cluster, imports, job, nodes, now, queue, search, usage, vendor
 
 app_name = "dashboard"
 
@@ -32,6 +32,7 @@ urlpatterns = [
     path("clusters/<str:name>/switches/<str:switch>/", nodes.switch_page, name="switch"),
     path("search/", search.search_page, name="search"),
     path("now/", now.now_page, name="now"),
+    path("usage/", usage.usage_page, name="usage"),
     path("welcome/", now.landing, name="landing"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),

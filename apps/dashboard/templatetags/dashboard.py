@@ -194,3 +194,25 @@ def sparkline(points, width: int = 240, height: int = 36, top: float = 1.0) -> s
         f"{mark:.1f}",
         xy,
     )
+
+
+_ISO_UTC = __import__("re").compile(r"(\bat )?\b(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}):\d{2}Z\b")
+
+
+@register.filter
+def relative_times(text) -> str:
+    """Text with its UTC times (`2026-12-04T10:00:00Z`, as pending reasons write them) made
+    relative: "start at 2026-12-04T10:00:00Z" -> "start in 5.0 h (12-04 10:00 UTC)"."""
+    from datetime import UTC, datetime
+
+    def swap(m) -> str:
+        day, hour = m.group(2), m.group(3)
+        try:
+            when = datetime.strptime(f"{day} {hour}", "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+        except ValueError:
+            return m.group(0)
+        rel = relative_text(when)
+        at = "" if rel.startswith("in ") else (m.group(1) or "")
+        return f"{at}{rel} ({day[5:]} {hour} UTC)"
+
+    return _ISO_UTC.sub(swap, str(text or ""))

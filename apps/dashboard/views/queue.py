@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET
 
 from apps.dashboard.forms import HISTORY_PRESETS, QueueFilterForm
 from apps.dashboard.selectors import can_see_details, job_label, job_nodes, queue_jobs
+from apps.dashboard.usage import job_accounting
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
 from apps.scheduling.choices import WAITING_STATUSES
@@ -78,9 +79,15 @@ def queue_page(request):
     if form.is_bound and not form.is_valid():
         jobs = jobs.none()  # the errors are shown; no unfiltered list in their place
     total = jobs.count()
+    rows = queue_rows(request.user, jobs[:QUEUE_LIMIT])
+    if between is not None:
+        # The history: what sacct gives per finished job (wait, runtime, exit code, GPU-hours).
+        acct = job_accounting(r["job"] for r in rows)
+        for r in rows:
+            r["acct"] = acct[r["job"].pk]
     context = {
         "form": form,
-        "rows": queue_rows(request.user, jobs[:QUEUE_LIMIT]),
+        "rows": rows,
         "total": total,
         "limit": QUEUE_LIMIT,
         "cluster": filters.get("cluster"),
