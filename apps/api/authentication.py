@@ -44,6 +44,20 @@ class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate(self, request):
         return _guarded(request._request, lambda: super(TokenAuthentication, self).authenticate(request))
 
+    def authenticate_credentials(self, key):
+        # The user's account comes in the same query: a submission needs it (a join, not a query).
+        token = (
+            self.get_model()
+            .objects.select_related("user", "user__membership", "user__membership__account")
+            .filter(key=key)
+            .first()
+        )
+        if token is None:
+            raise AuthenticationFailed("Invalid token.")
+        if not token.user.is_active:
+            raise AuthenticationFailed("User inactive or deleted.")
+        return token.user, token
+
 
 class LauncherAuthentication(BaseAuthentication):
     """Authenticates a launcher by its token; `request.auth` is the LauncherToken and

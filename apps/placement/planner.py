@@ -22,13 +22,14 @@ books it. Meanwhile GPUs still stopping count for it, so it never takes a second
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
 
 from .costmodel import evaluate
-from .planning import ActiveJob, ClusterSnapshot, QueuedJob
+from .planning import AccountQuota, ActiveJob, ClusterSnapshot, QueuedJob
 from .solvers import NoFit, Placement, place
 from .solvers.base import shortage
 from .topology import shorten
@@ -40,6 +41,8 @@ class Booking:
 
     job: QueuedJob
     placement: Placement
+    # Placed beyond its account's running-GPU limit, on idle GPUs: reclaimed first.
+    borrowed: bool = False
 
 
 @dataclass(slots=True)
@@ -52,6 +55,8 @@ class Eviction:
     by_job: int
     by_priority: int
     stopping: bool = False
+    # The preemptor's account, when the victim ran on capacity borrowed from it (a reclaim).
+    reclaimed_for: str = ""
 
 
 @dataclass(slots=True)
@@ -105,8 +110,21 @@ def plan_cycle(
     backfill: bool,
     preemption: bool,
     now: datetime,
+    quotas: Mapping[int, AccountQuota] | None = None,
 ) -> CyclePlan:
-    """Walk `queue` (already by priority, then age) and decide every job's fate this cycle."""
+    """Walk `queue` (already by effective priority, then age) and decide every job's fate this cycle.
+
+    `quotas` (by account id): a job whose account spent its GPU-hours waits; one that would take
+    its account past its running-GPU limit waits, or, when the account may borrow, is placed on
+    idle GPUs only (never preempting, never reserving) as borrowed capacity. A job within its
+    account's limits may reclaim borrowed capacity: other accounts' borrowed jobs are preempted
+    for it whatever their priority, even where preemption is off; they are always the first victims.
+    """
+    quotas = quotas or {}
+    held: dict[int, int] = {}
+    for a in snapshot.active:
+        if a.account is not None:
+            held[a.account] = held.get(a.account, 0) + len(a.gids)
     topo = snapshot.topology
     free = snapshot.free.copy()
     load = dict(snapshot.link_load)
@@ -127,6 +145,11 @@ def plan_cycle(
         try:
             spec = job.spec
             policy = job.policy or cluster_policy
+            quota = quotas.get(job.account) if job.account is not None else None
+            over, borrowing = _over_quota(quota, held, spec.gpus)
+            if over and not borrowing:
+                plan.waiting[job.job_id] = over
+                continue
             if reservation is not None and not backfill:
                 plan.waiting[job.job_id] = f"{reservation.text()}; backfill is off on this cluster"
                 continue
@@ -153,9 +176,16 @@ def plan_cycle(
                 no_fit[shape] = result
             if isinstance(result, Placement):
                 _take(free, load, result)
-                plan.bookings.append(Booking(job, result))
+                plan.bookings.append(Booking(job, result, borrowing))
+                _hold(held, job.account, spec.gpus)
                 holders[job.job_id] = _Holder(
                     result.gids, _end(now, spec.estimated_runtime_s), result.prediction.flows
+                )
+                continue
+            if borrowing:
+                # Borrowed capacity is idle capacity: a borrower neither preempts nor reserves.
+                plan.waiting[job.job_id] = (
+                    f"{over}; it may borrow idle GPUs, but does not fit on them: {result.reason}"
                 )
                 continue
             if outside:
@@ -165,9 +195,18 @@ def plan_cycle(
                     f" GPUs reserved for it: {result.reason}"
                 )
                 continue
-            if reservation is None and preemption:
+            reclaim = quota is not None
+            if reservation is None and (preemption or reclaim):
                 victims, placed = _preempt_for(
-                    snapshot, job, policy, free | stopping, load, evicted, alone=bool(stopping.any())
+                    snapshot,
+                    job,
+                    policy,
+                    free | stopping,
+                    load,
+                    evicted,
+                    alone=bool(stopping.any()),
+                    by_priority=preemption,
+                    reclaim=reclaim,
                 )
                 if placed is not None:
                     no_fit.clear()
@@ -180,7 +219,12 @@ def plan_cycle(
                         free[list(victim.gids)] = not victim.launched
                         stopping[list(victim.gids)] = victim.launched
                         _subtract(load, victim.flows)
-                        plan.evictions.append(Eviction(victim, job.job_id, job.priority, victim.launched))
+                        _hold(held, victim.account, -len(victim.gids))
+                        lender = quota.name if reclaim and victim.borrowed else ""
+                        plan.evictions.append(
+                            Eviction(victim, job.job_id, job.priority, victim.launched, lender)
+                        )
+                    _hold(held, job.account, spec.gpus)
                     if waits:
                         # Held for it: no job behind it takes these GPUs while the ranks stop.
                         free[gids] = False
@@ -204,6 +248,32 @@ def plan_cycle(
         except Exception as exc:
             plan.failed[job.job_id] = shorten(f"{type(exc).__name__}: {exc}", 500)
     return plan
+
+
+def _hold(held: dict[int, int], account: int | None, gpus: int) -> None:
+    if account is not None:
+        held[account] = held.get(account, 0) + gpus
+
+
+def _over_quota(quota: AccountQuota | None, held: dict[int, int], gpus: int) -> tuple[str, bool]:
+    """Why a job of `gpus` GPUs is over its account's limits ("" if it is not), and whether it may
+    still run on borrowed capacity (over the running-GPU limit of an account that may borrow)."""
+    if quota is None:
+        return "", False
+    if quota.gpu_hours is not None and quota.used_gpu_hours >= quota.gpu_hours:
+        return (
+            f"account {quota.name} has used {quota.used_gpu_hours:.1f} of its {quota.gpu_hours:g} GPU-hours"
+            f" in the last {quota.period_h:g} h; it waits until older use leaves that window",
+            False,
+        )
+    now_held = held.get(quota.account_id, 0)
+    if quota.max_running_gpus is not None and now_held + gpus > quota.max_running_gpus:
+        return (
+            f"account {quota.name} holds {now_held} of its limit of {quota.max_running_gpus} running GPUs;"
+            f" this job's {gpus} would exceed it",
+            quota.may_borrow,
+        )
+    return "", False
 
 
 def overdue_flags(active: list[ActiveJob], now: datetime) -> dict[int, bool]:
@@ -361,18 +431,26 @@ def _preempt_for(
     load: dict[str, float],
     evicted: set[int],
     alone: bool = False,
+    by_priority: bool = True,
+    reclaim: bool = False,
 ) -> tuple[list[ActiveJob], Placement | None]:
-    """The fewest lower-priority active jobs (lowest priority, then most recent, first) whose GPUs
-    let `job` fit on `free` (which may count GPUs still stopping), and its placement; ([], None)
-    when no such set exists. `alone`: try `free` without victims first (([], placement) if it fits)."""
+    """The fewest victims whose GPUs let `job` fit on `free` (which may count GPUs still stopping),
+    and its placement; ([], None) when no such set exists. Victims: `by_priority`, active jobs of
+    lower effective priority; `reclaim`, other accounts' borrowed jobs. Borrowed jobs go first,
+    then the lowest priority, then the most recent. `alone`: try `free` without victims first
+    (([], placement) if it fits)."""
+
+    def may_take(a: ActiveJob) -> bool:
+        if by_priority and a.rank < job.rank:
+            return True
+        return reclaim and a.borrowed and a.account != job.account
+
     # A migrating job is between generations: its GPUs are promised to its own next one.
-    candidates = [
-        a
-        for a in snapshot.active
-        if a.priority < job.priority and a.job_id not in evicted and not a.migrating
-    ]
+    candidates = [a for a in snapshot.active if a.job_id not in evicted and not a.migrating and may_take(a)]
     # Lowest priority first; among equals the most recently started loses the least work.
-    candidates.sort(key=lambda a: (a.priority, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id))
+    candidates.sort(
+        key=lambda a: (not a.borrowed, a.rank, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id)
+    )
     trial_free = free.copy()
     trial_load = dict(load)
     chosen: list[ActiveJob] = []

@@ -43,6 +43,16 @@ class ActiveJob:
     launched: bool = False
     # Between two generations (old ranks stopping, new GPUs waiting): never a preemption victim.
     migrating: bool = False
+    # Its account (None: none); placed beyond its account's running-GPU limit on idle capacity.
+    account: int | None = None
+    borrowed: bool = False
+    submitted_at: datetime | None = None
+    # The effective priority (see `apps.placement.priority`); None: the requested priority.
+    effective: float | None = None
+
+    @property
+    def rank(self) -> float:
+        return float(self.priority) if self.effective is None else self.effective
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,28 @@ class QueuedJob:
     spec: JobSpec
     policy: str | None
     pending_reason: str
+    account: int | None = None
+    effective: float | None = None
+
+    @property
+    def rank(self) -> float:
+        return float(self.priority) if self.effective is None else self.effective
+
+
+@dataclass(frozen=True, slots=True)
+class AccountQuota:
+    """An account's limits on one cluster and its use of them: at most `max_running_gpus` GPUs held
+    at once (None: no limit), at most `gpu_hours` GPU-hours in the trailing `period_h` hours (None:
+    no limit) of which `used_gpu_hours` are spent; `may_borrow`: beyond its running limit it may
+    take GPUs that are idle, as preemptible borrowed capacity."""
+
+    account_id: int
+    name: str
+    max_running_gpus: int | None = None
+    gpu_hours: float | None = None
+    period_h: float = 24.0
+    used_gpu_hours: float = 0.0
+    may_borrow: bool = False
 
 
 @dataclass(slots=True)

@@ -11,7 +11,18 @@ from django.contrib import admin, messages
 from apps.api.authentication import node_tokens_forget
 
 from . import agents, services
-from .models import Allocation, Job, LauncherToken, MigrationProposal, NodeAgent, NodeToken, SchedulingCycle
+from .models import (
+    Account,
+    AccountLimit,
+    AccountMembership,
+    Allocation,
+    Job,
+    LauncherToken,
+    MigrationProposal,
+    NodeAgent,
+    NodeToken,
+    SchedulingCycle,
+)
 from .proposals import ProposalStateError
 
 
@@ -211,3 +222,24 @@ class NodeAgentAdmin(admin.ModelAdmin):
         for agent in queryset.select_related("node"):
             agents.node_resume(node=agent.node)
         self.message_user(request, f"{queryset.count()} nodes resumed", messages.SUCCESS)
+
+
+class AccountMembershipInline(admin.TabularInline):
+    model = AccountMembership
+    extra = 0
+    raw_id_fields = ["user"]
+
+
+class AccountLimitInline(admin.TabularInline):
+    model = AccountLimit
+    extra = 0
+    fields = ["cluster", "max_running_gpus", "gpu_hours_per_period", "period_h", "may_borrow"]
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    """Accounts with their members and per-cluster limits (the model validators bound every number)."""
+
+    list_display = ["name", "share", "max_priority", "description"]
+    search_fields = ["name", "memberships__user__username"]
+    inlines = [AccountMembershipInline, AccountLimitInline]

@@ -31,6 +31,7 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 from apps.placement.planner import CyclePlan, plan_cycle
 from apps.topology.models import Cluster
 
+from . import accounts
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
@@ -189,6 +190,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                 snapshot = snap.cluster_snapshot(cluster=locked)
                 unreadable: dict[int, str] = {}
                 queue = snap.queued_jobs(cluster=locked, unreadable=unreadable)
+                quotas = accounts.rank_jobs(cluster=locked, snapshot=snapshot, queue=queue, now=now)
                 plan = plan_cycle(
                     snapshot,
                     queue,
@@ -196,6 +198,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     backfill=locked.backfill_enabled,
                     preemption=locked.preemption_enabled,
                     now=now,
+                    quotas=quotas,
                 )
                 failed = _fail_unschedulable({**unreadable, **plan.failed}, now)
                 placed, preempted = _commit(snapshot, plan, queue, now)
@@ -261,7 +264,14 @@ def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> lis
     booked = [b for b in plan.bookings if b.job.job_id in waiting]
     snap.mark_placed(
         updates=[
-            (b.job.job_id, snap.prediction_fields(snapshot.topology, b.job.spec, b.placement)) for b in booked
+            (
+                b.job.job_id,
+                {
+                    **snap.prediction_fields(snapshot.topology, b.job.spec, b.placement),
+                    "borrowed": b.borrowed,
+                },
+            )
+            for b in booked
         ],
         now=now,
     )
@@ -291,6 +301,8 @@ def _commit(
     for ev in plan.evictions:
         jid = ev.victim.job_id
         why = f"preempted by job {ev.by_job} (priority {ev.by_priority})"
+        if ev.reclaimed_for:
+            why = f"reclaimed by job {ev.by_job} of account {ev.reclaimed_for}: it ran on borrowed GPUs"
         if ev.stopping:
             stopping_nodes.update(topo.nodes[int(topo.gpu_node[g])].name for g in ev.victim.gids)
         changed = Job.objects.filter(pk=jid, status__in=ACTIVE_STATUSES).update(

@@ -24,7 +24,7 @@ from apps.topology.retry import retry_when_locked
 
 from . import services
 from .choices import FINISHED_STATUSES, JobStatus
-from .models import Job
+from .models import Account, AccountLimit, AccountMembership, Job
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,34 @@ def _users() -> dict:
     return users
 
 
+# Two teams with different fair-share weights; product may borrow research's idle GPUs on pod-256.
+DEMO_ACCOUNTS = (
+    ("research", 3, "alice", {POD: (None, 20000.0, False)}),
+    ("product", 1, "bob", {POD: (64, 2000.0, True)}),
+)
+
+
+def _accounts(users: dict) -> None:
+    """The demo accounts, their members and limits (running GPUs, GPU-hours a day, may borrow)."""
+    for name, share, member, limits in DEMO_ACCOUNTS:
+        account, _ = Account.objects.get_or_create(
+            name=name, defaults={"share": share, "description": f"demo team {name}"}
+        )
+        AccountMembership.objects.get_or_create(user=users[member], defaults={"account": account})
+        for cluster_name, (gpus, gpu_hours, borrow) in limits.items():
+            cluster = Cluster.objects.filter(name=cluster_name).first()
+            if cluster is not None:
+                AccountLimit.objects.get_or_create(
+                    account=account,
+                    cluster=cluster,
+                    defaults={
+                        "max_running_gpus": gpus,
+                        "gpu_hours_per_period": gpu_hours,
+                        "may_borrow": borrow,
+                    },
+                )
+
+
 def _submit_and_start(
     cluster: Cluster, jobs: list[tuple[str, dict]], users: dict, *, start_all: bool
 ) -> list[Job]:
@@ -262,6 +290,7 @@ def load_demo_jobs(*, start_all: bool = False) -> dict[str, int]:
     cluster got (0: already there). Jobs with a command start when their node agents run them;
     `start_all` starts every placed job at once, as their agents would (for callers without agents)."""
     users = _users()
+    _accounts(users)
     loaded: dict[str, int] = {}
     for name, jobs in ((POD, pod_jobs()), (SU, su_jobs())):
         cluster = Cluster.objects.filter(name=name).first()

@@ -71,6 +71,18 @@ class Job(models.Model):
     generation = models.PositiveIntegerField(
         default=0, help_text="Placements so far: each placement or applied migration starts a new one."
     )
+    account = models.ForeignKey(
+        "scheduling.Account",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="The owner's account when submitted.",
+    )
+    borrowed = models.BooleanField(
+        default=False,
+        help_text="Placed beyond its account's running-GPU limit on idle GPUs: reclaimed first.",
+    )
 
     class Meta:
         ordering = ["-priority", "submitted_at", "id"]
@@ -261,9 +273,13 @@ class LauncherToken(models.Model):
         return f"launcher token for cluster {self.cluster_id}"
 
 
+from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
 from .agent_models import NodeAgent, NodeToken, RankRun  # noqa: E402  (models of the launch loop)
 
 __all__ = [
+    "Account",
+    "AccountLimit",
+    "AccountMembership",
     "Allocation",
     "Job",
     "LauncherToken",

@@ -17,8 +17,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
 
+from . import accounts
 from . import snapshot as snap
 from .agents import notify_job_nodes
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
@@ -124,6 +126,11 @@ def job_submit(
     )
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
+    fields["account"] = accounts.account_of(user)
+    limit = accounts.priority_limit(user, fields["account"], fields["priority"])
+    if fields["priority"] > limit:
+        whose = f"account {fields['account'].name}" if fields["account"] else "your role"
+        raise SpecError([("priority", f"{fields['priority']} is over the limit of {limit} for {whose}")])
     with transaction.atomic():
         job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
         # The cluster and owner are rows in hand; re-checking that they exist costs two queries.

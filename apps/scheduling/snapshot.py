@@ -105,9 +105,25 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
             "estimated_runtime_s",
             "overdue",
             "generation",
+            "submitted_at",
+            "account_id",
+            "borrowed",
         )
     )
-    for pk, priority, flows, status, placed_at, started_at, runtime_s, overdue, generation in rows:
+    for (
+        pk,
+        priority,
+        flows,
+        status,
+        placed_at,
+        started_at,
+        runtime_s,
+        overdue,
+        generation,
+        submitted_at,
+        account_id,
+        borrowed,
+    ) in rows:
         flows = flows or {}
         for leaf, load in flows.items():
             link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
@@ -129,6 +145,9 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
                 overdue=overdue,
                 launched=pk in launched or status == JobStatus.MIGRATING,
                 migrating=status == JobStatus.MIGRATING,
+                account=account_id,
+                borrowed=borrowed,
+                submitted_at=submitted_at,
             )
         )
     stopping = np.zeros(topology.n_gpus, dtype=bool)
@@ -177,10 +196,10 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
     rows = list(
         Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
         .order_by("-priority", "submitted_at", "id")
-        .values_list("id", "priority", "submitted_at", "policy", "pending_reason")
+        .values_list("id", "priority", "submitted_at", "policy", "pending_reason", "account_id")
     )
     with _SPEC_LOCK:
-        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _ in rows}
+        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _, _ in rows}
     missing = [pk for pk, spec in specs.items() if spec is None]
     if missing:
         loaded = {}
@@ -192,16 +211,22 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
                     unreadable[pk] = f"its stored spec is invalid: {shorten(str(exc), 500)}"
         specs.update(loaded)
         with _SPEC_LOCK:
-            for pk, _, at, _, _ in rows:
+            for pk, _, at, _, _, _ in rows:
                 if pk in loaded:
                     _SPEC_CACHE[(pk, at)] = loaded[pk]
             while len(_SPEC_CACHE) > _SPEC_CACHE_SIZE:
                 _SPEC_CACHE.popitem(last=False)
     return [
         QueuedJob(
-            job_id=pk, priority=prio, submitted_at=at, spec=specs[pk], policy=policy, pending_reason=reason
+            job_id=pk,
+            priority=prio,
+            submitted_at=at,
+            spec=specs[pk],
+            policy=policy,
+            pending_reason=reason,
+            account=account,
         )
-        for pk, prio, at, policy, reason in rows
+        for pk, prio, at, policy, reason, account in rows
         if specs[pk] is not None
     ]
 
@@ -313,6 +338,7 @@ PLACED_FIELDS = (
     "predicted_mfu",
     "predicted",
     "flows",
+    "borrowed",
 )
 
 
@@ -332,7 +358,13 @@ def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: dateti
     )
     params = []
     for job_id, values in updates:
-        row = {"status": JobStatus.PLACING.value, "placed_at": now, "pending_reason": "", **values}
+        row = {
+            "status": JobStatus.PLACING.value,
+            "placed_at": now,
+            "pending_reason": "",
+            "borrowed": False,
+            **values,
+        }
         params.append([f.get_db_prep_save(row[f.name], connection) for f in fields] + [job_id])
     if params:
         with connection.cursor() as cursor:

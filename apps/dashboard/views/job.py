@@ -17,6 +17,8 @@ from apps.dashboard.whatif import what_if
 from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
+from apps.scheduling.accounts import job_priority
+from apps.scheduling.accounts import weights as priority_weights
 from apps.scheduling.agent_selectors import job_generations, job_log_tails
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, ProposalStatus
 from apps.scheduling.models import MigrationProposal
@@ -182,6 +184,8 @@ def job_page(request, pk: int):
         ],
         "generations": job_generations(job=job),
         "log_tails": job_log_tails(job=job),
+        "priority": job_priority(job=job) if job.status not in FINISHED_STATUSES else None,
+        "priority_weights": priority_weights(),
         "charts": script_json(charts),
         "plotly_js_url": plotly_js_url(),
     }

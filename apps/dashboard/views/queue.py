@@ -12,6 +12,7 @@ from apps.dashboard.selectors import can_see_details, job_label, job_nodes, queu
 from apps.dashboard.usage import job_accounting
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
+from apps.scheduling.accounts import accounts_use
 from apps.scheduling.choices import WAITING_STATUSES
 from apps.topology.services import cluster_topology
 
@@ -100,6 +101,8 @@ def queue_page(request):
     status = 400 if form.is_bound and not form.is_valid() else 200
     if request.GET.get("fragment"):
         return render(request, "dashboard/_queue_table.html", context, status=status)
+    chosen = filters.get("cluster")
+    context["accounts"] = accounts_use(clusters=[chosen] if chosen else None)
     return render(request, "dashboard/queue.html", context, status=status)
 
 

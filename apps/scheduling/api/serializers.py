@@ -36,7 +36,7 @@ LIST_FIELDS = [
     "predicted_step_ms",
     "predicted_mfu",
 ]
-DETAIL_FIELDS = [*LIST_FIELDS, "predicted", "flows", "spec"]
+DETAIL_FIELDS = [*LIST_FIELDS, "account", "borrowed", "predicted", "flows", "spec"]
 # The columns a list response reads: the list query loads only these.
 LIST_COLUMNS = [
     *(f for f in LIST_FIELDS if f not in ("cluster_name", "owner", "overdue_reason")),
@@ -113,6 +113,8 @@ class JobSerializer(JobListSerializer):
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
         out = super().to_representation(instance)
+        out["account"] = instance.account_id
+        out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows
         out["spec"] = instance.spec

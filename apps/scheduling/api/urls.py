@@ -4,7 +4,13 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from .agent_views import AgentSyncView, JobLogsView, NodeHealthViewSet
-from .views import JobViewSet, MigrationProposalViewSet, PlacementPreviewView, SchedulingCycleViewSet
+from .views import (
+    AccountListView,
+    JobViewSet,
+    MigrationProposalViewSet,
+    PlacementPreviewView,
+    SchedulingCycleViewSet,
+)
 
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
@@ -14,6 +20,7 @@ router.register("node-health", NodeHealthViewSet, basename="node-health")
 
 urlpatterns = [
     path("placements/preview/", PlacementPreviewView.as_view(), name="placement-preview"),
+    path("accounts/", AccountListView.as_view(), name="account-list"),
     path("agents/sync/", AgentSyncView.as_view(), name="agent-sync"),
     path("jobs/<int:pk>/logs/", JobLogsView.as_view(), name="job-logs"),
     *router.urls,

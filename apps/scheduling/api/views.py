@@ -35,7 +35,7 @@ from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 
-from .. import rankmaps, selectors, services
+from .. import accounts, rankmaps, selectors, services
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
@@ -290,6 +290,21 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response(rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port))
         return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port))
 
+    @extend_schema(
+        summary="The job's effective priority and its weighted terms",
+        description=(
+            "effective = requested + age + fair_share, each term already weighted (see"
+            " docs/accounts.md); the factors are the unweighted age (0 to 1, a week) and the account's"
+            " fair-share factor (1 unused, 0.5 at its share, towards 0 beyond; 0.5 without an account)."
+        ),
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"])
+    def priority(self, request: Request, pk=None) -> Response:
+        """The effective priority of the job now, with its terms."""
+        job = self.get_object()
+        return Response(priority_body(job))
+
 
 def _not_placed(job: Job) -> dict:
     why = f": {job.pending_reason}" if job.pending_reason else ""
@@ -394,3 +409,36 @@ class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = SchedulingCycleFilter
     pagination_class = StandardPagination
     queryset = SchedulingCycle.objects.order_by("-started_at", "-id")
+
+
+def priority_body(job: Job) -> dict:
+    """The effective priority of `job` now and its terms, as the API and the job page show them."""
+    terms = accounts.job_priority(job=job)
+    w = accounts.weights()
+    return {
+        "job": job.pk,
+        "account": job.account.name if job.account_id else None,
+        "effective": terms.effective,
+        "terms": {"requested": terms.requested, "age": terms.age, "fair_share": terms.fair_share},
+        "factors": {
+            "requested": job.priority,
+            "age": round(terms.age_factor, 6),
+            "fair_share": round(terms.fair_share_factor, 6),
+        },
+        "weights": {"requested": w.requested, "age": w.age, "fair_share": w.fair_share},
+    }
+
+
+class AccountListView(APIView):
+    """Every account: members, share, and per cluster its use against its limits."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        summary="Accounts, their shares, and per cluster their GPUs and GPU-hours against their limits",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        """Each account's use of every cluster against its limits."""
+        return Response({"results": accounts.accounts_use()})
