@@ -106,6 +106,7 @@ class HierarchyIndex:
         self.max_domain_gpus = int(np.bincount(self.gpu_domain, minlength=self.n_domains).max())
         # A domain is uniform when every GPU pair in it runs at the domain's rate and latency: not
         # so a node with intra links (PCIe GPUs, a partial NVLink mesh) whose pairs differ.
+        self.node_intra = t.node_intra
         self.domain_uniform = np.ones(self.n_domains, dtype=bool)
         for ni, intra in t.node_intra.items():
             off = ~np.eye(intra.bw.shape[0], dtype=bool)

@@ -15,6 +15,7 @@ GPU id order.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -184,3 +185,67 @@ def split_mappings(job: JobSpec, slots: np.ndarray, parts: int) -> Iterator[np.n
             if key not in seen:
                 seen.add(key)
                 yield gids
+
+
+def island_order(idx: HierarchyIndex, slots: np.ndarray, chunk: int) -> np.ndarray | None:
+    """`slots` re-ordered so that every `chunk` consecutive slots avoid the slow pairs of nodes
+    with intra links (`Node.intra`): each such node's GPUs are cut greedily into islands of
+    chunk/2 whose slowest pair is fastest, what is left into islands of chunk/4, and so on down to
+    single GPUs; every other node's GPUs into whole chunks and one remainder. Groups of `chunk`
+    slots are then packed from these pieces, largest first, each piece from a node the group does
+    not hold yet where one fits: a group joins the best islands of two or more such nodes over the
+    network rather than a whole node over its slowest pair (a cube mesh's SYS link, a PCIe
+    node's other socket). None when the set has no such node or the chunk is under 4."""
+    if not idx.node_intra or chunk < 4:
+        return None
+    node = idx.gpu_node[slots]
+    mixed = ~idx.domain_uniform[idx.gpu_domain[slots]]
+    if not mixed.any():
+        return None
+    pieces: list[tuple[int, np.ndarray]] = []
+    for n in dict.fromkeys(node.tolist()):
+        gids = slots[node == n]
+        if n not in idx.node_intra or idx.domain_uniform[idx.gpu_domain[gids[0]]]:
+            whole = gids.size // chunk * chunk
+            pieces += [(n, gids[k : k + chunk]) for k in range(0, whole, chunk)]
+            if whole < gids.size:
+                pieces.append((n, gids[whole:]))
+            continue
+        bw, first = idx.node_intra[n].bw, int(idx.node_first_gid[n])
+        local = (gids - first).tolist()
+        size = chunk // 2
+        while local:
+            while len(local) >= size:
+                best = max(itertools.combinations(local, size), key=lambda s: _island_score(bw, s))
+                pieces.append((n, np.asarray(best, dtype=np.int64) + first))
+                local = [g for g in local if g not in best]
+            size = max(size // 2, 1)
+    # Largest first; among equals, the nodes in turn.
+    turn: dict[int, int] = {}
+    ranked = []
+    for k, (n, gids) in enumerate(pieces):
+        turn[n] = turn.get(n, -1) + 1
+        ranked.append((-gids.size, turn[n], k))
+    queue = [pieces[k] for _, _, k in sorted(ranked)]
+    out: list[np.ndarray] = []
+    while queue:
+        room, held = chunk, set()
+        while room and queue:
+            fits = [k for k, (n, g) in enumerate(queue) if g.size <= room]
+            if not fits:
+                # A piece larger than the room left (a uniform node's remainder) spills over.
+                fits = [0]
+            pick = next((k for k in fits if queue[k][0] not in held), fits[0])
+            n, gids = queue.pop(pick)
+            out.append(gids)
+            held.add(n)
+            room = max(room - gids.size, 0)
+    return np.concatenate(out)
+
+
+def _island_score(bw: np.ndarray, gpus: tuple[int, ...]) -> tuple[float, float]:
+    if len(gpus) < 2:
+        return 0.0, 0.0
+    sub = bw[np.ix_(gpus, gpus)]
+    off = ~np.eye(len(gpus), dtype=bool)
+    return float(sub[off].min()), float(sub[off].sum())
