@@ -40,7 +40,7 @@ from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
 from .fast import fast_sets, rate_filled_set
 from .intra import intra_candidates
-from .mapping import candidate_mappings
+from .mapping import candidate_mappings, island_order, lay_out, nestings
 from .refine import refine
 from .search import search
 from .spread import spread_candidates
@@ -62,6 +62,8 @@ REFINE_MAX_GPUS = 64
 SEARCH_EVALS = ((64, 120), (512, 40), (4096, 10), (math.inf, 2))
 # Jobs up to this many GPUs placed in one uniform NVLink domain at the top rate skip the bound.
 ONE_DOMAIN_MAX_GPUS = 8
+# How far above the free-set bound a placement may be and still skip refinement and search.
+SEARCH_TOLERANCE = 0.01
 # Baselines whose placements are candidates; the GPU sets of the first two also get nested mappings.
 BASELINES = (
     ("tree_best_fit", tree_best_fit.choose),
@@ -110,8 +112,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     # of the best few sets only, since the cost model is the expensive part.
     first: list[tuple[tuple[float, float], int, np.ndarray]] = []
     for k, (gset, fit, _) in enumerate(plans):
-        gids = next(candidate_mappings(idx, job, gset))
-        first.append((_key(topology, job, gids, leaf_load, fit), k, gids))
+        for gids in _first_mappings(idx, job, gset):
+            first.append((_key(topology, job, gids, leaf_load, fit), k, gids))
     first.sort(key=lambda item: (item[0], item[1]))
     best_key, best_k, best_gids = first[0]
     for _, k, _ in first[:SETS_REMAPPED]:
@@ -129,7 +131,9 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             if key < best_key:
                 best_key, best_gids, regular = key, gids, is_regular
     gids = best_gids
-    above_bound = best_key[1] > bound_ms * (1 + 1e-9) + 1e-9
+    # Swaps and the local search only where the constructive stage missed the bound by more
+    # than SEARCH_TOLERANCE: they cost a cost-model call a move and gain at most that much.
+    above_bound = best_key[1] > bound_ms * (1 + SEARCH_TOLERANCE) + 1e-9
     if above_bound and not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
     if above_bound:
@@ -161,6 +165,15 @@ def _one_best_domain(
     if topology.gpu_nic_bw.size and bw[domain] < float(topology.gpu_nic_bw.max()):
         return None
     return next(candidate_mappings(idx, job, gset))
+
+
+def _first_mappings(idx: HierarchyIndex, job: JobSpec, gset: np.ndarray) -> Iterator[np.ndarray]:
+    """A set's first nested mapping and, when it holds GPUs of nodes with intra links, the first
+    mapping of its island order (`mapping.island_order`)."""
+    yield next(candidate_mappings(idx, job, gset))
+    islands = island_order(idx, gset, job.tp * job.cp)
+    if islands is not None:
+        yield lay_out(job, islands, next(iter(nestings(job))))
 
 
 def search_evals(job: JobSpec) -> int:
