@@ -26,7 +26,7 @@ def apply_intra(topo: Topology, st) -> None:
             if sub.size < 2:
                 continue
             if int(topo.gpu_node[sub[0]]) in topo.node_intra:
-                dbw, dlat = topo.intra_pairs(sub)
+                dbw, dlat = _slowest_pair(topo, sub)
             else:
                 dbw, dlat = float(topo.domain_bw[d]), float(topo.domain_latency[d])
             bw, lat = min(bw, dbw), max(lat, dlat)
@@ -36,6 +36,24 @@ def apply_intra(topo: Topology, st) -> None:
             st.path_lat[r] = max(st.inter_lat[r], lat)
         else:
             st.path_bw[r], st.path_lat[r] = bw, lat
+
+
+# (node's intra links, member GPU indices) -> slowest pair: a node's groups repeat across the
+# candidates and moves of a placement. The key holds the links object itself, so no other can
+# take its identity while the entry lives.
+_SLOWEST: dict[tuple[object, bytes], tuple[float, float]] = {}
+_SLOWEST_SIZE = 65536
+
+
+def _slowest_pair(topo: Topology, sub: np.ndarray) -> tuple[float, float]:
+    intra = topo.node_intra[int(topo.gpu_node[sub[0]])]
+    key = (intra, np.sort(topo.gpu_index[sub]).astype(np.int64).tobytes())
+    hit = _SLOWEST.get(key)
+    if hit is None:
+        if len(_SLOWEST) > _SLOWEST_SIZE:
+            _SLOWEST.clear()
+        hit = _SLOWEST[key] = topo.intra_pairs(sub)
+    return hit
 
 
 def intra_pair_paths(topo: Topology, g: np.ndarray, h: np.ndarray, bw: np.ndarray, lat: np.ndarray) -> None:

@@ -55,10 +55,21 @@ def search(
     traffic = declared_traffic(job)
     weighted = [(arrays[k], w) for k, w in traffic.items() if w > 0 and arrays[k].shape[1] > 1]
 
+    priced: dict[bytes, tuple[float, float, float]] = {}
+
     def cost(trial: np.ndarray) -> tuple[float, float, float]:
-        # Exposed comm ms (what the step pays), all comm ms, then the spread.
-        pred = evaluate(topology, job, trial, leaf_load, detail=False)
-        return pred.step_ms - job.compute_ms, pred.comm_ms, _spread(topology, trial, weighted)
+        # Exposed comm ms (what the step pays), all comm ms, then the spread; a map the search
+        # comes back to (a move undone, a swap of equal groups) is priced once.
+        key = trial.tobytes()
+        hit = priced.get(key)
+        if hit is None:
+            pred = evaluate(topology, job, trial, leaf_load, detail=False)
+            hit = priced[key] = (
+                pred.step_ms - job.compute_ms,
+                pred.comm_ms,
+                _spread(topology, trial, weighted),
+            )
+        return hit
 
     cur_cost = cost(cur)
     stop = bound_ms * (1 + 1e-9) + 1e-9
