@@ -130,3 +130,71 @@ def test_a_domain_of_mixed_pairs_is_not_uniform():
 
     topo = fleet([intra_node("pcie0", _SOCKETS), nvl_node("nvl0")])
     assert hierarchy(topo).domain_uniform.tolist() == [False, True]
+
+
+def test_tp_groups_on_cube_mesh_nodes_join_nvlink_islands_of_two_nodes_over_their_slowest_pair():
+    # A whole cube-mesh node holds a TP group of 8 only over SYS pairs (8 GB/s); its fully
+    # NVLinked islands of 4 on two nodes meet over the network (4 NICs of 25 GB/s), which is
+    # faster, also where odd free counts leave islands of 2 and single GPUs to pack.
+    nodes = [nvl_node("nvl0")]
+    for i in range(4):
+        n = intra_node(f"cube{i}", _CUBE_MESH)
+        n["nics"] = [
+            {
+                "name": f"mlx5_{k}",
+                "gpus": [2 * k, 2 * k + 1],
+                "leaf": "leaf-1",
+                "bw_GBps": 25,
+                "latency_us": 1.5,
+            }
+            for k in range(4)
+        ]
+        nodes.append(n)
+    topo = fleet(nodes)
+    free = free_counts(topo, {"nvl0": 8, "cube0": 8, "cube1": 7, "cube2": 6, "cube3": 5})
+    j = job(tp=8, pp=2, dp=2, comm=[("tp", "allreduce", 4.2e7, 96), ("pp", "p2p", 4.2e7, 16)])
+    placed = place(topo, free, None, j)
+    intra = topo.node_intra[1]
+    for k in range(0, 32, 8):
+        group = placed.gids[k : k + 8]
+        for a in group:
+            for b in group:
+                if a != b and topo.gpu_node[a] == topo.gpu_node[b] and topo.gpu_node[a] > 0:
+                    assert intra.links[topo.gpu_index[a]][topo.gpu_index[b]] != "SYS"
+
+
+def test_island_order_packs_groups_from_distinct_nodes():
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.mapping import island_order
+
+    topo = fleet([intra_node("cube0", _CUBE_MESH), intra_node("cube1", _CUBE_MESH), nvl_node("nvl0")])
+    idx = hierarchy(topo)
+    order = island_order(idx, np.arange(24), 8)
+    assert sorted(order.tolist()) == list(range(24))
+    for k in range(0, 24, 8):
+        group = order[k : k + 8]
+        names = {topo.nodes[int(topo.gpu_node[g])].name for g in group}
+        assert names in ({"nvl0"}, {"cube0", "cube1"})
+    assert island_order(idx, np.arange(16, 24), 8) is None
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def test_the_search_prices_each_map_once(monkeypatch):
+    from apps.placement.solvers import search as search_module
+
+    topo = fleet([nvl_node(f"n{i}", nics=1 + 7 * (i % 2)) for i in range(4)])
+    j = job(tp=2, pp=4, dp=2, comm=[("tp", "allreduce", 1e6, 16), ("pp", "p2p", 4e8, 16)])
+    free = np.ones(topo.n_gpus, dtype=bool)
+    start = np.random.default_rng(3).permutation(topo.n_gpus)[: j.gpus]
+    priced: list[bytes] = []
+    real = search_module.evaluate
+
+    def counting(topology, job_, gids, *args, **kwargs):
+        priced.append(np.asarray(gids).tobytes())
+        return real(topology, job_, gids, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "evaluate", counting)
+    search_module.search(topo, j, start, free, np.zeros(1), 0.0, max_evals=400, stall_evals=400)
+    assert len(priced) == len(set(priced))
