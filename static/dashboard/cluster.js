@@ -848,10 +848,84 @@
         .catch(function () { /* the next poll tries again */ });
     }, POLL_MS);
   }
+  // ---- keyboard: the graph's leaf groups, nodes and jobs as a list of buttons ----------------
+  // Built when the list is first opened (a 2,048-node cluster needs no 2,048 buttons up front).
+  // A button zooms the graph to its node or group, highlights the node's job and says the node's
+  // state, GPUs and jobs in the live status line; a link beside it opens the node's page.
+  const plain = function (html) { return html.replace(/<br>/g, "; ").replace(/<[^>]+>/g, ""); };
+  function nodeJobs(i) {
+    const seen = {};
+    client.gpu_job.forEach(function (j, g) { if (j >= 0 && client.gpu_node[g] === i) seen[j] = 1; });
+    return Object.keys(seen).map(Number);
+  }
+  function describeNode(i) {
+    const jobs = nodeJobs(i).map(function (j) { return client.jobs[j].label; });
+    return plain(nodeText(i)).replace("; click for the node's page", "") +
+      (jobs.length ? "; jobs: " + jobs.join(", ") : "; no job");
+  }
+  function announce(text) {
+    const el = document.getElementById("graph-key-status");
+    if (el) el.textContent = text;
+  }
+  function focusNode(i) {
+    const jobs = nodeJobs(i);
+    const zoom = zoomTo(client.node_x0[i] - 6, client.node_x1[i] + 6);
+    announce(describeNode(i));
+    graph.dataset.focusNode = client.node_names[i];
+    return jobs.length && state.job !== jobs[0] ? zoom.then(function () { return highlight(jobs[0]); }) : zoom;
+  }
+  function keyButton(text, label, onPress) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "key-item";
+    b.textContent = text;
+    b.setAttribute("aria-label", label);
+    b.addEventListener("click", onPress);
+    return b;
+  }
+  function buildKeyList() {
+    const list = document.getElementById("graph-key-list");
+    if (!list || list.dataset.built) return;
+    list.dataset.built = "1";
+    const groups = {};
+    client.node_group.forEach(function (g, i) { (groups[g] = groups[g] || []).push(i); });
+    Object.keys(groups).map(Number).sort(function (a, b) { return a - b; }).forEach(function (g) {
+      const li = document.createElement("li");
+      const nodes = groups[g];
+      const free = nodes.reduce(function (n, i) { return n + freeOnNode[i]; }, 0);
+      li.appendChild(keyButton(client.group_names[g] + " · " + nodes.length + " nodes, " + free + " free GPUs",
+        "leaf group " + client.group_names[g] + ": " + nodes.length + " nodes, " + free + " free GPUs; zoom to it",
+        function () { zoomTo(client.group_x0[g] - 2, client.group_x1[g] + 2); announce("Zoomed to " + client.group_names[g]); }));
+      const ul = document.createElement("ul");
+      nodes.forEach(function (i) {
+        const item = document.createElement("li");
+        const st = nodeState[String(i)];
+        const mark = st ? " · " + st[0].replace("_", " ") + (st[3].length ? ", unhealthy GPU " + st[3].join(", ") : "") : "";
+        const b = keyButton(client.node_names[i] + mark, describeNode(i), function () { focusNode(i); });
+        b.dataset.node = client.node_names[i];
+        item.appendChild(b);
+        const a = document.createElement("a");
+        a.href = nodeUrl(client.node_names[i]);
+        a.textContent = "page";
+        a.setAttribute("aria-label", "page of node " + client.node_names[i]);
+        item.appendChild(document.createTextNode(" "));
+        item.appendChild(a);
+        ul.appendChild(item);
+      });
+      li.appendChild(ul);
+      list.appendChild(li);
+    });
+  }
+  const keys = document.getElementById("graph-keys");
+  if (keys) {
+    keys.addEventListener("toggle", function () { if (keys.open) buildKeyList(); });
+    if (keys.open) buildKeyList();
+  }
+
   window.topoweb = {
     state: state, client: client, full: full, drawn: drawn, timing: timing, highlight: highlight,
     setOverlay: setOverlay, setSource: setSource, measuredLoaded: measuredLoaded, metricValues: metricValues,
     zoomTo: zoomTo, showPath: showPath, showMatrix: showMatrix, linkText: linkText, nicText: nicText,
-    pending: pending,
+    pending: pending, describeNode: describeNode, focusNode: focusNode,
   };
 })();

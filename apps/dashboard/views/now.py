@@ -17,8 +17,8 @@ REFRESH_S = 15
 def now_page(request):
     """`/now/`: nodes down or drained, unhealthy GPUs, jobs failed in the last hour, hotspots and
     proposals, agents and metrics behind, queue pressure; `?fragment=1` returns the body alone
-    (the page's script fetches it every REFRESH_S seconds)."""
-    context = {**now_overview(user=request.user), "refresh_s": REFRESH_S}
+    (the page's script fetches it every REFRESH_S seconds, or `?refresh=S`, 2..300)."""
+    context = {**now_overview(user=request.user), "refresh_s": _refresh_s(request.GET.get("refresh"))}
     if request.GET.get("fragment"):
         return render(request, "dashboard/_now_body.html", context)
     return render(request, "dashboard/now.html", context)
@@ -32,3 +32,10 @@ def landing(request):
     if roles.can(request.user, roles.MANAGE_NODES):
         return redirect("dashboard:now")
     return redirect("dashboard:home")
+
+
+def _refresh_s(value: str | None) -> int:
+    try:
+        return min(300, max(2, int(value))) if value else REFRESH_S
+    except ValueError:
+        return REFRESH_S
