@@ -8,7 +8,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 PORT ?= 8000
 DCGM_PORT ?= $(shell expr $(PORT) + 1400)
 
-.PHONY: run test lint format bench venv
+.PHONY: run run-slurm test lint format bench venv
 
 venv: .venv/.installed
 
@@ -24,6 +24,15 @@ run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
 	$(PY) manage.py serve_embedded --addr 127.0.0.1:$(PORT) --dcgm-port $(DCGM_PORT)
+
+# The demo beside a real Slurm on this host (root; Debian's slurm-wlm, slurmrestd, munge): cluster
+# slurm-local runs its jobs through slurmrestd. `bash scripts/slurm-local.sh stop` stops the Slurm.
+run-slurm: venv
+	bash scripts/slurm-local.sh start
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py load_demo
+	$(PY) manage.py slurm_connect --cluster slurm-local
+	$(PY) manage.py serve_embedded --addr 127.0.0.1:8000
 
 lint: venv
 	.venv/bin/ruff check .

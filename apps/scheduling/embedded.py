@@ -49,6 +49,10 @@ class PeriodicScheduler(threading.Thread):
 
         close_old_connections()
         try:
+            # Clusters run by Slurm: their node states, foreign jobs and job states first.
+            from apps.executors.sync import slurm_sync_all
+
+            slurm_sync_all()
             for cluster in Cluster.objects.order_by("pk"):
                 for step in (nodes_check, schedule_cluster, active_jobs_reprice, migrations_propose):
                     try:

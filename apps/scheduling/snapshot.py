@@ -59,7 +59,7 @@ def gpu_index(*, cluster: Cluster, topology: Topology) -> GpuIndex:
 
 
 def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
-    """Topology, busy GPUs, link loads and active jobs of a cluster, read now (5 queries).
+    """Topology, busy GPUs, link loads and active jobs of a cluster, read now (6 queries).
 
     Busy: every live allocation of any generation (a migrating job's old GPUs stay busy until its
     old ranks exited), the GPUs of down, draining and drained nodes, and GPUs reported unhealthy.
@@ -160,13 +160,22 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
 
 
 def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> None:
-    """Clear from `free` the GPUs of nodes that take no placements and GPUs reported unhealthy."""
+    """Clear from `free` the GPUs of nodes that take no placements, GPUs reported unhealthy and
+    GPUs held by Slurm jobs TopoWeb did not submit."""
     rows = (
         NodeAgent.objects.filter(node__cluster=cluster)
         .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]))
         .values_list("node__name", "state", "unhealthy_gpus")
     )
     by_name = topology.node_by_name
+    # GPUs that jobs submitted straight to Slurm hold (clusters run by the Slurm executor).
+    from apps.executors.models import ForeignAllocation
+
+    held = ForeignAllocation.objects.filter(cluster=cluster).values_list("node__name", "gpu_index")
+    for name, gpu in held:
+        n = by_name.get(name)
+        if n is not None and 0 <= gpu < int(topology.node_gpu_count[n]):
+            free[int(topology.node_first_gid[n]) + gpu] = False
     for name, state, unhealthy in rows:
         n = by_name.get(name)
         if n is None:

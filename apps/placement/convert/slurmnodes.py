@@ -12,8 +12,9 @@ from .tree import SwitchTree
 
 _NODE_LINE = re.compile(r"^\s*nodename\s*=", re.IGNORECASE)
 _TOPOLOGY_LINE = re.compile(r"^\s*(switchname|blockname|blocksizes|ringname)\s*=", re.IGNORECASE)
-# One GPU entry of a Gres value: gpu[:type]:count[(S:0-1)] or gpu[:type] (count 1).
-_GRES_GPU = re.compile(r"^gpu(?::([A-Za-z0-9_.-]+))?(?::(\d+))?(?:\([^)]*\))?$", re.IGNORECASE)
+# One GPU entry of a Gres value: gpu[:type]:count[(S:0-1)] or gpu[:type] (count 1); in
+# "gpu:8" the 8 is the count (a type never is all digits, as Slurm reads it).
+_GRES_GPU = re.compile(r"^gpu(?::(?!\d+(?:\(|$))([A-Za-z0-9_.-]+))?(?::(\d+))?(?:\([^)]*\))?$", re.IGNORECASE)
 MAX_NODE_GPUS = 1024
 
 

@@ -207,3 +207,17 @@ def test_a_tree_naming_too_many_nodes_is_refused_at_its_line():
     with pytest.raises(SpecError) as exc:
         convert("slurm-tree", text)
     assert exc.value.errors[0][0] == "topology.conf:2" and "more than 100000 nodes" in exc.value.errors[0][1]
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [("gpu:8", 8), ("gpu:h100:4", 4), ("gpu:8(S:0-1)", 8), ("gpu:h100", 1), ("gpu:a:2,gpu:b:3", 5)],
+)
+def test_node_gres_count_without_a_type_is_the_count(gres, gpus):
+    # "gpu:8", as slurm.conf and slurmrestd write it, is 8 GPUs, not one GPU of type "8".
+    nodes = Source("slurm.conf", f"NodeName=n[1-2] Gres={gres}\n")
+    imported = import_sources(
+        "slurm-tree", [Source("topology.conf", "SwitchName=s1 Nodes=n[1-2]\n"), nodes], Defaults()
+    )
+    topo = imported.topology()
+    assert topo.n_gpus == 2 * gpus

@@ -1,0 +1,232 @@
+"""One TopoWeb job generation as one Slurm submission (no Django).
+
+The planned rank map decides everything: each node it uses becomes one component of a
+heterogeneous job pinned to that node (every other node excluded) with as many tasks and GPUs as
+the plan puts there, so Slurm allocates exactly the planned nodes and per-node GPU counts. The
+batch script starts every component's tasks with one `srun`; each task's wrapper finds its rank
+from (SLURMD_NODENAME, SLURM_LOCALID) in the embedded rank map and exports the launch contract
+(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK,
+CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, TOPOWEB_JOB_ID, TOPOWEB_GENERATION) before it execs the command.
+
+GPUs: a rank gets its planned GPU when Slurm granted the node's planned GPUs; otherwise the
+node's ranks take the granted GPUs in the order of their planned indexes (`bind_granted`), and
+the server, reading the granted indexes back, records and re-prices that binding.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apps.agent.env import nccl_ib_hca
+from apps.placement.convert.hostlist import compress
+
+COMMENT_PREFIX = "topoweb"
+_SAFE_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class RankSlot:
+    """Rank `rank` planned on `node`, GPU index `gpu`, using NIC `nic` ("" for none)."""
+
+    rank: int
+    node: str
+    gpu: int
+    nic: str = ""
+
+
+def comment(cluster: str, job_id: int, generation: int) -> str:
+    """The Slurm job comment that marks a job as TopoWeb's: "topoweb:CLUSTER:JOB:GENERATION"."""
+    return f"{COMMENT_PREFIX}:{cluster}:{job_id}:{generation}"
+
+
+def parse_comment(text: str) -> tuple[str, int, int] | None:
+    """(cluster, job id, generation) of a TopoWeb comment, None for any other."""
+    parts = (text or "").split(":")
+    if len(parts) != 4 or parts[0] != COMMENT_PREFIX:
+        return None
+    try:
+        return parts[1], int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+
+
+def node_order(slots: Sequence[RankSlot]) -> list[str]:
+    """Nodes in the order of their lowest rank (the heterogeneous job's component order)."""
+    out: list[str] = []
+    for s in sorted(slots, key=lambda s: s.rank):
+        if s.node not in out:
+            out.append(s.node)
+    return out
+
+
+def local_ranks(slots: Sequence[RankSlot]) -> dict[int, int]:
+    """LOCAL_RANK of each rank: its position among its node's ranks by global rank (Slurm gives
+    a component's tasks SLURM_LOCALID 0..k-1 the same way)."""
+    seen: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for s in sorted(slots, key=lambda s: s.rank):
+        out[s.rank] = seen.get(s.node, 0)
+        seen[s.node] = out[s.rank] + 1
+    return out
+
+
+def bind_granted(planned: Sequence[int], granted: Sequence[int]) -> list[int]:
+    """The GPU each of a node's ranks uses, given its planned indexes (in local-rank order) and
+    the indexes Slurm granted: the planned ones when all were granted, else the granted indexes
+    handed out in the order of the planned ones (the lowest planned index gets the lowest
+    granted, and so on). ValueError when Slurm granted fewer GPUs than ranks."""
+    if set(planned) <= set(granted):
+        return list(planned)
+    if len(granted) < len(planned):
+        raise ValueError(f"Slurm granted {len(granted)} GPUs for {len(planned)} ranks")
+    order = sorted(range(len(planned)), key=lambda i: (planned[i], i))
+    out = [0] * len(planned)
+    for pos, i in enumerate(order):
+        out[i] = sorted(granted)[pos]
+    return out
+
+
+def _wrapper(
+    slots: Sequence[RankSlot],
+    command: Sequence[str],
+    world: int,
+    master: str,
+    port: int,
+    job_id: int,
+    generation: int,
+) -> str:
+    """The bash text every task runs (given as `bash -c`)."""
+    by_rank = sorted(slots, key=lambda s: s.rank)
+    local = local_ranks(by_rank)
+    nodes = node_order(by_rank)
+    per_node: dict[str, list[RankSlot]] = {n: [] for n in nodes}
+    for s in by_rank:
+        per_node[s.node].append(s)
+    lines = [
+        "set -e",
+        'key="${SLURMD_NODENAME}:${SLURM_LOCALID}"',
+        'granted="${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}"',
+        'case "$key" in',
+    ]
+    for node in nodes:
+        mine = per_node[node]
+        planned = ",".join(str(s.gpu) for s in mine)
+        order = sorted(range(len(mine)), key=lambda i: (mine[i].gpu, i))
+        position = {i: pos for pos, i in enumerate(order)}
+        for i, s in enumerate(mine):
+            hca = nccl_ib_hca(s.nic)
+            lines.append(
+                f"  {shlex.quote(f'{node}:{local[s.rank]}')}) RANK={s.rank} LOCAL_RANK={local[s.rank]}"
+                f" LOCAL_WORLD_SIZE={len(mine)} NODE_RANK={nodes.index(node)} GPU={s.gpu}"
+                f" PLANNED={shlex.quote(planned)} POS={position[i]} HCA={shlex.quote(hca)} ;;"
+            )
+    lines += [
+        '  *) echo "topoweb: no rank planned for task $key" >&2; exit 97 ;;',
+        "esac",
+        # The planned GPU when Slurm granted every planned GPU of the node, else the POS-th granted.
+        'all=1; for g in ${PLANNED//,/ }; do case ",$granted," in *",$g,"*) ;; *) all=0 ;; esac; done',
+        'if [ -n "$granted" ] && [ "$all" = 0 ]; then',
+        "  set -- $(printf '%s\\n' ${granted//,/ } | sort -n); shift \"$POS\"; GPU=$1",
+        "fi",
+        f"export RANK LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK=$NODE_RANK WORLD_SIZE={world}",
+        f"export MASTER_ADDR={shlex.quote(master)} MASTER_PORT={port}",
+        f'export TOPOWEB_JOB_ID={job_id} TOPOWEB_GENERATION={generation} TOPOWEB_SLURM_GRANTED_GPUS="$granted"',
+        'export CUDA_VISIBLE_DEVICES="$GPU"',
+        'if [ -n "$HCA" ]; then export NCCL_IB_HCA="$HCA"; fi',
+        "exec " + " ".join(shlex.quote(a) for a in command),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submission(
+    *,
+    cluster: str,
+    job_id: int,
+    generation: int,
+    name: str,
+    slots: Sequence[RankSlot],
+    command: Sequence[str],
+    env: Mapping[str, str],
+    workdir: str,
+    master_addr: str,
+    master_port: int,
+    all_nodes: Iterable[str],
+    partition: str = "",
+    output: str = "",
+    time_limit_min: int | None = None,
+) -> dict[str, Any]:
+    """The slurmrestd v0.0.38 submission body for one job generation (see the module doc)."""
+    if not slots:
+        raise ValueError("a job needs at least one rank")
+    if not command:
+        raise ValueError("launch.command is empty")
+    ranks = sorted(s.rank for s in slots)
+    if ranks != list(range(len(ranks))):
+        raise ValueError("ranks must be 0..N-1, each once")
+    for key in env:
+        if not _SAFE_ENV.match(str(key)):
+            raise ValueError(f"launch.env: {key!r} is not an environment variable name")
+    nodes = node_order(slots)
+    every = list(dict.fromkeys(all_nodes))
+    missing = [n for n in nodes if n not in every]
+    if missing:
+        raise ValueError(f"nodes not in the Slurm cluster: {', '.join(missing)}")
+    counts = {n: sum(1 for s in slots if s.node == n) for n in nodes}
+    environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", **{str(k): str(v) for k, v in env.items()}}
+    environment["TOPOWEB_JOB_ID"] = str(job_id)
+    environment["TOPOWEB_GENERATION"] = str(generation)
+    tag = comment(cluster, job_id, generation)
+    out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}.out"
+    components = []
+    for i, node in enumerate(nodes):
+        others = [n for n in every if n != node]
+        comp: dict[str, Any] = {
+            "nodes": "1",
+            "tasks": counts[node],
+            "gres": f"gpu:{counts[node]}",
+            "environment": environment,
+        }
+        if others:
+            comp["exclude_nodes"] = compress(others)
+        if partition:
+            comp["partition"] = partition
+        if i == 0:
+            comp.update(
+                {
+                    "name": name,
+                    "comment": tag,
+                    "current_working_directory": workdir,
+                    "standard_output": out,
+                    "standard_error": out,
+                    "requeue": False,
+                }
+            )
+            if time_limit_min:
+                comp["time_limit"] = int(time_limit_min)
+        components.append(comp)
+    wrapper = _wrapper(slots, command, len(slots), master_addr, master_port, job_id, generation)
+    if len(components) == 1:
+        steps = [
+            f"srun --kill-on-bad-exit=1 -n {counts[nodes[0]]} bash -c {shlex.quote(wrapper)} topoweb-rank"
+        ]
+    else:
+        parts = [f'-n {counts[n]} --het-group={i} bash -c "$W" topoweb-rank' for i, n in enumerate(nodes)]
+        steps = [f"W={shlex.quote(wrapper)}", "srun --kill-on-bad-exit=1 " + " : ".join(parts)]
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            f"# TopoWeb job {job_id} generation {generation} on cluster {cluster}: {len(slots)} ranks on {', '.join(nodes)}",
+            *steps,
+            "",
+        ]
+    )
+    body: dict[str, Any] = {"script": script}
+    if len(components) == 1:
+        body["job"] = components[0]
+    else:
+        body["jobs"] = components
+    return body

@@ -1,0 +1,579 @@
+"""The Slurm executor: keep TopoWeb's view of a Slurm cluster current and run its jobs there.
+
+One sync (`slurm_sync`, every few seconds from celery beat or the embedded scheduler, and on
+demand) reads slurmrestd's nodes and jobs and then:
+
+1. nodes: Slurm's state and reason become the node's health (up, draining, drained, down) and its
+   GRES its usable GPU count;
+2. jobs TopoWeb did not submit: the GPUs they hold (GRES IDX of the detailed job record) become
+   foreign allocations, out of the free set and shown on the graph;
+3. TopoWeb's own Slurm jobs: their state comes back (pending with Slurm's reason, running,
+   completed, failed with exit code, cancelled, node failure); on start, the GPU indexes Slurm
+   granted replace the planned ones when they differ, and the placement is re-priced; a job
+   TopoWeb cancelled or requeued is cancelled in Slurm;
+4. placed jobs not yet in Slurm are submitted (one heterogeneous job pinned to the planned nodes).
+
+Races: when a Slurm job took GPUs a placed job planned, or Slurm refuses the submission or holds
+it for a reason that will not pass, the job is released and re-placed in the same sync. A job is
+shown running only once Slurm runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from apps.placement.jobs import load_job
+from apps.scheduling import snapshot as snap
+from apps.scheduling.agent_selectors import master_port
+from apps.scheduling.agents import _finish
+from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
+from apps.scheduling.cycle import queue_cycle, schedule_cluster
+from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.topology.models import Cluster, Node
+
+from .models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
+from .slurmrest import SlurmError, SlurmJob, SlurmNode, SlurmRest, group
+from .slurmscript import RankSlot, bind_granted, parse_comment, submission
+
+log = logging.getLogger(__name__)
+
+VERSION = "slurm"
+# Pending reasons after which a job will not start on its planned nodes without help.
+HOPELESS_REASONS = frozenset(
+    {
+        "ReqNodeNotAvail",
+        "NodeDown",
+        "BadConstraints",
+        "PartitionNodeLimit",
+        "PartitionConfig",
+        "PartitionDown",
+        "PartitionInactive",
+        "InvalidAccount",
+        "InvalidQOS",
+        "JobHeldAdmin",
+        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions",
+    }
+)
+
+
+@dataclass
+class SyncResult:
+    """What one sync did (job ids are TopoWeb's)."""
+
+    cluster: str = ""
+    nodes: int = 0
+    foreign_jobs: int = 0
+    submitted: list[int] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def client_for(executor: ClusterExecutor) -> SlurmRest:
+    key = base64.b64decode(executor.jwt_key) if executor.jwt_key else b""
+    return SlurmRest(
+        executor.slurmrestd_url, user=executor.slurm_user, token=executor.slurm_token, jwt_key=key
+    )
+
+
+def is_slurm(cluster_id: int) -> bool:
+    return ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).exists()
+
+
+def slurm_sync_all() -> int:
+    n = 0
+    for ex in (
+        ClusterExecutor.objects.select_related("cluster").filter(kind=ExecutorKind.SLURM).order_by("pk")
+    ):
+        try:
+            slurm_sync(executor=ex)
+            n += 1
+        except Exception:
+            log.exception("slurm sync of cluster %s failed", ex.cluster.name)
+    return n
+
+
+def slurm_sync(
+    *, executor: ClusterExecutor, client: SlurmRest | None = None, now: datetime | None = None
+) -> SyncResult:
+    """One sync of the executor's cluster (see the module doc)."""
+    cluster = executor.cluster
+    result = SyncResult(cluster=cluster.name)
+    client = client or client_for(executor)
+    try:
+        nodes = client.nodes()
+        jobs = client.jobs()
+    except SlurmError as exc:
+        result.error = str(exc)
+        ClusterExecutor.objects.filter(pk=executor.pk).update(last_error=result.error[:2000])
+        return result
+    now = now or timezone.now()
+    result.nodes = _sync_nodes(cluster, nodes, now)
+    groups = group(jobs)
+    ours = _our_groups(cluster, groups)
+    result.foreign_jobs = _sync_foreign(cluster, {g: c for g, c in groups.items() if g not in ours}, now)
+    _sync_submissions(executor, client, groups, result, now)
+    _submit_placed(executor, client, nodes, result, now)
+    if result.requeued:
+        # Re-plan at once: the released jobs are placed again and submitted in this same sync.
+        schedule_cluster(cluster=cluster)
+        _submit_placed(executor, client, nodes, result, timezone.now())
+    ClusterExecutor.objects.filter(pk=executor.pk).update(last_sync_at=now, last_error="")
+    return result
+
+
+# -- nodes -----------------------------------------------------------------------------------------
+
+
+def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> int:
+    by_name = {n.name: n for n in nodes}
+    changed = False
+    count = 0
+    for node in Node.objects.filter(cluster=cluster).prefetch_related("gpus"):
+        sn = by_name.get(node.name)
+        indexes = sorted(g.index for g in node.gpus.all())
+        if sn is None:
+            state, reason, addr, gpus = NodeState.DOWN, "slurm: not a node of the Slurm cluster", "", 0
+        else:
+            count += 1
+            state, reason, addr, gpus = sn.health, f"slurm: {sn.describe}", sn.address, sn.gpus
+        unhealthy = [{"gpu": i, "reason": f"Slurm's Gres lists {gpus} GPUs"} for i in indexes if i >= gpus]
+        fields = {
+            "state": state,
+            "reason": reason,
+            "addr": addr,
+            "last_seen": now,
+            "version": VERSION,
+            "inventory": [{"index": i, "uuid": "", "name": "slurm gres"} for i in range(gpus)],
+            "unhealthy_gpus": unhealthy,
+        }
+        agent = NodeAgent.objects.filter(node=node).first()
+        if agent is None:
+            NodeAgent.objects.create(node=node, **fields)
+            changed = changed or state != NodeState.UP or bool(unhealthy)
+            continue
+        if agent.state != state or agent.unhealthy_gpus != unhealthy:
+            changed = True
+        NodeAgent.objects.filter(pk=agent.pk).update(**fields)
+    if changed:
+        queue_cycle(cluster.pk)
+    return count
+
+
+# -- foreign jobs ----------------------------------------------------------------------------------
+
+
+def _our_groups(cluster: Cluster, groups: dict[int, list[SlurmJob]]) -> set[int]:
+    known = set(
+        SlurmSubmission.objects.filter(job__cluster=cluster, slurm_job_id__isnull=False).values_list(
+            "slurm_job_id", flat=True
+        )
+    )
+    ours = set()
+    for gid, comps in groups.items():
+        tag = next((parse_comment(c.comment) for c in comps if parse_comment(c.comment)), None)
+        if gid in known or (tag is not None and tag[0] == cluster.name):
+            ours.add(gid)
+    return ours
+
+
+def _sync_foreign(cluster: Cluster, groups: dict[int, list[SlurmJob]], now: datetime) -> int:
+    """Replace the cluster's foreign allocations with the GPUs foreign jobs hold now."""
+    node_ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "pk"))
+    want: dict[tuple[int, int], tuple[int, str, str]] = {}
+    jobs = 0
+    for gid, comps in groups.items():
+        holding = False
+        for c in comps:
+            if not c.holds_gpus:
+                continue
+            for node, idx in c.gpus.items():
+                if node not in node_ids:
+                    continue
+                for i in idx:
+                    want[(node_ids[node], i)] = (gid, comps[0].user, comps[0].name)
+                    holding = True
+        jobs += holding
+    have = {
+        (f.node_id, f.gpu_index): (f.slurm_job_id, f.user, f.name)
+        for f in ForeignAllocation.objects.filter(cluster=cluster)
+    }
+    if have != want:
+        with transaction.atomic():
+            ForeignAllocation.objects.filter(cluster=cluster).delete()
+            ForeignAllocation.objects.bulk_create(
+                ForeignAllocation(
+                    cluster=cluster,
+                    node_id=n,
+                    gpu_index=i,
+                    slurm_job_id=j,
+                    user=u[:64],
+                    name=nm[:200],
+                    seen_at=now,
+                )
+                for (n, i), (j, u, nm) in sorted(want.items())
+            )
+        queue_cycle(cluster.pk)
+    return jobs
+
+
+def foreign_gpus(cluster_id: int) -> dict[tuple[str, int], str]:
+    """(node name, GPU index) -> "slurm job N (user)" for the GPUs foreign Slurm jobs hold."""
+    rows = ForeignAllocation.objects.filter(cluster_id=cluster_id).select_related("node")
+    return {(f.node.name, f.gpu_index): f.label for f in rows}
+
+
+# -- TopoWeb's jobs in Slurm ----------------------------------------------------------------------
+
+
+def _requeue(job: Job, why: str, now: datetime) -> None:
+    """Release a placed job's GPUs and put it back in the queue with `why`."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status not in ACTIVE_STATUSES:
+            return
+        snap.release(job_id=job.pk, now=now)
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.QUEUED,
+            placed_at=None,
+            started_at=None,
+            flows={},
+            pending_reason=f"requeued: {why}",
+            requeue_reason=why,
+            requeued_at=now,
+        )
+
+
+def _sync_submissions(
+    executor: ClusterExecutor,
+    client: SlurmRest,
+    groups: dict[int, list[SlurmJob]],
+    result: SyncResult,
+    now: datetime,
+) -> None:
+    cluster = executor.cluster
+    open_subs = (
+        SlurmSubmission.objects.filter(job__cluster=cluster, slurm_job_id__isnull=False)
+        .exclude(
+            state__in=(
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "NODE_FAIL",
+                "TIMEOUT",
+                "OUT_OF_MEMORY",
+                "BOOT_FAIL",
+                "DEADLINE",
+                "PREEMPTED",
+                "GONE",
+            )
+        )
+        .select_related("job")
+    )
+    foreign = foreign_gpus(cluster.pk)
+    for sub in open_subs:
+        job = sub.job
+        comps = groups.get(sub.slurm_job_id)
+        if comps is None:
+            comps = client.job(sub.slurm_job_id)
+        current = job.generation == sub.generation and job.status in ACTIVE_STATUSES
+        if not comps:
+            SlurmSubmission.objects.filter(pk=sub.pk).update(state="GONE", updated_at=now)
+            if current:
+                _requeue(job, f"Slurm no longer knows its job {sub.slurm_job_id}", now)
+                result.requeued.append(job.pk)
+            continue
+        state = _group_state(comps)
+        reason = comps[0].reason
+        SlurmSubmission.objects.filter(pk=sub.pk).update(state=state, reason=reason, updated_at=now)
+        if not current:
+            # Cancelled, requeued or re-placed in TopoWeb: Slurm must stop it too.
+            if state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"):
+                try:
+                    client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
+                    result.cancelled.append(job.pk)
+                except SlurmError as exc:
+                    log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
+            continue
+        if state in ("PENDING", "REQUEUED") and job.status == JobStatus.RUNNING:
+            # Slurm put it back in its queue (its node failed): it would restart elsewhere than
+            # planned. Stop it there; TopoWeb fails or requeues it as for a node failure.
+            try:
+                client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
+            except SlurmError as exc:
+                log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
+            _ended(job, sub, comps, "NODE_FAIL", result, now)
+        elif state == "PENDING":
+            _pending(job, sub, comps, foreign, client, result, now)
+        elif state in ("RUNNING", "CONFIGURING", "COMPLETING"):
+            _running(job, sub, comps, result, now)
+        else:
+            _ended(job, sub, comps, state, result, now)
+
+
+def _group_state(comps: list[SlurmJob]) -> str:
+    states = {c.state for c in comps}
+    for s in (
+        "NODE_FAIL",
+        "FAILED",
+        "OUT_OF_MEMORY",
+        "TIMEOUT",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "CANCELLED",
+        "PREEMPTED",
+    ):
+        if s in states:
+            return s
+    for s in ("RUNNING", "CONFIGURING", "COMPLETING", "PENDING", "SUSPENDED", "REQUEUED"):
+        if s in states:
+            return s
+    return comps[0].state
+
+
+def _planned(job: Job) -> list[tuple[int, str, int]]:
+    return list(
+        Allocation.objects.filter(job=job, generation=job.generation, live=True)
+        .order_by("rank")
+        .values_list("rank", "gpu__node__name", "gpu_index")
+    )
+
+
+def _pending(job, sub, comps, foreign, client, result, now) -> None:
+    planned = _planned(job)
+    taken = [(n, g) for _, n, g in planned if (n, g) in foreign]
+    why = ""
+    if taken:
+        node, gpu = taken[0]
+        why = f"{foreign[(node, gpu)]} took planned GPU {gpu} on node {node} first; re-placing"
+    elif comps[0].reason in HOPELESS_REASONS:
+        why = f"Slurm holds job {sub.slurm_job_id} pending ({comps[0].reason}); re-placing"
+    if why:
+        try:
+            client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
+        except SlurmError as exc:
+            log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
+        SlurmSubmission.objects.filter(pk=sub.pk).update(state="CANCELLED", reason=why)
+        _requeue(job, why, now)
+        result.requeued.append(job.pk)
+        return
+    text = f"slurm job {sub.slurm_job_id} pending ({comps[0].reason})"
+    if job.pending_reason != text:
+        Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(pending_reason=text)
+
+
+def _running(job, sub, comps, result, now) -> None:
+    granted: dict[str, list[int]] = {}
+    for c in comps:
+        for node, idx in c.gpus.items():
+            granted.setdefault(node, []).extend(idx)
+    _rebind(job, granted, now)
+    if job.status == JobStatus.PLACING:
+        Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(
+            status=JobStatus.RUNNING, started_at=now, pending_reason=""
+        )
+        result.started.append(job.pk)
+
+
+def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
+    """Make the job's allocations the GPUs Slurm granted (`bind_granted` per node, as the task
+    wrappers do) and re-price it; other jobs' plans on those GPUs are released. True if changed."""
+    planned = _planned(job)
+    per_node: dict[str, list[tuple[int, int]]] = {}
+    for rank, node, gpu in planned:
+        per_node.setdefault(node, []).append((rank, gpu))
+    actual: dict[int, tuple[str, int]] = {}
+    for node, items in per_node.items():
+        got = granted.get(node)
+        if not got:
+            return False
+        try:
+            bound = bind_granted([g for _, g in items], got)
+        except ValueError:
+            return False
+        for (rank, _), gpu in zip(items, bound, strict=True):
+            actual[rank] = (node, gpu)
+    if all(actual[r] == (n, g) for r, n, g in planned):
+        return False
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        snapshot = snap.cluster_snapshot(cluster=job.cluster)
+        topo = snapshot.topology
+        gids = [topo.gid(*actual[r]) for r in sorted(actual)]
+        pks = [snapshot.index.gpu_pk[g] for g in gids]
+        others = set(
+            Allocation.objects.filter(live=True, gpu_id__in=pks)
+            .exclude(job=job)
+            .values_list("job_id", flat=True)
+        )
+        for other in Job.objects.filter(pk__in=others):
+            # Slurm runs this job there: a plan of another job on those GPUs is stale.
+            _requeue(other, f"Slurm granted its planned GPUs to job {job.pk}; re-placing", now)
+        Allocation.objects.filter(job=job, generation=job.generation).delete()
+        snap.book_many(
+            snapshot=snapshot, bookings=[(job.pk, gids)], generations={job.pk: job.generation}, now=now
+        )
+        spec = load_job(job.spec)
+        fields = snap.priced_fields(
+            snapshot=snapshot,
+            spec=spec,
+            gids=gids,
+            policy=job.placed_policy or "topo",
+            own_flows=job.flows or {},
+        )
+        fields.pop("placed_policy", None)
+        Job.objects.filter(pk=job.pk).update(**fields)
+    queue_cycle(job.cluster_id)
+    return True
+
+
+def _ended(job, sub, comps, state, result, now) -> None:
+    jid = sub.slurm_job_id
+    if state == "COMPLETED":
+        status, why = JobStatus.COMPLETED, ""
+    elif state == "CANCELLED":
+        status, why = JobStatus.CANCELLED, f"slurm job {jid} was cancelled in Slurm"
+    elif state == "NODE_FAIL":
+        down = ", ".join(sorted({n for c in comps for n in c.nodes}))
+        why = f"slurm job {jid}: node failure ({down})"
+        if load_job(job.spec).launch.requeue:
+            _requeue(job, why, now)
+            result.requeued.append(job.pk)
+            return
+        status = JobStatus.FAILED
+    else:
+        code = next((c.exit_code for c in comps if c.exit_code), None)
+        sig = next((c.signal for c in comps if c.signal), None)
+        how = f"exit code {code}" if code is not None else (f"signal {sig}" if sig else "no exit code")
+        status, why = JobStatus.FAILED, f"slurm job {jid} {state.lower()}: {how} ({comps[0].reason})"
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status in ACTIVE_STATUSES:
+            _finish(job, status, why, now)
+            result.finished.append(job.pk)
+
+
+# -- submission ------------------------------------------------------------------------------------
+
+
+def _submit_placed(
+    executor: ClusterExecutor, client: SlurmRest, nodes: list[SlurmNode], result: SyncResult, now
+) -> None:
+    cluster = executor.cluster
+    done = SlurmSubmission.objects.filter(job_id=OuterRef("pk"), generation=OuterRef("generation"))
+    placed = (
+        Job.objects.filter(cluster=cluster, status=JobStatus.PLACING)
+        .exclude(Exists(done))
+        .select_related("owner")
+        .order_by("pk")
+    )
+    if not placed:
+        return
+    foreign = foreign_gpus(cluster.pk)
+    addrs = dict(NodeAgent.objects.filter(node__cluster=cluster).values_list("node__name", "addr"))
+    all_nodes = [n.name for n in nodes]
+    for job in placed:
+        _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now)
+
+
+def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -> None:
+    rows = list(
+        Allocation.objects.filter(job=job, generation=job.generation, live=True)
+        .order_by("rank")
+        .values_list("rank", "gpu__node__name", "gpu_index", "nic_name")
+    )
+    if len(rows) != job.gpus:
+        return
+    taken = [(n, g) for _, n, g, _ in rows if (n, g) in foreign]
+    if taken:
+        node, gpu = taken[0]
+        _requeue(job, f"{foreign[(node, gpu)]} holds planned GPU {gpu} on node {node}; re-placing", now)
+        result.requeued.append(job.pk)
+        return
+    spec = load_job(job.spec)
+    launch = spec.launch
+    slots = [RankSlot(r, n, g, nic) for r, n, g, nic in rows]
+    user = job.owner.get_username() if executor.submit_as_owner else None
+    workdir = launch.workdir or executor.output_dir or "/tmp"
+    output = ""
+    if executor.output_dir:
+        output = f"{executor.output_dir.rstrip('/')}/topoweb-{job.pk}-{job.generation}.out"
+    try:
+        body = submission(
+            cluster=job.cluster.name,
+            job_id=job.pk,
+            generation=job.generation,
+            name=job.name,
+            slots=slots,
+            command=list(launch.command) or ["true"],
+            env=dict(launch.env),
+            workdir=workdir,
+            master_addr=addrs.get(rows[0][1]) or rows[0][1],
+            master_port=master_port(job.pk, job.generation),
+            all_nodes=all_nodes,
+            partition=executor.partition,
+            output=output,
+            time_limit_min=_minutes(spec.estimated_runtime_s),
+        )
+        slurm_id = client.submit(body, user=user)
+    except (SlurmError, ValueError) as exc:
+        why = f"Slurm refused the submission: {exc}"
+        SlurmSubmission.objects.update_or_create(
+            job=job, generation=job.generation, defaults={"state": "REFUSED", "reason": str(exc)[:2000]}
+        )
+        _requeue(job, why, now)
+        result.requeued.append(job.pk)
+        return
+    SlurmSubmission.objects.update_or_create(
+        job=job,
+        generation=job.generation,
+        defaults={
+            "slurm_job_id": slurm_id,
+            "slurm_user": user or "",
+            "state": "PENDING",
+            "submitted_at": now,
+            "updated_at": now,
+        },
+    )
+    Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(
+        pending_reason=f"submitted to Slurm as job {slurm_id}"
+    )
+    result.submitted.append(job.pk)
+
+
+def _minutes(runtime_s: float | None) -> int | None:
+    """Slurm's time limit for a job with an estimated runtime: three times it, whole minutes."""
+    if runtime_s is None:
+        return None
+    return max(1, int(runtime_s * 3 / 60) + 1)
+
+
+def cancel_in_slurm(job: Job) -> bool:
+    """Cancel the Slurm jobs of `job` now (the next sync would otherwise); True if one was cancelled."""
+    ex = ClusterExecutor.objects.filter(cluster_id=job.cluster_id, kind=ExecutorKind.SLURM).first()
+    if ex is None:
+        return False
+    client = client_for(ex)
+    done = False
+    for sub in SlurmSubmission.objects.filter(job=job, slurm_job_id__isnull=False).exclude(
+        state__in=[*FINISHED_STATUSES, "GONE"]
+    ):
+        try:
+            client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
+            done = True
+        except SlurmError as exc:
+            log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
+    return done

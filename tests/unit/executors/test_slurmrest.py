@@ -1,0 +1,241 @@
+"""The slurmrestd client's parsing, token minting and the Slurm submission it builds (no Slurm)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from apps.executors.slurmrest import (
+    SlurmError,
+    SlurmRest,
+    gres_gpu_count,
+    gres_indexes,
+    mint_token,
+    parse_job,
+    parse_node,
+    topology_conf,
+)
+from apps.executors.slurmscript import RankSlot, bind_granted, comment, parse_comment, submission
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "health"),
+    [
+        ("idle", [], "up"),
+        ("mixed", [], "up"),
+        ("allocated", [], "up"),
+        ("idle", ["DRAIN"], "drained"),
+        ("mixed", ["DRAIN"], "draining"),
+        ("allocated", ["DRAIN"], "draining"),
+        ("down", [], "down"),
+        ("idle", ["NOT_RESPONDING"], "down"),
+        ("down", ["DRAIN"], "down"),
+    ],
+)
+def test_node_state_becomes_health(state, flags, health):
+    node = parse_node(
+        {"name": "gpu01", "state": state, "state_flags": flags, "reason": "fan", "gres": "gpu:8"}
+    )
+    assert node.health == health
+    assert node.gpus == 8
+    assert node.describe.endswith(": fan")
+
+
+@pytest.mark.parametrize(
+    ("gres", "count"),
+    [("gpu:8", 8), ("gpu:h100:4(S:0-1)", 4), ("gpu:a:2,gpu:b:3", 5), ("", 0), ("gpu", 1), ("nic:2", 0)],
+)
+def test_gres_gpu_count(gres, count):
+    assert gres_gpu_count(gres) == count
+
+
+def test_job_record_gives_granted_indexes_per_node_and_exit_code():
+    job = parse_job(
+        {
+            "job_id": 41,
+            "het_job_id": 0,
+            "name": "train",
+            "user_name": "bob",
+            "job_state": "FAILED",
+            "state_reason": "NonZeroExitCode",
+            "exit_code": 3 << 8,
+            "nodes": "gpu[02-03]",
+            "gres_detail": ["gpu:2(IDX:3-4)", "gpu:h100:3(IDX:0,2,5)"],
+            "comment": "",
+        }
+    )
+    assert job.nodes == ("gpu02", "gpu03")
+    assert job.gpus == {"gpu02": (3, 4), "gpu03": (0, 2, 5)}
+    assert job.exit_code == 3 and job.signal is None
+    assert job.group_id == 41
+    assert not job.active
+    assert gres_indexes("gpu:0(IDX:N/A)") == []
+
+
+def test_jwt_token_is_hs256_over_the_user_claim():
+    token = mint_token(b"secret", "alice", ttl_s=60, now=1000)
+    head, claims, sig = token.split(".")
+    pad = lambda s: s + "=" * (-len(s) % 4)  # noqa: E731
+    assert json.loads(base64.urlsafe_b64decode(pad(claims))) == {"exp": 1060, "iat": 1000, "sun": "alice"}
+    want = hmac.new(b"secret", f"{head}.{claims}".encode(), hashlib.sha256).digest()
+    assert base64.urlsafe_b64decode(pad(sig)) == want
+    with pytest.raises(ValueError):
+        mint_token(b"", "alice")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.seen.append((self.path, dict(self.headers), body))
+        if body.get("job", {}).get("name") == "refused":
+            out = {"errors": [{"error_code": 2014, "error": "Requested node configuration is not available"}]}
+        else:
+            out = {"job_id": 77, "errors": [{"error_code": 2042, "error": "Job is held"}]}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_client_sends_a_minted_token_per_user_and_reports_refusals():
+    server = HTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = SlurmRest(f"http://127.0.0.1:{server.server_port}", user="topoweb", jwt_key=b"k")
+        assert client.submit({"job": {"name": "ok"}, "script": "#!/bin/sh\n"}, user="alice") == 77
+        path, headers, _ = _Handler.seen[-1]
+        assert path == "/slurm/v0.0.38/job/submit"
+        assert headers["X-SLURM-USER-NAME"] == "alice"
+        assert headers["X-SLURM-USER-TOKEN"].count(".") == 2
+        with pytest.raises(SlurmError, match="node configuration is not available"):
+            client.submit({"job": {"name": "refused"}, "script": "#!/bin/sh\n"})
+        token_only = SlurmRest(f"http://127.0.0.1:{server.server_port}", user="topoweb", token="t")
+        with pytest.raises(SlurmError, match="no JWT key"):
+            token_only.submit({"job": {"name": "ok"}, "script": ""}, user="alice")
+    finally:
+        server.shutdown()
+    with pytest.raises(SlurmError, match="unreachable"):
+        SlurmRest("unix:/nonexistent/slurmrestd.sock").ping()
+    with pytest.raises(ValueError):
+        SlurmRest("ftp://x")
+
+
+def test_bind_granted_keeps_plan_or_maps_in_planned_order():
+    assert bind_granted([3, 1], [1, 3, 5]) == [3, 1]
+    assert bind_granted([3, 1], [0, 1]) == [1, 0]
+    assert bind_granted([7, 2, 5], [0, 1, 2]) == [2, 0, 1]
+    with pytest.raises(ValueError):
+        bind_granted([0, 1], [4])
+
+
+def test_comment_round_trip():
+    assert parse_comment(comment("pod", 12, 3)) == ("pod", 12, 3)
+    assert parse_comment("something else") is None
+    assert parse_comment("topoweb:pod:x:1") is None
+
+
+def test_topology_conf_from_scontrol_output():
+    text = (
+        "SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu[01-04]\n"
+        "SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[01-04] Switches=leaf1\n"
+    )
+    assert (
+        topology_conf(text)
+        == "SwitchName=leaf1 LinkSpeed=1 Nodes=gpu[01-04]\nSwitchName=spine LinkSpeed=1 Switches=leaf1\n"
+    )
+
+
+NODES = [f"gpu{i:02d}" for i in range(1, 9)]
+
+
+def _body(slots, command=("python", "train.py", "--name", "it's $HOME; `x`"), env=None):
+    return submission(
+        cluster="pod",
+        job_id=5,
+        generation=2,
+        name="j",
+        slots=slots,
+        command=list(command),
+        env=env or {"A": "x y"},
+        workdir="/tmp",
+        master_addr="10.0.0.1",
+        master_port=20001,
+        all_nodes=NODES,
+    )
+
+
+def test_submission_pins_one_component_per_node_with_its_gpu_count():
+    slots = [
+        RankSlot(0, "gpu03", 4, "mlx5_0"),
+        RankSlot(1, "gpu07", 0),
+        RankSlot(2, "gpu03", 5),
+        RankSlot(3, "gpu03", 6),
+    ]
+    body = _body(slots)
+    first, second = body["jobs"]
+    assert (first["tasks"], first["gres"], first["nodes"]) == (3, "gpu:3", "1")
+    assert first["exclude_nodes"] == "gpu[01-02,04-08]"
+    assert first["comment"] == "topoweb:pod:5:2"
+    assert (second["tasks"], second["gres"], second["exclude_nodes"]) == (1, "gpu:1", "gpu[01-06,08]")
+    assert "--het-group=0" in body["script"] and "--het-group=1" in body["script"]
+    single = _body([RankSlot(0, "gpu02", 1), RankSlot(1, "gpu02", 0)])
+    assert single["job"]["tasks"] == 2 and "het-group" not in single["script"]
+
+
+def _run_wrapper(body, node, localid, granted):
+    """Run the script's task wrapper for one task, with a command that prints its environment."""
+    script = body["script"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURMD_NODENAME": node,
+        "SLURM_LOCALID": str(localid),
+        "SLURM_STEP_GPUS": granted,
+    }
+    # Replace the srun line by running the wrapper text as one task would.
+    lines = [ln for ln in script.splitlines() if not ln.startswith("srun")]
+    if "W=" not in script:
+        line = next(ln for ln in script.splitlines() if ln.startswith("srun"))
+        lines.append("W=" + line.split("bash -c ", 1)[1].rsplit(" topoweb-rank", 1)[0])
+    lines.append('bash -c "$W" topoweb-rank')
+    out = subprocess.run(
+        ["bash", "-c", "\n".join(lines)], env=env, capture_output=True, text=True, check=True
+    )
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+
+def test_wrapper_exports_the_launch_contract_and_binds_gpus():
+    slots = [RankSlot(0, "gpu03", 4, "mlx5_0"), RankSlot(1, "gpu07", 0), RankSlot(2, "gpu03", 5)]
+    body = _body(slots, command=("sh", "-c", 'env; echo ARG="$0"', "it's $HOME; `x`"))
+    env = _run_wrapper(body, "gpu03", 1, "4,5")
+    assert env["RANK"] == "2" and env["LOCAL_RANK"] == "1" and env["WORLD_SIZE"] == "3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "20001"
+    assert env["ARG"] == "it's $HOME; `x`"
+    first = _run_wrapper(body, "gpu03", 0, "4,5")
+    assert first["NCCL_IB_HCA"] == "=mlx5_0" and first["RANK"] == "0" and first["CUDA_VISIBLE_DEVICES"] == "4"
+    # Slurm granted other GPUs than planned: ranks take them in planned order.
+    assert _run_wrapper(body, "gpu03", 0, "0,1")["CUDA_VISIBLE_DEVICES"] == "0"
+    assert _run_wrapper(body, "gpu03", 1, "0,1")["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_submission_refuses_bad_input():
+    with pytest.raises(ValueError, match="not in the Slurm cluster"):
+        _body([RankSlot(0, "gpu99", 0)])
+    with pytest.raises(ValueError, match="environment variable name"):
+        _body([RankSlot(0, "gpu01", 0)], env={"BAD NAME": "x"})
+    with pytest.raises(ValueError, match="ranks must be"):
+        _body([RankSlot(1, "gpu01", 0)])
