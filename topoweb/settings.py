@@ -330,8 +330,8 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_step": 0.2,
     "interval_max": 0.5,
 }
-from apps.metrics.tasks import BEAT_SCHEDULE as _METRICS_BEAT  # noqa: E402
 from apps.executors.tasks import BEAT_SCHEDULE as _EXECUTORS_BEAT  # noqa: E402
+from apps.metrics.tasks import BEAT_SCHEDULE as _METRICS_BEAT  # noqa: E402
 from apps.scheduling.tasks import BEAT_SCHEDULE as _SCHEDULING_BEAT  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {**_SCHEDULING_BEAT, **_METRICS_BEAT, **_EXECUTORS_BEAT}
