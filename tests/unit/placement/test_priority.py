@@ -52,3 +52,41 @@ def test_effective_priority_is_the_weighted_sum_of_its_terms():
     assert (t.requested, t.age, t.fair_share) == (40, pytest.approx(5.0), 25.0)
     assert t.effective == pytest.approx(70.0)
     assert priority_terms(requested=0, submitted_at=NOW, now=NOW, fair_share_factor=None).fair_share == 50.0
+
+
+def _stream(gpus: int = 4):
+    from apps.placement.jobs import load_job
+
+    return load_job(
+        {
+            "version": 1,
+            "name": "stream",
+            "gpus": gpus,
+            "parallelism": {"tp": gpus, "pp": 1, "dp": 1},
+            "step": {"compute_ms": 100},
+            "comm": [{"group": "tp", "collective": "allreduce", "bytes": 1e8}],
+            "estimated_runtime_s": 1800,
+        }
+    )
+
+
+@pytest.mark.parametrize("fair_share_weight, expected", [(100.0, 3.0), (0.0, 1.0)])
+def test_shares_one_to_three_get_gpu_hours_one_to_three_over_a_day(fair_share_weight, expected):
+    from pathlib import Path
+
+    from apps.placement.sim.fairshare import replay_fair_share
+    from apps.placement.topology.io import load_topology_file
+
+    topo = load_topology_file(str(Path(__file__).resolve().parents[3] / "examples" / "case-4-4.yaml"))
+    run = replay_fair_share(
+        topo,
+        _stream(),
+        shares={"a": 1, "b": 3},
+        duration_s=24 * 3600.0,
+        # Each account asks for three quarters of the 16 GPUs.
+        interval_s=4 * 1800 / 12,
+        weights=PriorityWeights(fair_share=fair_share_weight),
+    )
+    # Without the fair-share term both get the same: the same stream, first come first served.
+    assert run.ratio("a", "b") == pytest.approx(expected, rel=0.10)
+    assert sum(run.gpu_hours.values()) == pytest.approx(16 * 24, rel=0.05)
