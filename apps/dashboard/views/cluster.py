@@ -11,10 +11,12 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
 from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, OVERLAYS, cluster_figure
 from apps.dashboard.measured import jobs_measured, overlay_values
+from apps.dashboard.overview import hatch_defs, legend_rows, overview_svg
 from apps.dashboard.paths import EndpointError, endpoints_path, leaf_matrix, parse_endpoint
 from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for
 from apps.metrics.selectors import open_hotspots
@@ -162,6 +164,9 @@ def graph_context(cluster: Cluster, user) -> dict:
         "node_names": [n.name for n in topo.nodes[:NODE_CHOICES]],
         "payload": script_json({"figure": fig.figure, "client": fig.client}),
         "plotly_js_url": plotly_js_url(),
+        # Painted with the page, before the plotting library loads; the graph replaces it.
+        "overview": mark_safe(overview_svg(fig.client) + hatch_defs()),
+        "legend": legend_rows(fig.client),
     }
     with _GRAPHS_LOCK:
         _GRAPHS[key] = context
