@@ -9,10 +9,11 @@ import functools
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Case, Count, Q, Value, When
 
 from apps.placement.jobs import load_job
 from apps.topology.models import Gpu, Nic, Node
@@ -223,26 +224,46 @@ def job_generations(*, job: Job) -> list[dict[str, Any]]:
     ]
 
 
-def job_log_tails(*, job: Job, limit: int = 16) -> list[RankRun]:
-    """Rank runs worth reading first: failures of any generation, then the current generation's
-    ranks that shipped output, by rank (at most `limit`)."""
-    failed = list(
-        RankRun.objects.filter(job=job, state=RankState.EXITED)
-        .exclude(exit_code=0)
-        .select_related("node")
-        .order_by("-generation", "exited_at", "rank")[:limit]
+@dataclass(frozen=True)
+class RankLogPage:
+    """One page of a job's rank logs: `runs` in reading order, out of `total`, page `page` of
+    `pages`, and every rank the picker offers."""
+
+    runs: list
+    total: int
+    page: int
+    pages: int
+    per_page: int
+    ranks: list[int]
+    rank: int | None
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * self.per_page + 1 if self.total else 0
+
+    @property
+    def last(self) -> int:
+        return min(self.total, self.page * self.per_page)
+
+
+def job_rank_logs(*, job: Job, page: int = 1, per_page: int = 16, rank: int | None = None) -> RankLogPage:
+    """Every rank's output, a page at a time: failures of any generation first (newest
+    generation first), then the current generation's ranks by rank, output or not; `rank` keeps
+    one rank's runs only. A page past the last is the last."""
+    failed = Q(state=RankState.EXITED) & ~Q(exit_code=0)
+    runs = RankRun.objects.filter(job=job).filter(Q(generation=job.generation) | failed)
+    ranks = sorted(set(runs.values_list("rank", flat=True)))
+    if rank is not None:
+        runs = runs.filter(rank=rank)
+    runs = runs.annotate(failed_first=Case(When(failed, then=Value(0)), default=Value(1))).order_by(
+        "failed_first", "-generation", "rank"
     )
-    rest = limit - len(failed)
-    if rest <= 0:
-        return failed
-    current = (
-        RankRun.objects.filter(job=job, generation=job.generation)
-        .exclude(log_tail="")
-        .exclude(pk__in=[r.pk for r in failed])
-        .select_related("node")
-        .order_by("rank")[:rest]
-    )
-    return failed + list(current)
+    total = runs.count()
+    pages = max(1, -(-total // per_page))
+    page = min(max(1, page), pages)
+    start = (page - 1) * per_page
+    items = list(runs.select_related("node")[start : start + per_page])
+    return RankLogPage(items, total, page, pages, per_page, ranks, rank)
 
 
 def shown_state(agent: NodeAgent | None) -> str:

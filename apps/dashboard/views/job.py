@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -19,7 +20,7 @@ from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
 from apps.scheduling.accounts import job_priority
 from apps.scheduling.accounts import weights as priority_weights
-from apps.scheduling.agent_selectors import job_generations, job_log_tails
+from apps.scheduling.agent_selectors import job_generations, job_rank_logs
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, ProposalStatus
 from apps.scheduling.models import MigrationProposal
 from apps.scheduling.proposals import ProposalStateError
@@ -97,6 +98,14 @@ def group_summary(view) -> list[dict]:
 def job_page(request, pk: int):
     """`/jobs/N/`: the owner's or staff's view of one job (others get 404, as in the API)."""
     job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    log_args = {}
+    for field, key in (("log_page", "page"), ("log_rank", "rank")):
+        raw = request.GET.get(field, "")
+        if raw:
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+                return HttpResponseBadRequest(f"{field}: a whole number, not {raw[:40]!r}")
+            log_args[key] = int(raw)
+    logs = job_rank_logs(job=job, **log_args)
     spec = load_job(job.spec)
     snap = cluster_snapshot(cluster=job.cluster)
     topo = snap.topology
@@ -183,7 +192,7 @@ def job_page(request, pk: int):
             for fmt, label in RANKMAP_FORMATS
         ],
         "generations": job_generations(job=job),
-        "log_tails": job_log_tails(job=job),
+        "logs": logs,
         "priority": job_priority(job=job) if job.status not in FINISHED_STATUSES else None,
         "priority_weights": priority_weights(),
         "charts": script_json(charts),
