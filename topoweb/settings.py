@@ -370,6 +370,22 @@ if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
         "(an idle node's heartbeat is written once half of it has passed)"
     )
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
+# The MASTER_PORT range of agent-run jobs, "LOW-HIGH": each generation gets a port unique among
+# the live generations on its rank 0's node. Keep it outside the nodes' ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 on Linux by default), where the kernel would hand
+# the same port to outgoing connections.
+_ports = _env("TOPOWEB_MASTER_PORTS", "20000-29999").strip()
+try:
+    _low, _, _high = _ports.partition("-")
+    TOPOWEB_MASTER_PORTS = (int(_low), int(_high))
+except ValueError:
+    raise ImproperlyConfigured(
+        f"TOPOWEB_MASTER_PORTS must be LOW-HIGH, e.g. 20000-29999; got {_ports!r}"
+    ) from None
+if not 1024 <= TOPOWEB_MASTER_PORTS[0] <= TOPOWEB_MASTER_PORTS[1] <= 65535:
+    raise ImproperlyConfigured(
+        f"TOPOWEB_MASTER_PORTS must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535; got {_ports!r}"
+    )
 # Thousands of agents' long-polls each take a connection briefly: a pool instead of one
 # connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).
 if _env("TOPOWEB_DB_POOL_MAX") and not EMBEDDED:

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Case, Count, Q, Value, When
 
@@ -21,17 +22,26 @@ from apps.topology.models import Gpu, Nic, Node
 from .choices import NO_AGENT, SHOWN_NODE_STATES, UNHEALTHY, JobStatus, NodeState, RankState
 from .models import Allocation, Job, NodeAgent, RankRun
 
-BASE_MASTER_PORT = 20000
-MASTER_PORT_SPAN = 20000
 _CACHE: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
 _CACHE_SIZE = 4096
 _LOCK = threading.Lock()
 
 
 def master_port(job_id: int, generation: int) -> int:
-    """The rendezvous port of a job generation (a new generation gets a new port, so a restart
-    never meets the old one's sockets)."""
-    return BASE_MASTER_PORT + (job_id * 64 + generation) % MASTER_PORT_SPAN
+    """The rendezvous port of a generation booked before ports were stored with its rank 0 (a
+    port of TOPOWEB_MASTER_PORTS from its job and generation); see `snapshot.assign_master_ports`."""
+    low, high = settings.TOPOWEB_MASTER_PORTS
+    return low + (job_id * 64 + generation) % (high - low + 1)
+
+
+def generation_master_port(job_id: int, generation: int) -> int:
+    """The MASTER_PORT of a job generation, as its agents give it to the ranks."""
+    port = (
+        Allocation.objects.filter(job_id=job_id, generation=generation, rank=0)
+        .values_list("master_port", flat=True)
+        .first()
+    )
+    return port or master_port(job_id, generation)
 
 
 def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
@@ -44,13 +54,14 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
     if job is None:
         return None
     launch = load_job(job[1]).launch
-    nodes = list(
+    rows = list(
         Allocation.objects.filter(job_id=job_id, generation=generation)
         .order_by("rank")
-        .values_list("gpu__node__name", flat=True)
+        .values_list("gpu__node__name", "master_port")
     )
-    if len(nodes) != job[2]:
+    if len(rows) != job[2]:
         return None
+    nodes = [name for name, _ in rows]
     node_rank: dict[str, int] = {}
     for name in nodes:
         node_rank.setdefault(name, len(node_rank))
@@ -64,7 +75,7 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         "stop_grace_s": launch.stop_grace_s,
         "world_size": job[2],
         "master_node": nodes[0],
-        "master_port": master_port(job_id, generation),
+        "master_port": rows[0][1] or master_port(job_id, generation),
         "node_rank": node_rank,
     }
     with _LOCK:

@@ -307,6 +307,7 @@ def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: 
         )
         for rank, gid in enumerate(int(g) for g in new_gids)
     ]
+    snap.assign_master_ports(rows)
     Allocation.objects.bulk_create(rows)
     Job.objects.filter(pk=job.pk).update(
         generation=generation,

@@ -173,6 +173,11 @@ class Allocation(models.Model):
     generation = models.PositiveIntegerField(default=1, help_text="The job generation this rank belongs to.")
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
+    master_port = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Rank 0 only: the generation's MASTER_PORT, unique among the live generations on its node.",
+    )
 
     class Meta:
         ordering = ["job", "rank"]

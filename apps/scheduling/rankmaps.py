@@ -53,18 +53,29 @@ def _bash_array(values: Sequence[Any]) -> str:
     return "(" + " ".join(_q(v) if str(v) else "''" for v in values) + ")"
 
 
-def openmpi_appfile(ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py") -> str:
+def _master_env(ordered: Sequence[dict[str, Any]], master_port: int | None) -> list[tuple[str, str]]:
+    """MASTER_ADDR (the node of rank 0) and MASTER_PORT, when a port is given."""
+    if master_port is None or not ordered:
+        return []
+    return [("MASTER_ADDR", str(ordered[0]["node"])), ("MASTER_PORT", str(int(master_port)))]
+
+
+def openmpi_appfile(
+    ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py", master_port: int | None = None
+) -> str:
     """Open MPI appfile (`mpirun --app F`): one `-np 1 --host H -x CUDA_VISIBLE_DEVICES=G` line
     per rank, in rank order, so MPI_COMM_WORLD rank N is line N and sees only its planned GPU
-    (device 0 inside the process). A rankfile's `slot=` would name CPU slots, not GPUs."""
+    (device 0 inside the process). A rankfile's `slot=` would name CPU slots, not GPUs. With
+    `master_port`, every line also exports MASTER_ADDR (rank 0's node) and MASTER_PORT."""
     ordered = _check(ranks)
     out = [
         f"# Open MPI appfile: {len(ordered)} ranks, one per line in rank order.\n",
         "# Run: mpirun --app this-file (each line is one process; its GPU via CUDA_VISIBLE_DEVICES).\n",
     ]
     program = " ".join(_q(a) for a in ("python", entrypoint))
+    master = [f"-x {_q(f'{k}={v}')}" for k, v in _master_env(ordered, master_port)]
     for r in ordered:
-        env = [f"-x {_q('CUDA_VISIBLE_DEVICES=' + str(r['gpu']))}"]
+        env = [f"-x {_q('CUDA_VISIBLE_DEVICES=' + str(r['gpu']))}", *master]
         hca = nccl_ib_hca(r["nic"])
         if hca:
             env.append(f"-x {_q('NCCL_IB_HCA=' + hca)}")
@@ -77,7 +88,13 @@ def slurm_hostfile(ranks: Sequence[dict[str, Any]]) -> str:
     return "".join(f"{r['node']}\n" for r in _check(ranks))
 
 
-def slurm_script(ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py", job: str = "job") -> str:
+def slurm_script(
+    ranks: Sequence[dict[str, Any]],
+    *,
+    entrypoint: str = "train.py",
+    job: str = "job",
+    master_port: int | None = None,
+) -> str:
     """A bash script for a Slurm allocation holding the job's nodes: it writes SLURM_HOSTFILE
     (task N on the host of rank N) and runs `srun --distribution=arbitrary` through a wrapper that
     binds each task to its planned GPU and NIC by SLURM_PROCID (`--gpu-bind=map_gpu:` maps by
@@ -101,6 +118,7 @@ def slurm_script(ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py
         slurm_hostfile(ordered),
         "TOPOWEB_HOSTS\n",
         f'export SLURM_HOSTFILE="$PWD"/{_q(hostfile)}\n',
+        *(f"export {k}={_q(v)}\n" for k, v in _master_env(ordered, master_port)),
         f"srun --ntasks={len(ordered)} --distribution=arbitrary"
         f" bash -c {_q(wrapper)} _ python {_q(entrypoint)}\n",
     ]

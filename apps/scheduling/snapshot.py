@@ -7,15 +7,17 @@ Job prediction fields. Every other scheduling module either talks to the ORM or 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -30,6 +32,8 @@ from apps.topology.services import cluster_topology
 
 from .choices import ACTIVE_STATUSES, UNSCHEDULABLE_NODE_STATES, WAITING_STATUSES, JobStatus, RankState
 from .models import Allocation, Job, NodeAgent, RankRun
+
+log = logging.getLogger(__name__)
 
 _INDEX_CACHE: dict[tuple[int, Any], GpuIndex] = {}
 _INDEX_LOCK = threading.Lock()
@@ -432,6 +436,40 @@ def allocation_row(
     )
 
 
+def assign_master_ports(rows: Sequence[Allocation]) -> None:
+    """Give each rank-0 row of `rows` its generation's MASTER_PORT: a port of
+    TOPOWEB_MASTER_PORTS used by no other live (or waiting) generation whose rank 0 is on the same
+    node, searched from a point that depends on the job and generation (so a new generation
+    rarely meets a port its predecessor just left)."""
+    firsts = [r for r in rows if r.rank == 0 and r.gpu_id is not None]
+    if not firsts:
+        return
+    node_of = dict(Gpu.objects.filter(pk__in={r.gpu_id for r in firsts}).values_list("pk", "node_id"))
+    taken: dict[int, set[int]] = {}
+    busy = (
+        Allocation.objects.filter(rank=0, master_port__isnull=False, gpu__node_id__in=set(node_of.values()))
+        .filter(Q(live=True) | Q(released_at__isnull=True))
+        .values_list("gpu__node_id", "master_port")
+    )
+    for node_id, port in busy:
+        taken.setdefault(node_id, set()).add(port)
+    low, high = settings.TOPOWEB_MASTER_PORTS
+    span = high - low + 1
+    for row in firsts:
+        used = taken.setdefault(node_of[row.gpu_id], set())
+        start = (row.job_id * 64 + row.generation) % span
+        port = next(
+            (low + (start + i) % span for i in range(span) if low + (start + i) % span not in used), None
+        )
+        if port is None:
+            port = low + start
+            log.warning(
+                "every MASTER_PORT in %s-%s is taken on one node; job %s shares one", low, high, row.job_id
+            )
+        row.master_port = port
+        used.add(port)
+
+
 def book_many(
     *,
     snapshot: ClusterSnapshot,
@@ -462,6 +500,7 @@ def book_many(
     # Rows released before (a preempted job's) go; live rows of an older generation whose rank is
     # still running stay until it exits.
     Allocation.objects.filter(job_id__in=ids, live=False).delete()
+    assign_master_ports(rows)
     Allocation.objects.bulk_create(rows, batch_size=1000)
 
 

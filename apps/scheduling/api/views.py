@@ -36,6 +36,7 @@ from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 
 from .. import accounts, rankmaps, selectors, services
+from ..agent_selectors import generation_master_port
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
@@ -243,7 +244,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         parameters=[
             OpenApiParameter("format", str, enum=list(rankmaps.FORMATS), description="default json"),
             OpenApiParameter("entrypoint", str, description="the training script (default train.py)"),
-            OpenApiParameter("master_port", int, description="torchrun: rendezvous port (default 29500)"),
+            OpenApiParameter(
+                "master_port",
+                int,
+                description="rendezvous port (default: the generation's, as the node agents give it)",
+            ),
         ],
         responses={
             (200, "application/json"): OpenApiTypes.OBJECT,
@@ -265,25 +270,26 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     )
     def rankmap(self, request: Request, pk=None) -> Response:
         """The rank map as ?format=openmpi (appfile), slurm (script), slurm-hostfile, torchrun or json."""
+        job = self.get_object()
+        ranks = selectors.job_ranks(job=job)
+        if not ranks:
+            return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
+        # The port the node agents give the ranks, unless the caller launches with another.
         port = int_param(
             request.query_params.get("master_port"),
             field="master_port",
             low=1,
             high=65535,
-            default=rankmaps.DEFAULT_MASTER_PORT,
+            default=generation_master_port(job.pk, job.generation),
         )
-        job = self.get_object()
-        ranks = selectors.job_ranks(job=job)
-        if not ranks:
-            return Response(_not_placed(job), status=status.HTTP_404_NOT_FOUND)
         fmt = request.accepted_renderer.format
         entry = request.query_params.get("entrypoint", "train.py")
         if len(entry) > 1024 or "\x00" in entry:
             return Response({"entrypoint": ["must be at most 1024 characters, without NUL"]}, status=400)
         if fmt == "openmpi":
-            return Response(rankmaps.openmpi_appfile(ranks, entrypoint=entry))
+            return Response(rankmaps.openmpi_appfile(ranks, entrypoint=entry, master_port=port))
         if fmt == "slurm":
-            return Response(rankmaps.slurm_script(ranks, entrypoint=entry, job=job.name))
+            return Response(rankmaps.slurm_script(ranks, entrypoint=entry, job=job.name, master_port=port))
         if fmt == "slurm-hostfile":
             return Response(rankmaps.slurm_hostfile(ranks))
         if fmt == "torchrun":
