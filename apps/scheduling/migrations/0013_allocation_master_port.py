@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0011_node_tokens'),
+        ('scheduling', '0012_accounts'),
     ]
 
     operations = [
