@@ -18,6 +18,7 @@ from django.utils import timezone
 from apps.api import roles
 from apps.dashboard.jobview import JobView, job_view
 from apps.dashboard.layout import ClusterLayout, cluster_layout
+from apps.executors.models import ForeignAllocation
 from apps.metrics import selectors as metrics
 from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
@@ -109,9 +110,32 @@ def cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
                 traffic=job.predicted,
             )
         )
+    views += foreign_job_views(cluster=cluster, topology=topo)
     queued = Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).count()
     states = node_state_map(cluster_id=cluster.pk)
     return ClusterGraphData(cluster, snap, layout_for(topo), views, queued, states)
+
+
+def foreign_job_views(*, cluster: Cluster, topology: Topology) -> list[JobView]:
+    """Jobs submitted straight to Slurm (clusters run by the Slurm executor), one view each with
+    the GPUs they hold, labelled "slurm job 4711 (user)"; negative ids keep them apart from
+    TopoWeb's jobs."""
+    held: dict[int, tuple[str, list[int]]] = {}
+    rows = (
+        ForeignAllocation.objects.filter(cluster=cluster)
+        .select_related("node")
+        .order_by("slurm_job_id", "node_id", "gpu_index")
+    )
+    for f in rows:
+        try:
+            gid = topology.gid(f.node.name, f.gpu_index)
+        except KeyError:
+            continue
+        held.setdefault(f.slurm_job_id, (f.label, []))[1].append(gid)
+    return [
+        JobView(id=-slurm_id, label=label, details=False, gids=tuple(gids), status="running in Slurm")
+        for slurm_id, (label, gids) in held.items()
+    ]
 
 
 def _public_prediction(predicted: dict | None) -> dict:
@@ -211,9 +235,11 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
         .order_by("node_id")
         .values_list("node_id", "state", "reason", "unhealthy_gpus", "state_since")
     )
+    foreign = ForeignAllocation.objects.filter(cluster=cluster).aggregate(n=Count("id"), top=Max("id"))
     return (
         cluster.pk,
         stamp,
+        (foreign["n"], foreign["top"]),
         live["n"],
         live["top"],
         live["total"],

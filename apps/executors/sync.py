@@ -162,11 +162,13 @@ def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> 
         }
         agent = NodeAgent.objects.filter(node=node).first()
         if agent is None:
-            NodeAgent.objects.create(node=node, **fields)
+            NodeAgent.objects.create(node=node, state_since=now, **fields)
             changed = changed or state != NodeState.UP or bool(unhealthy)
             continue
         if agent.state != state or agent.unhealthy_gpus != unhealthy:
             changed = True
+        if agent.state != state or agent.state_since is None:
+            fields["state_since"] = now
         NodeAgent.objects.filter(pk=agent.pk).update(**fields)
     if changed:
         queue_cycle(cluster.pk)
