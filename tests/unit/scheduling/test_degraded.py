@@ -60,6 +60,24 @@ def test_a_cache_without_redis_answers_as_empty(dead_cache, caplog):
         dead_cache.delete_many(["a"])
 
 
+def test_the_cache_builds_one_redis_client_per_pool_not_one_per_call(dead_cache, monkeypatch):
+    import redis
+
+    built = []
+    original = redis.Redis.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs.get("connection_pool"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counted)
+    for _ in range(5):
+        dead_cache.get("k")
+        dead_cache.set("k", 1, 5)
+        dead_cache.add("k", 1, 5)
+    assert len(built) == 1 and built[0] is not None
+
+
 def test_throttling_lets_requests_through_while_the_cache_is_down(case44, alice_api, dead_cache, monkeypatch):
     from rest_framework.throttling import SimpleRateThrottle
 
