@@ -175,29 +175,29 @@ def _grid_blocks(job: JobSpec) -> list[int]:
     return [math.prod(size for dim, size in sizes.items() if mask & _DIM_BITS[dim]) for mask in range(32)]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def _most_cells(n1: int, n2: int, room: int) -> np.ndarray:
     """[X1, X2] -> the most blocks a leaf region with room for `room` blocks can hold of an
     n1 x n2 grid of leaf-kind blocks (K1's cosets: n2 lines of n1 blocks; K2's: n1 lines of n2)
     while meeting at most X1 K1 lines and X2 K2 lines it does not contain (module docstring, two
     kinds crossing together)."""
-    f1 = np.arange(n2 + 1)[:, None]  # K1 lines held whole
-    f2 = np.arange(n1 + 1)[None, :]  # K2 lines held whole
-    out = np.zeros((n2 + 1, n1 + 1), dtype=np.int64)
-    for x1_max in range(n2 + 1):
-        x1 = np.minimum(x1_max, n2 - f1)
-        for x2_max in range(n1 + 1):
-            x2 = np.minimum(x2_max, n1 - f2)
-            a, b = x1 + f1, x2 + f2
-            # A whole K1 line meets every K2 line, and a whole K2 line every K1 line.
-            ok = ((f1 == 0) | (b == n1)) & ((f2 == 0) | (a == n2))
-            # The whole lines alone must fit the region.
-            ok &= f1 * n1 + f2 * n2 - f1 * f2 <= room
-            cells = np.minimum(
-                a * b, np.minimum(f1 * n1 + x1 * np.minimum(b, n1 - 1), f2 * n2 + x2 * np.minimum(a, n2 - 1))
-            )
-            out[x1_max, x2_max] = min(int(cells[ok].max(initial=0)), room)
-    return out
+    # Axes: [X1, X2, K1 lines held whole, K2 lines held whole], all at once.
+    x1_max = np.arange(n2 + 1)[:, None, None, None]
+    x2_max = np.arange(n1 + 1)[None, :, None, None]
+    f1 = np.arange(n2 + 1)[None, None, :, None]  # K1 lines held whole
+    f2 = np.arange(n1 + 1)[None, None, None, :]  # K2 lines held whole
+    x1 = np.minimum(x1_max, n2 - f1)
+    x2 = np.minimum(x2_max, n1 - f2)
+    a, b = x1 + f1, x2 + f2
+    # A whole K1 line meets every K2 line, and a whole K2 line every K1 line.
+    ok = ((f1 == 0) | (b == n1)) & ((f2 == 0) | (a == n2))
+    # The whole lines alone must fit the region.
+    ok &= f1 * n1 + f2 * n2 - f1 * f2 <= room
+    cells = np.minimum(
+        a * b, np.minimum(f1 * n1 + x1 * np.minimum(b, n1 - 1), f2 * n2 + x2 * np.minimum(a, n2 - 1))
+    )
+    best = np.where(ok, cells, 0).max(axis=(2, 3))
+    return np.minimum(best, room).astype(np.int64)
 
 
 class _Prices:
