@@ -108,18 +108,20 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
         filled = rate_filled_set(topology, idx, counts, job)
         if filled is not None:
             plans.append((filled, math.inf, False))
+    # One price per distinct map: the fast, rate-filled and best-fit sets often coincide.
+    priced: dict[bytes, tuple[float, float]] = {}
     # Stage 1 prices every candidate set in its first mapping; stage 2 tries the other mappings
     # of the best few sets only, since the cost model is the expensive part.
     first: list[tuple[tuple[float, float], int, np.ndarray]] = []
     for k, (gset, fit, _) in enumerate(plans):
         for gids in _first_mappings(idx, job, gset):
-            first.append((_key(topology, job, gids, leaf_load, fit), k, gids))
+            first.append((_key(topology, job, gids, leaf_load, fit, priced), k, gids))
     first.sort(key=lambda item: (item[0], item[1]))
     best_key, best_k, best_gids = first[0]
     for _, k, _ in first[:SETS_REMAPPED]:
         gset, fit, _ = plans[k]
         for gids in itertools.islice(candidate_mappings(idx, job, gset), 1, None):
-            key = _key(topology, job, gids, leaf_load, fit)
+            key = _key(topology, job, gids, leaf_load, fit, priced)
             if key < best_key:
                 best_key, best_k, best_gids = key, k, gids
     regular = plans[best_k][2]
@@ -127,7 +129,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     # A placement at the free-set bound is optimal (other jobs' flows only add); else look wider.
     if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
         for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
-            key = _key(topology, job, gids, leaf_load, fit)
+            key = _key(topology, job, gids, leaf_load, fit, priced)
             if key < best_key:
                 best_key, best_gids, regular = key, gids, is_regular
     gids = best_gids
@@ -207,11 +209,23 @@ def _wider_candidates(
                 yield gids, math.inf, False
 
 
-def _key(topology: Topology, job: JobSpec, gids: np.ndarray, leaf_load: np.ndarray, fit: float):
+def _key(
+    topology: Topology,
+    job: JobSpec,
+    gids: np.ndarray,
+    leaf_load: np.ndarray,
+    fit: float,
+    priced: dict[bytes, tuple[float, float]],
+):
     """Sort key of a candidate: the predicted comm ms left exposed (not hidden behind compute, what
-    the step time pays), then all comm ms, each to 1e-9, then the fit score."""
-    pred = evaluate(topology, job, gids, leaf_load, detail=False)
-    return (round(pred.step_ms - job.compute_ms, 9), round(pred.comm_ms, 9), fit)
+    the step time pays), then all comm ms, each to 1e-9, then the fit score. `priced` memoises
+    the two times by map."""
+    key = np.asarray(gids, dtype=np.int64).tobytes()
+    hit = priced.get(key)
+    if hit is None:
+        pred = evaluate(topology, job, gids, leaf_load, detail=False)
+        hit = priced[key] = (round(pred.step_ms - job.compute_ms, 9), round(pred.comm_ms, 9))
+    return (*hit, fit)
 
 
 def chunk_ladder(idx: HierarchyIndex, job: JobSpec) -> list[tuple[int, int]]:
