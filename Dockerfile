@@ -22,4 +22,6 @@ RUN useradd --create-home --uid 1000 topoweb && chown -R topoweb /app
 USER topoweb
 
 EXPOSE 8000
-CMD ["gunicorn", "topoweb.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]
+# Threads, not sync workers: every node agent's work poll holds one for up to 60 s.
+CMD ["gunicorn", "topoweb.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
+     "--worker-class", "gthread", "--threads", "128", "--keep-alive", "75", "--timeout", "90"]

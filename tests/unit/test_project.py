@@ -220,6 +220,26 @@ def test_compose_commands_name_the_real_wsgi_module_and_celery_app():
     assert importlib.import_module("topoweb").celery_app.main == "topoweb"
 
 
+def _gunicorn_options(argv: list[str]) -> dict[str, str]:
+    argv = argv[argv.index("gunicorn") + 2 :]
+    return {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2) if argv[i].startswith("--")}
+
+
+def test_compose_and_the_dockerfile_serve_long_polls_on_threads():
+    web = " ".join(COMPOSE["services"]["web"]["command"]).split("&& exec ", 1)[1].split()
+    cmd = re.search(r"^CMD (\[.*\])", (REPO / "Dockerfile").read_text().replace("\\\n", ""), re.M | re.S)
+    docker = json.loads(cmd.group(1))
+    for argv in (web, docker):
+        options = _gunicorn_options(argv)
+        # A sync worker is held by one agent's 60 s poll: every other caller waits behind it.
+        assert options["--worker-class"] == "gthread"
+        assert int(options["--threads"]) >= 64
+        assert float(options["--keep-alive"]) > 60
+        assert float(options["--timeout"]) > 60
+    env = COMPOSE["services"]["web"]["environment"]
+    assert int(env["TOPOWEB_DB_POOL_MAX"]) >= 4 and env["DATABASE_URL"].startswith("postgres://")
+
+
 def test_dockerfile_installs_the_runtime_requirements_and_collects_static_files():
     dockerfile = (REPO / "Dockerfile").read_text()
     requirements = (REPO / "requirements.txt").read_text()
