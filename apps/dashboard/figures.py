@@ -353,19 +353,28 @@ def job_boxes(lay: geo.ClusterLayout, gids) -> tuple[np.ndarray, np.ndarray, np.
 
 def outline_traces(lay: geo.ClusterLayout, jobs: Sequence[JobView], looks) -> list[dict]:
     """One outline per job in its colour around its GPUs on each node, shown with the metric
-    overlays so that the colours of a metric still say which job is which."""
+    overlays so that the colours of a metric still say which job is which; each has its legend
+    entry, so the job legend stays (and the drawing keeps its width) under a metric overlay."""
     out = []
     rest: list[int] = []
     for j, job in enumerate(jobs):
         if j >= MAX_JOB_TRACES:
             rest.extend(job.gids)
             continue
-        t = lines(job.label, *boxes(*job_boxes(lay, job.gids)), looks[j][0], 2, "job-outline")
+        # In the legend too: under a metric overlay the outlines stand for the jobs there.
+        t = lines(job.label, *boxes(*job_boxes(lay, job.gids)), looks[j][0], 2, "job-outline", legend=True)
         t["meta"]["job"] = j
         t["visible"] = False
         out.append(t)
     if rest:
-        t = lines("more jobs", *boxes(*job_boxes(lay, rest)), "#555555", 1.5, "job-outline")
+        t = lines(
+            f"{len(jobs) - MAX_JOB_TRACES} more jobs",
+            *boxes(*job_boxes(lay, rest)),
+            "#555555",
+            1.5,
+            "job-outline",
+            legend=True,
+        )
         t["visible"] = False
         out.append(t)
     return out

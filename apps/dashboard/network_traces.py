@@ -109,16 +109,38 @@ def domain_traces(lay: geo.ClusterLayout) -> list[dict]:
     if multi:
         xs, ys = boxes(lay.node_x0, lay.node_x1, lay.node_y0, np.full(len(topo.nodes), geo.Y_NODE - 0.1))
         out.append(lines("nodes", xs, ys, "#90a4ae", 1, "domain"))
-    d_ids = list(dom_nodes)
     pad = 0.25 if multi else 0.0
-    xs, ys = boxes(
-        [lay.node_x0[dom_nodes[d]].min() - pad for d in d_ids],
-        [lay.node_x1[dom_nodes[d]].max() + pad for d in d_ids],
-        [lay.node_y0[dom_nodes[d]].min() - pad for d in d_ids],
-        [geo.Y_NODE - 0.1 + pad] * len(d_ids),
-    )
-    out.append(lines("NVLink domain", xs, ys, DOMAIN_COLOR, 1.5, "domain", legend=True))
+    # A node whose intra links have no NVLink pair is a box of its own, not an "NVLink domain".
+    pcie = {d for d, nodes in dom_nodes.items() if all(_pcie_only(topo, i) for i in nodes)}
+    for name, d_ids, color in (
+        ("NVLink domain", [d for d in dom_nodes if d not in pcie], DOMAIN_COLOR),
+        ("node without NVLink (PCIe only)", [d for d in dom_nodes if d in pcie], PCIE_NODE_COLOR),
+    ):
+        if not d_ids:
+            continue
+        xs, ys = boxes(
+            [lay.node_x0[dom_nodes[d]].min() - pad for d in d_ids],
+            [lay.node_x1[dom_nodes[d]].max() + pad for d in d_ids],
+            [lay.node_y0[dom_nodes[d]].min() - pad for d in d_ids],
+            [geo.Y_NODE - 0.1 + pad] * len(d_ids),
+        )
+        t = lines(name, xs, ys, color, 1.5, "domain", legend=True)
+        if color == PCIE_NODE_COLOR:
+            t["line"]["dash"] = "dash"
+        out.append(t)
     return out + intra_traces(lay)
+
+
+PCIE_NODE_COLOR = "#8d6e63"
+
+
+def _pcie_only(topo, node: int) -> bool:
+    """True when the node's intra links are known and none of its GPU pairs is NVLink."""
+    intra = topo.node_intra.get(node) if topo.node_intra else None
+    if intra is None:
+        return False
+    n = intra.bw.shape[0]
+    return n > 1 and not any(intra.links[i][j].startswith("NV") for i in range(n) for j in range(i + 1, n))
 
 
 # Intra-node pairs drawn as lines: NVLink pairs, and PCIe pairs under one switch (PIX, PXB); the
@@ -190,18 +212,28 @@ def switch_traces(lay: geo.ClusterLayout, loads: LinkLoads) -> list[dict]:
                 load = load_of.get(s, 0.0)
                 line += f"<br>uplink load {load:.4g} GB/s, {load / sum(ups):.0%} (predicted)"
             text.append(line)
-        out.append(
-            markers(
-                f"{tier} switches",
-                [lay.switch_x[s] for s in names],
-                [lay.switch_y[s] for s in names],
-                text,
-                "switch",
-                marker={"color": SWITCH_COLORS[tier], "size": size, "symbol": symbol},
-                customdata=names,
-            )
+        t = markers(
+            f"{tier} switches",
+            [lay.switch_x[s] for s in names],
+            [lay.switch_y[s] for s in names],
+            text,
+            "switch",
+            marker={"color": SWITCH_COLORS[tier], "size": size, "symbol": symbol},
+            customdata=names,
         )
+        if len(names) <= SWITCH_LABELS_UP_TO:
+            # Named on the drawing (hover keeps the details) while the names can fit.
+            t["hovertext"] = t.pop("text")
+            t["hovertemplate"] = "%{hovertext}<extra></extra>"
+            t["text"] = names
+            t["mode"] = "markers+text"
+            t["textposition"] = "top center"
+            t["textfont"] = {"size": 10}
+        out.append(t)
     return out
+
+
+SWITCH_LABELS_UP_TO = 48  # switches of one tier named on the graph; more would overlap
 
 
 def nic_and_node_traces(lay: geo.ClusterLayout) -> list[dict]:

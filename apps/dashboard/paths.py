@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apps.dashboard import layout as geo
 from apps.dashboard.layout import ClusterLayout
 from apps.placement.topology import Topology
 
@@ -75,18 +76,19 @@ def gpu_path(lay: ClusterLayout, g: int, h: int) -> dict:
     path = topo.path(g, h)
     hops: list[dict] = []
 
-    def hop(a, b, level, bw, lat, link=None, point=None):
-        hops.append(
-            {
-                "from": a,
-                "to": b,
-                "level": level,
-                "bw_GBps": round(float(bw), 4),
-                "latency_us": round(float(lat), 4),
-                "link": link,
-                "point": point,
-            }
-        )
+    def hop(a, b, level, bw, lat, link=None, point=None, via=None):
+        entry = {
+            "from": a,
+            "to": b,
+            "level": level,
+            "bw_GBps": round(float(bw), 4),
+            "latency_us": round(float(lat), 4),
+            "link": link,
+            "point": point,
+        }
+        if via is not None:
+            entry["via"] = via  # a drawn corner before `point`: the NIC on a GPU's cable
+        hops.append(entry)
 
     start = [round(float(lay.gpu_x[g]), 3), round(float(lay.gpu_y[g]), 3)]
     end = [round(float(lay.gpu_x[h]), 3), round(float(lay.gpu_y[h]), 3)]
@@ -107,6 +109,9 @@ def gpu_path(lay: ClusterLayout, g: int, h: int) -> dict:
         def nic_name(nic):
             return f"{topo.nodes[int(lay.nic_node[nic])].name} {lay.nic_names[nic]}"
 
+        def nic_at(nic):
+            return [round(float(lay.nic_x[nic]), 3), geo.Y_NIC]
+
         hop(
             f"{_gpu_name(topo, g)} ({nic_name(nic_g)})",
             leaf_g,
@@ -115,6 +120,7 @@ def gpu_path(lay: ClusterLayout, g: int, h: int) -> dict:
             topo.gpu_nic_latency[g],
             {"nic": nic_g},
             at(leaf_g),
+            nic_at(nic_g),
         )
         if lg != lh:
             up_index = {(lo, hi): i for i, (lo, hi, _, _) in enumerate(lay.uplinks)}
@@ -167,6 +173,7 @@ def gpu_path(lay: ClusterLayout, g: int, h: int) -> dict:
             topo.gpu_nic_latency[h],
             {"nic": nic_h},
             end,
+            nic_at(nic_h),
         )
     bottleneck = min(range(len(hops)), key=lambda i: hops[i]["bw_GBps"]) if hops else None
     return {

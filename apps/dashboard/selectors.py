@@ -24,7 +24,7 @@ from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
 from apps.scheduling.agent_models import NodeAgent
-from apps.scheduling.agent_selectors import node_state_map
+from apps.scheduling.agent_selectors import node_state_map, shown_state
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState
 from apps.scheduling.models import Allocation, Job, MigrationProposal
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
@@ -342,10 +342,31 @@ def node_overview(*, node: Node, user) -> dict:
             for job in recent
         ],
         "agent": agent,
-        "state": agent.state if agent else NodeState.UP,
+        "state": shown_state(agent),
+        "pairs": intra_pairs(node.intra),
         "scrape": NodeScrape.objects.filter(node=node).first(),
         "fresh_s": fresh_s,
     }
+
+
+def intra_pairs(intra: dict | None) -> list[list[dict]] | None:
+    """The node's GPU-pair matrix from its spec `intra` block: per row, per column, the link class
+    ("NV2", "PIX", "SYS"...) with its GB/s and µs (None on the diagonal); None without one."""
+    if not isinstance(intra, dict) or not isinstance(intra.get("links"), list):
+        return None
+    classes = intra.get("classes") or {}
+    rows = []
+    for i, row in enumerate(intra["links"]):
+        cells = []
+        for j, cls in enumerate(row):
+            spec = classes.get(cls) or {}
+            cells.append(
+                None
+                if i == j
+                else {"cls": str(cls), "bw_GBps": spec.get("bw_GBps"), "latency_us": spec.get("latency_us")}
+            )
+        rows.append(cells)
+    return rows
 
 
 SWITCH_NODES_LISTED = 512

@@ -145,7 +145,10 @@
     full[first("hl-outline")].line.color = c.fg;
     (roleIndex["node-label"] || []).concat(roleIndex["agg-label"] || []).forEach(function (i) { full[i].textfont.color = c.fg; });
     // Switches keep their tier colours; an edge in the text colour keeps them apart from a dark card.
-    (roleIndex["switch"] || []).forEach(function (i) { full[i].marker.line = { color: c.fg, width: 1 }; });
+    (roleIndex["switch"] || []).forEach(function (i) {
+      full[i].marker.line = { color: c.fg, width: 1 };
+      if (full[i].textfont) full[i].textfont.color = c.fg;
+    });
   }
 
   // ---- values: predicted, or measured where fresh -------------------------------------------
@@ -223,8 +226,16 @@
     if (rows.length > 6) s += "<br>  … and " + (rows.length - 6) + " more";
     return s;
   }
-  function loadText(load, cap) {
-    return "<br>load " + num(load[0], 3) + " GB/s, " + pct(load[0], cap) + " of capacity (" + load[1] + ")";
+  function loadText(load, cap, predicted) {
+    let s = "<br>load " + num(load[0], 3) + " GB/s, " + pct(load[0], cap) + " of capacity (" + load[1] + ")";
+    if (state.source === "diff" && predicted !== undefined) {
+      if (load[1] === "predicted") s += "<br>measured − predicted: no measurement";
+      else {
+        const d = cap > 0 ? Math.round((100 * (load[0] - predicted)) / cap) : 0;
+        s += "<br>predicted " + num(predicted, 3) + " GB/s; measured − predicted: " + (d >= 0 ? "+" : "") + d + " pp of capacity";
+      }
+    }
+    return s;
   }
   function linkKind(i) {
     if (i >= links.n_uplinks) return "NIC cables";
@@ -250,14 +261,14 @@
     const cap = links.cap[i];
     let s = "<b>" + a + " — " + links.switches[links.b[i]] + "</b> · " + linkKind(i);
     if (i >= links.n_uplinks) s += " (" + links.trunk_cables[i - links.n_uplinks] + " cables)";
-    s += "<br>capacity " + num(cap, 4) + " GB/s" + loadText(linkLoad(i), cap);
+    s += "<br>capacity " + num(cap, 4) + " GB/s" + loadText(linkLoad(i), cap, links.load[i]);
     return s + jobsText(linkJobs(i), links.load[i]);
   }
   function nicText(k) {
     const cap = nicCap(k);
     let s = "<b>" + client.node_names[client.nic_node[k]] + " " + client.nic_names[client.nic_name[k]] +
       "</b> → " + client.leaf_names[client.nic_leaf[k]] + " · NIC cable<br>capacity " + num(cap, 4) + " GB/s";
-    s += loadText(nicLoad(k), cap);
+    s += loadText(nicLoad(k), cap, links.nic_load[String(k)] || 0);
     return s + jobsText(nicJobs(k), links.nic_load[String(k)] || 0);
   }
   function nodeText(i) {
@@ -481,15 +492,33 @@
     });
     if (state.overlay === "load") fillLoadBuckets();
   }
+  // Under "measured − predicted" the same six load layers show the difference of the shares
+  // (links without a measurement in the first, grey); otherwise the share of capacity.
+  const DIFF_BUCKETS = [[null, "no measurement", "#cfd8dc"], [-0.2, "measured < predicted − 20 pp", "#2166ac"],
+    [-0.05, "− 20 to − 5 pp", "#92c5de"], [0.05, "within ± 5 pp", "#9e9e9e"], [0.2, "+ 5 to + 20 pp", "#f4a582"],
+    [Infinity, "measured > predicted + 20 pp", "#b2182b"]];
+  const loadLooks = (roleIndex.load || []).map(function (i) { return [full[i].name, full[i].line.color]; });
+  // Measured minus predicted share of capacity of link i; null when nothing measured it.
+  function linkDiff(i) {
+    const m = linkLoad(i);
+    if (m[1] === "predicted" || !(links.cap[i] > 0)) return null;
+    return (m[0] - links.load[i]) / links.cap[i];
+  }
   function fillLoadBuckets() {
     const ids = roleIndex.load || [];
     const bounds = client.load_buckets;
+    const diff = state.source === "diff" && ids.length === DIFF_BUCKETS.length;
     const xs = ids.map(function () { return []; });
     const ys = ids.map(function () { return []; });
     for (let i = 0; i < links.cap.length; i++) {
-      const share = links.cap[i] > 0 ? linkLoad(i)[0] / links.cap[i] : 0;
       let k = 0;
-      while (k < bounds.length - 1 && bounds[k] !== null && share > bounds[k]) k++;
+      if (diff) {
+        const d = linkDiff(i);
+        if (d !== null) { k = 1; while (k < DIFF_BUCKETS.length - 1 && d > DIFF_BUCKETS[k][0]) k++; }
+      } else {
+        const share = links.cap[i] > 0 ? linkLoad(i)[0] / links.cap[i] : 0;
+        while (k < bounds.length - 1 && bounds[k] !== null && share > bounds[k]) k++;
+      }
       const s = links.seg[i];
       xs[k].push(s[0], s[2], null);
       ys[k].push(s[1], s[3], null);
@@ -498,7 +527,10 @@
       full[i].x = xs[k];
       full[i].y = ys[k];
       full[i].showlegend = xs[k].length > 0;
+      full[i].name = diff ? DIFF_BUCKETS[k][1] : loadLooks[k][0];
+      full[i].line.color = diff ? DIFF_BUCKETS[k][2] : loadLooks[k][1];
     });
+    graph.dataset.loadColours = diff ? "diff" : "share";
   }
 
   let pending = Promise.resolve();
@@ -519,6 +551,7 @@
   function sourceText() {
     if (state.overlay === "load" && state.source !== "predicted") {
       if (!measured || !measured.links) return "no fresh NIC counters: link loads predicted";
+      if (state.source === "diff") return "measured − predicted share of each link's capacity where NIC counters are fresh (grey: no measurement)";
       return "NIC cables and leaf uplinks measured from NIC counters where fresh; spine-core predicted";
     }
     if (state.source === "predicted") return "predicted by the cost model";
@@ -649,7 +682,8 @@
   }
   function onLegendClick(ev) {
     const t = ev.data[ev.curveNumber];
-    if (t.meta && t.meta.role === "gpu-job" && t.meta.job !== undefined) highlight(t.meta.job);
+    const role = t.meta && t.meta.role;
+    if ((role === "gpu-job" || role === "job-outline") && t.meta.job !== undefined) highlight(t.meta.job);
     return false;
   }
   function setOverlay(key) { state.overlay = key; return render(); }
@@ -749,7 +783,10 @@
         const t = full[first("hl-path")];
         t.x = [v.start[0]];
         t.y = [v.start[1]];
-        v.hops.forEach(function (hop) { t.x.push(hop.point[0]); t.y.push(hop.point[1]); });
+        v.hops.forEach(function (hop) {
+          if (hop.via) { t.x.push(hop.via[0]); t.y.push(hop.via[1]); }
+          t.x.push(hop.point[0]); t.y.push(hop.point[1]);
+        });
         return render().then(function () { graph.dataset.path = v.a + "|" + v.b; });
       });
   }

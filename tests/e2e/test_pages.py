@@ -153,7 +153,7 @@ def test_every_control_is_reachable_by_keyboard_with_a_visible_focus(laptop, liv
     expect(laptop.locator(".skip-link")).to_be_in_viewport()
     # Tab on through the header: every control gets focus, each with a visible ring.
     reached = []
-    for _ in range(10):
+    for _ in range(12):
         laptop.keyboard.press("Tab")
         focus = laptop.evaluate(FOCUS_JS)
         assert focus["outline"] != "none" and focus["width"] >= 2, focus
