@@ -6,6 +6,8 @@ Admin actions call the services, so the admin never books or releases GPUs behin
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin, messages
 
 from apps.api.authentication import node_tokens_forget
@@ -24,6 +26,7 @@ from .models import (
     SchedulingCycle,
 )
 from .proposals import ProposalStateError
+from .selectors import spec_shown
 
 
 class AllocationInline(admin.TabularInline):
@@ -48,7 +51,7 @@ class JobAdmin(admin.ModelAdmin):
         "name",
         "cluster",
         "owner",
-        "spec",
+        "spec_masked",
         "status",
         "priority",
         "policy",
@@ -72,6 +75,12 @@ class JobAdmin(admin.ModelAdmin):
     ]
     inlines = [AllocationInline]
     actions = ["cancel_jobs", "run_cycle"]
+    exclude = ["spec"]
+
+    @admin.display(description="spec")
+    def spec_masked(self, obj: Job) -> str:
+        # Launch env values are the owner's (the API shows them to the owner): here the names only.
+        return json.dumps(spec_shown(job=obj), indent=1, sort_keys=True)
 
     def has_add_permission(self, request) -> bool:
         # Jobs enter through job_submit (REST or the dashboard), which validates the spec.

@@ -31,6 +31,30 @@ def jobs_visible_to(
     return base.filter(owner=user)
 
 
+MASKED = "********"
+
+
+def spec_shown(*, job: Job, user=None, node=None) -> dict:
+    """The job's stored spec as `user` (or the node agent of `node`) may see it: in full for its
+    owner and for a node running one of its ranks; for everyone else the `env` values are masked
+    (the names stay), since people put secrets there."""
+    spec = job.spec
+    env = spec.get("env") if isinstance(spec, dict) else None
+    if not env or (user is not None and user.pk is not None and user.pk == job.owner_id):
+        return spec
+    if node is not None and jobs_on_node(node=node).filter(pk=job.pk).exists():
+        return spec
+    return {**spec, "env": dict.fromkeys(env, MASKED)}
+
+
+def jobs_on_node(*, node) -> QuerySet[Job]:
+    """Jobs with a live rank on `node` (what its node agent may speak for)."""
+    on = Allocation.objects.filter(job=OuterRef("pk"), live=True, node_name=node.name)
+    return (
+        Job.objects.select_related("cluster", "owner").filter(cluster_id=node.cluster_id).filter(Exists(on))
+    )
+
+
 def cluster_for_spec(*, spec: Any, name: str | None = None) -> Cluster:
     """The cluster a spec is for: `name` if given, else the spec's `cluster` field. SpecError on
     `cluster` when neither names an existing cluster."""

@@ -20,7 +20,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api.authentication import AUTHENTICATION, launcher_of
+from apps.api import roles
+from apps.api.authentication import AUTHENTICATION, NodeAuthentication, launcher_of, node_token_of
 from apps.api.pagination import StandardPagination
 from apps.scheduling import selectors as scheduling
 from apps.scheduling.api.filters import NamedFilterBackend
@@ -155,10 +156,13 @@ class JobMetricsView(APIView):
 
 
 class JobReportView(APIView):
-    """`POST /api/v1/jobs/{id}/report/` from the training loop (its owner's token, staff, or the
-    cluster's launcher token): step time and optionally tokens, achieved FLOPs, comm time."""
+    """`POST /api/v1/jobs/{id}/report/` from the training loop: step time and optionally tokens,
+    achieved FLOPs, comm time. Only the job's owner may report (its token or session), or the node
+    agent of a node running one of its ranks (its node token); an operator may report in the
+    owner's place, and each such override is recorded in the admin's log. Anyone else who sees
+    the job (viewers, launchers) gets a 403; those who do not, a 404."""
 
-    authentication_classes = AUTHENTICATION
+    authentication_classes = [*AUTHENTICATION, NodeAuthentication]
     permission_classes = []
 
     @extend_schema(
@@ -167,13 +171,29 @@ class JobReportView(APIView):
         responses={
             201: JobReportSerializer,
             400: OpenApiResponse(OpenApiTypes.OBJECT, description="Each bad field and its messages"),
+            403: OpenApiResponse(OpenApiTypes.OBJECT, description="Not the owner, its node or an operator"),
             409: OpenApiResponse(OpenApiTypes.OBJECT, description="The job is not running"),
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        if not request.user.is_authenticated and launcher_of(request) is None:
+        node = node_token_of(request)
+        override = False
+        if node is not None:
+            job = get_object_or_404(scheduling.jobs_on_node(node=node.node), pk=pk)
+        elif not request.user.is_authenticated and launcher_of(request) is None:
             return Response({"detail": "Authentication credentials were not provided."}, status=401)
-        job = visible_job(request, pk)
+        else:
+            job = visible_job(request, pk)
+            if job.owner_id != request.user.pk:
+                if not roles.can(request.user, roles.MANAGE_JOBS):
+                    return Response(
+                        {
+                            "detail": f"only the owner of job {job.pk} or the node running it may report its"
+                            " metrics; operators may report in its place (recorded)"
+                        },
+                        status=status.HTTP_403_FORBIDDEN,
+                    )
+                override = True
         serializer = JobReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         if job.status != JobStatus.RUNNING:
@@ -182,7 +202,9 @@ class JobReportView(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         try:
-            report = job_report_record(job=job, **serializer.validated_data)
+            report = job_report_record(
+                job=job, **serializer.validated_data, override_by=request.user if override else None
+            )
         except ValidationError as exc:
             return Response(exc.message_dict, status=status.HTTP_400_BAD_REQUEST)
         return Response(JobReportSerializer(report).data, status=status.HTTP_201_CREATED)

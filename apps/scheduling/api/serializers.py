@@ -9,6 +9,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from ..models import Job, MigrationProposal, SchedulingCycle
+from ..selectors import spec_shown
 
 LIST_FIELDS = [
     "id",
@@ -117,7 +118,8 @@ class JobSerializer(JobListSerializer):
         out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows
-        out["spec"] = instance.spec
+        request = self.context.get("request")
+        out["spec"] = spec_shown(job=instance, user=getattr(request, "user", None))
         return out
 
 

@@ -109,3 +109,54 @@ def test_only_the_owner_reports_and_only_while_running(measured):
     Job.objects.filter(pk=measured.pk).update(status=JobStatus.COMPLETED)
     response = client_for("alice").post(url, {"step_ms": 100}, format="json")
     assert response.status_code == 409 and response.json()["status"] == "completed"
+
+
+def _role_client(username: str, role: str) -> APIClient:
+    from apps.api.roles import role_grant
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    role_grant(user=user, role=role)
+    client = APIClient()
+    client.force_authenticate(get_user_model().objects.get(pk=user.pk))
+    return client
+
+
+def test_a_viewer_cannot_forge_another_users_report(measured):
+    url = f"/api/v1/jobs/{measured.pk}/report/"
+    response = _role_client("carol", "viewer").post(
+        url, {"step_ms": 1.0, "flops_per_step": 1e18}, format="json"
+    )
+    assert response.status_code == 403
+    assert "only the owner" in response.json()["detail"]
+    assert not JobReport.objects.exists()
+
+
+def test_an_operator_report_in_the_owners_place_is_audited(measured):
+    from django.contrib.admin.models import LogEntry
+
+    url = f"/api/v1/jobs/{measured.pk}/report/"
+    response = _role_client("olga", "operator").post(url, {"step_ms": 300.0}, format="json")
+    assert response.status_code == 201
+    [entry] = LogEntry.objects.all()
+    assert entry.user.username == "olga" and entry.object_id == str(measured.pk)
+    assert "in the owner's place" in entry.change_message and "step_ms=300" in entry.change_message
+
+
+def test_the_node_running_the_job_may_report_and_other_nodes_may_not(measured):
+    from apps.scheduling.agents import node_token_create
+    from apps.scheduling.models import Allocation
+
+    url = f"/api/v1/jobs/{measured.pk}/report/"
+    mine, other = sorted(
+        set(Allocation.objects.filter(job=measured, live=True).values_list("node_name", flat=True))
+    )[:2]
+    # The job keeps no rank on the other node.
+    Allocation.objects.filter(job=measured, node_name=other).update(live=False)
+    _, key = node_token_create(node=Node.objects.get(cluster=measured.cluster, name=mine))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Node {key}")
+    assert client.post(url, {"step_ms": 200.0}, format="json").status_code == 201
+    _, other_key = node_token_create(node=Node.objects.get(cluster=measured.cluster, name=other))
+    client.credentials(HTTP_AUTHORIZATION=f"Node {other_key}")
+    assert client.post(url, {"step_ms": 1.0}, format="json").status_code == 404
+    assert list(JobReport.objects.values_list("step_ms", flat=True)) == [200.0]
