@@ -19,10 +19,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--cluster", help="cluster name (default: the spec's cluster)")
     s.add_argument(
-        "--wait", action="store_true", help="wait until it finishes; exit 0 completed, 1 otherwise"
+        "--wait",
+        action="store_true",
+        help="wait until it finishes; exit 0 completed, 1 otherwise (Ctrl-C: 130, the job keeps running"
+        " unless you cancel it when asked)",
     )
     s.add_argument("--poll-s", type=float, default=2.0)
-    s.add_argument("--timeout-s", type=float, default=None)
+    s.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help=f"with --wait: stop waiting after this long, exit {commands.EXIT_TIMEOUT} (the job keeps running)",
+    )
     s.set_defaults(run=commands.submit)
 
     s = sub.add_parser("status", help="one job, or your recent jobs")
@@ -74,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, *, transport=None) -> int:
-    """Run one command; returns the exit code (0 done, 1 job failed, 2 usage, 3 server)."""
+    """Run one command; returns the exit code (0 done, 1 job failed, 2 usage, 3 server, 4 a
+    `--timeout-s` wait ran out, 130 interrupted)."""
     args = parser().parse_args(argv)
     try:
         server, token = settings(args.config)
@@ -83,6 +92,9 @@ def main(argv: list[str] | None = None, *, transport=None) -> int:
     except CliError as exc:
         print(f"topoweb: {exc}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:
+        print("\ntopoweb: interrupted", file=sys.stderr)
+        return commands.EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

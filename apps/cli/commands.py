@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .client import Api, CliError
 
 MAX_SPEC_BYTES = 1 << 20
+# Exit codes: 0 done (completed), 1 the job failed or was cancelled, 2 bad input or a refused
+# request, 3 server unreachable or credentials refused, 4 `--timeout-s` passed with the job still
+# unfinished, 130 interrupted (Ctrl-C).
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
 FINISHED = {"completed": 0, "failed": 1, "cancelled": 1}
 JOB_COLUMNS = ("id", "name", "status", "gpus", "priority", "cluster_name", "owner", "pending_reason")
 NODE_COLUMNS = ("name", "cluster_name", "state", "since", "reason", "running", "unhealthy_gpus", "last_seen")
@@ -43,18 +46,25 @@ def emit(data: Any, as_json: bool, columns: tuple[str, ...] | None = None) -> No
         print(data)
 
 
-def read_spec(path: str) -> Any:
-    """A job spec file (YAML or JSON), at most 1 MiB."""
+def read_spec(path: str) -> bytes:
+    """A job spec file (YAML or JSON) as it is, at most 1 MiB. The server parses it with its own
+    loader, so the CLI reads a spec exactly as the API does (`2.6e14` is a number there, where
+    YAML 1.1 would make it a string)."""
     file = Path(path)
     try:
         size = file.stat().st_size
         if size > MAX_SPEC_BYTES:
             raise CliError(f"{path}: {size} bytes; a job spec is at most {MAX_SPEC_BYTES} bytes")
-        return yaml.safe_load(file.read_text())
+        return file.read_bytes()
     except OSError as exc:
         raise CliError(f"{path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise CliError(f"{path}: not YAML or JSON: {exc}") from exc
+
+
+class WaitTimeout(CliError):
+    """`--timeout-s` passed while the job was still unfinished (exit code EXIT_TIMEOUT)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code=EXIT_TIMEOUT)
 
 
 def wait_job(api: Api, job_id: int, *, poll_s: float = 2.0, timeout_s: float | None = None) -> dict:
@@ -77,22 +87,54 @@ def wait_job(api: Api, job_id: int, *, poll_s: float = 2.0, timeout_s: float | N
                 print(file=sys.stderr)
             return job
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise CliError(f"job {job_id} still {job['status']} after {timeout_s:.0f} s", code=1)
+            if tty:
+                print(file=sys.stderr)
+            raise WaitTimeout(f"job {job_id} still {job['status']} after {timeout_s:.0f} s; it keeps running")
         time.sleep(poll_s)
 
 
 def submit(api: Api, args) -> int:
     params = {"cluster": args.cluster} if args.cluster else None
-    job = api.json("POST", "jobs/", json=read_spec(args.file), params=params)
+    job = api.json(
+        "POST",
+        "jobs/",
+        content=read_spec(args.file),
+        headers={"Content-Type": "application/yaml"},
+        params=params,
+    )
     if not args.wait:
         emit(job, args.json, JOB_COLUMNS)
         return 0
     print(f"submitted job {job['id']} ({job['name']})", file=sys.stderr)
-    job = wait_job(api, job["id"], poll_s=args.poll_s, timeout_s=args.timeout_s)
+    try:
+        job = wait_job(api, job["id"], poll_s=args.poll_s, timeout_s=args.timeout_s)
+    except KeyboardInterrupt:
+        return interrupted(api, job["id"])
     emit(job, args.json, JOB_COLUMNS)
     if job["status"] != "completed" and job.get("pending_reason"):
         print(job["pending_reason"], file=sys.stderr)
     return FINISHED[job["status"]]
+
+
+def interrupted(api: Api, job_id: int) -> int:
+    """Ctrl-C while waiting: the job runs on; at a terminal, offer to cancel it."""
+    print(file=sys.stderr)
+    answer = ""
+    if sys.stdin.isatty():
+        try:
+            answer = input(f"stopped waiting. Cancel job {job_id} too? [y/N] ").strip().lower()
+        except (KeyboardInterrupt, EOFError):
+            print(file=sys.stderr)
+    if answer in ("y", "yes"):
+        job = api.json("POST", f"jobs/{job_id}/cancel/")
+        print(f"job {job_id} {job['status']}", file=sys.stderr)
+    else:
+        print(
+            f"job {job_id} keeps running: `topoweb status {job_id}` follows it,"
+            f" `topoweb cancel {job_id}` stops it",
+            file=sys.stderr,
+        )
+    return EXIT_INTERRUPTED
 
 
 def status(api: Api, args) -> int:

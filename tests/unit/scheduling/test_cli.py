@@ -17,7 +17,7 @@ from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Job, NodeAgent
 
-from .conftest import small_spec
+from .conftest import EXAMPLES, small_spec
 
 
 @pytest.fixture
@@ -124,3 +124,48 @@ def test_nodes_and_drain_need_staff(cli, monkeypatch, staff, capsys):
     assert usage.value.code == 2 and "--state" in capsys.readouterr().err
     code, _, err = cli("drain", "no-such-node", "--reason", "x")
     assert code == 2 and "no node" in err
+
+
+def test_submit_reads_yaml_as_the_server_does(cli, tmp_path, django_capture_on_commit_callbacks):
+    # `2.6e14` is a string to YAML 1.1 loaders; the server's loader (and so the CLI) reads a number.
+    example = (EXAMPLES / "case-4-4-job.yaml").read_text()
+    assert "2.6e14" in example
+    path = tmp_path / "case-4-4-job.yaml"
+    path.write_text(example)
+    with django_capture_on_commit_callbacks(execute=True):
+        code, out, err = cli("--json", "submit", str(path))
+    assert code == 0, err
+    job = Job.objects.get(pk=json.loads(out)["id"])
+    assert job.spec["model"]["flops_per_step"] == 2.6e14
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    code, _, err = cli("submit", str(bad))
+    assert code == 2 and "refused (400)" in err
+
+
+def test_a_wait_timeout_has_its_own_exit_code(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(commands.time, "sleep", lambda _s: None)
+    code, _, err = cli("submit", spec_file(tmp_path), "--wait", "--poll-s", "0", "--timeout-s", "0")
+    assert code == commands.EXIT_TIMEOUT == 4
+    assert "still queued" in err and "keeps running" in err
+    assert Job.objects.get(name="cli-job").status == JobStatus.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("tty", "answer", "status"), [(False, "", "queued"), (True, "n", "queued"), (True, "y", "cancelled")]
+)
+def test_ctrl_c_while_waiting_exits_130_and_cancels_only_when_asked_to(
+    cli, tmp_path, monkeypatch, tty, answer, status
+):
+    def interrupt(_seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands.time, "sleep", interrupt)
+    monkeypatch.setattr(commands.sys.stdin, "isatty", lambda: tty, raising=False)
+    monkeypatch.setattr("builtins.input", lambda _prompt: answer)
+    code, _, err = cli("submit", spec_file(tmp_path), "--wait", "--poll-s", "0")
+    assert code == commands.EXIT_INTERRUPTED == 130
+    assert "Traceback" not in err
+    assert Job.objects.get(name="cli-job").status == status
+    if status == "queued":
+        assert "keeps running" in err and "topoweb cancel" in err
