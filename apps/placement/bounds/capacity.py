@@ -63,7 +63,7 @@ class _Capacity:
     # per domain class and block size k: best bandwidth of k GPUs in one of its domains (GB/s);
     # below fit_bw only for classes of nodes with intra links (`topology/intra.py`); None if none
     fit_bw_by_size: np.ndarray | None = None
-    fits: dict = field(default_factory=dict)  # block GPUs -> best (GB/s, us) of domains that large
+    fits: dict = field(default_factory=dict)  # (block, group GPUs) -> best (GB/s, us) in domains that large
     prices: dict = field(default_factory=dict)  # (collective, n, bytes, context) -> [(ms, GB/s)] by level
     bounds: dict = field(default_factory=dict)  # JobSpec -> its Prediction
     holds: dict = field(default_factory=dict)  # (level, block GPUs) -> disjoint blocks that fit

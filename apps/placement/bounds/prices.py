@@ -83,14 +83,20 @@ def _network(cap: _Capacity, level: str) -> tuple[float, float]:
     return bw, lat
 
 
-def _domain_fit(cap: _Capacity, block: int) -> tuple[float, float]:
-    """Best bandwidth (GB/s) and lowest latency (us) among the domains with >= `block` (free) GPUs."""
-    hit = cap.fits.get(block)
+def _domain_fit(cap: _Capacity, block: int, group: int) -> tuple[float, float]:
+    """Best bandwidth (GB/s) and lowest latency (us) a group of `group` GPUs reaches inside a
+    block of `block` (free) GPUs of one domain, over the domains with room for the block. On a
+    node with intra links that is its best `group`-subset, not its best `block`-subset: the group
+    pays only its own pairs (two TP pairs of a 4-GPU block may both be faster than the block's
+    slowest pair)."""
+    key = (block, group)
+    hit = cap.fits.get(key)
     if hit is None:
         fits = cap.fit_gpus >= block
         by_size = cap.fit_bw_by_size
-        bw = by_size[fits, block] if by_size is not None and block < by_size.shape[1] else cap.fit_bw[fits]
-        hit = cap.fits[block] = (float(bw.max()), float(cap.fit_lat[fits].min()))
+        k = min(group, block)
+        bw = by_size[fits, k] if by_size is not None and k < by_size.shape[1] else cap.fit_bw[fits]
+        hit = cap.fits[key] = (float(bw.max()), float(cap.fit_lat[fits].min()))
     return hit
 
 
@@ -221,7 +227,7 @@ class _Prices:
         cosets of such blocks meet one leaf region (module docstring, own flows)."""
         cap, n = self.cap, self.sizes[e.group]
         if level == 0:
-            key = (e.collective, n, e.bytes, _domain_fit(cap, block0))
+            key = (e.collective, n, e.bytes, _domain_fit(cap, block0, n))
         else:
             flows = 0
             if level >= 2 and block1 and math.isfinite(cap.uplink_total):

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from apps.placement.bounds import lower_bound
+from apps.placement.costmodel import evaluate
 from apps.placement.jobs import load_job
 from apps.placement.solvers import place
 from apps.placement.topology import load_topology
@@ -198,3 +202,54 @@ def test_the_search_prices_each_map_once(monkeypatch):
     monkeypatch.setattr(search_module, "evaluate", counting)
     search_module.search(topo, j, start, free, np.zeros(1), 0.0, max_evals=400, stall_evals=400)
     assert len(priced) == len(set(priced))
+
+
+# --------------------------------------------------------------------------- the bound
+
+
+@st.composite
+def intra_fleet(draw):
+    """Random symmetric intra matrices (three classes at random rates) on 1-2 intra-link nodes
+    beside 0-2 NVLink nodes, a random free set and a TP x DP job that fits it."""
+    rates = {
+        name: {"bw_GBps": draw(st.sampled_from([4.0, 8.0, 14.0, 25.0, 50.0, 100.0])), "latency_us": lat}
+        for name, lat in (("NVA", 2.0), ("PIX", 5.0), ("SYS", 8.0))
+    }
+    nodes = []
+    for i in range(draw(st.integers(1, 2))):
+        cls = draw(st.lists(st.sampled_from(sorted(rates)), min_size=28, max_size=28))
+        links = [["X"] * 8 for _ in range(8)]
+        k = 0
+        for a in range(8):
+            for b in range(a + 1, 8):
+                links[a][b] = links[b][a] = cls[k]
+                k += 1
+        n = nvl_node(f"x{i}")
+        n["nvlink"]["bw_GBps"] = 50
+        n["intra"] = {"links": links, "classes": {c: rates[c] for c in set(cls)}}
+        nodes.append(n)
+    nodes += [nvl_node(f"n{i}") for i in range(draw(st.integers(0, 2)))]
+    topo = fleet(nodes)
+    free = np.array(draw(st.lists(st.booleans(), min_size=topo.n_gpus, max_size=topo.n_gpus)))
+    tp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.integers(1, 4))
+    if free.sum() < tp * dp or tp * dp < 2:
+        free[:] = True
+        tp, dp = 2, 2
+    comm = [("tp", "allreduce", 4e7, 8)] if tp > 1 else []
+    comm.append(("dp", "allreduce", draw(st.sampled_from([1e6, 1e8, 1e9])), 0))
+    return topo, free, job(tp=tp, dp=dp, comm=comm), draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(intra_fleet())
+def test_the_free_set_bound_stays_below_every_placement_on_random_intra_matrices(case):
+    topo, free, j, seed = case
+    bound = lower_bound(topo, j, free=free).comm_ms
+    placed = place(topo, free, None, j)
+    assert bound <= placed.prediction.comm_ms * (1 + 1e-9) + 1e-9
+    ids = np.flatnonzero(free)
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        gids = rng.choice(ids, size=j.gpus, replace=False)
+        assert bound <= evaluate(topo, j, gids).comm_ms * (1 + 1e-9) + 1e-9
