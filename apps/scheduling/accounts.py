@@ -162,9 +162,12 @@ def rank_jobs(
             weights=w,
         ).effective
 
-    snapshot.active = [
-        replace(a, effective=eff(a.priority, a.submitted_at, a.account)) for a in snapshot.active
-    ]
+    if cluster.preemption_enabled or (standing is not None and standing.quotas):
+        # Running jobs' priorities only choose preemption and reclaim victims: without either
+        # (the default), re-ranking every running job would cost each cycle for nothing.
+        snapshot.active = [
+            replace(a, effective=eff(a.priority, a.submitted_at, a.account)) for a in snapshot.active
+        ]
     queue[:] = [replace(q, effective=eff(q.priority, q.submitted_at, q.account)) for q in queue]
     queue.sort(key=lambda q: (-q.rank, q.submitted_at, q.job_id))
     return standing.quotas if standing else {}

@@ -149,3 +149,23 @@ def test_waiting_reasons_are_written_in_batches_and_only_to_waiting_jobs(
     got = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("name", "pending_reason"))
     assert got["j0"] == ""
     assert all(got[f"j{i}"] == f"reason j{i} 'quoted'" for i in range(1, 7))
+
+
+def test_running_jobs_are_reranked_only_when_preemption_or_reclaim_may_pick_victims(case44, alice, committed):
+    from apps.scheduling import accounts
+    from apps.scheduling import snapshot as snap
+
+    committed(services.job_submit, user=alice, spec=small_spec("running", 4))
+    services.job_submit(user=alice, spec=small_spec("queued", 16))
+
+    def ranked(preemption: bool):
+        case44.preemption_enabled = preemption
+        snapshot = snap.cluster_snapshot(cluster=case44)
+        queue = snap.queued_jobs(cluster=case44, unreadable={})
+        accounts.rank_jobs(cluster=case44, snapshot=snapshot, queue=queue, now=timezone.now())
+        return snapshot.active, queue
+
+    active, queue = ranked(False)
+    assert [a.effective for a in active] == [None] and queue[0].effective is not None
+    active, queue = ranked(True)
+    assert active[0].effective is not None and queue[0].effective is not None
