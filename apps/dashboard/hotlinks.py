@@ -42,7 +42,7 @@ def hot_links(
     ("NIC cable", "leaf-spine", "spine-core"), its ends (`a`, `b`, and `node` for a NIC cable),
     `cap` GB/s, `predicted` and `measured` GB/s (measured None without fresh counters), their
     shares, `diff` (measured − predicted share) and `jobs` ([{label, url, GBps}]); with
-    `switch`, only the links that end at that switch."""
+    `switch`, only the links that end at that switch, its uplinks first."""
     data = cluster_graph_data(cluster=cluster, user=user)
     lay, views = data.layout, data.jobs
     topo = lay.topology
@@ -117,7 +117,10 @@ def hot_links(
     }[sort]
     if switch is not None:
         rows = [r for r in rows if switch in (r["a"], r["b"])]
-    rows.sort(key=lambda r: (-key(r), r["kind"], r["a"], r["b"]))
+        # A switch's own uplinks first (what its oversubscription is about), then its cables.
+        rows.sort(key=lambda r: (r["kind"] == "NIC cable", -key(r), r["kind"], r["a"], r["b"]))
+    else:
+        rows.sort(key=lambda r: (-key(r), r["kind"], r["a"], r["b"]))
     top = rows[:limit]
     for r in top:
         r["jobs"] = _jobs(r.pop("per"), views)

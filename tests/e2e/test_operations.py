@@ -193,3 +193,51 @@ def test_usage_page_and_history_columns(ops_page, live_server, scenario):
     both_themes(page, "usage")
     page.goto(f"{live_server.url}/queue/?range=24h")
     expect(page.locator("#queue-rows thead")).to_contain_text("GPU-hours")
+
+
+def test_link_load_shows_measured_minus_predicted_and_metric_overlays_keep_the_legend(
+    ops_page, live_server, scenario
+):
+    from apps.metrics.models import NicLatest
+    from apps.topology.models import Node
+
+    # Every NIC of case-4-4's node-a sends 20 GB/s, measured now.
+    node = Node.objects.get(cluster=scenario["case"], name="node-a")
+    for nic in node.nics.all():
+        NicLatest.objects.create(
+            node=node, device=nic.name, port="1", at=timezone.now(), tx_Bps=20e9, rx_Bps=20e9
+        )
+    page = ops_page()
+    open_cluster(page, live_server, "case-4-4")
+    graph = page.locator("#cluster-graph")
+    box = page.evaluate(
+        "() => { const s = document.getElementById('cluster-graph')._fullLayout._size; return [s.l, s.w]; }"
+    )
+    legend = page.evaluate(
+        "() => [...document.querySelectorAll('#cluster-graph .legendtext')].map(e => e.textContent)"
+    )
+    page.check("input[name=overlay][value=mfu]")
+    page.wait_for_selector("#cluster-graph[data-overlay='mfu']")
+    page.wait_for_timeout(200)
+    mfu_legend = page.evaluate(
+        "() => [...document.querySelectorAll('#cluster-graph .legendtext')].map(e => e.textContent)"
+    )
+    job_entries = [t for t in legend if t.startswith("job ")]
+    assert job_entries and all(t in mfu_legend for t in job_entries)
+    same = page.evaluate(
+        "() => { const s = document.getElementById('cluster-graph')._fullLayout._size; return [s.l, s.w]; }"
+    )
+    assert abs(same[0] - box[0]) <= 1, (box, same)
+    page.check("input[name=overlay][value=load]")
+    page.wait_for_selector("#cluster-graph[data-overlay='load']")
+    page.evaluate("() => window.topoweb.measuredLoaded")
+    page.check("input[name=source][value=diff]")
+    page.wait_for_selector("#cluster-graph[data-load-colours='diff']")
+    names = page.evaluate(
+        "() => document.getElementById('cluster-graph').data.filter(t => t.meta.role === 'load' && t.showlegend).map(t => t.name)"
+    )
+    # The load layers now name differences (percentage points of capacity), not shares.
+    assert names and all(n == "no measurement" or " pp" in n for n in names), names
+    expect(page.locator("#graph-status")).to_contain_text("measured − predicted share")
+    expect(graph).to_be_visible()
+    both_themes(page, "graph-load-diff", "#cluster-graph")
