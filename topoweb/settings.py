@@ -251,6 +251,13 @@ PRIORITY_WEIGHT_REQUESTED = float(_env("TOPOWEB_PRIORITY_WEIGHT_REQUESTED") or 1
 PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
 
+# Retention in days, 0 keeps forever (apps/scheduling/retention.py, a daily beat task).
+RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)
+RETAIN_RANK_RECORDS_DAYS = float(_env("TOPOWEB_RETAIN_RANK_RECORDS_DAYS") or 30)
+RETAIN_OUTPUT_DAYS = float(_env("TOPOWEB_RETAIN_OUTPUT_DAYS") or 7)
+RETAIN_JOB_SPECS_DAYS = float(_env("TOPOWEB_RETAIN_JOB_SPECS_DAYS") or 30)
+RETAIN_AUDIT_DAYS = float(_env("TOPOWEB_RETAIN_AUDIT_DAYS") or 90)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "apps.api.authentication.TokenAuthentication",
@@ -267,7 +274,12 @@ REST_FRAMEWORK = {
         "apps.api.throttling.CallerRateThrottle",
         "apps.api.throttling.ScopedCallerThrottle",
     ],
-    "DEFAULT_THROTTLE_RATES": {"user": "1000/min", "launcher": "1000/min", "submit": "120/min"},
+    "DEFAULT_THROTTLE_RATES": {
+        "user": "1000/min",
+        "launcher": "1000/min",
+        "submit": "120/min",
+        "agent_sync": _env("TOPOWEB_AGENT_SYNC_RATE") or "300/min",
+    },
     # Clients are told apart by the socket's address unless this many proxies add X-Forwarded-For.
     "NUM_PROXIES": int(_env("TOPOWEB_NUM_PROXIES") or 0),
 }

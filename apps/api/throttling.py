@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
-from .authentication import launcher_of
+from .authentication import launcher_of, node_token_of
 
 
 def caller_key(request, view) -> str:
@@ -49,3 +49,17 @@ class ScopedCallerThrottle(CallerRateThrottle):
             return True
         self.num_requests, self.duration = self.parse_rate(self.rate)
         return SimpleRateThrottle.allow_request(self, request, view)
+
+
+class NodeSyncThrottle(SimpleRateThrottle):
+    """Agent syncs per node (scope "agent_sync", keyed by the node token's node): a storm of
+    syncs or reports from one node is refused with 429 for that node alone, and its agent keeps
+    the reports and retries them after its back-off."""
+
+    scope = "agent_sync"
+
+    def get_cache_key(self, request, view):
+        token = node_token_of(request)
+        if token is None:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": f"node:{token.node_id}"}

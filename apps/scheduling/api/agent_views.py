@@ -23,6 +23,7 @@ from apps.api import roles
 from apps.api.authentication import AUTHENTICATION, NodeAuthentication, node_token_of
 from apps.api.parsers import parse_spec_body
 from apps.api.permissions import holds
+from apps.api.throttling import NodeSyncThrottle
 from apps.placement.topology import SpecLimits
 from apps.topology.models import Node
 from apps.topology.retry import retry_when_locked
@@ -80,8 +81,8 @@ class AgentSyncView(APIView):
     permission_classes = [IsNodeAgent]
     parser_classes = [AgentSyncParser]
     spec_limits = AGENT_SYNC_LIMITS
-    # Agents are a known set whose rate the protocol bounds; per-IP throttling would cut a rack off.
-    throttle_classes: list = []
+    # Per node, never per address: per-IP throttling would cut a rack behind one NAT off.
+    throttle_classes = [NodeSyncThrottle]
 
     @extend_schema(
         summary="Agent: heartbeat, report rank starts and exits, long-poll the node's work",
