@@ -148,7 +148,12 @@ def test_rest_framework_defaults_match_the_api_contract():
     rf = settings.REST_FRAMEWORK
     assert rf["DEFAULT_PERMISSION_CLASSES"] == ["rest_framework.permissions.IsAuthenticated"]
     assert rf["PAGE_SIZE"] == 50
-    assert rf["DEFAULT_THROTTLE_RATES"] == {"user": "1000/min", "launcher": "1000/min", "submit": "120/min"}
+    assert rf["DEFAULT_THROTTLE_RATES"] == {
+        "user": "1000/min",
+        "launcher": "1000/min",
+        "submit": "120/min",
+        "agent_sync": "300/min",
+    }
     assert "apps.api.throttling.ScopedCallerThrottle" in rf["DEFAULT_THROTTLE_CLASSES"]
     assert rf["EXCEPTION_HANDLER"] == "apps.api.exceptions.exception_handler"
 
