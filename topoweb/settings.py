@@ -381,6 +381,19 @@ if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
         "TOPOWEB_AGENT_DOWN_AFTER_S must be at least three times TOPOWEB_AGENT_POLL_S "
         "(an idle node's heartbeat is written once half of it has passed)"
     )
+# The agents' lease: an agent that has not reached the server for this long stops its ranks, so
+# a node declared down (after TOPOWEB_AGENT_DOWN_AFTER_S) runs nothing by then.
+try:
+    TOPOWEB_AGENT_FENCE_AFTER_S = float(
+        _env("TOPOWEB_AGENT_FENCE_AFTER_S", str(TOPOWEB_AGENT_DOWN_AFTER_S * 2 / 3))
+    )
+except ValueError:
+    raise ImproperlyConfigured("TOPOWEB_AGENT_FENCE_AFTER_S must be seconds") from None
+if not TOPOWEB_AGENT_POLL_S < TOPOWEB_AGENT_FENCE_AFTER_S < TOPOWEB_AGENT_DOWN_AFTER_S:
+    raise ImproperlyConfigured(
+        "TOPOWEB_AGENT_FENCE_AFTER_S must be longer than TOPOWEB_AGENT_POLL_S and shorter than"
+        " TOPOWEB_AGENT_DOWN_AFTER_S"
+    )
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
 # The MASTER_PORT range of agent-run jobs, "LOW-HIGH": each generation gets a port unique among
 # the live generations on its rank 0's node. Keep it outside the nodes' ephemeral range

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
 from pathlib import Path
 
+from .cgroups import CgroupError, detect
 from .runner import DEFAULT_POLL_S, Agent
 
 
@@ -31,6 +33,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="long-poll wait, also the heartbeat (the server may answer sooner; at most 60)",
     )
     parser.add_argument("--addr", default="", help="address other nodes reach this one on (MASTER_ADDR)")
+    parser.add_argument(
+        "--state-dir",
+        default="",
+        help="where the agent records its ranks, to re-adopt them after a restart"
+        " (default /var/lib/topoweb-agent/NODE)",
+    )
+    parser.add_argument(
+        "--cgroups",
+        choices=["auto", "v1", "v2"],
+        default="auto",
+        help="cgroup hierarchy for the ranks: v2 where delegated, v1 freezer+pids(+devices) otherwise",
+    )
+    parser.add_argument(
+        "--cgroup-name",
+        default="",
+        help="the agent's cgroup below its own, holding one cgroup per rank (default topoweb-NODE)",
+    )
+    parser.add_argument(
+        "--no-cgroups",
+        action="store_true",
+        help="run without cgroups: forked or setsid children escape their rank and GPU device files"
+        " are not restricted",
+    )
+    parser.add_argument(
+        "--single-user",
+        action="store_true",
+        help="run every rank as the agent's own user (a one-user demo, not a shared cluster)",
+    )
+    parser.add_argument("--allow-root", action="store_true", help="allow ranks to run as uid 0")
+    parser.add_argument(
+        "--stop-ranks-on-exit",
+        action="store_true",
+        help="stop every rank when the agent stops (by default ranks keep running and are re-adopted)",
+    )
+    parser.add_argument(
+        "--workdir-root",
+        action="append",
+        default=[],
+        help="a directory a job's workdir may be in besides its owner's home (repeatable)",
+    )
+    parser.add_argument("--dev-dir", default="/dev", help="where the GPU device files /dev/nvidiaN are")
     return parser.parse_args(argv)
 
 
@@ -49,6 +92,36 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.poll_s <= 60:
         print("--poll-s: must be between 0 and 60 seconds", file=sys.stderr)
         return 2
+    if os.geteuid() != 0 and not args.single_user:
+        print(
+            "topoweb-agent: must run as root to start ranks as their owners (--single-user runs"
+            " every rank as this user)",
+            file=sys.stderr,
+        )
+        return 2
+    if os.geteuid() == 0 and args.single_user and not args.allow_root:
+        print("--single-user as root runs every rank as root: add --allow-root to mean it", file=sys.stderr)
+        return 2
+    cgroups = None
+    if not args.no_cgroups:
+        try:
+            cgroups = detect(args.cgroups, args.cgroup_name or f"topoweb-{args.node}")
+        except CgroupError as exc:
+            print(f"topoweb-agent: {exc}", file=sys.stderr)
+            return 2
+        if cgroups is None:
+            print(
+                "topoweb-agent: no writable cgroup hierarchy; run as root with cgroups mounted, or"
+                " pass --no-cgroups (forked and setsid children then escape their rank)",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        logging.getLogger("topoweb.agent").warning(
+            "running without cgroups (--no-cgroups): a rank's forked or setsid children escape its"
+            " tracking and stop, re-adoption after a restart relies on process ids, and GPU device"
+            " files are not restricted"
+        )
     agent = Agent(
         server=args.server,
         node=args.node,
@@ -56,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         log_dir=args.log_dir,
         poll_s=args.poll_s,
         addr=args.addr,
+        state_dir=args.state_dir or f"/var/lib/topoweb-agent/{args.node}",
+        cgroups=cgroups,
+        single_user=args.single_user,
+        allow_root=args.allow_root,
+        stop_ranks_on_exit=args.stop_ranks_on_exit,
+        workdir_roots=tuple(args.workdir_root),
+        dev_dir=args.dev_dir,
     )
 
     async def run() -> None:

@@ -1,10 +1,59 @@
-"""Each rank's environment, computed from the server's work description (pure, no processes)."""
+"""Each rank's environment, computed from the server's work description (pure, no processes).
+
+A rank starts from a clean environment: the job's `env`, the launch contract (RANK,
+CUDA_VISIBLE_DEVICES, ...), a default PATH, a locale and its account's HOME, USER and LOGNAME;
+nothing of the agent's. Variables that could redirect code or devices are denied in the job's
+`env` (`denied_env`): the server refuses them at submission and the agent drops them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_LOCALE = "C.UTF-8"
+# Names a job's env may not set: they redirect the code run (loader, PATH, Python path) or the
+# devices used (GPU selection and the NCCL variables the agent sets).
+DENIED_ENV = frozenset(
+    {
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "GPU_DEVICE_ORDINAL",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NCCL_IB_HCA",
+        "HOME",
+        "USER",
+        "LOGNAME",
+    }
+)
+DENIED_ENV_PREFIXES = ("LD_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "TOPOWEB_")
+
+
+def denied_env(name: str) -> str | None:
+    """Why a job's env may not set `name` (None: it may)."""
+    if name in DENIED_ENV or name.startswith(DENIED_ENV_PREFIXES):
+        return "is set by the node agent or could redirect the code or devices a rank uses"
+    return None
+
+
+def clean_env(plan_env: Mapping[str, str], *, home: str, user: str) -> dict[str, str]:
+    """A rank's whole environment: default PATH and locale, the account's HOME/USER/LOGNAME,
+    then the rank's planned environment (`RankPlan.env`: the job's env less denied names, and the
+    launch contract)."""
+    env = {"PATH": DEFAULT_PATH, "LANG": DEFAULT_LOCALE, "HOME": home, "USER": user, "LOGNAME": user}
+    env.update(plan_env)
+    return env
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +85,7 @@ def plan_env(work: Mapping[str, Any], node: str) -> list[RankPlan]:
         (r for r in work["ranks"] if r.get("node", node) == node), key=lambda r: int(r["rank"])
     )
     visible = ",".join(str(int(r["gpu"])) for r in local)
-    common = {str(k): str(v) for k, v in (work.get("env") or {}).items()}
+    common = {str(k): str(v) for k, v in (work.get("env") or {}).items() if denied_env(str(k)) is None}
     common.update(
         {
             "WORLD_SIZE": str(int(work["world_size"])),
@@ -47,6 +96,7 @@ def plan_env(work: Mapping[str, Any], node: str) -> list[RankPlan]:
             "GROUP_RANK": str(int(work.get("node_rank", 0))),
             "CUDA_VISIBLE_DEVICES": visible,
             "TOPOWEB_JOB_ID": str(work["job"]),
+            "TOPOWEB_NODE": node,
             "TOPOWEB_GENERATION": str(int(work["generation"])),
         }
     )

@@ -5,28 +5,43 @@ The agent authenticates with its node's own token (`Authorization: Node <key>`):
 answers only for that node. Reports are keyed by (job, generation, rank, event) and resent until
 a sync succeeds, so a retried report is harmless; at most MAX_REPORTS go in one sync. A report
 the server refused (listed in the answer's `refused` with the reason) is logged and dropped, not
-resent. Output travels as text whatever bytes the rank wrote: invalid UTF-8 and NUL become U+FFFD. Each rank's stdout and stderr go to one file in `log_dir`; its tail
-travels with the exit report (and, while it runs, every `log_every_s`).
+resent. Output travels as text whatever bytes the rank wrote: invalid UTF-8 and NUL become U+FFFD.
+Each rank's stdout and stderr go to one file in `log_dir`, owned by the rank's account and
+readable by it alone; its tail travels with the exit report (and, while it runs, every
+`log_every_s`).
+
+Each rank runs under a shim (`shim.py`, its parent) in its own cgroup (`cgroups.py`) as its
+owner's Unix account. A rank has exited when its main process exited and its cgroup is empty;
+processes left behind by a main process that exited are stopped like the rank. Every rank is
+recorded in the state directory, so an agent that crashed or restarted re-adopts its live ranks
+and learns the exits it missed. An agent that has not reached the server for `fence_after_s`
+stops its ranks (fencing): the server gives their GPUs to others only after the node reported
+them gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import os
+import pwd
+import shutil
 import signal
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from . import VERSION
-from .env import RankPlan, plan_env
+from .cgroups import Cgroups, RankCgroup, gpu_devices
+from .env import RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 
 log = logging.getLogger("topoweb.agent")
@@ -41,30 +56,59 @@ MAX_REPORT_BYTES = 2 * 1024 * 1024
 # and bounds the wait by its own TOPOWEB_AGENT_POLL_S (60 s by default).
 DEFAULT_POLL_S = 60.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
+WATCH_S = 0.1
+SHIM = Path(__file__).with_name("shim.py")
+# A refused start: no such account, uid 0, a workdir outside the allowed roots.
+REFUSED_EXIT = 126
+LOST_EXIT = 255
 Key = tuple[int, int, int]
 
 
 class RankStatus(enum.Enum):
-    """A local rank process: running, being stopped (SIGTERM sent), or exited."""
+    """A local rank: running, being stopped (SIGTERM sent), or exited (cgroup empty)."""
 
     RUNNING = "running"
     STOPPING = "stopping"
     EXITED = "exited"
 
 
+class StartRefused(Exception):
+    """A rank this agent will not start, and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """The Unix account a rank runs as; `groups` None keeps the agent's own identity."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] | None
+    home: str
+
+
 @dataclass(slots=True)
 class LocalRank:
-    """One rank process this agent started."""
+    """One rank this agent started or re-adopted."""
 
     key: Key
     plan: RankPlan
     log_path: Path
     stop_grace_s: float
+    record: Path
+    cgroup: RankCgroup | None = None
+    shim_pid: int | None = None
     proc: asyncio.subprocess.Process | None = None
     status: RankStatus = RankStatus.RUNNING
     exit_code: int | None = None
     tail_size: int = 0
+    note: str = ""
     tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        job, generation, rank = self.key
+        return f"job-{job}-gen-{generation}-rank-{rank}"
 
 
 def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -97,8 +141,51 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
         return ""
 
 
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int | None) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    for root in roots:
+        base = os.path.realpath(root).rstrip("/") or "/"
+        if real == base or real.startswith(base.rstrip("/") + "/"):
+            return True
+    return False
+
+
 class Agent:
-    """A node agent: `await agent.run()` until `stop()` (or SIGTERM via `main`)."""
+    """A node agent: `await agent.run()` until `stop()` (or SIGTERM via `main`).
+
+    `cgroups` None runs without process tracking (a rank's forked or `setsid` children escape
+    it); `single_user` runs every rank as the agent's own user (the embedded demo);
+    `allow_root` lets ranks run as uid 0; `stop_ranks_on_exit` stops the ranks when the agent
+    stops (otherwise they keep running and the next agent re-adopts them)."""
 
     def __init__(
         self,
@@ -111,6 +198,14 @@ class Agent:
         addr: str = "",
         log_every_s: float = 30.0,
         timeout_s: float = 10.0,
+        state_dir: str | Path | None = None,
+        cgroups: Cgroups | None = None,
+        single_user: bool = False,
+        allow_root: bool = False,
+        stop_ranks_on_exit: bool = False,
+        workdir_roots: tuple[str, ...] = (),
+        dev_dir: str | Path = "/dev",
+        fence_after_s: float | None = None,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -120,11 +215,21 @@ class Agent:
         self.addr = addr
         self.log_every_s = log_every_s
         self.timeout_s = timeout_s
+        self.state_dir = Path(state_dir) if state_dir is not None else self.log_dir / ".state"
+        self.cgroups = cgroups
+        self.single_user = single_user
+        self.allow_root = allow_root
+        self.stop_ranks_on_exit = stop_ranks_on_exit
+        self.workdir_roots = tuple(workdir_roots)
+        self.dev_dir = Path(dev_dir)
+        self.fence_after_s = fence_after_s
         self.ranks: dict[Key, LocalRank] = {}
         self.outbox: dict[tuple[int, int, int, str], dict[str, Any]] = {}
         self.state = "unknown"
         self.syncs = 0
         self.refused = 0
+        self.fenced = 0
+        self._last_ok = time.monotonic()
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,20 +237,31 @@ class Agent:
 
     # -- control -------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Ask the loop to finish (thread-safe); running ranks are stopped first."""
+        """Ask the loop to finish (thread-safe)."""
         self._stopping.set()
         if self._loop is not None and self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
 
     def terminate_ranks(self) -> int:
-        """SIGTERM every rank process group this agent started, from any thread (for a host
-        process that exits without waiting for the loop); returns how many were signalled."""
+        """SIGTERM every rank this agent runs, from any thread (for a host process that exits
+        without waiting for the loop); returns how many were signalled."""
         count = 0
         for local in list(self.ranks.values()):
-            if local.proc is not None and local.proc.returncode is None:
-                _signal_group(local.proc.pid, signal.SIGTERM)
+            if local.status is not RankStatus.EXITED:
+                self._signal(local, signal.SIGTERM)
                 count += 1
         return count
+
+    def isolation(self) -> str:
+        """What isolation this agent gives its ranks, in a few words (logged, and sent to the
+        server for the dashboard)."""
+        who = (
+            "single-user (every rank runs as the agent's user)"
+            if self.single_user
+            else "ranks as their owner"
+        )
+        track = self.cgroups.describe() if self.cgroups is not None else "no cgroups"
+        return f"{who}; {track}"
 
     def _report(self, key: Key, event: str, **fields: Any) -> None:
         job, generation, rank = key
@@ -161,29 +277,39 @@ class Agent:
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Sync until stopped; on the way out stop every rank and send the last reports."""
+        """Re-adopt recorded ranks, then sync until stopped; on the way out send the last
+        reports (and stop every rank first when `stop_ranks_on_exit`)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log.info("node %s: %s", self.node, self.isolation())
+        self._adopt()
         headers = {"Authorization": f"Node {self.token}", "User-Agent": f"topoweb-agent/{VERSION}"}
         # The long-poll may take poll_s on the server: the read timeout leaves room for it.
         timeout = httpx.Timeout(self.timeout_s, read=self.poll_s + self.timeout_s)
-        async with httpx.AsyncClient(base_url=self.server, headers=headers, timeout=timeout) as client:
-            failures = 0
-            last_log = time.monotonic()
-            while not self._stopping.is_set():
-                if time.monotonic() - last_log >= self.log_every_s:
-                    self._ship_logs()
-                    last_log = time.monotonic()
-                try:
-                    await self._sync(client)
-                    failures = 0
-                except (httpx.HTTPError, ValueError) as exc:
-                    delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
-                    failures += 1
-                    log.warning("sync with %s failed (%s); retrying in %.1f s", self.server, exc, delay)
-                    await self._pause(delay)
-            await self._shutdown(client)
+        self._last_ok = time.monotonic()
+        fence = asyncio.ensure_future(self._fence_watch())
+        try:
+            async with httpx.AsyncClient(base_url=self.server, headers=headers, timeout=timeout) as client:
+                failures = 0
+                last_log = time.monotonic()
+                while not self._stopping.is_set():
+                    if time.monotonic() - last_log >= self.log_every_s:
+                        self._ship_logs()
+                        last_log = time.monotonic()
+                    try:
+                        await self._sync(client)
+                        failures = 0
+                    except (httpx.HTTPError, ValueError) as exc:
+                        delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                        failures += 1
+                        log.warning("sync with %s failed (%s); retrying in %.1f s", self.server, exc, delay)
+                        await self._pause(delay)
+                await self._shutdown(client)
+        finally:
+            fence.cancel()
+            await asyncio.gather(fence, return_exceptions=True)
 
     async def _pause(self, seconds: float) -> None:
         try:
@@ -191,19 +317,24 @@ class Agent:
         except TimeoutError:
             pass
 
-    async def _sync(self, client: httpx.AsyncClient) -> None:
-        reports = report_batch(list(self.outbox.values()))
-        running = [list(k) for k, r in self.ranks.items() if r.status is not RankStatus.EXITED]
-        body = {
+    def _body(self, reports: list[dict[str, Any]], wait_s: float) -> dict[str, Any]:
+        return {
             "node": self.node,
             "version": VERSION,
             "addr": self.addr,
             "gpus": gpu_inventory(),
-            "running": running,
+            "running": [list(k) for k, r in self.ranks.items() if r.status is not RankStatus.EXITED],
             "reports": reports,
-            "wait_s": 0.0 if reports else self.poll_s,
+            "isolation": self.isolation()[:200],
+            "wait_s": wait_s,
         }
+
+    async def _sync(self, client: httpx.AsyncClient) -> None:
+        self._check_fence()
+        reports = report_batch(list(self.outbox.values()))
+        body = self._body(reports, 0.0 if reports else self.poll_s)
         self._wake.clear()
+        sent = time.monotonic()
         request = asyncio.ensure_future(client.post("/api/v1/agents/sync/", json=body))
         woken = asyncio.ensure_future(self._wake.wait())
         done, _ = await asyncio.wait({request, woken}, return_when=asyncio.FIRST_COMPLETED)
@@ -217,16 +348,50 @@ class Agent:
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
         answer = response.json()
+        # The lease runs from when the request left: the answer may have waited a long-poll.
+        self._last_ok = max(self._last_ok, sent)
         self.syncs += 1
         for item in answer.get("refused") or ():
             log.warning("the server refused a report, dropped: %s", item)
         self.refused += len(answer.get("refused") or ())
+        if answer.get("fence_after_s"):
+            self.fence_after_s = float(answer["fence_after_s"])
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
             if self.outbox.get(key) is r:
                 del self.outbox[key]
         self.state = answer.get("state", "unknown")
         await self._reconcile(answer.get("work", []))
+
+    # -- fencing -------------------------------------------------------------------------------
+    async def _fence_watch(self) -> None:
+        """Check the lease every quarter second, also while a sync hangs."""
+        while True:
+            await asyncio.sleep(0.25)
+            self._check_fence()
+
+    def _check_fence(self) -> None:
+        """Stop every rank once the server has not been reached for `fence_after_s`: a node cut
+        off for longer is declared down, and its GPUs must be free when it is."""
+        if not self.fence_after_s:
+            return
+        silent = time.monotonic() - self._last_ok
+        if silent < self.fence_after_s:
+            return
+        running = [r for r in self.ranks.values() if r.status is RankStatus.RUNNING]
+        if not running:
+            return
+        log.warning(
+            "fenced: no contact with %s for %.0f s (fence_after_s %.0f); stopping %d ranks",
+            self.server,
+            silent,
+            self.fence_after_s,
+            len(running),
+        )
+        self.fenced += 1
+        for local in running:
+            local.note = f"fenced: the node agent had no contact with the server for {silent:.0f} s"
+            self._begin_stop(local)
 
     # -- reconcile -----------------------------------------------------------------------------
     async def _reconcile(self, work: list[dict[str, Any]]) -> None:
@@ -239,8 +404,10 @@ class Agent:
                 if key in self.ranks:
                     continue
                 if started.get(plan.rank):
-                    # The server saw it start, this agent does not know it (it restarted).
-                    self._report(key, "exited", exit_code=255, log_tail="lost: the node agent restarted")
+                    # The server saw it start; this agent has no record of it (its state was lost).
+                    self._report(
+                        key, "exited", exit_code=LOST_EXIT, log_tail="lost: the node agent lost its state"
+                    )
                     continue
                 await self._start(key, plan, entry)
         for key, local in list(self.ranks.items()):
@@ -249,63 +416,258 @@ class Agent:
             if local.status is RankStatus.RUNNING:
                 self._begin_stop(local)
             elif local.status is RankStatus.EXITED and not any(k[:3] == key for k in self.outbox):
-                del self.ranks[key]
+                self._forget(local)
+
+    # -- starting ------------------------------------------------------------------------------
+    def _account(self, entry: dict[str, Any]) -> Account:
+        if self.single_user:
+            pw = pwd.getpwuid(os.getuid())
+            account = Account(pw.pw_name, pw.pw_uid, pw.pw_gid, None, pw.pw_dir)
+        else:
+            name = str(entry.get("account") or "")
+            if not name:
+                raise StartRefused("the job's owner has no Unix account name")
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                raise StartRefused(
+                    f"the job's owner maps to Unix account {name!r}, which does not exist on node {self.node}"
+                ) from None
+            groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+            account = Account(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+        if account.uid == 0 and not self.allow_root:
+            raise StartRefused(
+                f"the job would run as {account.name!r} (uid 0) and this node agent runs no rank as root"
+                " (--allow-root)"
+            )
+        return account
+
+    def _workdir(self, entry: dict[str, Any], account: Account) -> str | None:
+        workdir = entry.get("workdir") or None
+        if workdir is None:
+            return None
+        if not workdir.startswith("/") or ".." in workdir.split("/"):
+            raise StartRefused(f"workdir {workdir!r}: must be an absolute path without '..'")
+        roots = [account.home, *self.workdir_roots]
+        if not _inside(workdir, roots):
+            raise StartRefused(
+                f"workdir {workdir!r} is outside the owner's home {account.home!r}"
+                f" and the node's allowed roots {list(self.workdir_roots)}"
+            )
+        return workdir
+
+    def _open_log(self, path: Path, account: Account) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            if account.groups is not None:
+                os.fchown(fd, account.uid, account.gid)
+            os.fchmod(fd, 0o600)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _save(self, local: LocalRank) -> None:
+        data = {
+            "key": list(local.key),
+            "plan": asdict(local.plan),
+            "log_path": str(local.log_path),
+            "stop_grace_s": local.stop_grace_s,
+            "cgroup": None
+            if local.cgroup is None
+            else {"version": local.cgroup.version, "dirs": [str(d) for d in local.cgroup.dirs]},
+            "shim_pid": local.shim_pid,
+        }
+        tmp = local.record / "rank.json.tmp"
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, local.record / "rank.json")
+
+    def _refuse(self, local: LocalRank, code: int, reason: str) -> None:
+        local.status = RankStatus.EXITED
+        local.exit_code = code
+        log.warning("rank %s not started: %s", local.name, reason)
+        self._report(local.key, "started")
+        self._report(local.key, "exited", exit_code=code, log_tail=reason)
 
     async def _start(self, key: Key, plan: RankPlan, entry: dict[str, Any]) -> None:
         job, generation, rank = key
         log_path = self.log_dir / f"job-{job}-gen-{generation}-rank-{rank}.log"
-        local = LocalRank(key, plan, log_path, float(entry.get("stop_grace_s", 30.0)))
+        local = LocalRank(key, plan, log_path, float(entry.get("stop_grace_s", 30.0)), Path())
+        local.record = self.state_dir / local.name
         self.ranks[key] = local
-        env = {**os.environ, **plan.env}
         try:
-            with log_path.open("ab") as out:
-                local.proc = await asyncio.create_subprocess_exec(
-                    *entry["command"],
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=env,
-                    cwd=entry.get("workdir") or None,
-                    start_new_session=True,
-                )
-        except OSError as exc:
-            local.status = RankStatus.EXITED
-            local.exit_code = 127
-            self._report(key, "started")
-            self._report(
-                key, "exited", exit_code=127, log_tail=f"cannot start {entry['command'][0]!r}: {exc}"
-            )
+            account = self._account(entry)
+            workdir = self._workdir(entry, account)
+        except StartRefused as exc:
+            self._refuse(local, REFUSED_EXIT, str(exc))
             return
-        self._report(key, "started", pid=local.proc.pid)
+        try:
+            local.record.mkdir(mode=0o700, exist_ok=True)
+            (local.record / "exit").unlink(missing_ok=True)
+            fd = self._open_log(log_path, account)
+        except OSError as exc:
+            self._refuse(local, REFUSED_EXIT, f"cannot prepare the rank's log and state: {exc}")
+            return
+        try:
+            if self.cgroups is not None:
+                local.cgroup = self.cgroups.create(local.name)
+                planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
+                denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
+                local.cgroup.deny_devices(denied)
+            self._save(local)
+            spec = {
+                "argv": list(entry["command"]),
+                "workdir": workdir,
+                "uid": account.uid,
+                "gid": account.gid,
+                "groups": None if account.groups is None else list(account.groups),
+                "procs": [] if local.cgroup is None else local.cgroup.procs_files(),
+                "exit_file": str(local.record / "exit"),
+            }
+            env = clean_env(plan.env, home=account.home, user=account.name)
+            local.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                str(SHIM),
+                json.dumps(spec),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=fd,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._refuse(local, 127, f"cannot start {entry['command'][0]!r}: {exc}")
+            if local.cgroup is not None:
+                local.cgroup.remove()
+            return
+        finally:
+            os.close(fd)
+        local.shim_pid = local.proc.pid
+        self._save(local)
+        self._report(key, "started", pid=local.shim_pid)
         local.tasks.append(asyncio.ensure_future(self._watch(local)))
 
+    # -- re-adoption ---------------------------------------------------------------------------
+    def _adopt(self) -> None:
+        """Take back the ranks recorded in the state directory (after a crash or a restart):
+        live ones run on, exits that happened meanwhile are reported."""
+        for path in sorted(self.state_dir.glob("job-*-gen-*-rank-*/rank.json")):
+            try:
+                data = json.loads(path.read_text())
+                key = tuple(int(k) for k in data["key"])
+                plan = RankPlan(**data["plan"])
+                cgroup = None
+                if data.get("cgroup"):
+                    cgroup = RankCgroup(
+                        int(data["cgroup"]["version"]), tuple(Path(d) for d in data["cgroup"]["dirs"])
+                    )
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring the unreadable rank record %s: %s", path, exc)
+                continue
+            local = LocalRank(
+                key,
+                plan,
+                Path(data["log_path"]),
+                float(data.get("stop_grace_s", 30.0)),
+                path.parent,
+                cgroup=cgroup,
+                shim_pid=data.get("shim_pid"),
+            )
+            self.ranks[key] = local
+            live = (cgroup is not None and not cgroup.empty()) or _alive(local.shim_pid)
+            log.info("re-adopted rank %s (%s)", local.name, "running" if live else "exited meanwhile")
+            self._report(key, "started", **({"pid": local.shim_pid} if local.shim_pid else {}))
+            local.tasks.append(asyncio.ensure_future(self._watch(local)))
+
+    # -- watching and stopping -----------------------------------------------------------------
+    def _main_exit(self, local: LocalRank) -> int | None:
+        """The rank's main process exit code once it exited (from the shim's exit file), else
+        None; LOST_EXIT when the shim is gone without writing one."""
+        try:
+            return int(json.loads((local.record / "exit").read_text())["exit_code"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if local.proc is not None:
+            if local.proc.returncode is None:
+                return None
+            return local.proc.returncode
+        if _alive(local.shim_pid):
+            return None
+        try:
+            return int(json.loads((local.record / "exit").read_text())["exit_code"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return LOST_EXIT
+
+    def _gone(self, local: LocalRank) -> bool:
+        """No process of the rank is left: its cgroup is empty (without cgroups: its process
+        group is gone)."""
+        if local.cgroup is not None:
+            return local.cgroup.empty()
+        return not _group_alive(local.shim_pid)
+
     async def _watch(self, local: LocalRank) -> None:
-        code = await local.proc.wait()
+        code = None
+        while True:
+            if code is None:
+                code = self._main_exit(local)
+            if code is not None:
+                if self._gone(local):
+                    break
+                if local.status is RankStatus.RUNNING:
+                    log.info("rank %s: main process exited, stopping what it left behind", local.name)
+                    self._begin_stop(local)
+            await asyncio.sleep(WATCH_S)
         local.status = RankStatus.EXITED
         local.exit_code = code
-        self._report(
-            local.key, "exited", exit_code=max(min(code, 255), -255), log_tail=read_tail(local.log_path)
-        )
+        tail = read_tail(local.log_path)
+        if local.note:
+            tail = f"{tail}\n{local.note}" if tail else local.note
+        self._report(local.key, "exited", exit_code=max(min(code, 255), -255), log_tail=tail[-TAIL_BYTES:])
 
     def _begin_stop(self, local: LocalRank) -> None:
         local.status = RankStatus.STOPPING
         local.tasks.append(asyncio.ensure_future(self._stop_rank(local)))
 
-    async def _stop_rank(self, local: LocalRank) -> None:
-        """SIGTERM the rank's process group, wait its grace period, then SIGKILL."""
-        proc = local.proc
-        if proc is None or proc.returncode is not None:
+    def _signal(self, local: LocalRank, sig: int) -> None:
+        if local.cgroup is not None:
+            if sig == signal.SIGKILL:
+                local.cgroup.kill()
+            else:
+                with contextlib.suppress(OSError):
+                    for pid in local.cgroup.pids():
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, sig)
             return
-        _signal_group(proc.pid, signal.SIGTERM)
+        if local.shim_pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(local.shim_pid, sig)
+
+    async def _stop_rank(self, local: LocalRank) -> None:
+        """SIGTERM every process of the rank, wait its grace period, then kill what is left
+        (cgroup.kill, or freeze and SIGKILL)."""
+        if self._gone(local):
+            return
+        self._signal(local, signal.SIGTERM)
         deadline = time.monotonic() + local.stop_grace_s
-        while proc.returncode is None and time.monotonic() < deadline:
+        while not self._gone(local) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGKILL)
+        while not self._gone(local):
+            self._signal(local, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+
+    def _forget(self, local: LocalRank) -> None:
+        """Drop an exited rank whose exit the server has: its record and cgroup go."""
+        del self.ranks[local.key]
+        if local.cgroup is not None:
+            local.cgroup.remove()
+        shutil.rmtree(local.record, ignore_errors=True)
 
     def _ship_logs(self) -> None:
         for local in self.ranks.values():
-            if local.status is RankStatus.EXITED or local.proc is None:
+            if local.status is RankStatus.EXITED or local.shim_pid is None:
                 continue
             try:
                 size = local.log_path.stat().st_size
@@ -313,36 +675,30 @@ class Agent:
                 continue
             if size != local.tail_size:
                 local.tail_size = size
-                self._report(local.key, "started", pid=local.proc.pid, log_tail=read_tail(local.log_path))
+                self._report(local.key, "started", pid=local.shim_pid, log_tail=read_tail(local.log_path))
 
     async def _shutdown(self, client: httpx.AsyncClient) -> None:
-        for local in self.ranks.values():
-            if local.status is RankStatus.RUNNING:
-                self._begin_stop(local)
-        tasks = [t for local in self.ranks.values() for t in local.tasks]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.stop_ranks_on_exit:
+            for local in self.ranks.values():
+                if local.status is RankStatus.RUNNING:
+                    self._begin_stop(local)
+            tasks = [t for local in self.ranks.values() for t in local.tasks]
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        else:
+            live = [r for r in self.ranks.values() if r.status is not RankStatus.EXITED]
+            if live:
+                log.info("leaving %d ranks running; the next agent on this node re-adopts them", len(live))
+            for local in self.ranks.values():
+                for task in local.tasks:
+                    task.cancel()
         if self.outbox:
-            body = {
-                "node": self.node,
-                "version": VERSION,
-                "addr": self.addr,
-                "gpus": gpu_inventory(),
-                "running": [],
-                "reports": report_batch(list(self.outbox.values())),
-                "wait_s": 0.0,
-            }
             try:
-                await client.post("/api/v1/agents/sync/", json=body)
+                await client.post(
+                    "/api/v1/agents/sync/", json=self._body(report_batch(list(self.outbox.values())), 0.0)
+                )
             except httpx.HTTPError as exc:
                 log.warning("could not send the last reports: %s", exc)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_in_thread(agent: Agent) -> threading.Thread:

@@ -3,7 +3,8 @@
 `command` (argv list), `env` (extra variables), `workdir` (absolute path), `requeue` (back to the
 queue instead of failing when a node goes down) and `stop_grace_s` (SIGTERM to SIGKILL, the
 checkpoint grace period of a migration or cancel). Every field is bounded; the variables the
-agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) cannot be overridden.
+agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) and those that could redirect the code or
+devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.agent.env.denied_env`) cannot be set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from apps.agent.env import denied_env
 
 from .topology.checks import _Errors
 
@@ -105,6 +108,10 @@ def _env(errs: _Errors, value: Any) -> tuple[tuple[str, str], ...]:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
             errs.add(path, "is set per rank by the node agent and cannot be overridden")
             continue
+        why = denied_env(name)
+        if why is not None:
+            errs.add(path, why)
+            continue
         if isinstance(raw, bool) or isinstance(raw, (int, float)):
             if isinstance(raw, float) and not math.isfinite(raw):
                 errs.add(path, f"must be a string or a finite number, got {raw!r}")
@@ -122,6 +129,9 @@ def _workdir(errs: _Errors, value: Any) -> str | None:
         return None
     if not text.startswith("/"):
         errs.add("workdir", f"must be an absolute path, got {text!r}")
+        return None
+    if ".." in text.split("/"):
+        errs.add("workdir", f"must not contain '..', got {text!r}")
         return None
     return text
 

@@ -1,5 +1,5 @@
 """Admin pages for jobs, allocations, scheduling cycles, migration proposals, launcher tokens and
-node agent tokens.
+node agent tokens and the Unix accounts users' ranks run as.
 
 Admin actions call the services, so the admin never books or releases GPUs behind their back.
 """
@@ -24,6 +24,7 @@ from .models import (
     NodeAgent,
     NodeToken,
     SchedulingCycle,
+    UnixAccount,
 )
 from .proposals import ProposalStateError
 from .selectors import spec_shown
@@ -213,6 +214,7 @@ class NodeAgentAdmin(admin.ModelAdmin):
         "inventory",
         "unhealthy_gpus",
         "running",
+        "isolation",
     ]
     fields = [*readonly_fields[:2], "reason", *readonly_fields[2:]]
     actions = ["drain", "resume"]
@@ -252,3 +254,12 @@ class AccountAdmin(admin.ModelAdmin):
     list_display = ["name", "share", "max_priority", "description"]
     search_fields = ["name", "memberships__user__username"]
     inlines = [AccountMembershipInline, AccountLimitInline]
+
+
+@admin.register(UnixAccount)
+class UnixAccountAdmin(admin.ModelAdmin):
+    """Which Unix account a user's ranks run as on the nodes (a user without one: the username)."""
+
+    list_display = ["user", "name"]
+    search_fields = ["user__username", "name"]
+    list_select_related = ["user"]

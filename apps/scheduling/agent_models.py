@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -36,6 +38,12 @@ class NodeAgent(models.Model):
     unhealthy_gpus = models.JSONField(default=list, blank=True)
     running = models.PositiveIntegerField(
         default=0, help_text="Rank processes running at the last heartbeat."
+    )
+    isolation = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="What isolation the agent gives its ranks (accounts, cgroups), as it reported it.",
     )
 
     class Meta:
@@ -111,3 +119,23 @@ class NodeToken(models.Model):
     def __str__(self) -> str:
         state = "revoked" if self.revoked_at else "active"
         return f"node token {self.prefix}… of node {self.node_id} ({state})"
+
+
+UNIX_NAME = RegexValidator(
+    r"^[a-z_][a-z0-9_.-]{0,31}$", "A Unix account name: lower-case letters, digits, '_', '.', '-'."
+)
+
+
+class UnixAccount(models.Model):
+    """The Unix account a user's ranks run as on the nodes (without a row: the username)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="unix_account"
+    )
+    name = models.CharField(max_length=32, validators=[UNIX_NAME])
+
+    class Meta:
+        ordering = ["user_id"]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} runs as {self.name}"

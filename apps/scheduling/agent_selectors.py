@@ -50,7 +50,11 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    job = Job.objects.filter(pk=job_id).values_list("name", "spec", "gpus").first()
+    job = (
+        Job.objects.filter(pk=job_id)
+        .values_list("name", "spec", "gpus", "owner__username", "owner__unix_account__name")
+        .first()
+    )
     if job is None:
         return None
     launch = load_job(job[1]).launch
@@ -72,6 +76,7 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         "command": list(launch.command),
         "env": dict(launch.env),
         "workdir": launch.workdir,
+        "account": job[4] or job[3],
         "stop_grace_s": launch.stop_grace_s,
         "world_size": job[2],
         "master_node": nodes[0],
@@ -159,7 +164,8 @@ def _work_sql() -> str:
 
 def node_work(*, node: Node) -> list[dict[str, Any]]:
     """Every job generation the node should run now, each with this node's ranks: entries of
-    `job`, `generation`, `name`, `command`, `env`, `workdir`, `stop_grace_s`, `world_size`,
+    `job`, `generation`, `name`, `command`, `env`, `workdir`, `account` (the Unix account of the
+    job's owner: its UnixAccount, else its username), `stop_grace_s`, `world_size`,
     `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
     "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
     launcher runs those)."""

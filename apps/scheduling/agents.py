@@ -43,6 +43,11 @@ def down_after_s() -> float:
     return float(getattr(settings, "TOPOWEB_AGENT_DOWN_AFTER_S", 180.0))
 
 
+def fence_after_s() -> float:
+    """Seconds without reaching the server after which an agent stops its ranks (its lease)."""
+    return float(getattr(settings, "TOPOWEB_AGENT_FENCE_AFTER_S", down_after_s() * 2 / 3))
+
+
 def start_timeout_s() -> float:
     """Seconds a placed job may take until every rank started before it is requeued."""
     return float(getattr(settings, "TOPOWEB_START_TIMEOUT_S", 600.0))
@@ -71,6 +76,7 @@ class Heartbeat:
     inventory: list[dict[str, Any]] | None = None
     unhealthy: tuple[tuple[int, str], ...] = ()
     running: int = 0
+    isolation: str = ""
 
 
 def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
@@ -94,7 +100,11 @@ def agent_heartbeat(
     A heartbeat that changes nothing writes nothing while `last_seen` is younger than half of
     `down_after_s()` (keep the agents' poll interval at most a third of it, as the defaults do).
     `agent` is the node's row as read with the node (None: never had one). A changed health
-    (back from down, other unhealthy GPUs) requests a scheduling cycle."""
+    (back from down, other unhealthy GPUs) requests a scheduling cycle.
+
+    A down node comes back up only at a heartbeat that reports no rank process running: the
+    processes of before it went down (stopping, once its agent fenced them) may still hold GPUs
+    the server already counts as free."""
     now = now or timezone.now()
     unhealthy = _unhealthy(node, beat)
     fields: dict[str, Any] = {
@@ -104,6 +114,8 @@ def agent_heartbeat(
         "running": beat.running,
         "unhealthy_gpus": unhealthy,
     }
+    if beat.isolation:
+        fields["isolation"] = beat.isolation
     if beat.inventory is not None:
         fields["inventory"] = beat.inventory
     if agent is None:
@@ -113,6 +125,16 @@ def agent_heartbeat(
                 queue_cycle(node.cluster_id)
             return agent
     was_down = agent.state == NodeState.DOWN
+    if was_down and beat.running:
+        reason = (
+            f"back after being down, but {beat.running} rank processes of before still run; it takes"
+            " work once they are gone"
+        )
+        NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(**fields, reason=reason)
+        for name, value in fields.items():
+            setattr(agent, name, value)
+        agent.reason = reason
+        return agent
     changed = was_down or agent.unhealthy_gpus != unhealthy
     fresh = agent.last_seen is not None and now - agent.last_seen < timedelta(seconds=down_after_s() / 2)
     if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):

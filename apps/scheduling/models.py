@@ -279,7 +279,7 @@ class LauncherToken(models.Model):
 
 
 from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
-from .agent_models import NodeAgent, NodeToken, RankRun  # noqa: E402  (models of the launch loop)
+from .agent_models import NodeAgent, NodeToken, RankRun, UnixAccount  # noqa: E402  (models of the launch loop)
 
 __all__ = [
     "Account",
@@ -293,4 +293,5 @@ __all__ = [
     "NodeToken",
     "RankRun",
     "SchedulingCycle",
+    "UnixAccount",
 ]

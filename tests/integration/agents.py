@@ -8,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,42 +28,111 @@ ENV_KEYS = (
     "TOPOWEB_JOB_ID",
     "TOPOWEB_GENERATION",
 )
-# Writes its environment to $OUT_DIR/<generation>-<rank>.json, then does what $BEHAVIOUR says.
+# Writes its environment (and uid) to $OUT_DIR/<generation>-<rank>.json, then does what
+# $BEHAVIOUR says.
 RECORD = f"""
-import json, os, signal, sys, time
+import errno, json, os, signal, subprocess, sys, time
 keys = {ENV_KEYS!r}
 env = {{k: os.environ.get(k) for k in keys}}
-path = os.path.join(os.environ["OUT_DIR"], f"{{env['TOPOWEB_GENERATION']}}-{{env['RANK']}}.json")
-with open(path, "w") as fh:
-    json.dump(env, fh)
+env["uid"] = os.getuid()
+env["pid"] = os.getpid()
+out = os.environ["OUT_DIR"]
+tag = f"{{env['TOPOWEB_GENERATION']}}-{{env['RANK']}}"
 mode = os.environ.get("BEHAVIOUR", "exit")
 rank = int(env["RANK"])
+if mode == "devices":
+    # Which GPU device stand-ins this rank may open: errno name per file.
+    found = {{}}
+    for name in sorted(os.listdir(os.environ["DEV_DIR"])):
+        try:
+            os.close(os.open(os.path.join(os.environ["DEV_DIR"], name), os.O_RDONLY))
+            found[name] = "ok"
+        except OSError as exc:
+            found[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+    env["devices"] = found
+if mode == "spy":
+    # Tries to read another rank's log and to signal another rank's process.
+    try:
+        open(os.environ["SPY_LOG"]).read()
+        env["read_other_log"] = "ok"
+    except OSError as exc:
+        env["read_other_log"] = errno.errorcode.get(exc.errno, str(exc.errno))
+    try:
+        os.kill(int(os.environ["SPY_PID"]), signal.SIGTERM)
+        env["signal_other"] = "ok"
+    except OSError as exc:
+        env["signal_other"] = errno.errorcode.get(exc.errno, str(exc.errno))
+with open(os.path.join(out, tag + ".json"), "w") as fh:
+    json.dump(env, fh)
 if mode == "fail" and rank == int(os.environ["FAIL_RANK"]):
     print("boom: rank", rank, "gives up", flush=True)
     sys.exit(3)
 if mode == "stubborn":
     # Ignores SIGTERM for a while (a checkpoint that takes time), then exits.
     signal.signal(signal.SIGTERM, lambda *a: (time.sleep(float(os.environ["STUBBORN_S"])), sys.exit(0)))
-if mode in ("sleep", "fail", "stubborn"):
+if mode == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "fork":
+    # Leaves two children behind: one in a new session ignoring SIGTERM, one plainly forked.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"],
+        start_new_session=True,
+    )
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        time.sleep(120)
+        os._exit(0)
+    with open(os.path.join(out, "children-" + tag), "w") as fh:
+        fh.write(f"{{child.pid}} {{pid}}")
+if mode in ("sleep", "fail", "stubborn", "deaf", "spy"):
     time.sleep(float(os.environ.get("SLEEP_S", "60")))
 print("rank", rank, "done", flush=True)
 """
 
 
 def record_command() -> list[str]:
-    """The argv of the recording program."""
-    return [sys.executable, "-c", RECORD]
+    """The argv of the recording program (the system Python where there is one: ranks running
+    as other accounts may not reach this checkout's virtualenv)."""
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    return [python, "-c", RECORD]
+
+
+ROOT = os.geteuid() == 0
+
+
+def cgroups_writable() -> bool:
+    """Whether this process can create cgroups (root with a writable hierarchy), as CI does."""
+    from apps.agent.cgroups import CgroupError, detect
+
+    if not ROOT:
+        return False
+    try:
+        found = detect("auto", "topoweb-probe")
+    except CgroupError:
+        return False
+    if found is None:
+        return False
+    for parent in found.parents:
+        parent.rmdir()
+    return True
 
 
 class Agents:
-    """Agent processes (python -m apps.agent) for nodes of one cluster, all killed at close.
-    `token_for(node)` gives a node's agent token (written to a 0600 file per node)."""
+    """Agent processes (python -m apps.agent) for nodes of one cluster, all killed at close,
+    with every rank they left (by cgroup, or by process group without cgroups).
+    `token_for(node)` gives a node's agent token (written to a 0600 file per node).
+
+    As root with cgroups (CI) each agent tracks its ranks by cgroup below a name unique to the
+    test; `multi_user` runs ranks as their owners' accounts, otherwise in single-user mode."""
 
     def __init__(self, server: str, token_for: Callable[[str], str], tmp: Path):
         self.server = server
         self.tmp = tmp
         self.token_for = token_for
         self.procs: dict[str, subprocess.Popen] = {}
+        self.cgroups = cgroups_writable()
+        self.cgroup_name = f"topoweb-test-{os.getpid()}-{tmp.name}"
 
     def token_file(self, node: str) -> Path:
         """The node's token file (created with a new token on first use)."""
@@ -71,28 +143,44 @@ class Agents:
                 fh.write(self.token_for(node))
         return path
 
-    def start(self, node: str, poll_s: float = 1.0) -> subprocess.Popen:
+    def argv(self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=()) -> list[str]:
+        """The agent's command line for `node`."""
+        argv = [
+            sys.executable,
+            "-m",
+            "apps.agent",
+            "--server",
+            self.server,
+            "--node",
+            node,
+            "--token-file",
+            str(self.token_file(node)),
+            "--log-dir",
+            str(self.tmp / f"logs-{node}"),
+            "--state-dir",
+            str(self.tmp / f"state-{node}"),
+            "--poll-s",
+            str(poll_s),
+            "--addr",
+            "127.0.0.1",
+            "--workdir-root",
+            str(self.tmp),
+        ]
+        if self.cgroups:
+            argv += ["--cgroup-name", f"{self.cgroup_name}/{node}"]
+        else:
+            argv += ["--no-cgroups"]
+        if not multi_user:
+            argv += ["--single-user"] + (["--allow-root"] if ROOT else [])
+        return argv + list(extra)
+
+    def start(
+        self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=()
+    ) -> subprocess.Popen:
         """Start the agent of `node`."""
-        token_file = self.token_file(node)
-        log = (self.tmp / f"agent-{node}.out").open("wb")
+        log = (self.tmp / f"agent-{node}.out").open("ab")
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "apps.agent",
-                "--server",
-                self.server,
-                "--node",
-                node,
-                "--token-file",
-                str(token_file),
-                "--log-dir",
-                str(self.tmp / f"logs-{node}"),
-                "--poll-s",
-                str(poll_s),
-                "--addr",
-                "127.0.0.1",
-            ],
+            self.argv(node, poll_s, multi_user=multi_user, extra=extra),
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -105,16 +193,58 @@ class Agents:
         self.procs[node].kill()
         self.procs[node].wait(timeout=10)
 
+    def terminate(self, node: str) -> int:
+        """SIGTERM the agent of `node` and wait for it to exit; its exit code."""
+        self.procs[node].terminate()
+        return self.procs[node].wait(timeout=20)
+
+    def cgroup_dirs(self) -> list[Path]:
+        """The test's cgroup directories (one per hierarchy)."""
+        base = Path("/sys/fs/cgroup")
+        return [d for d in base.glob(f"*/{self.cgroup_name}")] + [d for d in base.glob(self.cgroup_name)]
+
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5)
+        for proc in self.procs.values():
+            proc.wait(timeout=15)
+        kill_cgroups(self.cgroup_dirs())
+
+
+def kill_cgroups(dirs: list[Path]) -> None:
+    """SIGKILL every process in the cgroup trees `dirs` (thawing v1 freezers), then remove them."""
+    for _ in range(50):
+        pids = set()
+        for d in dirs:
+            for procs in d.rglob("cgroup.procs"):
+                try:
+                    pids |= {int(p) for p in procs.read_text().split()}
+                except OSError:
+                    pass
+            for state in d.rglob("freezer.state"):
+                try:
+                    state.write_text("THAWED")
+                except OSError:
+                    pass
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.1)
+    for d in dirs:
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def kill_groups(pids) -> None:
@@ -125,6 +255,70 @@ def kill_groups(pids) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+@dataclass
+class GpuUse:
+    """What a `gpu_use_watch` saw: (node, GPU) used by two jobs' live processes at once, and the
+    wall time each job's processes were last seen alive."""
+
+    violations: list[str] = field(default_factory=list)
+    last_seen: dict[int, float] = field(default_factory=dict)
+    samples: int = 0
+
+
+def _live_rank_envs(marker: str) -> list[dict[str, str]]:
+    """The environments of live (not zombie) processes whose OUT_DIR starts with `marker`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                raw = fh.read()
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state == b"Z" or b"TOPOWEB_JOB_ID=" not in raw:
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item)
+        if env.get("OUT_DIR", "").startswith(marker):
+            found.append(env)
+    return found
+
+
+@contextmanager
+def gpu_use_watch(marker: Path, period_s: float = 0.2) -> Iterator[GpuUse]:
+    """While the block runs, a thread reads every process's /proc/PID/environ each `period_s`
+    and records each (TOPOWEB_NODE, GPU in CUDA_VISIBLE_DEVICES) used by live processes of two
+    jobs (TOPOWEB_JOB_ID) at once: the processes' truth, not the database's."""
+    use = GpuUse()
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            holders: dict[tuple[str, str], set[str]] = {}
+            now = time.time()
+            for env in _live_rank_envs(str(marker)):
+                job = env["TOPOWEB_JOB_ID"]
+                use.last_seen[int(job)] = now
+                for gpu in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
+                    if gpu:
+                        holders.setdefault((env.get("TOPOWEB_NODE", "?"), gpu), set()).add(job)
+            for where, jobs in holders.items():
+                if len(jobs) > 1:
+                    use.violations.append(f"{where} used by jobs {sorted(jobs)} at {now:.1f}")
+            use.samples += 1
+            stop.wait(period_s)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield use
+    finally:
+        stop.set()
+        thread.join()
 
 
 def wait_for(check: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"):

@@ -86,6 +86,7 @@ class AgentSyncSerializer(serializers.Serializer):
         max_length=MAX_REPORTS,
         help_text="Rank reports, each validated on its own: a bad one is refused in the answer.",
     )
+    isolation = serializers.CharField(max_length=200, required=False, allow_blank=True)
     wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
 
     def validate(self, attrs):
@@ -103,6 +104,7 @@ class AgentSyncSerializer(serializers.Serializer):
             inventory=None if gpus is None else [dict(g) for g in gpus],
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
             running=len(data["running"]),
+            isolation=data.get("isolation", ""),
         )
 
 

@@ -159,6 +159,7 @@ class AgentSyncView(APIView):
                 "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
                 "down_after_s": agents.down_after_s(),
                 "refused": refused,
+                "fence_after_s": agents.fence_after_s(),
                 "work": work,
             }
         )

@@ -87,3 +87,17 @@ def test_nvidia_smi_inventory_is_parsed():
         {"index": 0, "uuid": "GPU-aaa", "name": "NVIDIA H100 80GB HBM3"},
         {"index": 1, "uuid": "GPU-bbb", "name": "NVIDIA H100 80GB HBM3"},
     ]
+
+
+def test_a_ranks_environment_is_clean_and_keeps_the_contract():
+    from apps.agent.env import DEFAULT_PATH, clean_env
+
+    ranks = [{"rank": 0, "node": "node-a", "gpu": 3, "nic": ""}]
+    job_env = {"LD_PRELOAD": "/tmp/x.so", "CUDA_VISIBLE_DEVICES": "0-7", "PATH": "/tmp", "MY_FLAG": "1"}
+    (plan,) = plan_env(work(ranks, env=job_env), "node-a")
+    env = clean_env(plan.env, home="/home/alice", user="alice")
+    assert env["PATH"] == DEFAULT_PATH and env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "LD_PRELOAD" not in env and env["MY_FLAG"] == "1"
+    assert env["HOME"] == "/home/alice" and env["USER"] == "alice" and env["TOPOWEB_NODE"] == "node-a"
+    # Nothing of the agent's own environment.
+    assert set(env) <= set(plan.env) | {"PATH", "LANG", "HOME", "USER", "LOGNAME"}

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
@@ -52,10 +53,13 @@ class Command(BaseCommand):
 
             try:
                 agents = start_demo_agents(server=f"http://{addr}")
-            except DatabaseError as exc:
+            except (DatabaseError, ImproperlyConfigured) as exc:
                 # An unmigrated database serves its pages (and errors) without agents.
                 self.stderr.write(f"no node agents: {exc}")
-            self.stdout.write(f"{len(agents)} node agents run the demo nodes' ranks in this process")
+            self.stdout.write(
+                f"{len(agents)} node agents run the demo nodes' ranks in this process, in single-user"
+                " mode: every rank runs as this server's user, without cgroups"
+            )
             # The demo's jobs come back as they finish, so the graph stays busy however long it runs.
             from apps.scheduling.demo import start_demo_workload
 

@@ -1,0 +1,153 @@
+"""Trustworthy execution with real agents and processes: ranks tracked by cgroup (forked and
+`setsid` children included), stopped whatever they ignore, re-adopted across agent restarts,
+fenced when cut off from the server; ranks run as their owners' accounts and see only their
+GPUs' device files. A watcher reads every process's environment each 0.2 s throughout and fails
+on any (node, GPU) used by two jobs' live processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from apps.scheduling import agents as agent_services
+from apps.scheduling import services
+from apps.scheduling.choices import JobStatus, NodeState
+from apps.scheduling.models import NodeAgent, RankRun
+from apps.topology.models import Node
+
+from .agents import cgroups_writable, gpu_use_watch, recorded, wait_for
+from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not cgroups_writable(), reason="needs root and a writable cgroup hierarchy (CI)"),
+]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _drain_other(cluster, keep: str) -> None:
+    """Only node `keep` takes placements (the others drained)."""
+    for node in Node.objects.filter(cluster=cluster).exclude(name=keep):
+        agent_services.node_drain(node=node, reason="test: one node only")
+
+
+def test_a_rank_that_forks_and_setsids_children_then_exits(agents, cluster, user, tmp_path):
+    """The rank's main process exits 0 at once, leaving a `setsid` child ignoring SIGTERM and a
+    forked child: the rank has not exited until both are gone (killed after the grace period),
+    and the next job gets the GPUs only then."""
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    with gpu_use_watch(tmp_path) as use:
+        first = services.job_submit(
+            user=user, spec={**spec(tmp_path, "forks", 16, BEHAVIOUR="fork"), "stop_grace_s": 1}
+        )
+        wait_for(lambda: len(list((tmp_path / "out").glob("children-1-*"))) == 16, what="children recorded")
+        children = [int(p) for f in (tmp_path / "out").glob("children-1-*") for p in f.read_text().split()]
+        assert len(children) == 32
+        second = services.job_submit(user=user, spec=spec(tmp_path, "next", 16, BEHAVIOUR="exit"))
+        wait_for(status_is(first, JobStatus.COMPLETED, JobStatus.FAILED), what="the first job to end")
+        assert first.status == JobStatus.COMPLETED, first.pending_reason
+        # Completed only once every child was gone.
+        assert not any(_alive(p) for p in children)
+        wait_for(status_is(second, JobStatus.COMPLETED, JobStatus.FAILED), what="the second job to end")
+        assert second.status == JobStatus.COMPLETED, second.pending_reason
+    assert use.samples > 5 and not use.violations, use.violations
+    assert second.placed_at >= first.finished_at
+    assert set(RankRun.objects.filter(job=first).values_list("exit_code", flat=True)) == {0}
+
+
+def test_cancel_of_ranks_that_ignore_sigterm(agents, cluster, user, tmp_path):
+    """SIGTERM is ignored: after stop_grace_s every process of the rank is killed, and only then
+    are the GPUs handed to the next job."""
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    with gpu_use_watch(tmp_path) as use:
+        deaf = services.job_submit(
+            user=user, spec={**spec(tmp_path, "deaf", 16, BEHAVIOUR="deaf"), "stop_grace_s": 1}
+        )
+        wait_for(status_is(deaf, JobStatus.RUNNING), what="running")
+        nxt = services.job_submit(user=user, spec=spec(tmp_path, "next", 16, BEHAVIOUR="exit"))
+        cancelled_at = time.time()
+        services.job_cancel(job=deaf, user=user)
+        wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), what="the next job to run")
+        assert nxt.status == JobStatus.COMPLETED
+    assert not use.violations, use.violations
+    assert use.last_seen[deaf.pk] >= cancelled_at + 0.9
+    assert set(RankRun.objects.filter(job=deaf).values_list("exit_code", flat=True)) == {-9}
+
+
+@pytest.mark.parametrize("how", ["kill", "terminate"])
+def test_an_agent_restarted_mid_job_readopts_its_ranks(agents, cluster, user, tmp_path, how):
+    """SIGKILL (a crash) or SIGTERM (systemctl restart) of the agent: its ranks keep running, the
+    restarted agent re-adopts them by cgroup and reports them, the job completes, and no other
+    job is placed on their GPUs meanwhile."""
+    _drain_other(cluster, "node-a")
+    agents.start("node-a")
+    with gpu_use_watch(tmp_path) as use:
+        job = services.job_submit(
+            user=user, spec={**spec(tmp_path, "long", 8, BEHAVIOUR="sleep", SLEEP_S="6"), "requeue": True}
+        )
+        wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        waiting = services.job_submit(user=user, spec=spec(tmp_path, "waiting", 4, BEHAVIOUR="exit"))
+        pids = {e["pid"] for e in recorded(tmp_path / "out", 1).values()}
+        if how == "kill":
+            agents.kill("node-a")
+        else:
+            assert agents.terminate("node-a") == 0
+        assert all(_alive(p) for p in pids)
+        time.sleep(1.0)
+        agents.start("node-a")
+        wait_for(
+            status_is(job, JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.QUEUED), what="the job to end"
+        )
+        assert job.status == JobStatus.COMPLETED, job.pending_reason
+        assert job.generation == 1 and not job.requeue_reason
+        wait_for(status_is(waiting, JobStatus.COMPLETED, JobStatus.FAILED), what="the waiting job")
+    assert not use.violations, use.violations
+    assert waiting.placed_at >= job.finished_at
+    assert set(RankRun.objects.filter(job=job).values_list("exit_code", flat=True)) == {0}
+    log = (tmp_path / "agent-node-a.out").read_text()
+    assert "re-adopted rank" in log
+
+
+def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
+    agents, cluster, user, tmp_path, settings
+):
+    """SIGSTOP the agent past the down time: the server declares the node down and fails its
+    job; the agent, continued, finds its lease expired and stops its ranks (they ignore SIGTERM
+    for 2 s); the node takes new work only after it reported them gone."""
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    _drain_other(cluster, "node-a")
+    agent = agents.start("node-a")
+    with gpu_use_watch(tmp_path) as use:
+        body = {**spec(tmp_path, "cut-off", 8, BEHAVIOUR="stubborn", STUBBORN_S="2"), "stop_grace_s": 5}
+        job = services.job_submit(user=user, spec=body)
+        wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: agent_services.nodes_check(cluster=cluster)["down"], timeout_s=15, what="down")
+            job.refresh_from_db()
+            assert job.status == JobStatus.FAILED
+            nxt = services.job_submit(user=user, spec=spec(tmp_path, "after", 8, BEHAVIOUR="exit"))
+            nxt.refresh_from_db()
+            assert nxt.status == JobStatus.QUEUED
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=30, what="the next job")
+    assert not use.violations, use.violations
+    assert nxt.status == JobStatus.COMPLETED
+    # The fenced ranks took their 2 s checkpoint first: the next job came after their end.
+    assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
+    assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
+    assert NodeAgent.objects.get(node__name="node-a", node__cluster=cluster).state == NodeState.UP
