@@ -279,7 +279,12 @@ class LauncherToken(models.Model):
 
 
 from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
-from .agent_models import NodeAgent, NodeToken, RankRun, UnixAccount  # noqa: E402  (models of the launch loop)
+from .agent_models import (  # noqa: E402  (models of the launch loop)
+    NodeAgent,
+    NodeToken,
+    RankRun,
+    UnixAccount,
+)
 
 __all__ = [
     "Account",
