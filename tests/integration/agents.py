@@ -210,6 +210,10 @@ class Agents:
         for proc in self.procs.values():
             proc.wait(timeout=15)
         kill_cgroups(self.cgroup_dirs())
+        if self.procs:
+            # Long-polls of the killed agents still wait in the live server (at most a poll):
+            # let them finish before the test database is flushed under them.
+            time.sleep(1.5)
 
 
 def kill_cgroups(dirs: list[Path]) -> None:
