@@ -45,6 +45,8 @@ from .slurmscript import RankSlot, bind_granted, parse_comment, submission
 
 log = logging.getLogger(__name__)
 
+MAX_REFUSALS = 3  # submissions of one job Slurm refused before the job fails
+
 VERSION = "slurm"
 # Pending reasons after which a job will not start on its planned nodes without help.
 HOPELESS_REASONS = frozenset(
@@ -532,11 +534,20 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
         )
         slurm_id = client.submit(body, user=user)
     except (SlurmError, ValueError) as exc:
-        why = f"Slurm refused the submission: {exc}"
         SlurmSubmission.objects.update_or_create(
             job=job, generation=job.generation, defaults={"state": "REFUSED", "reason": str(exc)[:2000]}
         )
-        _requeue(job, why, now)
+        refusals = SlurmSubmission.objects.filter(job=job, state="REFUSED").count()
+        if isinstance(exc, ValueError) or _refuses_user(exc) or refusals >= MAX_REFUSALS:
+            # Placing it elsewhere cannot help: the spec, the user or Slurm itself is the problem.
+            who = f" as Slurm user {user!r}" if user and _refuses_user(exc) else ""
+            with transaction.atomic():
+                locked = Job.objects.select_for_update().get(pk=job.pk)
+                if locked.status in ACTIVE_STATUSES:
+                    _finish(locked, JobStatus.FAILED, f"Slurm refused the job{who}: {exc}", now)
+                    result.finished.append(job.pk)
+            return
+        _requeue(job, f"Slurm refused the submission: {exc}; re-placing", now)
         result.requeued.append(job.pk)
         return
     SlurmSubmission.objects.update_or_create(
@@ -554,6 +565,15 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
         pending_reason=f"submitted to Slurm as job {slurm_id}"
     )
     result.submitted.append(job.pk)
+
+
+def _refuses_user(exc: Exception) -> bool:
+    """Whether Slurm's refusal is about who submits (no such user, bad or expired token)."""
+    text = str(exc).lower()
+    return any(
+        k in text
+        for k in ("invalid user", "user id", "authentication", "access denied", "permission denied", "token")
+    )
 
 
 def _minutes(runtime_s: float | None) -> int | None:

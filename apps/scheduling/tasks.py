@@ -62,9 +62,17 @@ def schedule_cluster_task(self, cluster_id: int) -> int | None:
         redelivered = (self.request.delivery_info or {}).get("redelivered")
         if redelivered and not cycle_record_redelivered(cluster=cluster):
             return None
-        return schedule_requested(cluster=cluster).pk
+        cycle = schedule_requested(cluster=cluster)
     except Cluster.DoesNotExist:
         return None
+    if cycle.placed:
+        # A cluster run by Slurm submits what was just placed now rather than at the next sync.
+        from apps.executors.sync import is_slurm
+        from apps.executors.tasks import slurm_sync_task
+
+        if is_slurm(cluster_id):
+            slurm_sync_task.delay(cluster_id)
+    return cycle.pk
 
 
 @shared_task(name="scheduling.schedule_all_clusters", ignore_result=True)

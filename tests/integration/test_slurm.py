@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from apps.executors.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
 from apps.executors.models import ForeignAllocation, SlurmSubmission
@@ -22,6 +26,7 @@ from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent
 from apps.scheduling.services import job_cancel, job_submit
+from apps.topology.models import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-local.sh"
@@ -261,3 +266,19 @@ def test_sbatch_taking_planned_gpus_first_replans_in_one_sync(cluster, user):
     job = sync_until(cluster, job, (JobStatus.RUNNING,))
     slurm_id = SlurmSubmission.objects.get(job=job, generation=job.generation).slurm_job_id
     assert sh("squeue", "-h", "-j", str(slurm_id), "-o", "%N").strip() in now
+
+
+def test_slurm_connect_imports_the_live_cluster_and_slurm_sync_reports(slurm_cluster, db):
+    out = StringIO()
+    call_command("slurm_connect", "--cluster", "slurm-cmd", "--defaults", "{nics_per_node: 8}", stdout=out)
+    assert "16 nodes" in out.getvalue()
+    cluster = Cluster.objects.get(name="slurm-cmd")
+    assert cluster.executor.kind == "slurm"
+    topology = snap.cluster_snapshot(cluster=cluster).topology
+    assert topology.n_gpus == 128
+    assert len(topology.leaf_names) == 4
+    out = StringIO()
+    call_command("slurm_sync", "--cluster", "slurm-cmd", stdout=out)
+    assert json.loads(out.getvalue().splitlines()[0])["nodes"] == 16
+    with pytest.raises(CommandError, match="not run by Slurm"):
+        call_command("slurm_sync", "--cluster", "nope")

@@ -1,0 +1,272 @@
+"""The Slurm sync against a scripted slurmrestd (no Slurm): states, rebinding, races, refusals."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from apps.executors.connect import slurm_connect
+from apps.executors.models import ForeignAllocation, SlurmSubmission
+from apps.executors.slurmrest import SlurmError, SlurmJob, SlurmNode
+from apps.executors.sync import slurm_sync
+from apps.scheduling.choices import JobStatus, NodeState
+from apps.scheduling.cycle import schedule_cluster
+from apps.scheduling.models import Allocation, NodeAgent
+from apps.scheduling.services import job_cancel, job_submit
+from topoweb.celery import app as celery_app
+
+TOPOLOGY = (
+    "SwitchName=leaf1 Nodes=n[1-2]\nSwitchName=leaf2 Nodes=n[3-4]\nSwitchName=spine Switches=leaf[1-2]\n"
+)
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
+
+
+class FakeSlurm:
+    """What slurmrestd would answer: `nodes`, `records` (SlurmJob by id); records submissions."""
+
+    def __init__(self):
+        self.nodes_ = {f"n{i}": SlurmNode(f"n{i}", "idle", (), "", 8, f"10.0.0.{i}") for i in range(1, 5)}
+        self.records: dict[int, list[SlurmJob]] = {}
+        self.submitted: list[dict] = []
+        self.cancelled: list[int] = []
+        self.refuse: str = ""
+        self.next_id = 100
+
+    def ping(self):
+        return [{"ping": "UP"}]
+
+    def nodes(self):
+        return list(self.nodes_.values())
+
+    def jobs(self):
+        return [j for comps in self.records.values() for j in comps]
+
+    def job(self, job_id):
+        return self.records.get(job_id, [])
+
+    def submit(self, body, *, user=None):
+        if self.refuse:
+            raise SlurmError(self.refuse)
+        self.next_id += 1
+        self.submitted.append(body)
+        comps = body.get("jobs") or [body["job"]]
+        self.records[self.next_id] = [
+            SlurmJob(
+                self.next_id + i, self.next_id, "", "slurm", "PENDING", "Priority", None, None, (), {}, ""
+            )
+            for i in range(len(comps))
+        ]
+        return self.next_id
+
+    def cancel(self, job_id, *, user=None):
+        self.cancelled.append(job_id)
+        self.records[job_id] = [_with(j, state="CANCELLED") for j in self.records.get(job_id, [])]
+
+    def run(self, job_id, granted: dict[str, list[int]]):
+        """Start the job: component i on the i-th node of `granted`, with those GPU indexes."""
+        comps = self.records[job_id]
+        self.records[job_id] = [
+            _with(c, state="RUNNING", reason="None", nodes=(node,), gpus={node: tuple(idx)})
+            for c, (node, idx) in zip(comps, granted.items(), strict=True)
+        ]
+
+    def end(self, job_id, state, exit_code=None):
+        self.records[job_id] = [_with(c, state=state, exit_code=exit_code) for c in self.records[job_id]]
+
+
+def _with(job: SlurmJob, **changes) -> SlurmJob:
+    fields = {k: getattr(job, k) for k in SlurmJob.__slots__ if not k.startswith("_")}
+    fields.update(changes)
+    return SlurmJob(**fields)
+
+
+@pytest.fixture
+def fake():
+    return FakeSlurm()
+
+
+@pytest.fixture
+def cluster(db, fake):
+    cluster, _ = slurm_connect(name="fake", url="unix:/nonexistent.sock", topology_text=TOPOLOGY, client=fake)
+    return cluster
+
+
+@pytest.fixture
+def user(db):
+    return get_user_model().objects.create_user("alice", password="x")
+
+
+def spec(gpus: int, **extra) -> dict:
+    return {
+        "version": 1,
+        "name": f"j{gpus}",
+        "cluster": "fake",
+        "gpus": gpus,
+        "parallelism": {"tp": min(gpus, 8), "pp": 1, "dp": max(gpus // 8, 1)},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "tp", "collective": "allreduce", "bytes": 5e7}],
+        "estimated_runtime_s": 600,
+        "command": ["python", "train.py"],
+        **extra,
+    }
+
+
+def placed(cluster, user, gpus=8, **extra):
+    job = job_submit(user=user, spec=spec(gpus, **extra), cluster=cluster)
+    schedule_cluster(cluster=cluster)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING
+    return job
+
+
+def sync(cluster, fake):
+    return slurm_sync(executor=cluster.executor, client=fake)
+
+
+def test_node_states_and_foreign_gpus(cluster, fake):
+    fake.nodes_["n2"] = SlurmNode("n2", "mixed", ("DRAIN",), "fan", 8, "x")
+    fake.nodes_["n3"] = SlurmNode("n3", "idle", (), "", 4, "x")
+    fake.records[7] = [
+        SlurmJob(7, 0, "other", "bob", "RUNNING", "None", None, None, ("n4",), {"n4": (0, 5)}, "")
+    ]
+    result = sync(cluster, fake)
+    assert result.foreign_jobs == 1
+    agents = {a.node.name: a for a in NodeAgent.objects.select_related("node")}
+    assert agents["n2"].state == NodeState.DRAINING and "fan" in agents["n2"].reason
+    assert [g["gpu"] for g in agents["n3"].unhealthy_gpus] == [4, 5, 6, 7]
+    assert sorted(ForeignAllocation.objects.values_list("gpu_index", flat=True)) == [0, 5]
+    fake.records[7] = [_with(fake.records[7][0], state="COMPLETED")]
+    sync(cluster, fake)
+    assert not ForeignAllocation.objects.exists()
+
+
+def test_job_goes_pending_running_rebinds_and_completes(cluster, fake, user):
+    job = placed(cluster, user, 4)
+    result = sync(cluster, fake)
+    assert result.submitted == [job.pk]
+    (sub,) = SlurmSubmission.objects.filter(job=job)
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING and "pending (Priority)" in job.pending_reason
+    node = Allocation.objects.filter(job=job).first().node_name
+    planned = sorted(Allocation.objects.filter(job=job).values_list("gpu_index", flat=True))
+    granted = [g for g in range(8) if g not in planned][:4]  # Slurm picked other GPUs
+    fake.run(sub.slurm_job_id, {node: granted})
+    result = sync(cluster, fake)
+    job.refresh_from_db()
+    assert result.started == [job.pk] and job.status == JobStatus.RUNNING
+    now = sorted(Allocation.objects.filter(job=job, live=True).values_list("gpu_index", flat=True))
+    assert now == granted
+    assert job.predicted_comm_ms is not None
+    fake.end(sub.slurm_job_id, "COMPLETED", 0)
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "status", "text"),
+    [
+        ("FAILED", 3, JobStatus.FAILED, "exit code 3"),
+        ("CANCELLED", None, JobStatus.CANCELLED, "cancelled in Slurm"),
+        ("NODE_FAIL", None, JobStatus.FAILED, "node failure"),
+        ("TIMEOUT", None, JobStatus.FAILED, "timeout"),
+    ],
+)
+def test_end_states_come_back(cluster, fake, user, state, code, status, text):
+    job = placed(cluster, user, 8)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    node = Allocation.objects.filter(job=job).first().node_name
+    fake.run(sub.slurm_job_id, {node: list(range(8))})
+    sync(cluster, fake)
+    fake.end(sub.slurm_job_id, state, code)
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == status
+    assert text in job.pending_reason
+
+
+def test_node_failure_requeues_a_job_that_asks_for_it(cluster, fake, user):
+    job = placed(cluster, user, 8, requeue=True)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: list(range(8))})
+    sync(cluster, fake)
+    fake.end(sub.slurm_job_id, "NODE_FAIL")
+    result = sync(cluster, fake)
+    assert job.pk in result.requeued
+    job.refresh_from_db()
+    # Re-placed and submitted again in the same sync.
+    assert job.status == JobStatus.PLACING and job.pk in result.submitted
+    assert "node failure" in job.requeue_reason
+
+
+def test_a_requeue_by_slurm_is_never_shown_running(cluster, fake, user):
+    job = placed(cluster, user, 8)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: list(range(8))})
+    sync(cluster, fake)
+    fake.end(sub.slurm_job_id, "PENDING")
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert sub.slurm_job_id in fake.cancelled
+
+
+def test_cancel_in_topoweb_cancels_in_slurm(cluster, fake, user):
+    job = placed(cluster, user, 8)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    job_cancel(job=job)
+    result = sync(cluster, fake)
+    assert sub.slurm_job_id in fake.cancelled and result.cancelled == [job.pk]
+
+
+def test_foreign_job_on_planned_gpus_replans_in_the_same_sync(cluster, fake, user):
+    job = placed(cluster, user, 8)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    node = Allocation.objects.filter(job=job).first().node_name
+    fake.records[9] = [SlurmJob(9, 0, "x", "bob", "RUNNING", "None", None, None, (node,), {node: (2,)}, "")]
+    result = sync(cluster, fake)
+    assert sub.slurm_job_id in fake.cancelled
+    assert job.pk in result.requeued and job.pk in result.submitted
+    job.refresh_from_db()
+    assert "slurm job 9 (bob)" in job.requeue_reason
+    assert node not in set(Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True))
+
+
+def test_refusals(cluster, fake, user):
+    job = placed(cluster, user, 8)
+    fake.refuse = "Requested node configuration is not available"
+    result = sync(cluster, fake)
+    # Released and re-placed; after three refusals the job fails with Slurm's words.
+    assert job.pk in result.requeued
+    for _ in range(3):
+        schedule_cluster(cluster=cluster)
+        sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert "node configuration is not available" in job.pending_reason
+    other = placed(cluster, user, 8)
+    fake.refuse = "Invalid user id"
+    sync(cluster, fake)
+    other.refresh_from_db()
+    assert other.status == JobStatus.FAILED and "Invalid user id" in other.pending_reason
+
+
+def test_unreachable_slurm_is_recorded(cluster):
+    result = slurm_sync(executor=cluster.executor)
+    assert "unreachable" in result.error
+    cluster.executor.refresh_from_db()
+    assert "unreachable" in cluster.executor.last_error
