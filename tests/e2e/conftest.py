@@ -145,6 +145,28 @@ def login(page, live_server):
     return _login
 
 
+# How long a browser test waits for a state (a selector, a text, a function) before failing. The
+# tests wait for states, never for fixed times, so a slow machine only makes them slower: at a load
+# average of 15 on 2 cores a 16k-GPU page or a queue refresh can take tens of seconds.
+STATE_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(autouse=True)
+def patient_waits(request):
+    """Every page and `expect` of an e2e test waits up to STATE_TIMEOUT_MS for its state."""
+    if "page" not in request.fixturenames:
+        yield
+        return
+    from playwright.sync_api import expect
+
+    page = request.getfixturevalue("page")
+    page.set_default_timeout(STATE_TIMEOUT_MS)
+    page.set_default_navigation_timeout(STATE_TIMEOUT_MS)
+    expect.set_options(timeout=STATE_TIMEOUT_MS)
+    yield
+    expect.set_options(timeout=5_000)
+
+
 @pytest.fixture(autouse=True)
 def no_csp_violations(request):
     """Fail an e2e test whose pages broke the Content-Security-Policy (Chromium reports each

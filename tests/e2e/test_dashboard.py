@@ -199,7 +199,7 @@ def test_queue_filters_and_refreshes_itself(page, live_server, scenario, login, 
     expect(rows).to_have_count(1)
     before = page.get_attribute("#queue-table", "data-refreshed")
     page.wait_for_function(
-        "(b) => document.getElementById('queue-table').dataset.refreshed !== b", arg=before, timeout=8000
+        "(b) => document.getElementById('queue-table').dataset.refreshed !== b", arg=before
     )
     expect(rows).to_have_count(1)
 

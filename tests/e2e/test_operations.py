@@ -35,7 +35,8 @@ def both_themes(page, name: str, selector: str | None = None) -> None:
         page.locator(selector).scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_folder() / f"ops-{name}.png"))
     page.emulate_media(color_scheme="dark")
-    page.wait_for_timeout(300)  # the graph redraws with the theme's colours
+    if page.locator("#cluster-graph[data-rendered='1']").count():
+        page.wait_for_selector("#cluster-graph[data-theme='dark']")  # redrawn in the theme's colours
     page.screenshot(path=str(screenshot_folder() / f"ops-{name}-dark.png"))
     page.emulate_media(color_scheme="light")
 
@@ -124,7 +125,7 @@ def test_now_page_lists_the_broken_and_refreshes_itself(ops_page, live_server, s
     NodeAgent.objects.create(
         node=node, state="down", reason="power", last_seen=timezone.now(), state_since=timezone.now()
     )
-    expect(page.locator("#now-nodes tbody tr")).to_have_count(3, timeout=15000)
+    expect(page.locator("#now-nodes tbody tr")).to_have_count(3)
     expect(page.locator("#now-nodes")).to_contain_text("power")
     both_themes(page, "now")
 

@@ -23,7 +23,7 @@ def test_a_runs_progress_bar_turns_into_charts_when_it_finishes(page, live_serve
     shot("simulation-progress")
     simulation_execute(run_id=run.pk)
     # The page polls the progress endpoint and reloads itself when the run is done.
-    page.wait_for_selector("#chart-jct_cdf .main-svg", timeout=20_000)
+    page.wait_for_selector("#chart-jct_cdf .main-svg")
     assert page.locator("#progress-bar").count() == 0
     for name in ("jct_cdf", "utilisation", "fragmentation"):
         assert page.locator(f"#chart-{name} .scatterlayer .trace").count() == 2
@@ -39,7 +39,7 @@ def test_staff_start_a_run_from_the_form(page, live_server, pod, login, shot):
     page.fill("#id_job_limit", "20")
     page.click("#simulation-form button[type=submit]")
     page.wait_for_url(f"{live_server.url}/simulations/*/")
-    page.wait_for_selector("#chart-jct_cdf .main-svg", timeout=20_000)
+    page.wait_for_selector("#chart-jct_cdf .main-svg")
     page.goto(f"{live_server.url}/simulations/")
     assert page.locator("#comparison tbody tr").count() == 4
     shot("simulations-list")
