@@ -346,15 +346,43 @@
     }
     return copy;
   }
+  // Zoomed in, the spines and cores would leave the view: their rows are drawn squeezed into the
+  // visible range (in their order), the cables up from the leaves following them.
+  const UPPER_ROLES = { "switch": 1, uplink: 1, load: 1, link: 1, "hl-links": 1, "hl-path": 1 };
+  function squeezer() {
+    const w = FULL_RANGE[1] - FULL_RANGE[0];
+    const v = state.range[1] - state.range[0];
+    if (!(v < w * 0.98)) return null;
+    const a = state.range[0] + v * 0.04;
+    const b = state.range[1] - v * 0.04;
+    return function (x) { return a + ((x - FULL_RANGE[0]) / w) * (b - a); };
+  }
+  function keepUpperInView(t, sq) {
+    if (!t.x || !t.x.length) return t;
+    const above = client.y_leaf + 1e-6;
+    const copy = Object.assign({}, t);
+    if (t.meta.role === "link") {
+      copy.x = t.customdata.map(function (i) {
+        const s = links.seg[i];
+        const x0 = s[1] > above ? sq(s[0]) : s[0];
+        const x1 = s[3] > above ? sq(s[2]) : s[2];
+        return Math.round(500 * (x0 + x1)) / 1000;
+      });
+    } else {
+      copy.x = t.x.map(function (x, k) { return x !== null && t.y[k] > above ? sq(x) : x; });
+    }
+    return copy;
+  }
   function displayTraces() {
     const width = state.range[1] - state.range[0];
     const lo = state.range[0] - width / 2;
     const hi = state.range[1] + width / 2;
+    const sq = squeezer();
     return full.map(function (t, i) {
       const role = t.meta && t.meta.role;
       if (t.visible === false) return t;
-      if (CULLED[role]) return cullTrace(i, lo, hi);
-      return t;
+      const shown = CULLED[role] ? cullTrace(i, lo, hi) : t;
+      return sq && UPPER_ROLES[role] ? keepUpperInView(shown, sq) : shown;
     });
   }
 

@@ -100,3 +100,22 @@ def test_the_legend_lists_the_jobs_in_view_with_their_colour(laptop, live_server
     first.click()
     job_id = page.evaluate("(j) => window.topoweb.client.jobs[j].id", int(index))
     page.wait_for_selector(f"#cluster-graph[data-highlight='{job_id}']")
+
+
+def test_spines_and_their_cables_stay_in_view_when_zoomed_in(laptop, live_server, scenario):
+    page = laptop()
+    open_cluster(page, live_server, "pod-256")
+    page.evaluate(
+        "() => window.topoweb.zoomTo(window.topoweb.client.node_x0[0] - 0.5, window.topoweb.client.node_x1[3] + 0.5)"
+    )
+    page.wait_for_selector("#cluster-graph[data-aggregate='0']")
+    drawn = page.evaluate(
+        """() => { const gd = document.getElementById('cluster-graph'), c = window.topoweb.client;
+          const spines = gd.data.find(t => t.meta.role === 'switch' && t.name === 'spine switches');
+          const up = gd.data.find(t => t.meta.role === 'uplink');
+          const ends = up.x.filter((x, k) => x !== null && up.y[k] > c.y_leaf + 1e-6);
+          return {range: gd._fullLayout.xaxis.range, spines: spines.x, ends: ends}; }"""
+    )
+    lo, hi = drawn["range"]
+    assert len(drawn["spines"]) == 2 and all(lo <= x <= hi for x in drawn["spines"])
+    assert drawn["ends"] and all(lo <= x <= hi for x in drawn["ends"])
