@@ -145,7 +145,9 @@ def test_hot_links_list_the_busiest_links_with_their_jobs(ops_page, live_server,
     first.locator("td:nth-child(2) a").last.click()
     expect(page).to_have_url(f"{live_server.url}/clusters/pod-256/switches/{leaf}/")
     expect(page.locator("#oversubscription")).to_contain_text("4:1 oversubscribed")
-    expect(page.locator("#switch-loads tbody tr").first).to_contain_text("job ")
+    # Its uplinks first (to the two spines), then its busiest NIC cables with their jobs.
+    expect(page.locator("#switch-loads tbody tr").first).to_contain_text("spine")
+    expect(page.locator("#switch-loads tbody tr", has_text="NIC cable").first).to_contain_text("job ")
     both_themes(page, "switch")
     page.goto(f"{live_server.url}/clusters/pod-256/links/?n=15")
     both_themes(page, "links")
