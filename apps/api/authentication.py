@@ -17,7 +17,7 @@ from rest_framework.exceptions import AuthenticationFailed, Throttled
 from apps.scheduling.agent_models import node_key_hash
 from apps.scheduling.models import LauncherToken, NodeToken
 
-from .logins import failure_keys, failure_record, failures_exceeded
+from .logins import failure_record, failures_exceeded, token_failure_keys
 
 # Every node agent authenticates every poll: a valid launcher token is remembered per process for
 # LAUNCHER_CACHE_S seconds, so a deleted token stops working within that time.
@@ -27,14 +27,19 @@ _LAUNCHERS: dict[str, tuple[LauncherToken, float]] = {}
 
 
 def _guarded(request, check):
-    """`check()` unless the caller's address has too many failures; a failure is counted."""
-    keys = failure_keys(request)
-    if failures_exceeded(keys):
-        raise Throttled(detail="too many failed authentication attempts from this address; try again later")
+    """`check()`, always: a valid key is never refused for others' failures. A failed key counts
+    against the caller's address and the key's prefix; past either limit it is a 429, not a 401."""
     try:
         return check()
     except AuthenticationFailed:
+        parts = get_authorization_header(request).split()
+        presented = parts[1].decode(errors="replace") if len(parts) == 2 else None
+        keys = token_failure_keys(request, presented)
         failure_record(keys)
+        if failures_exceeded(keys):
+            raise Throttled(
+                detail="too many failed authentication attempts from this address or with this key; try again later"
+            ) from None
         raise
 
 
