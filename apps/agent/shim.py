@@ -34,7 +34,13 @@ def _child(spec: dict) -> None:
             os.setuid(int(spec["uid"]))
             if os.getuid() != int(spec["uid"]) or os.geteuid() != int(spec["uid"]):
                 raise OSError("could not drop privileges")
-        os.chdir(spec.get("workdir") or os.environ.get("HOME") or "/")
+        if spec.get("workdir"):
+            os.chdir(spec["workdir"])
+        else:
+            try:
+                os.chdir(os.environ.get("HOME") or "/")
+            except OSError:
+                os.chdir("/")
         argv = [str(a) for a in spec["argv"]]
         os.execvpe(argv[0], argv, dict(os.environ))
     except BaseException as exc:  # noqa: BLE001 - anything before exec is the rank's start failure

@@ -62,8 +62,9 @@ if mode == "spy":
         env["signal_other"] = "ok"
     except OSError as exc:
         env["signal_other"] = errno.errorcode.get(exc.errno, str(exc.errno))
-with open(os.path.join(out, tag + ".json"), "w") as fh:
+with open(os.path.join(out, tag + ".json.tmp"), "w") as fh:
     json.dump(env, fh)
+os.replace(os.path.join(out, tag + ".json.tmp"), os.path.join(out, tag + ".json"))
 if mode == "fail" and rank == int(os.environ["FAIL_RANK"]):
     print("boom: rank", rank, "gives up", flush=True)
     sys.exit(3)

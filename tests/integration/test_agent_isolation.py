@@ -7,15 +7,22 @@ on any (node, GPU) used by two jobs' live processes."""
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
+import stat
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from apps.scheduling import agents as agent_services
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import NodeAgent, RankRun
+from apps.scheduling.models import NodeAgent, RankRun, UnixAccount
+from apps.scheduling.selectors import job_ranks
 from apps.topology.models import Node
 
 from .agents import cgroups_writable, gpu_use_watch, recorded, wait_for
@@ -151,3 +158,105 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
     assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
     assert NodeAgent.objects.get(node__name="node-a", node__cluster=cluster).state == NodeState.UP
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder every account can reach (pytest's own is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="topoweb-isolation-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def unix_users(shared_dir):
+    """Two Unix accounts made for the test (removed after), with homes in `shared_dir`."""
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd")
+    names = [f"twa{os.getpid() % 100000}", f"twb{os.getpid() % 100000}"]
+    for name in names:
+        home = shared_dir / f"home-{name}"
+        subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/sh", name], check=True)
+        home.mkdir()
+        shutil.chown(home, name, name)
+    yield names
+    for name in names:
+        subprocess.run(["userdel", "-f", name], check=False, capture_output=True)
+
+
+def test_two_owners_ranks_run_as_their_accounts_and_cannot_touch_each_other(
+    agents, cluster, user, tmp_path, shared_dir, unix_users
+):
+    from django.contrib.auth import get_user_model
+
+    acct_a, acct_b = unix_users
+    bob = get_user_model().objects.create_user("bob", password="pw")
+    carol = get_user_model().objects.create_user("carol", password="pw")
+    UnixAccount.objects.create(user=user, name=acct_a)
+    UnixAccount.objects.create(user=bob, name=acct_b)
+    UnixAccount.objects.create(user=carol, name="twnobody-here")
+    out, spy_out = shared_dir / "out-a", shared_dir / "out-b"
+    for folder in (out, spy_out):
+        folder.mkdir()
+        folder.chmod(0o777)
+    logs = shared_dir / "logs"
+    _drain_other(cluster, "node-a")
+    agents.start("node-a", multi_user=True, extra=["--log-dir", str(logs)])
+    with gpu_use_watch(shared_dir) as use:
+        body = spec(tmp_path, "alice-job", 4, BEHAVIOUR="sleep", SLEEP_S="30")
+        body["env"]["OUT_DIR"] = str(out)
+        first = services.job_submit(user=user, spec=body)
+        wait_for(lambda: len(recorded(out, 1)) == 4, what="alice's ranks to record")
+        victim = recorded(out, 1)[0]
+        victim_log = logs / f"job-{first.pk}-gen-1-rank-0.log"
+        body = spec(tmp_path, "bob-job", 4, BEHAVIOUR="spy", SLEEP_S="0.1")
+        body["env"].update(OUT_DIR=str(spy_out), SPY_LOG=str(victim_log), SPY_PID=str(victim["pid"]))
+        second = services.job_submit(user=bob, spec=body)
+        wait_for(status_is(second, JobStatus.COMPLETED, JobStatus.FAILED), what="bob's job")
+        assert second.status == JobStatus.COMPLETED, second.pending_reason
+        third = services.job_submit(user=carol, spec=spec(tmp_path, "carol-job", 4, BEHAVIOUR="exit"))
+        wait_for(status_is(third, JobStatus.FAILED, JobStatus.COMPLETED), what="carol's job")
+        services.job_cancel(job=first, user=user)
+        wait_for(
+            lambda: RankRun.objects.filter(job=first, exit_code__isnull=False).count() == 4,
+            what="alice's ranks to stop",
+        )
+    assert not use.violations, use.violations
+    assert "twnobody-here" in third.pending_reason and "does not exist on node node-a" in third.pending_reason
+    uid_a, uid_b = (pwd.getpwnam(n).pw_uid for n in unix_users)
+    spies = recorded(spy_out, 1)
+    assert len(spies) == 4
+    for seen in spies.values():
+        assert seen["uid"] == uid_b
+        assert seen["read_other_log"] == "EACCES" and seen["signal_other"] == "EPERM"
+    assert {e["uid"] for e in recorded(out, 1).values()} == {uid_a}
+    for job, uid in ((first, uid_a), (second, uid_b)):
+        for rank in range(4):
+            st = (logs / f"job-{job.pk}-gen-1-rank-{rank}.log").stat()
+            assert st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o600
+    # Alice's rank was not signalled by Bob: it ran until cancelled.
+    assert set(RankRun.objects.filter(job=first).values_list("exit_code", flat=True)) == {-15}
+
+
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/devices").is_dir(), reason="needs the v1 devices controller")
+def test_a_rank_cannot_open_a_gpu_device_it_was_not_given(agents, cluster, user, tmp_path):
+    """Stand-ins for /dev/nvidia0-7 (character devices without a driver: ENXIO when allowed);
+    the rank's cgroup denies the GPUs it was not planned on (EPERM)."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for index in range(8):
+        os.mknod(dev / f"nvidia{index}", 0o666 | stat.S_IFCHR, os.makedev(195, index))
+    _drain_other(cluster, "node-a")
+    agents.start("node-a", extra=["--dev-dir", str(dev)])
+    job = services.job_submit(
+        user=user, spec=spec(tmp_path, "devices", 3, BEHAVIOUR="devices", DEV_DIR=str(dev))
+    )
+    wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), what="the job")
+    assert job.status == JobStatus.COMPLETED, job.pending_reason
+    seen = recorded(tmp_path / "out", 1)
+    planned = {int(g) for g in seen[0]["CUDA_VISIBLE_DEVICES"].split(",")}
+    assert len(planned) == 3 and {r["gpu"] for r in job_ranks(job=job)} == planned
+    for env in seen.values():
+        for index in range(8):
+            assert env["devices"][f"nvidia{index}"] == ("ENXIO" if index in planned else "EPERM"), env
