@@ -19,12 +19,12 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from apps.placement.topology import read_spec_file
-from apps.topology.models import Cluster
+from apps.topology.models import Cluster, Node
 from apps.topology.retry import retry_when_locked
 
 from . import services
 from .choices import FINISHED_STATUSES, JobStatus
-from .models import Account, AccountLimit, AccountMembership, Job
+from .models import Account, AccountLimit, AccountMembership, Allocation, Job, NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +308,28 @@ def load_demo_jobs(*, start_all: bool = False) -> dict[str, int]:
             loaded[CASE] = 0
         else:
             loaded[CASE] = len(_submit_and_start(case, [("alice", spec)], users, start_all=start_all))
+    demo_maintenance()
     log.info("demo jobs loaded: %s", loaded)
     return loaded
+
+
+MAINTENANCE_REASON = "demo: firmware update, back after the maintenance window"
+
+
+def demo_maintenance() -> str | None:
+    """Drain the last idle node of su-h100 for maintenance, once, so that the node states, the
+    node list and the now page have something to show; returns its name (None: nothing done)."""
+    from .agents import node_drain
+
+    cluster = Cluster.objects.filter(name=SU).first()
+    if cluster is None or NodeAgent.objects.filter(node__cluster=cluster, reason=MAINTENANCE_REASON).exists():
+        return None
+    busy = Allocation.objects.filter(live=True, gpu__node__cluster=cluster).values("gpu__node_id")
+    node = Node.objects.filter(cluster=cluster).exclude(pk__in=busy).order_by("-position", "-id").first()
+    if node is None:
+        return None
+    node_drain(node=node, reason=MAINTENANCE_REASON)
+    return node.name
 
 
 def case_job() -> dict:

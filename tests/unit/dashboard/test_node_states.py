@@ -138,3 +138,16 @@ def test_cluster_page_counts_only_schedulable_gpus_free_after_a_drain(client, pe
     client.post("/clusters/leaf-spine-test/node-health/drain/", {"node": "node-001", "reason": "cables"})
     after = client.get("/clusters/leaf-spine-test/").content.decode()
     assert "32 GPUs (24 free)" in after and "drained (1 node)" in after
+
+
+def test_the_demo_drains_one_idle_node_for_maintenance_once(db):
+    from apps.placement.topology import read_spec_file
+    from apps.scheduling.demo import MAINTENANCE_REASON, demo_maintenance
+
+    from .conftest import EXAMPLES
+
+    cluster = cluster_import(data=read_spec_file(str(EXAMPLES / "su-h100-rail.yaml")))
+    name = demo_maintenance()
+    agent = NodeAgent.objects.get(node__cluster=cluster, node__name=name)
+    assert agent.state == NodeState.DRAINED and agent.reason == MAINTENANCE_REASON
+    assert demo_maintenance() is None
