@@ -3,6 +3,7 @@ unhealthy GPUs, drain and resume, the start timeout, job logs."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from datetime import timedelta
@@ -14,7 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.api.authentication import node_tokens_forget
-from apps.scheduling import agents, services, wakeups
+from apps.scheduling import agent_selectors, agents, services, wakeups
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks
@@ -412,6 +413,43 @@ def test_a_silent_node_goes_down_and_its_job_fails(case44, nodes, alice, committ
     assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
     sync(nodes, node)
     assert NodeAgent.objects.get(node__name=node).state == NodeState.UP
+
+
+def test_a_node_back_from_down_takes_work_only_once_its_old_ranks_are_gone(
+    case44, nodes, alice, committed, settings
+):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "j", 8)
+    node = job_ranks(job=job)[0]["node"]
+    body = sync(nodes, node).json()
+    assert body["fence_after_s"] == settings.TOPOWEB_AGENT_FENCE_AFTER_S
+    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
+    # Its fenced ranks are still stopping: the node stays down and gets no work.
+    answer = sync(nodes, node, running=[[job.pk, 1, r] for r in range(8)]).json()
+    assert answer["state"] == "down" and answer["work"] == [] and "still run" in answer["reason"]
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
+    answer = sync(nodes, node, running=[]).json()
+    assert answer["state"] == "up"
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 16
+
+
+def test_the_work_names_the_owners_unix_account_and_the_node_shows_isolation(nodes, alice, committed, client):
+    from django.core.management import call_command
+
+    submit(alice, committed, "j", 16)
+    (work,) = sync(nodes, isolation="single-user (every rank runs as the agent's user); no cgroups").json()[
+        "work"
+    ]
+    assert work["account"] == "alice"
+    call_command("unix_account", "alice", "alice_hpc", stdout=io.StringIO())
+    # A generation's work is cached as it was placed: the mapping applies from the next one.
+    agent_selectors._CACHE.clear()
+    (work,) = sync(nodes).json()["work"]
+    assert work["account"] == "alice_hpc"
+    client.force_login(alice)
+    html = client.get("/clusters/case-4-4/nodes/node-a/").content.decode()
+    assert "single-user mode" in html and "no cgroups" in html
 
 
 def test_job_logs_show_each_ranks_output_tail(nodes, alice, alice_api, bob_api, committed):
