@@ -175,7 +175,8 @@ def _first_mappings(idx: HierarchyIndex, job: JobSpec, gset: np.ndarray) -> Iter
     yield next(candidate_mappings(idx, job, gset))
     islands = island_order(idx, gset, job.tp * job.cp)
     if islands is not None:
-        yield lay_out(job, islands, next(iter(nestings(job))))
+        for nest in nestings(job):
+            yield lay_out(job, islands, nest)
 
 
 def search_evals(job: JobSpec) -> int:
