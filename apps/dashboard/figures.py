@@ -145,6 +145,12 @@ def node_marks(lay: geo.ClusterLayout, node_states: dict | None) -> tuple[np.nda
     return out, bad, shown
 
 
+def _no_agent_only(shown: dict) -> list[int]:
+    """Nodes whose only mark is "no agent" (sent as a plain list: a cluster without agents has
+    thousands of them)."""
+    return sorted(int(i) for i, v in shown.items() if v[0] == "no_agent" and not v[1] and not v[3])
+
+
 def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
     """One trace per node state present, its mark above each such node, named with the count;
     hover says the state, since when and why, a click opens the node's page."""
@@ -158,6 +164,21 @@ def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
         if not nodes:
             continue
         nodes.sort()
+        if key == "no_agent":
+            # No hover text of its own: the node's hover says it (thousands on an agentless cluster).
+            t = markers(
+                f"{label} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})",
+                lay.node_x[nodes],
+                np.full(len(nodes), geo.Y_NODE),
+                None,
+                "node-state",
+                marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 2, "color": color}},
+                legend=True,
+                customdata=nodes,
+            )
+            t["meta"]["state"] = key
+            out.append(t)
+            continue
         text = []
         for i in nodes:
             state, reason, since, gpus = shown[str(i)]
@@ -244,7 +265,10 @@ def cluster_figure(
         overlays=OVERLAYS,
         aggregate_above=AGGREGATE_ABOVE_NODES,
     )
-    client["node_state"] = shown
+    plain = _no_agent_only(shown)
+    client["node_no_agent"] = plain
+    plain_set = set(plain)
+    client["node_state"] = {i: v for i, v in shown.items() if int(i) not in plain_set}
     return ClusterFigure(figure=figure, client=client, styles=styles)
 
 

@@ -52,6 +52,7 @@
   const freeOnNode = client.node_gpus.slice();
   // Nodes not simply up, by node index: [state, reason, since (ISO), unhealthy GPU indexes].
   const nodeState = client.node_state || {};
+  (client.node_no_agent || []).forEach(function (i) { nodeState[String(i)] = ["no_agent", "", null, []]; });
   const OUT_STATES = { down: 1, drained: 1, draining: 1 };
   function idleText(gid) {
     const st = nodeState[String(client.gpu_node[gid])];

@@ -127,6 +127,9 @@ def test_graph_marks_each_state_and_leaves_its_gpus_out_of_free():
     marks = {t["meta"]["state"]: t for t in fig.figure["data"] if t["meta"]["role"] == "node-state"}
     assert marks["down"]["customdata"] == [0] and "since" in marks["down"]["text"][0]
     assert fig.client["node_state"]["2"] == ["up", "", None, [5]]
+    # Nodes without an agent go as a plain list, their marks without hover text of their own.
+    assert fig.client["node_no_agent"] == [3] and "3" not in fig.client["node_state"]
+    assert marks["no_agent"]["hoverinfo"] == "skip"
     bars = [t for t in fig.figure["data"] if t["meta"]["role"] == "agg-label"][0]
     assert bars["text"] == ["0 free", "15 free"]
 
