@@ -10,6 +10,7 @@ in-process through TopoWeb's services, with the cluster connected to the Slurm a
    and TopoWeb sees them as foreign allocations.
 2. Workload: --jobs jobs of 8 to 64 GPUs with the simulator's trace profiles (dense LLMs with
    tp8 x pp x dp, MoE with ep8, data-parallel CNN/BERT; `apps.placement.sim.profiles`).
+   Jobs larger than the free GPUs are left out of the draw.
 3. Each job, alone on the fragmented cluster, runs twice:
    - plain `sbatch --ntasks=G --gpus-per-task=1`: Slurm picks the nodes (topology/tree) and the
      GPUs, ranks in block order; every task reports (SLURM_PROCID, node, SLURM_LOCALID) and the
@@ -216,11 +217,17 @@ def main() -> int:
         from apps.scheduling.snapshot import cluster_snapshot
 
         topology = cluster_snapshot(cluster=cluster).topology
-        rng = random.Random(args.seed)
-        trace = [TraceJob(f"j{i:02d}", 0.0, rng.choice(SIZES), 3600.0) for i in range(args.jobs)]
-        profiles = assign_profiles(trace, topology, seed=args.seed)
         background = fragment(args.busy, args.seed, topology.n_gpus)
         slurm_sync(executor=cluster.executor)
+        free = int(cluster_snapshot(cluster=cluster).free.sum())
+        rng = random.Random(args.seed)
+        sizes = [g for g in SIZES if g <= free]
+        trace = [TraceJob(f"j{i:02d}", 0.0, rng.choice(sizes), 3600.0) for i in range(args.jobs)]
+        profiles = assign_profiles(trace, topology, seed=args.seed)
+        print(
+            f"{topology.n_gpus - free} of {topology.n_gpus} GPUs taken by {len(background)} sbatch jobs",
+            flush=True,
+        )
         rows = []
         shared = Path(tempfile.mkdtemp(prefix="slurm-bench-", dir="/tmp"))
         shared.chmod(0o777)

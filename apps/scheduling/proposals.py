@@ -32,7 +32,12 @@ def migrations_propose(*, cluster: Cluster) -> list[MigrationProposal]:
     proposal when it predicts a step time more than 5% shorter and the job has no open one.
 
     Open proposals of jobs that no longer hold GPUs are marked stale. Returns the new proposals.
+    A cluster run by Slurm gets none: Slurm cannot move a running job's ranks.
     """
+    from apps.executors.sync import is_slurm
+
+    if is_slurm(cluster.pk):
+        return []
     with transaction.atomic():
         locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
         MigrationProposal.objects.filter(job__cluster=locked, status=ProposalStatus.PROPOSED).exclude(

@@ -270,3 +270,14 @@ def test_unreachable_slurm_is_recorded(cluster):
     assert "unreachable" in result.error
     cluster.executor.refresh_from_db()
     assert "unreachable" in cluster.executor.last_error
+
+
+def test_no_migration_proposals_on_a_slurm_cluster(cluster, fake, user):
+    from apps.scheduling.proposals import migrations_propose
+
+    job = placed(cluster, user, 4)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: [0, 1, 2, 3]})
+    sync(cluster, fake)
+    assert migrations_propose(cluster=cluster) == []
