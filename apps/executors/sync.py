@@ -36,7 +36,7 @@ from apps.scheduling.agent_selectors import master_port
 from apps.scheduling.agents import _finish
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
-from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
 from apps.topology.models import Cluster, Node
 
 from .models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
@@ -510,7 +510,7 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
     spec = load_job(job.spec)
     launch = spec.launch
     slots = [RankSlot(r, n, g, nic) for r, n, g, nic in rows]
-    user = job.owner.get_username() if executor.submit_as_owner else None
+    user = _slurm_user(job) if executor.submit_as_owner else None
     workdir = launch.workdir or executor.output_dir or "/tmp"
     output = ""
     if executor.output_dir:
@@ -565,6 +565,13 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
         pending_reason=f"submitted to Slurm as job {slurm_id}"
     )
     result.submitted.append(job.pk)
+
+
+def _slurm_user(job: Job) -> str:
+    """The Slurm user a job runs as when submitted as its owner: the owner's Unix account (the
+    one the node agents run its ranks as), else the owner's username."""
+    account = UnixAccount.objects.filter(user_id=job.owner_id).values_list("name", flat=True).first()
+    return account or job.owner.get_username()
 
 
 def _refuses_user(exc: Exception) -> bool:

@@ -281,3 +281,38 @@ def test_no_migration_proposals_on_a_slurm_cluster(cluster, fake, user):
     fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: [0, 1, 2, 3]})
     sync(cluster, fake)
     assert migrations_propose(cluster=cluster) == []
+
+
+def test_jobs_are_submitted_as_their_owners_unix_account(cluster, fake, user):
+    from apps.scheduling.models import UnixAccount
+
+    seen = []
+    submit = fake.submit
+
+    def as_user(body, *, user=None):
+        seen.append(user)
+        return submit(body, user=user)
+
+    fake.submit = as_user
+    cluster.executor.submit_as_owner = True
+    cluster.executor.save()
+    UnixAccount.objects.create(user=user, name="alice_hpc")
+    placed(cluster, user, 4)
+    sync(cluster, fake)
+    assert seen == ["alice_hpc"]
+    assert SlurmSubmission.objects.get().slurm_user == "alice_hpc"
+
+
+def test_admin_lists_executors_submissions_and_foreign_gpus(cluster, fake, user, client):
+    admin = get_user_model().objects.create_superuser("root", password="x")
+    fake.records[7] = [
+        SlurmJob(7, 0, "other", "bob", "RUNNING", "None", None, None, ("n4",), {"n4": (1,)}, "")
+    ]
+    placed(cluster, user, 4)
+    sync(cluster, fake)
+    client.force_login(admin)
+    page = client.get("/admin/executors/clusterexecutor/")
+    assert page.status_code == 200 and b"unix:/nonexistent.sock" in page.content
+    assert client.get("/admin/executors/slurmsubmission/").status_code == 200
+    page = client.get("/admin/executors/foreignallocation/")
+    assert page.status_code == 200 and b"bob" in page.content
