@@ -33,7 +33,7 @@ from django.utils import timezone
 from apps.placement.jobs import load_job
 from apps.scheduling import snapshot as snap
 from apps.scheduling.agent_selectors import master_port
-from apps.scheduling.agents import _finish
+from apps.scheduling.agents import _finish, requeue_released
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
@@ -247,18 +247,8 @@ def _requeue(job: Job, why: str, now: datetime) -> None:
     """Release a placed job's GPUs and put it back in the queue with `why`."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
-        if job.status not in ACTIVE_STATUSES:
-            return
-        snap.release(job_id=job.pk, now=now)
-        Job.objects.filter(pk=job.pk).update(
-            status=JobStatus.QUEUED,
-            placed_at=None,
-            started_at=None,
-            flows={},
-            pending_reason=f"requeued: {why}",
-            requeue_reason=why,
-            requeued_at=now,
-        )
+        if job.status in ACTIVE_STATUSES:
+            requeue_released(job_id=job.pk, why=why, now=now)
 
 
 def _sync_submissions(

@@ -419,21 +419,26 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
             touched.append(job.pk)
             why = f"node {node.name} went down ({reason})"
             if snap.job_spec(job).launch.requeue:
-                snap.release(job_id=job.pk, now=now)
-                Job.objects.filter(pk=job.pk).update(
-                    status=JobStatus.QUEUED,
-                    placed_at=None,
-                    started_at=None,
-                    flows={},
-                    pending_reason=f"requeued: {why}",
-                    requeue_reason=why,
-                    requeued_at=now,
-                )
+                requeue_released(job_id=job.pk, why=why, now=now)
             else:
                 _finish(job, JobStatus.FAILED, why, now)
         queue_cycle(node.cluster_id)
         notify_cluster(node.cluster_id)
     return touched
+
+
+def requeue_released(*, job_id: int, why: str, now: datetime) -> None:
+    """Put an active job (locked by the caller) back in the queue with `why`, releasing its GPUs."""
+    snap.release(job_id=job_id, now=now)
+    Job.objects.filter(pk=job_id).update(
+        status=JobStatus.QUEUED,
+        placed_at=None,
+        started_at=None,
+        flows={},
+        pending_reason=f"requeued: {why}",
+        requeue_reason=why,
+        requeued_at=now,
+    )
 
 
 def node_drain(*, node: Node, reason: str) -> NodeAgent:

@@ -13,19 +13,11 @@ from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
 from apps.scheduling.models import Allocation, NodeAgent
 from apps.scheduling.services import job_cancel, job_submit
-from topoweb.celery import app as celery_app
+from tests.unit.scheduling.conftest import eager_celery  # noqa: F401  (autouse: tasks run in-process)
 
 TOPOLOGY = (
     "SwitchName=leaf1 Nodes=n[1-2]\nSwitchName=leaf2 Nodes=n[3-4]\nSwitchName=spine Switches=leaf[1-2]\n"
 )
-
-
-@pytest.fixture(autouse=True)
-def eager_celery():
-    before = celery_app.conf.task_always_eager
-    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
-    yield
-    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
 
 
 class FakeSlurm:
