@@ -174,7 +174,15 @@ def read_load(api: Api, rate: float, seconds: float, stop: threading.Event | Non
     return latencies
 
 
-UNITS = {"per_s": "1/s", "_ms": "ms", "placed": "jobs", "cycles.count": "cycles"}
+def unit_of(name: str) -> str:
+    """The unit of a result figure, from its dotted name."""
+    if name.endswith(".n"):
+        return "requests"
+    if name.endswith("per_s"):
+        return "1/s"
+    if "_ms" in name:
+        return "ms"
+    return {"placed": "jobs", "cycles.count": "cycles", "cycles.placed": "jobs"}.get(name, "")
 
 
 def print_figures(result: dict, prefix: str = "") -> None:
@@ -185,8 +193,7 @@ def print_figures(result: dict, prefix: str = "") -> None:
         if isinstance(value, dict):
             print_figures(value, name)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            unit = next((u for part, u in UNITS.items() if part in name), "")
-            figure(name, value, unit)
+            figure(name, value, unit_of(name))
 
 
 def wait_ready(port: int, timeout_s: float = 60) -> None:

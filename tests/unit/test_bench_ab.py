@@ -149,3 +149,22 @@ def test_this_projects_changelog_names_its_releases():
     named = ab.releases(text)
     assert named["v0.1"] == "1d9380a" and named["v0.2"] == "0be9d11"
     assert "## Unreleased" in text.split("## v0.2")[0]
+
+
+def test_api_throughput_names_its_figures_as_ab_reads_its_old_json():
+    import api_throughput
+
+    assert api_throughput.unit_of("get_latency_during_submissions_ms.p99") == "ms"
+    assert api_throughput.unit_of("get_latency_alone_ms.n") == "requests"
+    assert api_throughput.unit_of("placed_per_s") == "1/s"
+    result = {"placed_per_s": 150.5, "get_latency_alone_ms": {"p99": 80.0}, "targets": {"x": True}}
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        api_throughput.print_figures(result)
+    assert ab.parse_figures(out.getvalue(), "bench/api_throughput.py") == {
+        "placed_per_s": (150.5, "1/s"),
+        "get_latency_alone_ms.p99": (80.0, "ms"),
+    }
