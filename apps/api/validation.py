@@ -34,15 +34,37 @@ def field_error(field: str, message: str) -> ValidationError:
     return ValidationError({field or "detail": [message]})
 
 
+def _surrogate_at(text: str) -> int:
+    """Index of the first lone surrogate in `text` (JSON's "\\ud800" escapes make them), or -1."""
+    if text.isascii():
+        return -1
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return -1
+
+
+def _printable_path(path: str) -> str:
+    # A field name is echoed in the answer: a surrogate in it is shown escaped.
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def check_body(data: Any) -> Any:
     """`data` (a parsed body) unchanged, or a ValidationError naming the first value no field
-    can hold: a string or key with a NUL byte, an integer beyond +-(2**63-1), NaN or infinity."""
+    can hold: a string or key with a NUL byte or a lone surrogate, an integer beyond
+    +-(2**63-1), NaN or infinity."""
     stack: list[tuple[str, Any]] = [("", data)]
     while stack:
         path, value = stack.pop()
         if isinstance(value, str):
             if "\x00" in value:
-                raise field_error(path, "must not contain NUL bytes")
+                raise field_error(_printable_path(path), "must not contain NUL bytes")
+            at = _surrogate_at(value)
+            if at >= 0:
+                raise field_error(
+                    _printable_path(path), f"must be valid Unicode text: a lone surrogate at character {at}"
+                )
         elif isinstance(value, bool) or value is None:
             continue
         elif isinstance(value, int):
@@ -55,6 +77,10 @@ def check_body(data: Any) -> Any:
             for key, item in value.items():
                 if isinstance(key, str) and "\x00" in key:
                     raise field_error(path, f"key {shown(key)} must not contain NUL bytes")
+                if isinstance(key, str) and _surrogate_at(key) >= 0:
+                    raise field_error(
+                        path, f"key {_printable_path(key)!r} must be valid Unicode text: a lone surrogate"
+                    )
                 stack.append((f"{path}.{key}" if path else str(key), item))
         elif isinstance(value, list | tuple):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))

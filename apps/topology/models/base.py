@@ -6,7 +6,16 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from apps.placement.topology.ranges import GPU_MODEL_HELP, GPU_MODEL_RE, NAME_HELP, NAME_RE
+from apps.placement.topology.ranges import (
+    GPU_MODEL_HELP,
+    GPU_MODEL_RE,
+    MAX_LATENCY_US,
+    MAX_PEAK_TFLOPS,
+    NAME_HELP,
+    NAME_RE,
+    MAX_BW_GBps,
+    MIN_BW_GBps,
+)
 
 NAME_MAX_LENGTH = 100
 URL_MAX_LENGTH = 200
@@ -18,6 +27,30 @@ def validate_positive(value: float) -> None:
         return
     if not math.isfinite(value) or value <= 0:
         raise ValidationError("must be a positive number, got %(value)s", params={"value": value})
+
+
+def _in_range(value: float, low: float, high: float, unit: str) -> None:
+    validate_positive(value)
+    if value is not None and not low <= value <= high:
+        raise ValidationError(
+            "must be between %(low)s and %(high)s " + unit + ", as in a topology file; got %(value)s",
+            params={"low": f"{low:g}", "high": f"{high:g}", "value": f"{value:g}"},
+        )
+
+
+def validate_bw_GBps(value: float) -> None:
+    """A bandwidth in GB/s within the range the topology import accepts."""
+    _in_range(value, MIN_BW_GBps, MAX_BW_GBps, "GB/s")
+
+
+def validate_latency_us(value: float) -> None:
+    """A latency in microseconds within the range the topology import accepts."""
+    _in_range(value, 0.0, MAX_LATENCY_US, "us")
+
+
+def validate_peak_tflops(value: float) -> None:
+    """A GPU's dense peak in TFLOPS within the range the topology import accepts."""
+    _in_range(value, 0.0, MAX_PEAK_TFLOPS, "TFLOPS")
 
 
 def validate_name(value: str) -> None:

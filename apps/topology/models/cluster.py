@@ -9,7 +9,7 @@ from .base import (
     positive_constraint,
     validate_gpu_model_name,
     validate_name,
-    validate_positive,
+    validate_peak_tflops,
 )
 
 
@@ -48,7 +48,7 @@ class GpuModel(ClusterRow):
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gpu_models")
     name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_gpu_model_name])
-    peak_tflops = models.FloatField(validators=[validate_positive], help_text="Dense peak, TFLOPS.")
+    peak_tflops = models.FloatField(validators=[validate_peak_tflops], help_text="Dense peak, TFLOPS.")
 
     class Meta:
         ordering = ["cluster_id", "id"]

@@ -4,7 +4,14 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from ..choices import TIER_ORDER, SwitchTier
-from .base import NAME_MAX_LENGTH, ClusterRow, positive_constraint, validate_name, validate_positive
+from .base import (
+    NAME_MAX_LENGTH,
+    ClusterRow,
+    positive_constraint,
+    validate_bw_GBps,
+    validate_latency_us,
+    validate_name,
+)
 from .cluster import Cluster
 
 
@@ -39,8 +46,8 @@ class Link(ClusterRow):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links")
     a = models.ForeignKey(Switch, on_delete=models.CASCADE, related_name="links_as_a")
     b = models.ForeignKey(Switch, on_delete=models.CASCADE, related_name="links_as_b")
-    bw_GBps = models.FloatField("bandwidth (GB/s)", validators=[validate_positive])
-    latency_us = models.FloatField("latency (us)", validators=[validate_positive])
+    bw_GBps = models.FloatField("bandwidth (GB/s)", validators=[validate_bw_GBps])
+    latency_us = models.FloatField("latency (us)", validators=[validate_latency_us])
     position = models.PositiveIntegerField(default=0, help_text="Order in the exported spec.")
 
     class Meta:

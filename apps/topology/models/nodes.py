@@ -9,9 +9,10 @@ from .base import (
     URL_MAX_LENGTH,
     ClusterRow,
     positive_constraint,
+    validate_bw_GBps,
     validate_http_url,
+    validate_latency_us,
     validate_name,
-    validate_positive,
 )
 from .cluster import Cluster, GpuModel
 from .network import Switch
@@ -30,8 +31,8 @@ class NvlinkDomain(ClusterRow):
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nvlink_domains")
     name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
-    bw_GBps = models.FloatField("bandwidth per GPU (GB/s)", validators=[validate_positive])
-    latency_us = models.FloatField("latency (us)", validators=[validate_positive])
+    bw_GBps = models.FloatField("bandwidth per GPU (GB/s)", validators=[validate_bw_GBps])
+    latency_us = models.FloatField("latency (us)", validators=[validate_latency_us])
 
     class Meta:
         ordering = ["cluster_id", "id"]
@@ -92,8 +93,8 @@ class Nic(ClusterRow):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nics")
     name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     leaf = models.ForeignKey(Switch, on_delete=models.RESTRICT, related_name="nics")
-    bw_GBps = models.FloatField("bandwidth (GB/s)", validators=[validate_positive])
-    latency_us = models.FloatField("latency (us)", validators=[validate_positive])
+    bw_GBps = models.FloatField("bandwidth (GB/s)", validators=[validate_bw_GBps])
+    latency_us = models.FloatField("latency (us)", validators=[validate_latency_us])
 
     class Meta:
         ordering = ["node_id", "id"]

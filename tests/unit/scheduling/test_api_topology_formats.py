@@ -9,7 +9,10 @@ import pytest
 import yaml
 
 from apps.placement.convert.hostlist import expand
+from apps.placement.topology import read_spec_file
 from apps.topology.models import Cluster, Node
+
+from .conftest import EXAMPLES
 
 pytestmark = pytest.mark.django_db
 
@@ -99,3 +102,32 @@ def test_export_in_each_format(pod256, alice_api, fmt, media):
         assert "leaf-1" in json.dumps(json.loads(text)["tiers"])
     elif fmt == "kueue":
         assert list(yaml.safe_load_all(text))[0]["kind"] == "Topology"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "key"),
+    [
+        # A matrix of GPUs only: nothing says which NIC each GPU uses.
+        ("gpus-only.txt", b"\tGPU0\tGPU1\nGPU0\t X \tNV12\nGPU1\tNV12\t X \n", "gpus-only.txt:1"),
+    ],
+)
+def test_bad_nvidia_smi_imports_are_400_naming_the_line(staff_api, name, text, key):
+    response = staff_api.post(
+        "/api/v1/clusters/import/?from=nvidia-smi", {"file": _upload(name, text)}, format="multipart"
+    )
+    assert response.status_code == 400, response.content
+    assert any(key in k for k in response.json()), response.json()
+    assert not Cluster.objects.exists()
+
+
+def test_a_lone_surrogate_in_an_imported_name_is_a_400_naming_the_field(staff_api):
+    spec = read_spec_file(EXAMPLES / "case-4-4.yaml")
+    body = json.dumps({**spec, "name": "x"}).replace('"name": "x"', '"name": "x\\ud800"', 1)
+    response = staff_api.post("/api/v1/clusters/", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert "lone surrogate" in response.json()["name"][0]
+    # A lone surrogate in a key is named with the key escaped.
+    body = json.dumps(spec).replace('"gpu_models"', '"gpu\\udc80models"', 1)
+    response = staff_api.post("/api/v1/clusters/", body, content_type="application/json")
+    assert response.status_code == 400 and "lone surrogate" in response.content.decode()
+    assert not Cluster.objects.exists()

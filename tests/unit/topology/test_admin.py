@@ -208,3 +208,37 @@ def test_a_large_clusters_form_links_to_its_switches_instead_of_listing_them(adm
     # A small cluster still edits its switches inline.
     small = admin_client.get(url(Cluster, "change", pod256.pk)).content.decode()
     assert 'name="switches-0-name"' in small
+
+
+@pytest.mark.parametrize("value", ["1e308", "2e6", "0.001"])
+def test_the_node_form_refuses_a_bandwidth_outside_the_import_range(admin_client, case44, value):
+    node = Node.objects.get(cluster=case44, name="node-a")
+    data = node_form_data(node)
+    data["nics-0-bw_GBps"] = value
+    response = admin_client.post(url(Node, "change", node.pk), data)
+    assert response.status_code == 200
+    assert "must be between 0.01 and 1e+06 GB/s, as in a topology file" in response.content.decode()
+    assert Nic.objects.get(node=node).bw_GBps == 11
+
+
+def test_the_gpu_model_form_refuses_a_peak_of_1e308(admin_client, case44):
+    model = GpuModel.objects.filter(cluster=case44).first()
+    before = model.peak_tflops
+    data = {"cluster": case44.pk, "name": model.name, "peak_tflops": "1e308"}
+    response = admin_client.post(url(GpuModel, "change", model.pk), data)
+    assert response.status_code == 200
+    assert "must be between 0 and 100000 TFLOPS" in response.content.decode()
+    model.refresh_from_db()
+    assert model.peak_tflops == before
+    # The cluster still plans and its page still answers.
+    assert admin_client.get(f"/clusters/{case44.name}/").status_code == 200
+
+
+def test_a_latency_past_a_second_is_refused_by_the_model_too(case44):
+    from django.core.exceptions import ValidationError
+
+    link_nic = Nic.objects.filter(node__cluster=case44).first()
+    link_nic.latency_us = 1e308
+    with pytest.raises(ValidationError) as err:
+        link_nic.full_clean()
+    assert "latency_us" in err.value.message_dict
