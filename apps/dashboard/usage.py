@@ -49,10 +49,11 @@ def job_accounting(jobs: Iterable[Job]) -> dict[int, dict]:
     return out
 
 
-def usage_by_user(*, user, since: datetime, until: datetime, cluster=None) -> list[dict]:
-    """Jobs finished in [since, until) per owner: counts by outcome, GPU-hours, mean wait
-    (seconds, jobs that started) and mean MFU (each job's measured mean where sampled, else its
-    prediction; the mean over jobs). Users who may not see every job get their own row only."""
+def usage_by_user(*, user, since: datetime, until: datetime, cluster=None, by: str = "user") -> list[dict]:
+    """Jobs finished in [since, until) per owner (`by="user"`) or per account the jobs were
+    submitted under (`by="account"`, "(none)" without one): counts by outcome, GPU-hours, mean
+    wait (seconds, jobs that started) and mean MFU (each job's measured mean where sampled, else
+    its prediction; the mean over jobs). Users who may not see every job get their own jobs only."""
     jobs = Job.objects.filter(status__in=FINISHED_STATUSES, finished_at__gte=since, finished_at__lt=until)
     if cluster is not None:
         jobs = jobs.filter(cluster=cluster)
@@ -79,7 +80,10 @@ def usage_by_user(*, user, since: datetime, until: datetime, cluster=None) -> li
     )
     rows: dict[str, dict] = {}
     for job in jobs:
-        name = job.owner.get_username()
+        if by == "account":
+            name = job.account.name if job.account_id else "(none)"
+        else:
+            name = job.owner.get_username()
         r = rows.setdefault(
             name,
             {

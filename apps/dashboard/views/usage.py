@@ -16,6 +16,7 @@ from apps.topology.models import Cluster
 
 RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MAX_SPAN = timedelta(days=366)
+GROUPS = ("user", "account")
 
 
 def _when(raw: str, field: str, errors: list[str]) -> datetime | None:
@@ -55,8 +56,8 @@ def period(query) -> tuple[datetime, datetime, str, list[str]]:
 @login_required
 @require_GET
 def usage_page(request):
-    """`/usage/?range=24h|7d|30d` or `?since=&until=` (UTC), `?cluster=NAME`, `?format=csv`:
-    jobs finished in the period per user. Bad parameters answer 400 naming them."""
+    """`/usage/?range=24h|7d|30d` or `?since=&until=` (UTC), `?cluster=NAME`, `?by=user|account`,
+    `?format=csv`: jobs finished in the period per user or per account. Bad parameters answer 400 naming them."""
     since, until, preset, errors = period(request.GET)
     cluster = None
     name = request.GET.get("cluster", "")
@@ -64,13 +65,19 @@ def usage_page(request):
         cluster = Cluster.objects.filter(name=name).first()
         if cluster is None:
             errors.append(f"cluster: no cluster named {name[:60]!r}")
-    rows = [] if errors else usage_by_user(user=request.user, since=since, until=until, cluster=cluster)
+    by = request.GET.get("by", "user")
+    if by not in GROUPS:
+        errors.append(f"by: one of {', '.join(GROUPS)}")
+        by = "user"
+    rows = (
+        [] if errors else usage_by_user(user=request.user, since=since, until=until, cluster=cluster, by=by)
+    )
     if request.GET.get("format") == "csv" and not errors:
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         stamp = f"{since:%Y%m%dT%H%M}-{until:%Y%m%dT%H%M}"
         response["Content-Disposition"] = f'attachment; filename="topoweb-usage-{stamp}.csv"'
         out = csv.writer(response)
-        out.writerow([*USAGE_COLUMNS, "since", "until", "cluster"])
+        out.writerow([by if c == "user" else c for c in USAGE_COLUMNS] + ["since", "until", "cluster"])
         for r in rows:
             values = [r[c] for c in USAGE_COLUMNS]
             values = [round(v, 4) if isinstance(v, float) else ("" if v is None else v) for v in values]
@@ -91,5 +98,6 @@ def usage_page(request):
         "cluster_name": name,
         "clusters": list(Cluster.objects.order_by("name").values_list("name", flat=True)),
         "csv_query": request.GET.urlencode(),
+        "by": by,
     }
     return render(request, "dashboard/usage.html", context, status=400 if errors else 200)

@@ -89,3 +89,22 @@ def test_pending_reasons_show_relative_times():
     assert "reserved to start in 5.0 h (" in text and "Z" not in text.split("(")[-1]
     past = relative_times("seen at 2020-01-01T00:00:00Z")
     assert past.startswith("seen at ") and "d ago (01-01 00:00 UTC)" in past
+
+
+def test_usage_per_account(client, people, naive_case44):
+    from apps.scheduling.models import Account
+
+    job = _finish(naive_case44, JobStatus.COMPLETED, wait_s=60, run_s=3600)
+    Job.objects.filter(pk=job.pk).update(account=Account.objects.create(name="nlp"))
+    (row,) = usage_by_user(
+        user=people["ops"], since=timezone.now() - timedelta(days=1), until=timezone.now(), by="account"
+    )
+    assert row["user"] == "nlp" and row["gpu_hours"] == job.gpus
+    client.force_login(people["ops"])
+    html = client.get("/usage/?range=24h&by=account").content.decode()
+    assert "Usage per account" in html and "<td>nlp</td>" in html
+    rows = list(
+        csv.DictReader(io.StringIO(client.get("/usage/?range=24h&by=account&format=csv").content.decode()))
+    )
+    assert rows[0]["account"] == "nlp"
+    assert client.get("/usage/?by=team").status_code == 400
