@@ -412,6 +412,11 @@ if not 1024 <= TOPOWEB_MASTER_PORTS[0] <= TOPOWEB_MASTER_PORTS[1] <= 65535:
     raise ImproperlyConfigured(
         f"TOPOWEB_MASTER_PORTS must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535; got {_ports!r}"
     )
+# Rank output the server keeps per rank (the agents ship it in chunks; `topoweb logs` pages it).
+try:
+    TOPOWEB_RANK_LOG_MAX_MB = float(_env("TOPOWEB_RANK_LOG_MAX_MB", "64"))
+except ValueError:
+    raise ImproperlyConfigured("TOPOWEB_RANK_LOG_MAX_MB must be a number of MiB") from None
 # Thousands of agents' long-polls each take a connection briefly: a pool instead of one
 # connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).
 if _env("TOPOWEB_DB_POOL_MAX") and not EMBEDDED:

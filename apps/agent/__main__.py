@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a directory a job's workdir may be in besides its owner's home (repeatable)",
     )
     parser.add_argument("--dev-dir", default="/dev", help="where the GPU device files /dev/nvidiaN are")
+    parser.add_argument(
+        "--log-max-mb",
+        type=float,
+        default=256.0,
+        help="rotate a rank's log file past this size (to <file>.1, one kept); 0: never",
+    )
     return parser.parse_args(argv)
 
 
@@ -88,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not token or len(token) > 200:
         print("--token-file: expected one node token", file=sys.stderr)
+        return 2
+    if args.log_max_mb < 0:
+        print("--log-max-mb: must be 0 (no cap) or more", file=sys.stderr)
         return 2
     if not 0 < args.poll_s <= 60:
         print("--poll-s: must be between 0 and 60 seconds", file=sys.stderr)
@@ -136,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,
+        log_max_bytes=int(args.log_max_mb * 1024 * 1024),
     )
 
     async def run() -> None:

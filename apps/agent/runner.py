@@ -8,7 +8,8 @@ the server refused (listed in the answer's `refused` with the reason) is logged 
 resent. Output travels as text whatever bytes the rank wrote: invalid UTF-8 and NUL become U+FFFD.
 Each rank's stdout and stderr go to one file in `log_dir`, owned by the rank's account and
 readable by it alone; its tail travels with the exit report (and, while it runs, every
-`log_every_s`).
+`log_every_s`), and the whole file follows in chunks (see `logs.py`: capped at `log_max_bytes`
+and rotated).
 
 Each rank runs under a shim (`shim.py`, its parent) in its own cgroup (`cgroups.py`) as its
 owner's Unix account. A rank has exited when its main process exited and its cgroup is empty;
@@ -43,6 +44,7 @@ from . import VERSION
 from .cgroups import Cgroups, RankCgroup, gpu_devices
 from .env import RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
+from .logs import LogFile, safe_text
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -50,8 +52,12 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 TAIL_BYTES = 4096
 MAX_REPORTS = 256
-# The reports of one sync stay under this many bytes of JSON (the server takes 4 MiB bodies).
+# The reports of one sync stay under this many bytes of JSON (the server takes 4 MiB bodies),
+# and its log chunks (at most MAX_LOG_CHUNKS, one per rank) under MAX_LOG_BYTES.
 MAX_REPORT_BYTES = 2 * 1024 * 1024
+MAX_LOG_CHUNKS = 64
+MAX_LOG_BYTES = 1024 * 1024
+FINAL_CHUNK_BYTES = 256 * 1024
 # The long-poll wait, also the heartbeat: the server answers at once when the node's work changes,
 # and bounds the wait by its own TOPOWEB_AGENT_POLL_S (60 s by default).
 DEFAULT_POLL_S = 60.0
@@ -122,11 +128,6 @@ def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
             break
         batch.append(report)
     return batch
-
-
-def safe_text(data: bytes) -> str:
-    """Bytes as text any JSON parser and database take: invalid UTF-8 and NUL become U+FFFD."""
-    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -206,6 +207,7 @@ class Agent:
         workdir_roots: tuple[str, ...] = (),
         dev_dir: str | Path = "/dev",
         fence_after_s: float | None = None,
+        log_max_bytes: int = 0,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -223,6 +225,10 @@ class Agent:
         self.workdir_roots = tuple(workdir_roots)
         self.dev_dir = Path(dev_dir)
         self.fence_after_s = fence_after_s
+        # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
+        self.log_max_bytes = log_max_bytes
+        self.logs: dict[Key, LogFile] = {}
+        self._logs_at = 0.0
         self.ranks: dict[Key, LocalRank] = {}
         self.outbox: dict[tuple[int, int, int, str], dict[str, Any]] = {}
         self.state = "unknown"
@@ -317,7 +323,9 @@ class Agent:
         except TimeoutError:
             pass
 
-    def _body(self, reports: list[dict[str, Any]], wait_s: float) -> dict[str, Any]:
+    def _body(
+        self, reports: list[dict[str, Any]], wait_s: float, chunks: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         return {
             "node": self.node,
             "version": VERSION,
@@ -325,6 +333,7 @@ class Agent:
             "gpus": gpu_inventory(),
             "running": [list(k) for k, r in self.ranks.items() if r.status is not RankStatus.EXITED],
             "reports": reports,
+            "logs": chunks or [],
             "isolation": self.isolation()[:200],
             "wait_s": wait_s,
         }
@@ -332,7 +341,8 @@ class Agent:
     async def _sync(self, client: httpx.AsyncClient) -> None:
         self._check_fence()
         reports = report_batch(list(self.outbox.values()))
-        body = self._body(reports, 0.0 if reports else self.poll_s)
+        chunks = self._log_chunks()
+        body = self._body(reports, 0.0 if reports or chunks else self.poll_s, chunks)
         self._wake.clear()
         sent = time.monotonic()
         request = asyncio.ensure_future(client.post("/api/v1/agents/sync/", json=body))
@@ -360,6 +370,7 @@ class Agent:
             key = (r["job"], r["generation"], r["rank"], r["event"])
             if self.outbox.get(key) is r:
                 del self.outbox[key]
+        self._logs_shipped(chunks, answer)
         self.state = answer.get("state", "unknown")
         await self._reconcile(answer.get("work", []))
 
@@ -665,7 +676,73 @@ class Agent:
             local.cgroup.remove()
         shutil.rmtree(local.record, ignore_errors=True)
 
+    def _log_file(self, key: Key, path: Path) -> LogFile:
+        found = self.logs.get(key)
+        if found is None or found.path != path:
+            found = self.logs[key] = LogFile(path)
+        return found
+
+    def _log_chunks(self) -> list[dict[str, Any]]:
+        """The next piece of every rank log with output the server lacks: every `log_every_s`
+        for running ranks, at once (and larger) for exited ones; within MAX_LOG_BYTES."""
+        for key, local in self.ranks.items():
+            self._log_file(key, local.log_path)
+        due = time.monotonic() - self._logs_at >= self.log_every_s
+        chunks: list[dict[str, Any]] = []
+        size = 0
+        for key, logfile in list(self.logs.items()):
+            local = self.ranks.get(key)
+            final = local is None or local.status is RankStatus.EXITED
+            if not logfile.pending():
+                if final:
+                    del self.logs[key]
+                continue
+            if not (due or final) or len(chunks) >= MAX_LOG_CHUNKS:
+                continue
+            piece = logfile.chunk(FINAL_CHUNK_BYTES if final else MAX_LOG_BYTES // 8, final=final)
+            if piece is None:
+                continue
+            job, generation, rank = key
+            entry = {"job": job, "generation": generation, "rank": rank, **piece}
+            size += len(json.dumps(entry)) + 2
+            if chunks and size > MAX_LOG_BYTES:
+                break
+            chunks.append(entry)
+        if due:
+            self._logs_at = time.monotonic()
+        return chunks
+
+    def _logs_shipped(self, chunks: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+        """Move each rank log's shipped mark to where the server's copy ends; a refused chunk is
+        skipped (the server keeps no more of a log over its limit)."""
+        for name, end in (answer.get("logs") or {}).items():
+            try:
+                key = tuple(int(p) for p in str(name).split(":"))
+            except ValueError:
+                continue
+            if key in self.logs and isinstance(end, int):
+                self.logs[key].shipped_to(end)
+        for item in answer.get("refused_logs") or ():
+            key = (item.get("job"), item.get("generation"), item.get("rank"))
+            logfile = self.logs.get(key)
+            log.warning("the server refused a log chunk: %s", item)
+            if logfile is None:
+                continue
+            if "limit" in str(item.get("reason", "")):
+                logfile.full = True
+            sent = next((c for c in chunks if (c["job"], c["generation"], c["rank"]) == key), None)
+            if sent is not None:
+                logfile.shipped_to(sent["offset"] + sent["size"])
+
     def _ship_logs(self) -> None:
+        for key, logfile in self.logs.items():
+            local = self.ranks.get(key)
+            if (
+                local is not None
+                and local.status is not RankStatus.EXITED
+                and logfile.rotate(self.log_max_bytes)
+            ):
+                log.info("rotated %s past %d bytes", logfile.path, self.log_max_bytes)
         for local in self.ranks.values():
             if local.status is RankStatus.EXITED or local.shim_pid is None:
                 continue

@@ -47,9 +47,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=int)
     s.set_defaults(run=commands.cancel)
 
-    s = sub.add_parser("logs", help="each rank's output tail")
+    s = sub.add_parser("logs", help="each rank's output tail, or one rank's whole output")
     s.add_argument("job", type=int)
-    s.add_argument("--rank", type=int)
+    s.add_argument("--rank", type=int, help="this rank's whole output, read from the server page by page")
+    s.add_argument("--tail", action="store_true", help="with --rank: only the tail")
     s.add_argument("--generation", type=int)
     s.set_defaults(run=commands.logs)
 

@@ -15,6 +15,7 @@ MAX_SPEC_BYTES = 1 << 20
 # request, 3 server unreachable or credentials refused, 4 `--timeout-s` passed with the job still
 # unfinished, 130 interrupted (Ctrl-C).
 EXIT_TIMEOUT = 4
+LOG_PAGE_BYTES = 1024 * 1024
 EXIT_INTERRUPTED = 130
 FINISHED = {"completed": 0, "failed": 1, "cancelled": 1}
 JOB_COLUMNS = ("id", "name", "status", "gpus", "priority", "cluster_name", "owner", "pending_reason")
@@ -161,8 +162,33 @@ def cancel(api: Api, args) -> int:
     return 0
 
 
+def rank_log(api: Api, job: int, rank: int, generation: int | None, out=None) -> int:
+    """Write one rank's whole stored output to `out` (stdout), a page at a time; returns bytes."""
+    out = out or sys.stdout
+    params: dict[str, Any] = {"offset": 0, "limit": LOG_PAGE_BYTES}
+    if generation is not None:
+        params["generation"] = generation
+    total = 0
+    while True:
+        page = api.json("GET", f"jobs/{job}/logs/{rank}/", params=params)
+        out.write(page["text"])
+        total += page["next_offset"] - page["offset"]
+        if not page["more"] or page["next_offset"] <= params["offset"]:
+            break
+        params["offset"] = page["next_offset"]
+    out.flush()
+    if page.get("cut"):
+        print(f"topoweb: the server keeps only the first {page['size']} bytes of this log", file=sys.stderr)
+    return total
+
+
 def logs(api: Api, args) -> int:
+    """Each rank's output tail; with --rank, that rank's whole output (paged from the server)."""
     params = {k: v for k, v in (("rank", args.rank), ("generation", args.generation)) if v is not None}
+    if args.rank is not None and not args.json and not args.tail:
+        if rank_log(api, args.job, args.rank, args.generation):
+            return 0
+        # Nothing shipped in chunks (an older agent): the tail of its reports is all there is.
     runs = api.json("GET", f"jobs/{args.job}/logs/", params=params)
     if args.json:
         emit(runs, True)

@@ -87,6 +87,24 @@ class RankRun(models.Model):
         return f"job {self.job_id} gen {self.generation} rank {self.rank}: {self.state}"
 
 
+class RankLogChunk(models.Model):
+    """A piece of a rank's output as its agent shipped it: `size` bytes of the rank's log file
+    from byte `offset`, as text (invalid UTF-8 and NUL replaced). The chunks of a run, by offset,
+    are its whole log up to the server's limit (TOPOWEB_RANK_LOG_MAX_MB)."""
+
+    run = models.ForeignKey(RankRun, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.BigIntegerField()
+    size = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["run_id", "offset"]
+        constraints = [models.UniqueConstraint(fields=["run", "offset"], name="one_log_chunk_per_run_offset")]
+
+    def __str__(self) -> str:
+        return f"log of run {self.run_id} bytes {self.offset}+{self.size}"
+
+
 NODE_KEY_PREFIX = "tn_"
 
 

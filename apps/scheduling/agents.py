@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, models, transaction
 from django.db.models import Case, CharField, Count, DateTimeField, F, Q, TextField, Value, When
 from django.utils import timezone
 
@@ -29,7 +29,7 @@ from .agent_models import new_node_key, node_key_hash
 from .agent_selectors import node_gpu_indexes
 from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
 from .cycle import queue_cycle
-from .models import Allocation, Job, NodeAgent, NodeToken, RankRun
+from .models import Allocation, Job, NodeAgent, NodeToken, RankLogChunk, RankRun
 from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
@@ -535,3 +535,98 @@ def report_scope(*, node: Node, reports: Iterable[RankReport]) -> tuple[set[tupl
     foreign = {k for k in keys if where.get(k) and node.pk not in where[k]}
     unknown = {k for k in keys if not where.get(k)}
     return foreign, unknown
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """`size` bytes of the output of rank `rank` of `job` generation `generation` from byte
+    `offset` of its log file, as text."""
+
+    job: int
+    generation: int
+    rank: int
+    offset: int
+    size: int
+    data: str
+
+
+def rank_log_max_bytes() -> int:
+    """The output the server keeps per rank run."""
+    return int(float(getattr(settings, "TOPOWEB_RANK_LOG_MAX_MB", 64)) * 1024 * 1024)
+
+
+def agent_logs(
+    *, node: Node, chunks: Iterable[LogChunk]
+) -> tuple[dict[str, int], list[tuple[LogChunk, str]]]:
+    """Store log chunks of `node`'s ranks (the caller checked they are the node's). A chunk that
+    starts before what is stored already is skipped (an agent that restarted ships from 0
+    again). Returns how far each rank's stored log reaches ({"job:generation:rank": bytes}, so
+    the agent ships on from there) and the chunks refused with why (no rank run yet, or the
+    rank's log reached `rank_log_max_bytes()`)."""
+    chunks = list(chunks)
+    if not chunks:
+        return {}, []
+    runs = {
+        (j, g, r): pk
+        for pk, j, g, r in RankRun.objects.filter(node=node, job_id__in={c.job for c in chunks}).values_list(
+            "pk", "job_id", "generation", "rank"
+        )
+    }
+    ends: dict[int, int] = {}
+    for run_id, end in (
+        RankLogChunk.objects.filter(run_id__in=set(runs.values()))
+        .values("run_id")
+        .annotate(end=models.Max(F("offset") + F("size")))
+        .values_list("run_id", "end")
+    ):
+        ends[run_id] = int(end)
+    limit = rank_log_max_bytes()
+    refused: list[tuple[LogChunk, str]] = []
+    reached: dict[str, int] = {}
+    rows: list[RankLogChunk] = []
+    for c in sorted(chunks, key=lambda c: (c.job, c.generation, c.rank, c.offset)):
+        run_id = runs.get((c.job, c.generation, c.rank))
+        key = f"{c.job}:{c.generation}:{c.rank}"
+        if run_id is None:
+            refused.append((c, "the rank has not reported its start on this node"))
+            continue
+        end = ends.get(run_id, 0)
+        if c.offset < end:
+            reached[key] = end
+            continue
+        if c.offset + c.size > limit:
+            refused.append((c, f"the rank's log reached the server's limit of {limit} bytes"))
+            reached[key] = end
+            continue
+        rows.append(RankLogChunk(run_id=run_id, offset=c.offset, size=c.size, text=c.data))
+        ends[run_id] = reached[key] = c.offset + c.size
+    if rows:
+        RankLogChunk.objects.bulk_create(rows, ignore_conflicts=True)
+    return reached, refused
+
+
+def rank_log_page(*, run: RankRun, offset: int, limit: int) -> dict[str, Any]:
+    """A page of a rank run's stored log: the chunks from byte `offset` on (a chunk starting
+    before it is left out: pass a `next_offset` back), at least one and about `limit` bytes."""
+    chunks = RankLogChunk.objects.filter(run=run, offset__gte=offset).order_by("offset")
+    size = RankLogChunk.objects.filter(run=run).aggregate(end=models.Max(F("offset") + F("size")))["end"] or 0
+    texts: list[str] = []
+    taken = 0
+    first = None
+    next_offset = offset
+    for chunk in chunks.iterator(chunk_size=64):
+        if texts and taken + chunk.size > limit:
+            break
+        if first is None:
+            first = chunk.offset
+        texts.append(chunk.text)
+        taken += chunk.size
+        next_offset = chunk.offset + chunk.size
+    return {
+        "offset": offset if first is None else first,
+        "next_offset": max(next_offset, offset),
+        "size": int(size),
+        "more": int(size) > max(next_offset, offset),
+        "cut": int(size) >= rank_log_max_bytes(),
+        "text": "".join(texts),
+    }

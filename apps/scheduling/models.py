@@ -282,6 +282,7 @@ from .account_models import Account, AccountLimit, AccountMembership  # noqa: E4
 from .agent_models import (  # noqa: E402  (models of the launch loop)
     NodeAgent,
     NodeToken,
+    RankLogChunk,
     RankRun,
     UnixAccount,
 )
@@ -296,6 +297,7 @@ __all__ = [
     "MigrationProposal",
     "NodeAgent",
     "NodeToken",
+    "RankLogChunk",
     "RankRun",
     "SchedulingCycle",
     "UnixAccount",

@@ -13,7 +13,7 @@ from apps.topology.models import Node
 
 from ..agent_models import LOG_TAIL_CHARS
 from ..agent_selectors import shown_state
-from ..agents import Heartbeat, RankReport, clean_text, parse_reports
+from ..agents import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
 from ..choices import SHOWN_NODE_STATES
 from ..models import NodeAgent, RankRun
 
@@ -21,6 +21,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
 MAX_GPUS_PER_NODE = 256
 MAX_REPORTS = 256
+MAX_LOG_CHUNKS = 64
+MAX_CHUNK_BYTES = 256 * 1024
 MAX_RANK = 1_048_575
 MAX_ID = 2**31 - 1
 
@@ -59,6 +61,17 @@ class RankReportSerializer(serializers.Serializer):
         return attrs
 
 
+class LogChunkSerializer(serializers.Serializer):
+    """`size` bytes of a rank's log file from byte `offset`, as text."""
+
+    job = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    generation = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    rank = serializers.IntegerField(min_value=0, max_value=MAX_RANK)
+    offset = serializers.IntegerField(min_value=0, max_value=2**62)
+    size = serializers.IntegerField(min_value=1, max_value=MAX_CHUNK_BYTES)
+    data = serializers.CharField(max_length=MAX_CHUNK_BYTES, allow_blank=True, trim_whitespace=False)
+
+
 class AgentSyncSerializer(serializers.Serializer):
     """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
 
@@ -87,11 +100,18 @@ class AgentSyncSerializer(serializers.Serializer):
         help_text="Rank reports, each validated on its own: a bad one is refused in the answer.",
     )
     isolation = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    logs = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        max_length=MAX_LOG_CHUNKS,
+        help_text="Pieces of the ranks' log files, each validated on its own.",
+    )
     wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
 
     def validate(self, attrs):
         attrs.setdefault("running", [])
         attrs.setdefault("reports", [])
+        attrs.setdefault("logs", [])
         return attrs
 
     def heartbeat(self) -> Heartbeat:
@@ -139,6 +159,29 @@ def split_reports(items: list[Any]) -> tuple[list[RankReport], list[dict[str, An
         )
         refused.append({**report_key(item), "index": index, "reason": reason})
     return parse_reports(good), refused
+
+
+def split_logs(items: list[Any]) -> tuple[list[LogChunk], list[dict[str, Any]]]:
+    """The valid log chunks, and the refused ones as their key and why (`reason`)."""
+    good: list[LogChunk] = []
+    refused: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and isinstance(item.get("data"), str):
+            item = {**item, "data": clean_text(item["data"])}
+        one = LogChunkSerializer(data=item)
+        if one.is_valid():
+            good.append(LogChunk(**one.validated_data))
+            continue
+        errors = one.errors if isinstance(item, dict) else {"log": ["must be an object"]}
+        reason = "; ".join(
+            f"{field}: {' '.join(str(m) for m in (msgs if isinstance(msgs, list) else [msgs]))}"
+            for field, msgs in errors.items()
+        )
+        key = report_key(item)
+        if isinstance(item, dict) and _scalar(item.get("offset")):
+            key["offset"] = item["offset"]
+        refused.append({**key, "index": index, "reason": reason})
+    return good, refused
 
 
 class DrainSerializer(serializers.Serializer):

@@ -24,6 +24,7 @@ from apps.api.authentication import AUTHENTICATION, NodeAuthentication, node_tok
 from apps.api.parsers import parse_spec_body
 from apps.api.permissions import holds
 from apps.api.throttling import NodeSyncThrottle
+from apps.api.validation import int_param
 from apps.placement.topology import SpecLimits
 from apps.topology.models import Node
 from apps.topology.retry import retry_when_locked
@@ -38,6 +39,7 @@ from .agent_serializers import (
     DrainSerializer,
     NodeHealthSerializer,
     RankRunSerializer,
+    split_logs,
     split_reports,
 )
 
@@ -49,10 +51,13 @@ AGENT_SYNC_LIMITS = SpecLimits(max_bytes=4 * 1024 * 1024, max_nodes=200_000)
 def _clean_reports(data: Any) -> Any:
     """Rank output as the database can store it, before the NUL check of the validation layer:
     whatever bytes a rank wrote, its report is stored (see `agents.clean_text`)."""
-    if isinstance(data, dict) and isinstance(data.get("reports"), list):
-        for item in data["reports"]:
-            if isinstance(item, dict) and isinstance(item.get("log_tail"), str):
-                item["log_tail"] = agents.clean_text(item["log_tail"])
+    if not isinstance(data, dict):
+        return data
+    for field, text in (("reports", "log_tail"), ("logs", "data")):
+        if isinstance(data.get(field), list):
+            for item in data[field]:
+                if isinstance(item, dict) and isinstance(item.get(text), str):
+                    item[text] = agents.clean_text(item[text])
     return data
 
 
@@ -113,7 +118,8 @@ class AgentSyncView(APIView):
                 {"detail": "the credential's node no longer exists"}, status=status.HTTP_403_FORBIDDEN
             )
         reports, refused = split_reports(data["reports"])
-        foreign, unknown = agents.report_scope(node=node, reports=reports)
+        chunks, refused_logs = split_logs(data["logs"])
+        foreign, unknown = agents.report_scope(node=node, reports=[*reports, *chunks])
         if foreign:
             job, generation, rank = sorted(foreign)[0]
             return Response(
@@ -141,11 +147,23 @@ class AgentSyncView(APIView):
                 lambda: agents.agent_report(node=node, reports=reports), what="agent report"
             )
             refused += [{**_key(r), "reason": why} for r, why in stored]
+        logs: dict[str, int] = {}
+        if chunks:
+            refused_logs += [
+                {**_chunk_key(c), "reason": "no such rank was ever placed (its job may have been deleted)"}
+                for c in chunks
+                if (c.job, c.generation, c.rank) in unknown
+            ]
+            chunks = [c for c in chunks if (c.job, c.generation, c.rank) not in unknown]
+            logs, not_stored = retry_when_locked(
+                lambda: agents.agent_logs(node=node, chunks=chunks), what="agent logs"
+            )
+            refused_logs += [{**_chunk_key(c), "reason": why} for c, why in not_stored]
         work = node_work(node=node)
         # The server bounds the wait (its own poll interval), whatever the agent asks for.
         wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
-        if wait_s > 0 and not data["reports"] and running == _keys(work):
+        if wait_s > 0 and not data["reports"] and not data["logs"] and running == _keys(work):
             if not connection.in_atomic_block:
                 # A waiting poll holds no database connection: thousands of agents wait at once.
                 connection.close()
@@ -160,9 +178,15 @@ class AgentSyncView(APIView):
                 "down_after_s": agents.down_after_s(),
                 "refused": refused,
                 "fence_after_s": agents.fence_after_s(),
+                "logs": logs,
+                "refused_logs": refused_logs,
                 "work": work,
             }
         )
+
+
+def _chunk_key(c: agents.LogChunk) -> dict[str, Any]:
+    return {"job": c.job, "generation": c.generation, "rank": c.rank, "offset": c.offset}
 
 
 def _key(r: agents.RankReport) -> dict[str, Any]:
@@ -263,3 +287,52 @@ class JobLogsView(APIView):
         if "generation" not in request.query_params:
             runs = runs.filter(generation=job.generation)
         return Response(RankRunSerializer(runs[:4096], many=True).data)
+
+
+class RankLogView(APIView):
+    """A rank's whole output as its agent shipped it, a page at a time."""
+
+    authentication_classes = AUTHENTICATION[:2]
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        summary="One rank's whole output, paged by byte offset (current generation unless ?generation=)",
+        parameters=[
+            OpenApiParameter("generation", int, required=False),
+            OpenApiParameter(
+                "offset", int, required=False, description="a previous page's next_offset (default 0)"
+            ),
+            OpenApiParameter(
+                "limit",
+                int,
+                required=False,
+                description="about this many bytes (default 256 KiB, at most 4 MiB)",
+            ),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request: Request, pk: int, rank: int) -> Response:
+        """{"offset", "next_offset", "size" (bytes stored), "more", "cut" (the server's limit was
+        reached), "text"}; read on from `next_offset` while `more`."""
+        jobs = selectors.jobs_visible_to(user=request.user)
+        job = get_object_or_404(jobs, pk=pk)
+        params = request.query_params
+        generation = int_param(
+            params.get("generation"), field="generation", low=1, high=2**31 - 1, default=job.generation
+        )
+        offset = int_param(params.get("offset"), field="offset", low=0, high=2**62, default=0)
+        limit = int_param(params.get("limit"), field="limit", low=1, high=4 * 1024 * 1024, default=256 * 1024)
+        run = get_object_or_404(
+            RankRun.objects.select_related("node"), job=job, generation=generation, rank=rank
+        )
+        page = agents.rank_log_page(run=run, offset=offset, limit=limit)
+        return Response(
+            {
+                "job": job.pk,
+                "generation": generation,
+                "rank": rank,
+                "node": run.node.name,
+                "state": run.state,
+                **page,
+            }
+        )

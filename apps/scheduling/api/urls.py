@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .agent_views import AgentSyncView, JobLogsView, NodeHealthViewSet
+from .agent_views import AgentSyncView, JobLogsView, NodeHealthViewSet, RankLogView
 from .views import (
     AccountListView,
     JobViewSet,
@@ -23,5 +23,6 @@ urlpatterns = [
     path("accounts/", AccountListView.as_view(), name="account-list"),
     path("agents/sync/", AgentSyncView.as_view(), name="agent-sync"),
     path("jobs/<int:pk>/logs/", JobLogsView.as_view(), name="job-logs"),
+    path("jobs/<int:pk>/logs/<int:rank>/", RankLogView.as_view(), name="rank-log"),
     *router.urls,
 ]

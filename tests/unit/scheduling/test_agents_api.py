@@ -510,3 +510,59 @@ def test_a_sync_that_loses_the_write_lock_is_retried_not_refused(nodes, alice, m
     assert answer.status_code == 200, answer.content
     assert calls == {"beat": 2, "report": 2}
     assert RankRun.objects.get(job=job, rank=0).pid == 100
+
+
+def test_log_chunks_are_stored_once_and_paged_back(nodes, alice, alice_api, bob_api, committed, settings):
+    job = submit(alice, committed, "j", 16)
+    rank = next(r["rank"] for r in job_ranks(job=job) if r["node"] == "node-a")
+    started = {"job": job.pk, "generation": 1, "rank": rank, "event": "started", "pid": 5}
+    chunk = {"job": job.pk, "generation": 1, "rank": rank}
+    body = sync(
+        nodes,
+        "node-a",
+        reports=[started],
+        logs=[
+            {**chunk, "offset": 0, "size": 6, "data": "step1\n"},
+            {**chunk, "offset": 6, "size": 7, "data": "st\x00p2\n"},
+        ],
+    ).json()
+    assert body["logs"] == {f"{job.pk}:1:{rank}": 13} and body["refused_logs"] == []
+    # An agent that restarted ships from 0 again: nothing is stored twice, it learns where to go on.
+    again = sync(nodes, "node-a", logs=[{**chunk, "offset": 0, "size": 20, "data": "x" * 20}]).json()
+    assert again["logs"] == {f"{job.pk}:1:{rank}": 13}
+    url = f"/api/v1/jobs/{job.pk}/logs/{rank}/"
+    page = alice_api.get(url, {"limit": 1}).json()
+    assert (page["offset"], page["next_offset"], page["size"], page["more"]) == (0, 6, 13, True)
+    assert page["text"] == "step1\n"
+    page = alice_api.get(url, {"offset": page["next_offset"]}).json()
+    assert page["text"] == "st\ufffdp2\n" and not page["more"]
+    assert alice_api.get(url).json()["text"] == "step1\nst\ufffdp2\n"
+    assert bob_api.get(url).status_code == 404
+    assert alice_api.get(url, {"offset": -1}).status_code == 400
+    # Over the server's limit: refused, and said why.
+    settings.TOPOWEB_RANK_LOG_MAX_MB = 16 / (1024 * 1024)
+    over = sync(nodes, "node-a", logs=[{**chunk, "offset": 13, "size": 4, "data": "more"}]).json()
+    assert "limit" in over["refused_logs"][0]["reason"]
+    # Another node's credential may not ship this rank's log.
+    other = sync(nodes, "node-b", logs=[{**chunk, "offset": 13, "size": 1, "data": "x"}])
+    assert other.status_code == 403
+
+
+def test_a_bad_log_chunk_is_refused_alone(nodes, alice, committed):
+    job = submit(alice, committed, "j", 16)
+    rank = next(r["rank"] for r in job_ranks(job=job) if r["node"] == "node-a")
+    body = sync(
+        nodes,
+        "node-a",
+        reports=[{"job": job.pk, "generation": 1, "rank": rank, "event": "started"}],
+        logs=[
+            {"job": job.pk, "generation": 1, "rank": rank, "offset": 0, "size": 0, "data": ""},
+            {"job": job.pk, "generation": 1, "rank": rank, "offset": 0, "size": 2, "data": "ok"},
+        ],
+    )
+    assert body.status_code == 200
+    answer = body.json()
+    assert [r["index"] for r in answer["refused_logs"]] == [0] and "size" in answer["refused_logs"][0][
+        "reason"
+    ]
+    assert answer["logs"] == {f"{job.pk}:1:{rank}": 2}

@@ -169,3 +169,35 @@ def test_ctrl_c_while_waiting_exits_130_and_cancels_only_when_asked_to(
     assert Job.objects.get(name="cli-job").status == status
     if status == "queued":
         assert "keeps running" in err and "topoweb cancel" in err
+
+
+def test_logs_of_one_rank_reads_its_whole_output_page_by_page(cli, tmp_path, alice, monkeypatch, committed):
+    from apps.scheduling.models import RankLogChunk, RankRun
+    from apps.topology.models import Node
+
+    job = committed(services.job_submit, user=alice, spec=small_spec("cli-job", 8, command=["true"]))
+    job.refresh_from_db()
+    run = RankRun.objects.create(
+        job=job, generation=job.generation, rank=3, node=Node.objects.get(name="node-a")
+    )
+    lines = [f"step {i}\n" for i in range(300)]
+    offset = 0
+    for start in range(0, 300, 100):
+        text = "".join(lines[start : start + 100])
+        RankLogChunk.objects.create(run=run, offset=offset, size=len(text), text=text)
+        offset += len(text)
+    pages = []
+    real = commands.Api.json
+
+    def counting(self, method, path, **kwargs):
+        pages.append(path)
+        return real(self, method, path, **kwargs)
+
+    monkeypatch.setattr(commands, "LOG_PAGE_BYTES", 1000)
+    monkeypatch.setattr(commands.Api, "json", counting)
+    code, out, err = cli("logs", str(job.pk), "--rank", "3")
+    assert code == 0 and out == "".join(lines), err
+    assert len(pages) == 3
+    RankRun.objects.filter(pk=run.pk).update(log_tail="the tail\n")
+    code, out, _ = cli("logs", str(job.pk), "--rank", "3", "--tail")
+    assert code == 0 and "the tail" in out and "step 0\n" not in out

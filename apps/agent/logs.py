@@ -1,0 +1,108 @@
+"""Rank log files on the node: shipped to the server in chunks, capped and rotated.
+
+Each rank writes to one file (opened for appending). `LogFile` ships it from where the server's
+copy ends, a chunk at a time, cut at a UTF-8 character boundary, and rotates it when it grows past
+the cap: the file is copied to `<name>.1` (replacing the previous one) and truncated, which the
+rank's appending writes follow (copytruncate, as logrotate does for a process that keeps its
+file open). Offsets are positions in the rank's whole output: rotated bytes count, so the
+server's copy stays in one piece. Output written between the copy and the truncation, or not
+yet shipped when its file rotated, is in `<name>.1` only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHUNK_BYTES = 64 * 1024
+
+
+def safe_text(data: bytes) -> str:
+    """Bytes as text any JSON parser and database take: invalid UTF-8 and NUL become U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def _utf8_cut(data: bytes) -> int:
+    """How many leading bytes of `data` end on a character boundary (a multi-byte character cut
+    at the end is left for the next chunk)."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for the lead byte
+        if byte & 0x80 == 0:
+            return end
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return end if back >= need else end - back
+    return end
+
+
+@dataclass(slots=True)
+class LogFile:
+    """One rank's log file: `shipped` bytes of its output are on the server, `rotated` bytes were
+    moved to `<path>.1` by rotations; `full` once the server keeps no more of it."""
+
+    path: Path
+    shipped: int = 0
+    rotated: int = 0
+    full: bool = False
+
+    def size(self) -> int:
+        """The rank's whole output so far, in bytes (rotated ones included)."""
+        try:
+            return self.rotated + self.path.stat().st_size
+        except OSError:
+            return self.rotated
+
+    def pending(self) -> bool:
+        return not self.full and self.size() > self.shipped
+
+    def chunk(self, limit: int = CHUNK_BYTES, final: bool = False) -> dict[str, Any] | None:
+        """The next piece to ship ({"offset", "size", "data"}), or None. Output that rotated away
+        before it shipped is skipped. A trailing partial character waits for the next chunk
+        unless `final` (the rank exited)."""
+        if self.full:
+            return None
+        start = max(self.shipped, self.rotated)
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(start - self.rotated)
+                data = fh.read(limit)
+        except OSError:
+            return None
+        if not data:
+            return None
+        cut = len(data) if final else _utf8_cut(data)
+        if cut == 0:
+            return None
+        return {"offset": start, "size": cut, "data": safe_text(data[:cut])}
+
+    def shipped_to(self, end: int) -> None:
+        """The server's copy reaches byte `end` (it may be ahead after an agent restart)."""
+        self.shipped = max(self.shipped, end)
+
+    def rotate(self, max_bytes: int) -> bool:
+        """Copy the file to `<path>.1` and truncate it when it is over `max_bytes`."""
+        if max_bytes <= 0:
+            return False
+        try:
+            size = self.path.stat().st_size
+            if size <= max_bytes:
+                return False
+            old = self.path.with_name(self.path.name + ".1")
+            shutil.copyfile(self.path, old)
+            try:
+                os.chmod(old, self.path.stat().st_mode & 0o777)
+                st = self.path.stat()
+                os.chown(old, st.st_uid, st.st_gid)
+            except OSError:
+                pass
+            with self.path.open("r+b") as fh:
+                fh.truncate(0)
+        except OSError:
+            return False
+        self.rotated += size
+        return True

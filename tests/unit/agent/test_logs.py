@@ -1,0 +1,66 @@
+"""Rank log files: chunks cut at character boundaries, bytes-safe text, copytruncate rotation."""
+
+from __future__ import annotations
+
+from apps.agent.logs import LogFile, safe_text
+from apps.agent.runner import MAX_REPORTS, report_batch
+
+
+def test_safe_text_replaces_nul_and_invalid_utf8():
+    assert safe_text(b"a\x00b\xffc \xc3\xa9") == "a\ufffdb\ufffdc \u00e9"
+
+
+def test_chunks_follow_the_shipped_mark_and_never_split_a_character(tmp_path):
+    path = tmp_path / "rank.log"
+    path.write_bytes("héllo".encode() + b"\xe2\x82")  # a euro sign, cut short by the writer
+    logfile = LogFile(path)
+    piece = logfile.chunk(limit=3)
+    assert piece == {"offset": 0, "size": 3, "data": "hé"}
+    logfile.shipped_to(3)
+    piece = logfile.chunk()
+    assert piece == {"offset": 3, "size": 3, "data": "llo"}
+    logfile.shipped_to(6)
+    assert logfile.chunk() is None and logfile.pending()
+    assert logfile.chunk(final=True) == {"offset": 6, "size": 2, "data": "\ufffd"}
+    with path.open("ab") as fh:
+        fh.write(b"\xac!")
+    assert logfile.chunk()["data"] == "\u20ac!"
+
+
+def test_rotation_keeps_offsets_of_the_whole_output(tmp_path):
+    path = tmp_path / "rank.log"
+    with path.open("ab") as writer:
+        writer.write(b"x" * 100)
+        writer.flush()
+        logfile = LogFile(path)
+        logfile.shipped_to(100)
+        assert not logfile.rotate(0) and not logfile.rotate(100)
+        assert logfile.rotate(50)
+        assert (tmp_path / "rank.log.1").read_bytes() == b"x" * 100
+        # The rank's appending writes go on at the start of the truncated file.
+        writer.write(b"after\n")
+        writer.flush()
+    assert path.read_bytes() == b"after\n"
+    assert logfile.size() == 106
+    assert logfile.chunk() == {"offset": 100, "size": 6, "data": "after\n"}
+
+
+def test_unshipped_output_that_rotated_away_is_skipped(tmp_path):
+    path = tmp_path / "rank.log"
+    path.write_bytes(b"a" * 10)
+    logfile = LogFile(path)
+    assert logfile.rotate(5)
+    path.write_bytes(b"b")
+    assert logfile.chunk() == {"offset": 10, "size": 1, "data": "b"}
+
+
+def test_a_report_batch_is_bounded_by_count_and_bytes():
+    small = [{"job": 1, "generation": 1, "rank": r, "event": "started"} for r in range(MAX_REPORTS + 10)]
+    assert len(report_batch(small)) == MAX_REPORTS
+    big = [
+        {"job": 1, "generation": 1, "rank": r, "event": "exited", "log_tail": "x" * 600_000}
+        for r in range(10)
+    ]
+    batch = report_batch(big)
+    assert 1 <= len(batch) <= 4 and batch == big[: len(batch)]
+    assert report_batch(big[:1]) == big[:1]
