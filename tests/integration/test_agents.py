@@ -353,3 +353,34 @@ def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, use
         for agent in started:
             agent.thread.join(timeout=15)
         assert not any(agent.thread.is_alive() for agent in started)
+
+
+def test_nul_and_invalid_utf8_output_keeps_the_node_up_and_every_log_whole(agents, user, tmp_path):
+    """A rank writing NUL and invalid UTF-8 neither poisons its node's syncs nor loses output: the
+    job completes, the next job runs, the node stays up, and the whole log reads back."""
+    from apps.scheduling.models import RankLogChunk
+
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    program = (
+        "import os, sys; out = sys.stdout.buffer; out.write(b'start\\n');"
+        " out.write(b'bad \\x00 nul \\xff\\xfe utf8\\n' * 2000); out.write(b'end\\n'); out.flush()"
+    )
+    first = services.job_submit(
+        user=user, spec={**spec(tmp_path, "binary", 16), "command": ["python", "-c", program]}
+    )
+    wait_for(status_is(first, JobStatus.COMPLETED, JobStatus.FAILED), what="the binary job to finish")
+    assert first.status == JobStatus.COMPLETED, first.pending_reason
+    run = RankRun.objects.get(job=first, rank=0)
+    assert "\ufffd" in run.log_tail and "end" in run.log_tail
+    expected = b"start\n" + b"bad \x00 nul \xff\xfe utf8\n" * 2000 + b"end\n"
+    wait_for(
+        lambda: sum(RankLogChunk.objects.filter(run=run).values_list("size", flat=True)) == len(expected),
+        what="the whole log shipped",
+    )
+    text = "".join(RankLogChunk.objects.filter(run=run).order_by("offset").values_list("text", flat=True))
+    assert text == expected.decode("utf-8", "replace").replace("\x00", "\ufffd")
+    assert set(NodeAgent.objects.values_list("state", flat=True)) == {NodeState.UP}
+    second = services.job_submit(user=user, spec=spec(tmp_path, "after", 16))
+    wait_for(status_is(second, JobStatus.COMPLETED, JobStatus.FAILED), what="the next job to finish")
+    assert second.status == JobStatus.COMPLETED, second.pending_reason
