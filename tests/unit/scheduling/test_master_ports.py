@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.scheduling import agents, services
+from apps.scheduling import agent_selectors, agents, services
 from apps.scheduling.models import Allocation
 from apps.scheduling.snapshot import assign_master_ports
 from apps.topology.models import Gpu, Node
@@ -62,6 +62,8 @@ def test_other_nodes_and_other_ranks_do_not_take_ports(case44, alice, settings):
 
 def test_the_agents_and_every_rank_map_show_the_stored_port(case44, alice, alice_api, committed, settings):
     settings.TOPOWEB_MASTER_PORTS = (21000, 21999)
+    # Generations are cached per process by (job, generation); the test database reuses ids.
+    agent_selectors._CACHE.clear()
     job = committed(services.job_submit, user=alice, spec=small_spec("j", 16, command=COMMAND))
     job.refresh_from_db()
     port = Allocation.objects.get(job=job, generation=job.generation, rank=0).master_port
