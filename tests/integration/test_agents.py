@@ -3,6 +3,7 @@ that records its environment; the job lifecycle follows their reports."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -367,7 +368,7 @@ def test_nul_and_invalid_utf8_output_keeps_the_node_up_and_every_log_whole(agent
         " out.write(b'bad \\x00 nul \\xff\\xfe utf8\\n' * 2000); out.write(b'end\\n'); out.flush()"
     )
     first = services.job_submit(
-        user=user, spec={**spec(tmp_path, "binary", 16), "command": ["python", "-c", program]}
+        user=user, spec={**spec(tmp_path, "binary", 16), "command": [sys.executable, "-c", program]}
     )
     wait_for(status_is(first, JobStatus.COMPLETED, JobStatus.FAILED), what="the binary job to finish")
     assert first.status == JobStatus.COMPLETED, first.pending_reason
