@@ -364,7 +364,8 @@ def _pending(job, sub, comps, foreign, client, result, now) -> None:
         _requeue(job, why, now)
         result.requeued.append(job.pk)
         return
-    text = f"slurm job {sub.slurm_job_id} pending ({comps[0].reason})"
+    reason = comps[0].reason
+    text = f"slurm job {sub.slurm_job_id} pending" + (f" ({reason})" if reason and reason != "None" else "")
     if job.pending_reason != text:
         Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(pending_reason=text)
 
