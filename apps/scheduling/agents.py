@@ -522,14 +522,17 @@ def report_scope(*, node: Node, reports: Iterable[RankReport]) -> tuple[set[tupl
     keys = {(r.job, r.generation, r.rank) for r in reports}
     if not keys:
         return set(), set()
-    jobs = {k[0] for k in keys}
+    # Only rows of the reported jobs, generations and ranks (a job may have thousands of ranks).
+    scope = {
+        "job_id__in": {k[0] for k in keys},
+        "generation__in": {k[1] for k in keys},
+        "rank__in": {k[2] for k in keys},
+    }
     where: dict[tuple, set[int]] = {}
-    rows = Allocation.objects.filter(job_id__in=jobs).values_list(
-        "job_id", "generation", "rank", "gpu__node_id"
-    )
+    rows = Allocation.objects.filter(**scope).values_list("job_id", "generation", "rank", "gpu__node_id")
     for job, generation, rank, node_id in rows:
         where.setdefault((job, generation, rank), set()).add(node_id)
-    runs = RankRun.objects.filter(job_id__in=jobs).values_list("job_id", "generation", "rank", "node_id")
+    runs = RankRun.objects.filter(**scope).values_list("job_id", "generation", "rank", "node_id")
     for job, generation, rank, node_id in runs:
         where.setdefault((job, generation, rank), set()).add(node_id)
     foreign = {k for k in keys if where.get(k) and node.pk not in where[k]}
