@@ -23,8 +23,10 @@ BODY_LIMITS: tuple[tuple[re.Pattern, int], ...] = (
     # Topology spec v1 imports (JSON/YAML body or multipart file) and the import page.
     (re.compile(r"^/api/v1/clusters/(import/)?$"), TOPOLOGY_LIMITS.max_bytes + 64 * KiB),
     (re.compile(r"^/import/$"), TOPOLOGY_LIMITS.max_bytes + 64 * KiB),
-    # Job spec v1: submission and placement preview.
-    (re.compile(r"^/api/v1/(jobs|placements/preview)/$"), JOB_LIMITS.max_bytes),
+    # Job spec v1: submission (one spec within JOB_LIMITS, checked by its parser, or a bulk list
+    # of them) and placement preview.
+    (re.compile(r"^/api/v1/jobs/$"), 4 * MiB),
+    (re.compile(r"^/api/v1/placements/preview/$"), JOB_LIMITS.max_bytes),
     # Node agents' syncs: up to 256 rank reports, each with the tail of the rank's output.
     (re.compile(r"^/api/v1/agents/sync/$"), 4 * MiB),
     # The admin topology editor posts whole inline formsets.

@@ -251,6 +251,7 @@ FAIR_SHARE_HALF_LIFE_H = float(_env("TOPOWEB_FAIR_SHARE_HALF_LIFE_H") or 24)
 PRIORITY_WEIGHT_REQUESTED = float(_env("TOPOWEB_PRIORITY_WEIGHT_REQUESTED") or 1)
 PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
+BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
 
 # Retention in days, 0 keeps forever (apps/scheduling/retention.py, a daily beat task).
 RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)
@@ -279,6 +280,7 @@ REST_FRAMEWORK = {
         "user": "1000/min",
         "launcher": "1000/min",
         "submit": "120/min",
+        "submit_operator": _env("TOPOWEB_OPERATOR_SUBMIT_RATE") or "1200/min",
         "agent_sync": _env("TOPOWEB_AGENT_SYNC_RATE") or "300/min",
     },
     # Clients are told apart by the socket's address unless this many proxies add X-Forwarded-For.

@@ -7,10 +7,10 @@ the validation layer (no NUL bytes, no integers wider than a column, no NaN or i
 
 from __future__ import annotations
 
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
 
-from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
+from apps.placement.topology import JOB_LIMITS, TOPOLOGY_LIMITS, SpecError, SpecLimits, parse_spec_text
 
 from .validation import check_body
 
@@ -55,3 +55,55 @@ class TextYAMLParser(YAMLParser):
 
 
 SPEC_PARSERS = [JSONParser, YAMLParser, TextYAMLParser]
+
+
+class BodyTooLarge(APIException):
+    """413: the body is over the limit of what it carries (one job spec, or a bulk of them)."""
+
+    status_code = 413
+    default_code = "too_large"
+
+    def __init__(self, limit: int):
+        super().__init__()
+        # Set after the base class, which would turn the number into a string.
+        self.detail = {"detail": f"the request body is over the limit of {limit} bytes", "limit_bytes": limit}
+
+
+# A bulk submission: a list of job specs, each within JOB_LIMITS once parsed.
+BULK_JOB_LIMITS = SpecLimits(max_bytes=4 * 1024 * 1024, max_nodes=500 * JOB_LIMITS.max_nodes)
+
+
+def parse_job_body(stream, parser_context, *, json_only: bool = False):
+    """One job spec within JOB_LIMITS, or a list of them (a bulk submission: a body starting with
+    `[` or `-`) within BULK_JOB_LIMITS; ParseError (400) naming the problem."""
+    raw = stream.read(BULK_JOB_LIMITS.max_bytes + 1) if stream is not None else b""
+    head = raw.lstrip()[:1]
+    limits = BULK_JOB_LIMITS if head in (b"[", b"-") else JOB_LIMITS
+    if len(raw) > limits.max_bytes:
+        raise BodyTooLarge(limits.max_bytes)
+    try:
+        data = parse_spec_text(raw, limits, json_only=json_only)
+    except SpecError as exc:
+        raise ParseError(str(exc)) from None
+    return check_body(data)
+
+
+class JobJSONParser(JSONParser):
+    """A JSON job spec, or a JSON list of them."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return parse_job_body(stream, parser_context, json_only=True)
+
+
+class JobYAMLParser(YAMLParser):
+    """A YAML job spec, or a YAML list of them."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return parse_job_body(stream, parser_context)
+
+
+class JobTextYAMLParser(JobYAMLParser):
+    media_type = "text/yaml"
+
+
+JOB_PARSERS = [JobJSONParser, JobYAMLParser, JobTextYAMLParser]

@@ -140,6 +140,47 @@ def job_submit(
     return job
 
 
+def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluster | None = None) -> list[Job]:
+    """Validate every job spec of a bulk submission and queue them all, or none: SpecError names
+    each bad field as `[i].field` (i: the spec's place in the list). A cycle follows on commit on
+    each cluster the jobs went to."""
+    account = accounts.account_of(user)
+    limit: int | None = None
+    errors: list[tuple[str, str]] = []
+    rows: list[Job] = []
+    clusters: dict[str, Cluster] = {}
+    for i, spec in enumerate(specs):
+        try:
+            if cluster is not None:
+                target = cluster
+            else:
+                named = spec.get("cluster") if isinstance(spec, dict) else None
+                target = clusters.get(str(named)) or cluster_for_spec(spec=spec)
+                clusters[target.name] = target
+            fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+        except SpecError as exc:
+            errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
+            continue
+        if limit is None or fields["priority"] > limit:
+            limit = accounts.priority_limit(user, account, fields["priority"])
+        if fields["priority"] > limit:
+            whose = f"account {account.name}" if account else "your role"
+            errors.append(
+                (f"[{i}].priority", f"{fields['priority']} is over the limit of {limit} for {whose}")
+            )
+            continue
+        job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, account=account, **fields)
+        job.full_clean(exclude=["cluster", "owner", "account"], validate_unique=False)
+        rows.append(job)
+    if errors:
+        raise SpecError(errors)
+    with transaction.atomic():
+        jobs = Job.objects.bulk_create(rows)
+        for cluster_id in {j.cluster_id for j in jobs}:
+            queue_cycle(cluster_id)
+    return jobs
+
+
 def _locked(job: Job) -> Job:
     return Job.objects.select_for_update().get(pk=job.pk)
 

@@ -152,6 +152,7 @@ def test_rest_framework_defaults_match_the_api_contract():
         "user": "1000/min",
         "launcher": "1000/min",
         "submit": "120/min",
+        "submit_operator": "1200/min",
         "agent_sync": "300/min",
     }
     assert "apps.api.throttling.ScopedCallerThrottle" in rf["DEFAULT_THROTTLE_CLASSES"]

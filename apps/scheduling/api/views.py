@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -21,7 +22,7 @@ from rest_framework.views import APIView
 from apps.api import roles
 from apps.api.authentication import AUTHENTICATION, launcher_of
 from apps.api.pagination import StandardPagination
-from apps.api.parsers import SPEC_PARSERS
+from apps.api.parsers import JOB_PARSERS, SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
 from apps.api.renderers import (
     OpenMpiRankfileRenderer,
@@ -105,7 +106,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     authentication_classes = AUTHENTICATION
     permission_classes = [LauncherTokenPermission | JobPermission]
-    parser_classes = SPEC_PARSERS
+    parser_classes = JOB_PARSERS
     spec_limits = JOB_LIMITS
     filter_backends = [NamedFilterBackend, OrderingFilter]
     filterset_class = JobFilter
@@ -143,7 +144,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     )
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
-        in this process, queued when a worker runs it)."""
+        in this process, queued when a worker runs it). A list of specs is a bulk submission."""
+        if isinstance(request.data, list):
+            return self._bulk(request)
         data = object_body(request)
         key = idempotency_key(request)
         name = request.query_params.get("cluster")
@@ -169,6 +172,27 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if replayed:
             headers["Idempotent-Replayed"] = "true"
         return Response(body, status=status.HTTP_201_CREATED, headers=headers)
+
+    def _bulk(self, request: Request) -> Response:
+        """All the list's job specs queued, or none (400 naming `[i].field`); 201 with the jobs."""
+        specs = request.data
+        most = settings.BULK_MAX_JOBS
+        if not 1 <= len(specs) <= most:
+            raise field_error("", f"a bulk submission has 1 to {most} job specs, got {len(specs)}")
+        if idempotency_key(request) is not None:
+            raise field_error(
+                "Idempotency-Key", "not supported on a bulk submission: it is all or nothing already"
+            )
+        name = request.query_params.get("cluster")
+        cluster = selectors.cluster_for_spec(spec={}, name=name) if name else None
+        jobs = services.job_submit_many(user=request.user, specs=specs, cluster=cluster)
+        if cycles_run_inline():
+            jobs = list(self.get_queryset().filter(pk__in=[j.pk for j in jobs]).order_by("pk"))
+        context = self.get_serializer_context()
+        return Response(
+            {"count": len(jobs), "results": [JobSerializer(j, context=context).data for j in jobs]},
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(
         summary="Cancel a job and free its GPUs",
