@@ -5,8 +5,11 @@ Scenario classes (each a seeded generator of a cluster, a free set, other jobs' 
 job): leaf-spine at 4:1 and 8:1 oversubscription, rail-optimized scalable units, a 3-tier cluster
 whose core is 4:1 oversubscribed, NVL72 racks, NVLink domains that straddle two leaves, mixed 4-
 and 8-GPU nodes, 1-NIC nodes next to 8-NIC nodes, slow and fast NICs side by side, busy
-(fragmented) free sets, and other jobs' flows on the uplinks. Jobs are drawn per scenario from
-pipeline-heavy, TP-heavy, DP-heavy, MoE and mixed LLM shapes of 8 to 64 GPUs.
+(fragmented) free sets, and other jobs' flows on the uplinks; and mixed fleets: PCIe nodes or
+DGX-1 cube-mesh nodes (`intra` links) beside NVLink nodes, 24-GPU NVLink domains straddling leaves
+with DP-only jobs of 16-48 ranks, every node with 3, 5, 6, 7 or 8 GPUs free (half the jobs TP6),
+and per-node NIC speeds (8 x 100, 8 x 25 or 4 x 50 GB/s) under one leaf. Jobs are otherwise drawn
+per scenario from pipeline-heavy, TP-heavy, DP-heavy, MoE and mixed LLM shapes of 8 to 64 GPUs.
 
 The oracle knows nothing of topo: it is simulated annealing over rank -> GPU maps that calls
 `costmodel.evaluate` as a black box (moves: swap two ranks, move a rank to an unused free GPU,
@@ -16,8 +19,9 @@ more map (so topo / oracle >= 1: how much a search could still improve topo). Bo
 the same model with the same link load.
 
 Printed per class: scenarios, geomean and max of topo / oracle, how many the oracle beat by more
-than 2% and by more than 20%, topo's gap to the free-set lower bound (p50, p90); overall the
-targets (geomean topo/oracle <= 1.02, none worse than 1.10, gap p50 <= 1.05); then topo's latency
+than 2% and by more than 20%, topo's gap to the free-set lower bound (p50, p90), geomean and max
+of topo's step time over that of the oracle's map; overall the targets (geomean topo/oracle <=
+1.02, none worse than 1.10, worst step ratio <= 1.02, gap p50 <= 1.05); then topo's latency
 for a 1,024-GPU job on 16,384 GPUs (p99 < 1 s) and a 16,384-GPU job on 131,072 GPUs (< 2 s),
 each cluster warmed by one small placement first (its per-topology index, as the scheduler has).
 
