@@ -253,3 +253,37 @@ def test_the_free_set_bound_stays_below_every_placement_on_random_intra_matrices
     for _ in range(5):
         gids = rng.choice(ids, size=j.gpus, replace=False)
         assert bound <= evaluate(topo, j, gids).comm_ms * (1 + 1e-9) + 1e-9
+
+
+# --------------------------------------------------------------------------- domain chunks
+
+
+def straddling_24():
+    """NVLink domains of 3 nodes x 8 GPUs over 4 leaves of 4 nodes (most domains straddle two
+    leaves), 2:1 uplinks."""
+    nodes = [nvl_node(f"n{i:02d}", leaf=f"leaf-{i // 4 + 1}", domain=f"dom-{i // 3}") for i in range(16)]
+    return fleet(nodes, leaves=4, spines=2, uplink=400)
+
+
+def test_a_dp48_job_takes_equal_chunks_of_four_24_gpu_domains():
+    # Free: 19, 19, 23, 24 and 5 GPUs in the five domains. 19 + 19 + 10 over three domains pays
+    # the inter-domain phase on the smallest piece's rails; 4 x 12 pays it on 12.
+    topo = straddling_24()
+    free = free_counts(topo, {"n00": 8, "n01": 3, "n02": 8, "n03": 5, "n04": 8, "n05": 6, "n06": 7, "n07": 8})
+    free |= free_counts(topo, {"n08": 8, "n09": 8, "n10": 6, "n11": 8, "n12": 8, "n15": 5})
+    j = job(dp=48, comm=[("dp", "allreduce", 1e8, 0)])
+    placed = place(topo, free, None, j)
+    per_domain = np.bincount(topo.gpu_domain[list(placed.gids)])
+    assert sorted(per_domain[per_domain > 0].tolist()) == [12, 12, 12, 12]
+
+
+def test_domain_chunks_are_not_tried_where_domains_are_single_nodes():
+    from apps.placement.costmodel import load_array
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.blocks import Free
+    from apps.placement.solvers.chunks import domain_chunk_sets
+
+    topo = fleet([nvl_node(f"n{i}") for i in range(4)])
+    idx = hierarchy(topo)
+    counts = Free(idx, np.ones(topo.n_gpus, dtype=bool), load_array(topo, {}))
+    assert domain_chunk_sets(idx, counts, job(dp=16, comm=[("dp", "allreduce", 1e8, 0)])) == []
