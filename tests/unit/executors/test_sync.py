@@ -308,3 +308,16 @@ def test_admin_lists_executors_submissions_and_foreign_gpus(cluster, fake, user,
     assert client.get("/admin/executors/slurmsubmission/").status_code == 200
     page = client.get("/admin/executors/foreignallocation/")
     assert page.status_code == 200 and b"bob" in page.content
+
+
+def test_a_quiet_sync_costs_a_few_queries_whatever_the_cluster_size(cluster, fake):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    sync(cluster, fake)
+    with CaptureQueriesContext(connection) as ctx:
+        sync(cluster, fake)
+    # Agents, nodes, GPUs, last_seen; our Slurm ids, node names, foreign rows (twice); open
+    # submissions; jobs to submit; the executor: none per node (this cluster has 4).
+    assert len(ctx.captured_queries) <= 11, "\n".join(q["sql"][:90] for q in ctx.captured_queries)
+    assert NodeAgent.objects.filter(node__cluster=cluster, last_seen__isnull=True).count() == 0
