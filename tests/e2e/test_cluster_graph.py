@@ -34,18 +34,6 @@ def graph_shot(page):
     return _shot
 
 
-@pytest.fixture
-def laptop(page, live_server, login):
-    """Log in as staff (once the users exist) on a 1366x768 page, and return the page."""
-
-    def _open():
-        page.set_viewport_size({"width": 1366, "height": 768})
-        login("ops")
-        return page
-
-    return _open
-
-
 def open_cluster(page, live_server, name):
     page.goto(f"{live_server.url}/clusters/{name}/")
     page.wait_for_selector(GRAPH_DRAWN)
@@ -159,9 +147,11 @@ def test_path_view_shows_each_hop_its_bottleneck_and_latency(laptop, live_server
     expect(page.locator("#path-result")).to_contain_text("spine level, 50 GB/s")
     expect(page.locator("#path-hops tr.current")).to_contain_text("(bottleneck)")
     drawn = page.evaluate(
-        "() => document.getElementById('cluster-graph').data.find(t => t.meta.role === 'hl-path').x.length"
+        "() => document.getElementById('cluster-graph').data.find(t => t.meta.role === 'hl-path').y"
     )
-    assert drawn == 5
+    # Drawn through both NICs: GPU, NIC, leaf, spine, leaf, NIC, GPU.
+    nic_y = page.evaluate("() => window.topoweb.client.y_nic")
+    assert len(drawn) == 7 and [drawn[1], drawn[5]] == [nic_y, nic_y]
     graph_shot("path", "#path-result")
     # A wrong endpoint names the field.
     page.fill("#path-b", "no-such-node")
