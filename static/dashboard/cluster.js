@@ -374,15 +374,102 @@
     }
     return copy;
   }
+  // Zoomed out to the bars, a leaf group's uplinks (hundreds of cables at 16k GPUs) draw as one
+  // bundle from the group to the middle of the switches they reach, carrying the group's total
+  // capacity and load; the cables above the spines stay as they are.
+  const groupUplinks = (function () {
+    const out = client.group_names.map(function () { return []; });
+    const leafIndex = {};
+    client.leaf_names.forEach(function (name, i) { leafIndex[name] = i; });
+    const groupOfLeaf = {};
+    client.node_leaf.forEach(function (leaf, n) { if (groupOfLeaf[leaf] === undefined) groupOfLeaf[leaf] = client.node_group[n]; });
+    for (let i = 0; i < links.n_uplinks; i++) {
+      const lo = links.a[i];
+      if (links.tier[lo] !== "leaf") continue;
+      const g = groupOfLeaf[leafIndex[links.switches[lo]]];
+      if (g !== undefined) out[g].push(i);
+    }
+    return out;
+  })();
+  const upperLinks = [];
+  for (let i = 0; i < links.n_uplinks; i++) if (links.tier[links.a[i]] !== "leaf") upperLinks.push(i);
+  function bundles() {
+    const out = [];
+    groupUplinks.forEach(function (ids, g) {
+      if (!ids.length) return;
+      let cap = 0;
+      let load = 0;
+      let top = 0;
+      const sources = {};
+      ids.forEach(function (i) {
+        const l = linkLoad(i);
+        cap += links.cap[i];
+        load += l[0];
+        sources[l[1]] = 1;
+        top += links.seg[i][2];
+      });
+      const kinds = Object.keys(sources);
+      const source = kinds.length === 1 ? kinds[0] : "measured where fresh, else predicted";
+      out.push({ g: g, n: ids.length, cap: cap, load: [load, source], share: cap > 0 ? load / cap : 0,
+        seg: [(client.group_x0[g] + client.group_x1[g]) / 2, client.y_leaf, top / ids.length, links.seg[ids[0]][3]] });
+    });
+    return out;
+  }
+  function bundleText(b) {
+    return "<b>" + client.group_names[b.g] + "</b> · " + b.n + " leaf uplinks in one bundle<br>capacity " +
+      num(b.cap, 4) + " GB/s" + loadText(b.load, b.cap);
+  }
+  function bundledTrace(t, bs) {
+    const role = t.meta.role;
+    const copy = Object.assign({}, t);
+    const xs = [];
+    const ys = [];
+    const add = function (s) { xs.push(s[0], s[2], null); ys.push(s[1], s[3], null); };
+    if (role === "link") {
+      copy.x = bs.map(function (b) { return (b.seg[0] + b.seg[2]) / 2; });
+      copy.y = bs.map(function (b) { return (b.seg[1] + b.seg[3]) / 2; });
+      copy.text = bs.map(bundleText);
+      copy.customdata = bs.map(function (b) { return -1 - b.g; });
+      copy.marker = Object.assign({}, t.marker, { size: 9 });
+      return copy;
+    }
+    let k = -1;
+    if (role === "load") {
+      k = (roleIndex.load || []).indexOf(full.indexOf(t));
+      const bounds = client.load_buckets;
+      const bucket = function (share) {
+        let n = 0;
+        while (n < bounds.length - 1 && bounds[n] !== null && share > bounds[n]) n++;
+        return n;
+      };
+      bs.forEach(function (b) { if (bucket(b.share) === k) add(b.seg); });
+      upperLinks.forEach(function (i) {
+        if (bucket(links.cap[i] > 0 ? linkLoad(i)[0] / links.cap[i] : 0) === k) add(links.seg[i]);
+      });
+    } else {
+      bs.forEach(function (b) { add(b.seg); });
+      upperLinks.forEach(function (i) { add(links.seg[i]); });
+    }
+    copy.x = xs;
+    copy.y = ys;
+    if (role === "uplink") copy.line = Object.assign({}, t.line, { width: 2 });
+    return copy;
+  }
+  const BUNDLED = { uplink: 1, link: 1, load: 1 };
   function displayTraces() {
     const width = state.range[1] - state.range[0];
     const lo = state.range[0] - width / 2;
     const hi = state.range[1] + width / 2;
     const sq = squeezer();
+    // Bundles replace the per-cable drawing zoomed out (not under "measured − predicted", whose
+    // layers are per cable).
+    const bs = state.aggregate && state.source !== "diff" ? bundles() : null;
+    graph.dataset.bundles = bs ? String(bs.length) : "0";
     return full.map(function (t, i) {
       const role = t.meta && t.meta.role;
       if (t.visible === false) return t;
-      const shown = CULLED[role] ? cullTrace(i, lo, hi) : t;
+      let shown = CULLED[role] ? cullTrace(i, lo, hi) : t;
+      if (bs && BUNDLED[role]) shown = bundledTrace(t, bs);
       return sq && UPPER_ROLES[role] ? keepUpperInView(shown, sq) : shown;
     });
   }

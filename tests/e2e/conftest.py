@@ -151,6 +151,18 @@ def login(page, live_server):
 STATE_TIMEOUT_MS = 120_000
 
 
+@pytest.fixture
+def laptop(page, login):
+    """Staff ("ops", once the users exist) signed in on a 1366x768 page; call it to get the page."""
+
+    def _open():
+        page.set_viewport_size({"width": 1366, "height": 768})
+        login("ops")
+        return page
+
+    return _open
+
+
 @pytest.fixture(autouse=True)
 def patient_waits(request):
     """Every page and `expect` of an e2e test waits up to STATE_TIMEOUT_MS for its state."""

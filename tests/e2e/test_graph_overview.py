@@ -3,22 +3,9 @@ the legend of the jobs in view, and "find job" zooming to a job and highlighting
 
 from __future__ import annotations
 
-import pytest
 from playwright.sync_api import expect
 
 from .test_cluster_graph import GRAPH_DRAWN, open_cluster
-
-
-@pytest.fixture
-def laptop(page, login):
-    """Staff signed in on a 1366x768 page (once the scenario's users exist)."""
-
-    def _open():
-        page.set_viewport_size({"width": 1366, "height": 768})
-        login("ops")
-        return page
-
-    return _open
 
 
 def test_the_overview_shows_before_plotly_loads_and_gives_way_to_the_graph(laptop, live_server, scenario):
@@ -119,3 +106,57 @@ def test_spines_and_their_cables_stay_in_view_when_zoomed_in(laptop, live_server
     lo, hi = drawn["range"]
     assert len(drawn["spines"]) == 2 and all(lo <= x <= hi for x in drawn["spines"])
     assert drawn["ends"] and all(lo <= x <= hi for x in drawn["ends"])
+
+
+def test_zoomed_out_each_leaf_group_has_one_uplink_bundle_with_its_load(
+    laptop, live_server, transactional_db
+):
+    from django.contrib.auth import get_user_model
+
+    from apps.api.roles import role_grant
+    from apps.scheduling import services
+    from apps.scheduling.models import Job
+    from apps.topology.services import cluster_import
+
+    from .conftest import PASSWORD, _job
+
+    ops = get_user_model().objects.create_user("ops", password=PASSWORD, is_staff=True)
+    role_grant(user=ops, role="admin")
+    gen = {"shape": "rail-optimized", "spines": 8, "leaves": 64, "nodes_per_leaf": 32, "gpus_per_node": 8}
+    gen.update(gpu_model="H100", peak_tflops=989, nvlink_bw_GBps=450, nic_bw_GBps=50, nics_per_node=8)
+    cluster = cluster_import(
+        data={"version": 1, "name": "rail-2048", "generate": {**gen, "uplink_bw_GBps": 400}}
+    )
+    # 512 GPUs: more than one scalable unit, so its traffic crosses the spines.
+    services.job_submit(user=ops, spec=_job("big-512", 512, tp=8), cluster=cluster)
+    services.schedule_cluster(cluster=cluster)
+    for job in Job.objects.filter(status="placing"):
+        services.job_start(job=job)
+    page = laptop()
+    open_cluster(page, live_server, "rail-2048")
+    groups = page.evaluate("() => window.topoweb.client.group_names.length")
+    page.wait_for_selector(f"#cluster-graph[data-aggregate='1'][data-bundles='{groups}']")
+    drawn = page.evaluate(
+        """() => { const gd = document.getElementById('cluster-graph');
+          const up = gd.data.find(t => t.meta.role === 'uplink');
+          const hover = gd.data.find(t => t.meta.role === 'link');
+          return {segments: up.x.filter(x => x === null).length, text: hover.text,
+                  cables: window.topoweb.client.links.n_uplinks}; }"""
+    )
+    assert drawn["segments"] == groups < drawn["cables"]
+    assert len(drawn["text"]) == groups
+    assert all("leaf uplinks in one bundle" in t and "GB/s" in t for t in drawn["text"])
+    assert any("load 0 GB/s" not in t for t in drawn["text"])  # the big job's traffic shows
+    # Under the link-load overlay the bundles are coloured by their group's share.
+    page.check("input[name=overlay][value=load]")
+    page.wait_for_selector("#cluster-graph[data-overlay='load']")
+    loaded = page.evaluate(
+        "() => document.getElementById('cluster-graph').data.filter(t => t.meta.role === 'load')"
+        ".reduce((n, t) => n + t.x.filter(x => x === null).length, 0)"
+    )
+    assert loaded == groups
+    # Zoomed in, the cables are drawn one by one again.
+    page.evaluate(
+        "() => window.topoweb.zoomTo(window.topoweb.client.group_x0[0] - 2, window.topoweb.client.group_x1[0] + 2)"
+    )
+    page.wait_for_selector("#cluster-graph[data-aggregate='0'][data-bundles='0']")
