@@ -331,7 +331,9 @@ class Agent:
             "version": VERSION,
             "addr": self.addr,
             "gpus": gpu_inventory(),
-            "running": [list(k) for k, r in self.ranks.items() if r.status is not RankStatus.EXITED],
+            # Ranks being stopped apart: the server need not answer at once to have them stopped.
+            "running": [list(k) for k, r in self.ranks.items() if r.status is RankStatus.RUNNING],
+            "stopping": [list(k) for k, r in self.ranks.items() if r.status is RankStatus.STOPPING],
             "reports": reports,
             "logs": chunks or [],
             "isolation": self.isolation()[:200],

@@ -48,12 +48,26 @@ def _drain_other(cluster, keep: str) -> None:
         agent_services.node_drain(node=node, reason="test: one node only")
 
 
-def test_a_rank_that_forks_and_setsids_children_then_exits(agents, cluster, user, tmp_path):
+def _v2_writable() -> bool:
+    from apps.agent.cgroups import CgroupError, detect
+
+    try:
+        found = detect("v2", "topoweb-probe")
+    except CgroupError:
+        return False
+    found.parents[0].rmdir()
+    return True
+
+
+@pytest.mark.parametrize("hierarchy", ["auto", "v2"])
+def test_a_rank_that_forks_and_setsids_children_then_exits(agents, cluster, user, tmp_path, hierarchy):
     """The rank's main process exits 0 at once, leaving a `setsid` child ignoring SIGTERM and a
     forked child: the rank has not exited until both are gone (killed after the grace period),
-    and the next job gets the GPUs only then."""
+    and the next job gets the GPUs only then. On cgroup v2 too, where the host has it writable."""
+    if hierarchy == "v2" and not _v2_writable():
+        pytest.skip("no writable cgroup v2 hierarchy")
     for node in ("node-a", "node-b"):
-        agents.start(node)
+        agents.start(node, extra=["--cgroups", hierarchy])
     with gpu_use_watch(tmp_path) as use:
         first = services.job_submit(
             user=user, spec={**spec(tmp_path, "forks", 16, BEHAVIOUR="fork"), "stop_grace_s": 1}

@@ -93,6 +93,14 @@ class AgentSyncSerializer(serializers.Serializer):
         max_length=MAX_GPUS_PER_NODE * 4,
         help_text="[job, generation, rank] of every rank process running now.",
     )
+    stopping = serializers.ListField(
+        child=serializers.ListField(
+            child=serializers.IntegerField(min_value=0, max_value=MAX_ID), min_length=3, max_length=3
+        ),
+        required=False,
+        max_length=MAX_GPUS_PER_NODE * 4,
+        help_text="[job, generation, rank] of every rank the agent is stopping (its processes still run).",
+    )
     reports = serializers.ListField(
         child=serializers.JSONField(),
         required=False,
@@ -110,6 +118,7 @@ class AgentSyncSerializer(serializers.Serializer):
 
     def validate(self, attrs):
         attrs.setdefault("running", [])
+        attrs.setdefault("stopping", [])
         attrs.setdefault("reports", [])
         attrs.setdefault("logs", [])
         return attrs
@@ -123,7 +132,7 @@ class AgentSyncSerializer(serializers.Serializer):
             addr=data.get("addr", ""),
             inventory=None if gpus is None else [dict(g) for g in gpus],
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
-            running=len(data["running"]),
+            running=len(data["running"]) + len(data["stopping"]),
             isolation=data.get("isolation", ""),
         )
 
