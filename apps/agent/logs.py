@@ -93,7 +93,11 @@ class LogFile:
             if size <= max_bytes:
                 return False
             old = self.path.with_name(self.path.name + ".1")
-            shutil.copyfile(self.path, old)
+            old.unlink(missing_ok=True)
+            # Created 0600 (then given the log's owner and mode): never readable by others meanwhile.
+            fd = os.open(old, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as dst, self.path.open("rb") as src:
+                shutil.copyfileobj(src, dst)
             try:
                 os.chmod(old, self.path.stat().st_mode & 0o777)
                 st = self.path.stat()
