@@ -40,6 +40,11 @@ class ClusterExecutor(models.Model):
         default="",
         help_text="Where job output goes (default: the job's workdir).",
     )
+    foreign_gbps_per_gpu = models.FloatField(
+        default=0.0,
+        help_text="Network rate (GB/s per GPU) assumed for a job run in Slurm without TopoWeb that spans "
+        "leaf switches: priced as load on those leaves' uplinks (0: their traffic is not priced).",
+    )
     last_sync_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
 

@@ -86,14 +86,14 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
         free[gid] = False
         ranks.setdefault((job_id, generation), []).append(gid)
     usable = np.ones(topology.n_gpus, dtype=bool)
-    _mark_unschedulable(cluster, topology, usable)
+    foreign_load = _mark_unschedulable(cluster, topology, usable)
     free &= usable
     launched = set(
         RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED)
         .values_list("job_id", flat=True)
         .distinct()
     )
-    link_load: dict[str, float] = {}
+    link_load: dict[str, float] = dict(foreign_load)
     active: list[ActiveJob] = []
     current: dict[int, tuple[int, bool]] = {}
     rows = (
@@ -163,9 +163,11 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
     return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active, stopping)
 
 
-def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> None:
+def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> dict[str, float]:
     """Clear from `free` the GPUs of nodes that take no placements, GPUs reported unhealthy and
-    GPUs held by Slurm jobs TopoWeb did not submit."""
+    GPUs held by Slurm jobs TopoWeb did not submit. Returns those jobs' assumed load on leaf
+    uplinks (GB/s by leaf name): the cluster executor's `foreign_gbps_per_gpu` for each GPU of a
+    job that spans leaf switches (their traffic is otherwise unknown)."""
     rows = (
         NodeAgent.objects.filter(node__cluster=cluster)
         .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]))
@@ -175,11 +177,25 @@ def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) 
     # GPUs that jobs submitted straight to Slurm hold (clusters run by the Slurm executor).
     from apps.executors.models import ForeignAllocation
 
-    held = ForeignAllocation.objects.filter(cluster=cluster).values_list("node__name", "gpu_index")
-    for name, gpu in held:
+    held = ForeignAllocation.objects.filter(cluster=cluster).values_list(
+        "node__name", "gpu_index", "slurm_job_id", "cluster__executor__foreign_gbps_per_gpu"
+    )
+    leaves: dict[int, dict[str, int]] = {}
+    rate = 0.0
+    for name, gpu, slurm_job, gbps in held:
         n = by_name.get(name)
         if n is not None and 0 <= gpu < int(topology.node_gpu_count[n]):
             free[int(topology.node_first_gid[n]) + gpu] = False
+            leaf = int(topology.node_leaf[n])
+            if leaf >= 0:
+                per_leaf = leaves.setdefault(slurm_job, {})
+                per_leaf[topology.leaf_names[leaf]] = per_leaf.get(topology.leaf_names[leaf], 0) + 1
+        rate = float(gbps or 0.0)
+    foreign_load: dict[str, float] = {}
+    for per_leaf in leaves.values():
+        if rate > 0 and len(per_leaf) > 1:
+            for leaf_name, count in per_leaf.items():
+                foreign_load[leaf_name] = foreign_load.get(leaf_name, 0.0) + rate * count
     for name, state, unhealthy in rows:
         n = by_name.get(name)
         if n is None:
@@ -192,6 +208,7 @@ def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) 
             gpu = entry.get("gpu") if isinstance(entry, Mapping) else None
             if isinstance(gpu, int) and 0 <= gpu < count:
                 free[first + gpu] = False
+    return foreign_load
 
 
 _SPEC_CACHE: OrderedDict[tuple[int, datetime], JobSpec] = OrderedDict()

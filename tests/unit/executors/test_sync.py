@@ -321,3 +321,22 @@ def test_a_quiet_sync_costs_a_few_queries_whatever_the_cluster_size(cluster, fak
     # submissions; jobs to submit; the executor: none per node (this cluster has 4).
     assert len(ctx.captured_queries) <= 11, "\n".join(q["sql"][:90] for q in ctx.captured_queries)
     assert NodeAgent.objects.filter(node__cluster=cluster, last_seen__isnull=True).count() == 0
+
+
+def test_foreign_jobs_across_leaves_load_their_uplinks_at_the_assumed_rate(cluster, fake):
+    from apps.scheduling.snapshot import cluster_snapshot
+
+    # Job 7 spans leaf1 (n1) and leaf2 (n3); job 8 stays on leaf1.
+    fake.records[7] = [
+        SlurmJob(
+            7, 0, "a", "bob", "RUNNING", "None", None, None, ("n1", "n3"), {"n1": (0, 1), "n3": (0,)}, ""
+        )
+    ]
+    fake.records[8] = [
+        SlurmJob(8, 0, "b", "bob", "RUNNING", "None", None, None, ("n2",), {"n2": (0, 1, 2)}, "")
+    ]
+    sync(cluster, fake)
+    assert cluster_snapshot(cluster=cluster).link_load == {}
+    cluster.executor.foreign_gbps_per_gpu = 10.0
+    cluster.executor.save()
+    assert cluster_snapshot(cluster=cluster).link_load == {"leaf1": 20.0, "leaf2": 10.0}

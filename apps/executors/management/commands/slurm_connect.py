@@ -53,6 +53,12 @@ class Command(BaseCommand):
             "--output-dir", default="", help="Where job output goes (default: the job's workdir or /tmp)."
         )
         parser.add_argument(
+            "--foreign-gbps",
+            type=float,
+            default=0.0,
+            help="GB/s per GPU assumed for sbatch jobs spanning leaf switches, priced as uplink load (default 0).",
+        )
+        parser.add_argument(
             "--agents", action="store_true", help="Run the cluster's jobs with node agents again."
         )
 
@@ -68,7 +74,10 @@ class Command(BaseCommand):
             "slurm_user": opts["user"],
             "submit_as_owner": opts["submit_as_owner"],
             "output_dir": opts["output_dir"],
+            "foreign_gbps_per_gpu": opts["foreign_gbps"],
         }
+        if not opts["foreign_gbps"] >= 0:
+            raise CommandError("--foreign-gbps must be 0 or more")
         if opts["token_file"]:
             settings["slurm_token"] = Path(opts["token_file"]).read_text().strip()
         if opts["jwt_key_file"]:
