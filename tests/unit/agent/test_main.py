@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
 from apps.agent.__main__ import main, parse_args
+from apps.agent.cgroups import CgroupError, detect, gpu_devices
 from apps.agent.runner import DEFAULT_POLL_S, Agent
 
 
@@ -22,3 +26,43 @@ def test_a_poll_outside_the_protocols_bounds_exits_2(tmp_path, capsys, poll):
     code = main(["--server", "http://topoweb", "--token-file", str(token), "--poll-s", poll])
     assert code == 2
     assert "--poll-s" in capsys.readouterr().err
+
+
+def _token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("tn_key\n")
+    return str(token)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root checks")
+def test_single_user_as_root_needs_allow_root(tmp_path, capsys):
+    code = main(["--server", "http://topoweb", "--token-file", _token(tmp_path), "--single-user"])
+    assert code == 2 and "--allow-root" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="run as a user without root")
+def test_without_root_the_agent_needs_single_user(tmp_path, capsys):
+    code = main(["--server", "http://topoweb", "--token-file", _token(tmp_path)])
+    assert code == 2 and "--single-user" in capsys.readouterr().err
+
+
+def test_without_a_cgroup_hierarchy_auto_finds_none_and_a_named_one_is_an_error(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n")
+    assert detect("auto", "topoweb-n", mounts=mounts) is None
+    for mode in ("v1", "v2"):
+        with pytest.raises(CgroupError, match=mode):
+            detect(mode, "topoweb-n", mounts=mounts)
+    with pytest.raises(CgroupError, match="--cgroups"):
+        detect("v3", "topoweb-n", mounts=mounts)
+    with pytest.raises(CgroupError, match="--cgroup-name"):
+        detect("auto", "../escape", mounts=mounts)
+
+
+def test_gpu_device_files_are_found_by_name_and_kind(tmp_path):
+    (tmp_path / "nvidia0").write_text("not a device")
+    (tmp_path / "nvidiactl").write_text("")
+    assert gpu_devices(tmp_path) == {}
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "nvidia3", 0o600 | stat.S_IFCHR, os.makedev(195, 3))
+        assert gpu_devices(tmp_path) == {3: (195, 3)}
