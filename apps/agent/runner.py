@@ -42,7 +42,7 @@ import httpx
 
 from . import VERSION
 from .cgroups import Cgroups, RankCgroup, gpu_devices
-from .env import RankPlan, clean_env, plan_env
+from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
 
@@ -538,16 +538,20 @@ class Agent:
                 "procs": [] if local.cgroup is None else local.cgroup.procs_files(),
                 "exit_file": str(local.record / "exit"),
             }
-            env = clean_env(plan.env, home=account.home, user=account.name)
+            spec["env"] = clean_env(plan.env, home=account.home, user=account.name)
+            spec_file = local.record / "spec.json"
+            spec_fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(spec_fd, "w") as fh:
+                json.dump(spec, fh)
             local.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",
                 str(SHIM),
-                json.dumps(spec),
+                str(spec_file),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=fd,
                 stderr=asyncio.subprocess.STDOUT,
-                env=env,
+                env={"PATH": DEFAULT_PATH, "LANG": DEFAULT_LOCALE},
                 cwd="/",
                 start_new_session=True,
             )

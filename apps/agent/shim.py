@@ -1,14 +1,16 @@
-"""The parent of one rank process: `python -I shim.py SPEC` (standard library only).
+"""The parent of one rank process: `python -I shim.py SPEC_FILE` (standard library only).
 
-The agent starts it (as root, in a new session, stdout and stderr on the rank's log file, its
-environment already the rank's clean one). It forks the rank, which joins the rank's cgroups,
+The agent starts it (as root, in a new session, stdout and stderr on the rank's log file, with a
+minimal environment: the job's variables never reach a root process, nor a command line others
+can read). It forks the rank, which joins the rank's cgroups,
 drops to the owner's account (supplementary groups, gid, uid) and execs the command in `workdir`.
 The shim stays outside the rank's cgroups, waits for the rank and writes its exit status to
 `exit_file` (atomically), so an agent that restarted meanwhile still learns it. It ignores
 SIGTERM, SIGINT and SIGHUP: stopping the rank is the agent's business, by cgroup.
 
-SPEC is JSON: {"argv", "workdir", "uid", "gid", "groups" (null: keep the agent's identity),
-"procs" (cgroup.procs files to join), "exit_file"}.
+SPEC_FILE (root's alone, in the agent's state directory) is JSON: {"argv", "env" (the rank's
+whole environment), "workdir", "uid", "gid", "groups" (null: keep the agent's identity), "procs"
+(cgroup.procs files to join), "exit_file"}.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ def _child(spec: dict) -> None:
             os.chdir(spec["workdir"])
         else:
             try:
-                os.chdir(os.environ.get("HOME") or "/")
+                os.chdir(spec["env"].get("HOME") or "/")
             except OSError:
                 os.chdir("/")
         argv = [str(a) for a in spec["argv"]]
-        os.execvpe(argv[0], argv, dict(os.environ))
+        os.execvpe(argv[0], argv, dict(spec["env"]))
     except BaseException as exc:  # noqa: BLE001 - anything before exec is the rank's start failure
         try:
             os.write(2, f"topoweb-agent: cannot start {spec.get('argv', ['?'])[0]!r}: {exc}\n".encode())
@@ -60,7 +62,8 @@ def _write_exit(path: str, code: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
+    with open(argv[1]) as fh:
+        spec = json.load(fh)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     pid = os.fork()
