@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -263,6 +264,7 @@ def main() -> int:
                 )
         finally:
             sh("scancel", *map(str, background), check=False)
+            shutil.rmtree(shared, ignore_errors=True)
     with_comm = [r for r in rows if r["slurm_comm_ms"] > 0]
     ratios = [r["topo_comm_ms"] / r["slurm_comm_ms"] for r in with_comm]
     step = [r["topo_step_ms"] / r["slurm_step_ms"] for r in rows]
