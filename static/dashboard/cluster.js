@@ -1071,6 +1071,29 @@
       li.appendChild(ul);
       list.appendChild(li);
     });
+    // The switches: each a link to its page, described by its uplinks' capacity and load.
+    const sw = document.createElement("li");
+    sw.appendChild(document.createTextNode("Switches"));
+    const swList = document.createElement("ul");
+    links.switches.forEach(function (name, k) {
+      let cap = 0;
+      let load = 0;
+      for (let i = 0; i < links.n_uplinks; i++) {
+        if (links.a[i] === k) { cap += links.cap[i]; load += linkLoad(i)[0]; }
+      }
+      const item = document.createElement("li");
+      const a = document.createElement("a");
+      a.href = "/clusters/" + encodeURIComponent(client.cluster) + "/switches/" + encodeURIComponent(name) + "/";
+      a.textContent = name + " (" + links.tier[k] + ")";
+      a.dataset.switch = name;
+      a.setAttribute("aria-label", links.tier[k] + " switch " + name + (cap > 0
+        ? ": uplinks " + num(cap, 4) + " GB/s, load " + num(load, 3) + " GB/s (" + pct(load, cap) + ")"
+        : ": top tier") + "; opens its page");
+      item.appendChild(a);
+      swList.appendChild(item);
+    });
+    sw.appendChild(swList);
+    list.appendChild(sw);
   }
   const keys = document.getElementById("graph-keys");
   if (keys) {

@@ -173,6 +173,10 @@ def test_graph_nodes_are_reached_and_described_from_the_keyboard(ops_page, live_
     if job.name in label:
         page.wait_for_selector(f"#cluster-graph[data-highlight='{job.pk}']")
     assert page.evaluate("() => window.topoweb.state.range[1] - window.topoweb.state.range[0]") < 40
+    # The switches are in the list too, each described by its uplinks.
+    leaf = page.locator("#graph-key-list a[data-switch='leaf-1']")
+    assert "uplinks 800 GB/s" in leaf.get_attribute("aria-label")
+    page.focus(f"#graph-key-list button[data-node='{focused}']")
     page.keyboard.press("Tab")  # the node's page link
     page.keyboard.press("Enter")
     expect(page).to_have_url(f"{live_server.url}/clusters/pod-256/nodes/{focused}/")
