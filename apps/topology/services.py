@@ -13,10 +13,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, RestrictedError
+from django.utils import timezone
 
 from apps.placement.topology import SpecError, Topology, load_topology, topology_to_spec
 
-from .models import Cluster, Gpu, Node, touch_cluster
+from .models import Cluster, ClusterImport, Gpu, Node, touch_cluster
 from .rows import check_storable, create_rows, delete_rows, rows_to_spec
 
 
@@ -184,3 +185,50 @@ def _name_node(spec: dict, field: str, msg: str) -> str:
     if not name or repr(name) in msg:
         return msg
     return f"node {name!r}: {msg}"
+
+
+IMPORT_STAGES = ("queued", "importing", "done")
+
+
+def cluster_import_queue(*, data: Any, replace: bool, user=None, notes: list | None = None) -> ClusterImport:
+    """Queue a background import of a parsed spec; the task runs once this transaction commits."""
+    from .tasks import import_cluster_task
+
+    with transaction.atomic():
+        job = ClusterImport.objects.create(spec=data, replace=replace, created_by=user, notes=notes or [])
+        transaction.on_commit(lambda: import_cluster_task.delay(job.pk), robust=True)
+    return job
+
+
+def _stage(job: ClusterImport, stage: str, **fields) -> None:
+    progress = IMPORT_STAGES.index(stage) / (len(IMPORT_STAGES) - 1)
+    ClusterImport.objects.filter(pk=job.pk).update(stage=stage, progress=progress, **fields)
+
+
+def cluster_import_run(*, import_id: int) -> ClusterImport | None:
+    """Run a queued background import (what its worker does): the cluster is written whole or
+    not at all; the errors by field are kept when it fails. None when the row is gone or taken."""
+    taken = ClusterImport.objects.filter(pk=import_id, status=ClusterImport.Status.QUEUED).update(
+        status=ClusterImport.Status.RUNNING
+    )
+    if not taken:
+        return None
+    job = ClusterImport.objects.get(pk=import_id)
+    # Validating and writing are one step: cluster_import checks the spec and writes it in one transaction.
+    _stage(job, "importing")
+    try:
+        cluster = cluster_import(data=job.spec, replace=job.replace)
+    except SpecError as exc:
+        ClusterImport.objects.filter(pk=job.pk).update(
+            status=ClusterImport.Status.FAILED, errors=exc.as_dict(), spec=None, finished_at=timezone.now()
+        )
+    else:
+        _stage(
+            job,
+            "done",
+            status=ClusterImport.Status.DONE,
+            cluster=cluster,
+            spec=None,
+            finished_at=timezone.now(),
+        )
+    return ClusterImport.objects.get(pk=job.pk)

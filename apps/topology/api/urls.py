@@ -1,8 +1,9 @@
 """Topology API routes under /api/v1/."""
 
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import ClusterViewSet, GpuViewSet, LinkViewSet, NodeViewSet, SwitchViewSet
+from .views import ClusterImportView, ClusterViewSet, GpuViewSet, LinkViewSet, NodeViewSet, SwitchViewSet
 
 router = SimpleRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -11,4 +12,7 @@ router.register("links", LinkViewSet, basename="link")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("imports/<int:pk>/", ClusterImportView.as_view(), name="cluster-import-status"),
+    *router.urls,
+]

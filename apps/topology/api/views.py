@@ -11,12 +11,13 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.api import roles
 from apps.api.authentication import AUTHENTICATION
@@ -32,7 +33,7 @@ from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
 from apps.scheduling.models import Allocation
 
 from .. import conversion, selectors, services
-from ..models import Cluster, Gpu, Link, Nic, Node, Switch
+from ..models import Cluster, ClusterImport, Gpu, Link, Nic, Node, Switch
 from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
 from .renderers import CONVERTED_FORMATS, CONVERTED_RENDERERS
 from .schemas import IMPORT_BODY, TOPOLOGY_SPEC
@@ -124,6 +125,14 @@ class ClusterViewSet(
             data = _spec_from_request(request)
         else:
             data, notes = _converted_from_request(request, fmt)
+        if _true(request.query_params.get("background", "")) or _true(
+            _form_value(request, "background") or ""
+        ):
+            queued = services.cluster_import_queue(data=data, replace=replace, user=request.user, notes=notes)
+            queued.refresh_from_db()
+            return Response(
+                import_body(queued), status=status.HTTP_202_ACCEPTED, headers={"Location": import_url(queued)}
+            )
         existed = Cluster.objects.filter(name=str(data.get("name"))).exists()
         cluster = services.cluster_import(data=data, replace=replace)
         body = ClusterSerializer(selectors.cluster_list().get(pk=cluster.pk)).data
@@ -258,3 +267,43 @@ class GpuViewSet(_ReadOnly):
             .annotate(job=Subquery(live.values("job_id")[:1]), rank=Subquery(live.values("rank")[:1]))
             .order_by("node__cluster_id", "node__position", "node_id", "index")
         )
+
+
+def import_url(job: ClusterImport) -> str:
+    return f"/api/v1/imports/{job.pk}/"
+
+
+def import_body(job: ClusterImport) -> dict:
+    """A background import as the API shows it: status, stage, progress, cluster or errors."""
+    return {
+        "id": job.pk,
+        "url": import_url(job),
+        "status": job.status,
+        "stage": job.stage,
+        "progress": job.progress,
+        "replace": job.replace,
+        "cluster": job.cluster.name if job.cluster_id else None,
+        "errors": job.errors,
+        "notes": job.notes,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+    }
+
+
+class ClusterImportView(APIView):
+    """A background import's progress (`?background=true` on the import): who may import may read it."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        summary="A background topology import: status, stage, progress, cluster or errors",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        if not roles.can(request.user, roles.IMPORT_CLUSTERS):
+            raise NotFound()
+        job = ClusterImport.objects.select_related("cluster").filter(pk=pk).first()
+        if job is None:
+            raise NotFound()
+        return Response(import_body(job))

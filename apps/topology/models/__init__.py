@@ -2,6 +2,7 @@
 
 from .base import NAME_MAX_LENGTH, URL_MAX_LENGTH, touch_cluster, validate_positive
 from .cluster import Cluster, GpuModel
+from .imports import ClusterImport
 from .network import Link, Switch
 from .nodes import Gpu, Nic, Node, NvlinkDomain
 
@@ -9,6 +10,7 @@ __all__ = [
     "NAME_MAX_LENGTH",
     "URL_MAX_LENGTH",
     "Cluster",
+    "ClusterImport",
     "Gpu",
     "GpuModel",
     "Link",
