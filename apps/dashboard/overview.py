@@ -129,6 +129,12 @@ def overview_svg(client: dict) -> str:
     band = Y_BAR_BOTTOM - Y_BAR_TOP
     ups = group_uplinks(client)
     bundle_parts: list[str] = []
+    if len(spine_x) > 1:
+        # The spine row as one bar the bundles end on.
+        bundle_parts.append(
+            f'<line class="ov-row" x1="{min(spine_x.values()):.1f}" y1="{spine_y}" '
+            f'x2="{max(spine_x.values()):.1f}" y2="{spine_y}"/>'
+        )
     widest = max((u["cap"] for u in ups), default=0.0) or 1.0
     for g, up in enumerate(ups):
         if not up["count"]:
@@ -144,7 +150,7 @@ def overview_svg(client: dict) -> str:
             f"predicted load {gbps(up['load'])} ({share:.0%})"
         )
         bundle_parts.append(
-            f'<line class="ov-bundle" x1="{x:.1f}" y1="{top_y - 14:.1f}" x2="{top_x:.1f}" y2="{spine_y + 4}" '
+            f'<line class="ov-bundle" x1="{x:.1f}" y1="{top_y - 14:.1f}" x2="{top_x:.1f}" y2="{spine_y}" '
             f'stroke="{load_color(share)}" stroke-width="{width:.1f}" data-group="{g}" data-load="{share:.3f}">'
             f"<title>{text}</title></line>"
         )

@@ -400,6 +400,8 @@
       let cap = 0;
       let load = 0;
       let top = 0;
+      let left = Infinity;
+      let right = -Infinity;
       const sources = {};
       ids.forEach(function (i) {
         const l = linkLoad(i);
@@ -407,10 +409,13 @@
         load += l[0];
         sources[l[1]] = 1;
         top += links.seg[i][2];
+        left = Math.min(left, links.seg[i][2]);
+        right = Math.max(right, links.seg[i][2]);
       });
       const kinds = Object.keys(sources);
       const source = kinds.length === 1 ? kinds[0] : "measured where fresh, else predicted";
       out.push({ g: g, n: ids.length, cap: cap, load: [load, source], share: cap > 0 ? load / cap : 0,
+        bus: [left, links.seg[ids[0]][3], right, links.seg[ids[0]][3]],
         seg: [(client.group_x0[g] + client.group_x1[g]) / 2, client.y_leaf, top / ids.length, links.seg[ids[0]][3]] });
     });
     return out;
@@ -447,7 +452,13 @@
         if (bucket(links.cap[i] > 0 ? linkLoad(i)[0] / links.cap[i] : 0) === k) add(links.seg[i]);
       });
     } else {
-      bs.forEach(function (b) { add(b.seg); });
+      // Each bundle ends on a bar along the switches its cables reach (once per distinct bar).
+      const bars = {};
+      bs.forEach(function (b) {
+        add(b.seg);
+        const key = b.bus[0] + "," + b.bus[2];
+        if (!bars[key] && b.bus[2] > b.bus[0]) { bars[key] = 1; add(b.bus); }
+      });
       upperLinks.forEach(function (i) { add(links.seg[i]); });
     }
     copy.x = xs;

@@ -132,12 +132,13 @@
     const c = tw.client;
     let x0 = Infinity;
     let x1 = -Infinity;
+    // The job's leaf groups whole, so that their leaves and cables are in view too.
     c.jobs[j].gids.forEach(function (g) {
-      const n = c.gpu_node[g];
-      if (c.node_x0[n] < x0) x0 = c.node_x0[n];
-      if (c.node_x1[n] > x1) x1 = c.node_x1[n];
+      const grp = c.node_group[c.gpu_node[g]];
+      if (c.group_x0[grp] < x0) x0 = c.group_x0[grp];
+      if (c.group_x1[grp] > x1) x1 = c.group_x1[grp];
     });
-    const pad = Math.max(4, (x1 - x0) * 0.1);
+    const pad = Math.max(2, (x1 - x0) * 0.03);
     return tw.zoomTo(x0 - pad, x1 + pad).then(function () {
       return tw.state.job === j ? null : tw.highlight(j);
     });

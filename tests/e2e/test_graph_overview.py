@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from playwright.sync_api import expect
 
+from .conftest import screenshot_folder
 from .test_cluster_graph import GRAPH_DRAWN, open_cluster
 
 
@@ -22,6 +23,10 @@ def test_the_overview_shows_before_plotly_loads_and_gives_way_to_the_graph(lapto
     jobs = page.locator("#overview-svg rect.ov-bar:not([data-job^='-'])")
     assert jobs.count() >= 4
     expect(page.locator("#view-legend-list li")).to_have_count(4)
+    page.screenshot(path=str(screenshot_folder() / "graph-overview.png"))
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(screenshot_folder() / "graph-overview-dark.png"))
+    page.emulate_media(color_scheme="light")
     assert page.get_attribute("#cluster-graph", "data-rendered") is None
     page.wait_for_function("() => document.querySelector('script[src*=plotly]') !== null")
     for route in held:
@@ -48,6 +53,7 @@ def test_find_job_zooms_to_it_and_highlights_it(laptop, live_server, scenario):
     assert view["picked"]
     assert view["range"][0] <= view["lo"] and view["hi"] <= view["range"][1]
     assert view["range"][1] - view["range"][0] < view["full"] / 2  # zoomed in on it
+    page.screenshot(path=str(screenshot_folder() / "graph-find-job.png"))
     # Its legend entry is marked; by id works too, and a job that is not there says so.
     expect(page.locator("#view-legend-list button[data-job][aria-pressed='true']")).to_contain_text("bob-dp8")
     other = scenario["jobs"]["llm-tp8-pp2"]
@@ -140,13 +146,16 @@ def test_zoomed_out_each_leaf_group_has_one_uplink_bundle_with_its_load(
         """() => { const gd = document.getElementById('cluster-graph');
           const up = gd.data.find(t => t.meta.role === 'uplink');
           const hover = gd.data.find(t => t.meta.role === 'link');
-          return {segments: up.x.filter(x => x === null).length, text: hover.text,
+          const c = window.topoweb.client;
+          const starts = up.y.filter((y, k) => k % 3 === 0);
+          return {segments: starts.filter(y => y === c.y_leaf).length, text: hover.text,
                   cables: window.topoweb.client.links.n_uplinks}; }"""
     )
     assert drawn["segments"] == groups < drawn["cables"]
     assert len(drawn["text"]) == groups
     assert all("leaf uplinks in one bundle" in t and "GB/s" in t for t in drawn["text"])
     assert any("load 0 GB/s" not in t for t in drawn["text"])  # the big job's traffic shows
+    page.screenshot(path=str(screenshot_folder() / "graph-bundles.png"))
     # Under the link-load overlay the bundles are coloured by their group's share.
     page.check("input[name=overlay][value=load]")
     page.wait_for_selector("#cluster-graph[data-overlay='load']")
