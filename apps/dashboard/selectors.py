@@ -18,7 +18,7 @@ from django.utils import timezone
 from apps.api import roles
 from apps.dashboard.jobview import JobView, job_view
 from apps.dashboard.layout import ClusterLayout, cluster_layout
-from apps.executors.models import ForeignAllocation
+from apps.executors.models import ClusterExecutor, ExecutorKind, ForeignAllocation
 from apps.metrics import selectors as metrics
 from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
@@ -114,6 +114,11 @@ def cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
     queued = Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).count()
     states = node_state_map(cluster_id=cluster.pk)
     return ClusterGraphData(cluster, snap, layout_for(topo), views, queued, states)
+
+
+def slurm_executor(*, cluster: Cluster) -> ClusterExecutor | None:
+    """The cluster's Slurm connection when Slurm runs its jobs (None for the node agents)."""
+    return ClusterExecutor.objects.filter(cluster=cluster, kind=ExecutorKind.SLURM).first()
 
 
 def foreign_job_views(*, cluster: Cluster, topology: Topology) -> list[JobView]:

@@ -18,7 +18,7 @@ from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, OVERLAYS, cluster_figu
 from apps.dashboard.measured import jobs_measured, overlay_values
 from apps.dashboard.overview import hatch_defs, legend_rows, overview_svg
 from apps.dashboard.paths import EndpointError, endpoints_path, leaf_matrix, parse_endpoint
-from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for
+from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for, slurm_executor
 from apps.metrics.selectors import open_hotspots
 from apps.scheduling.agent_selectors import cluster_health
 from apps.scheduling.choices import ACTIVE_STATUSES
@@ -74,6 +74,7 @@ def cluster_page(request, name: str | None = None):
     context["active_statuses"] = ACTIVE_STATUSES
     context["hotspots"] = list(open_hotspots(cluster=cluster))
     context["health"] = cluster_health(cluster_id=cluster.pk)
+    context["slurm"] = slurm_executor(cluster=cluster)
     return render(request, "dashboard/cluster.html", context)
 
 

@@ -26,3 +26,16 @@ def test_foreign_slurm_job_is_drawn_with_its_gpus_and_not_free(client, people, c
     assert not snap.free[snap.topology.gid(node.name, 1)]
     assert not snap.free[snap.topology.gid(node.name, 2)]
     assert snap.free[snap.topology.gid(node.name, 0)]
+
+
+def test_cluster_page_says_when_slurm_runs_the_cluster(client, people, case44_db):
+    from apps.executors.models import ClusterExecutor
+
+    client.force_login(people["alice"])
+    url = reverse("dashboard:cluster", args=[case44_db.name])
+    assert b'id="slurm-executor"' not in client.get(url).content
+    ClusterExecutor.objects.create(
+        cluster=case44_db, kind="slurm", slurmrestd_url="unix:/run/slurmrestd.sock", last_error="refused"
+    )
+    page = client.get(url).content.decode()
+    assert 'id="slurm-executor"' in page and "unix:/run/slurmrestd.sock" in page and "refused" in page
