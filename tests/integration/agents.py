@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -144,14 +145,16 @@ class Agents:
                 fh.write(self.token_for(node))
         return path
 
-    def argv(self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=()) -> list[str]:
+    def argv(
+        self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=(), server: str = ""
+    ) -> list[str]:
         """The agent's command line for `node`."""
         argv = [
             sys.executable,
             "-m",
             "apps.agent",
             "--server",
-            self.server,
+            server or self.server,
             "--node",
             node,
             "--token-file",
@@ -176,12 +179,12 @@ class Agents:
         return argv + list(extra)
 
     def start(
-        self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=()
+        self, node: str, poll_s: float = 1.0, *, multi_user: bool = False, extra=(), server: str = ""
     ) -> subprocess.Popen:
         """Start the agent of `node`."""
         log = (self.tmp / f"agent-{node}.out").open("ab")
         proc = subprocess.Popen(
-            self.argv(node, poll_s, multi_user=multi_user, extra=extra),
+            self.argv(node, poll_s, multi_user=multi_user, extra=extra, server=server),
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -215,6 +218,70 @@ class Agents:
             # Long-polls of the killed agents still wait in the live server (at most a poll):
             # let them finish before the test database is flushed under them.
             time.sleep(1.5)
+
+
+class TcpProxy:
+    """A TCP proxy to `upstream` (host, port) on a free loopback port; `cut()` closes every
+    connection and refuses new ones (a partition), `heal()` forwards again."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.cutting = threading.Event()
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cutting.is_set():
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open |= {client, server}
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        self.cutting.set()
+        with self.lock:
+            for sock in self.open:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                except OSError:
+                    pass
+            self.open.clear()
+
+    def heal(self) -> None:
+        self.cutting.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
 
 
 def kill_cgroups(dirs: list[Path]) -> None:

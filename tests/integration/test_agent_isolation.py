@@ -25,7 +25,7 @@ from apps.scheduling.models import NodeAgent, RankRun, UnixAccount
 from apps.scheduling.selectors import job_ranks
 from apps.topology.models import Node
 
-from .agents import cgroups_writable, gpu_use_watch, recorded, wait_for
+from .agents import TcpProxy, cgroups_writable, gpu_use_watch, recorded, wait_for
 from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
 
 pytestmark = [
@@ -172,6 +172,40 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
     assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
     assert NodeAgent.objects.get(node__name="node-a", node__cluster=cluster).state == NodeState.UP
+
+
+def test_a_partition_by_a_cut_connection_fences_the_ranks(
+    agents, cluster, user, tmp_path, settings, live_server
+):
+    """The agent reaches the server through a TCP proxy that is cut past the down time: the
+    agent fences its ranks on its own; healed, the node takes new work once they are gone."""
+    from urllib.parse import urlsplit
+
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    _drain_other(cluster, "node-a")
+    where = urlsplit(live_server.url)
+    proxy = TcpProxy((where.hostname, where.port))
+    agents.start("node-a", server=proxy.url)
+    log = tmp_path / "agent-node-a.out"
+    try:
+        with gpu_use_watch(tmp_path) as use:
+            body = {**spec(tmp_path, "cut", 8, BEHAVIOUR="stubborn", STUBBORN_S="1"), "stop_grace_s": 5}
+            job = services.job_submit(user=user, spec=body)
+            wait_for(status_is(job, JobStatus.RUNNING), what="running")
+            proxy.cut()
+            wait_for(lambda: "fenced" in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
+            wait_for(lambda: agent_services.nodes_check(cluster=cluster)["down"], timeout_s=15, what="down")
+            nxt = services.job_submit(user=user, spec=spec(tmp_path, "after", 8, BEHAVIOUR="exit"))
+            nxt.refresh_from_db()
+            assert nxt.status == JobStatus.QUEUED
+            proxy.heal()
+            wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=30, what="the next job")
+    finally:
+        proxy.close()
+    assert not use.violations, use.violations
+    assert nxt.status == JobStatus.COMPLETED
+    assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
 
 
 @pytest.fixture
