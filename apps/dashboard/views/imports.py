@@ -16,13 +16,16 @@ from apps.dashboard.layout import cluster_layout
 from apps.placement.convert import Source
 from apps.placement.topology import SpecError, load_topology, parse_spec_text
 from apps.topology.conversion import defaults_from_text, spec_from_format
-from apps.topology.models import Cluster
-from apps.topology.services import cluster_import
+from apps.topology.models import Cluster, ClusterImport
+from apps.topology.services import cluster_import, cluster_import_queue
 
 from .common import perm_required, script_json
 from .vendor import plotly_js_url
 
 PREVIEW_MAX_GPUS = 20_000
+# Larger clusters are written by a background task (the web request would outlast its time limit).
+BACKGROUND_GPUS = 16_384
+BACKGROUND_LISTED = 10
 
 
 @perm_required(roles.IMPORT_CLUSTERS)
@@ -30,7 +33,11 @@ def topology_import(request):
     """GET: the empty form. POST `action=preview`: validate and draw the graph; `action=import`:
     validate again and write the cluster (with `replace` to overwrite one of the same name)."""
     form = TopologyImportForm(request.POST or None, request.FILES or None)
-    context: dict = {"form": form, "plotly_js_url": plotly_js_url()}
+    context: dict = {
+        "form": form,
+        "plotly_js_url": plotly_js_url(),
+        "background": list(ClusterImport.objects.select_related("cluster").defer("spec")[:BACKGROUND_LISTED]),
+    }
     if request.method != "POST" or not form.is_valid():
         return render(
             request, "dashboard/import.html", context, status=400 if request.method == "POST" else 200
@@ -52,6 +59,14 @@ def topology_import(request):
                 fmt=fmt, sources=[Source(source_name, text)], defaults=defaults_from_text(defaults)
             )
         topo = load_topology(data)
+        if action == "import" and topo.n_gpus > BACKGROUND_GPUS:
+            queued = cluster_import_queue(data=data, replace=replace, user=request.user, notes=notes)
+            messages.success(
+                request,
+                f"Import {queued.pk} of cluster {topo.name} ({topo.n_gpus} GPUs) runs in the background;"
+                " its progress is listed below.",
+            )
+            return redirect("dashboard:import")
         if action == "import":
             cluster = cluster_import(data=data, replace=replace)
             messages.success(

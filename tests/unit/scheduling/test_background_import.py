@@ -65,3 +65,21 @@ def test_only_importers_see_background_imports(admin_api, alice_api, django_capt
         ).status_code
         == 403
     )
+
+
+def test_the_import_page_writes_a_large_cluster_in_the_background_and_lists_it(
+    client, django_capture_on_commit_callbacks, monkeypatch
+):
+    from django.contrib.auth import get_user_model
+
+    from apps.dashboard.views import imports
+
+    monkeypatch.setattr(imports, "BACKGROUND_GPUS", 8)
+    client.force_login(get_user_model().objects.create_superuser("root", password="pw-root"))
+    text = (EXAMPLES / "case-4-4.yaml").read_text()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/import/", {"text": text, "action": "import"})
+    assert response.status_code == 302 and response["Location"] == "/import/"
+    page = client.get("/import/").content.decode()
+    assert 'id="background-imports"' in page and "100%" in page and 'href="/clusters/case-4-4/"' in page
+    assert Cluster.objects.filter(name="case-4-4").exists()
