@@ -26,7 +26,15 @@ from topoweb.settings import *  # noqa: F401,F403
 from topoweb.settings import REST_FRAMEWORK, STORAGES
 
 # The benchmark measures the service, not the per-user throttles.
-REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "10000000/min", "submit": "10000000/min"}}
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,
+    "DEFAULT_THROTTLE_RATES": {
+        **REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+        "user": "10000000/min",
+        "submit": "10000000/min",
+        "agent_sync": "10000000/min",
+    },
+}
 # The API needs no collected static files (gunicorn refuses to start on a missing manifest).
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 """
