@@ -291,10 +291,11 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log.info("node %s: %s", self.node, self.isolation())
         self._adopt()
+        self._last_ok = time.monotonic()
+        self._load_lease()
         headers = {"Authorization": f"Node {self.token}", "User-Agent": f"topoweb-agent/{VERSION}"}
         # The long-poll may take poll_s on the server: the read timeout leaves room for it.
         timeout = httpx.Timeout(self.timeout_s, read=self.poll_s + self.timeout_s)
-        self._last_ok = time.monotonic()
         fence = asyncio.ensure_future(self._fence_watch())
         try:
             async with httpx.AsyncClient(base_url=self.server, headers=headers, timeout=timeout) as client:
@@ -368,6 +369,7 @@ class Agent:
         self.refused += len(answer.get("refused") or ())
         if answer.get("fence_after_s"):
             self.fence_after_s = float(answer["fence_after_s"])
+        self._save_lease(time.time() - (time.monotonic() - sent))
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
             if self.outbox.get(key) is r:
@@ -377,6 +379,28 @@ class Agent:
         await self._reconcile(answer.get("work", []))
 
     # -- fencing -------------------------------------------------------------------------------
+    def _save_lease(self, contact: float) -> None:
+        """Record the last contact (wall clock) and the lease, for an agent restarted while cut
+        off: it fences its re-adopted ranks on time, not a whole lease after its start."""
+        path = self.state_dir / "lease.json"
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"contact": contact, "fence_after_s": self.fence_after_s}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot record the lease in %s: %s", path, exc)
+
+    def _load_lease(self) -> None:
+        try:
+            data = json.loads((self.state_dir / "lease.json").read_text())
+            contact, fence = float(data["contact"]), data.get("fence_after_s")
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if fence and not self.fence_after_s:
+            self.fence_after_s = float(fence)
+        silent = max(time.time() - contact, 0.0)
+        self._last_ok = time.monotonic() - silent
+
     async def _fence_watch(self) -> None:
         """Check the lease every quarter second, also while a sync hangs."""
         while True:

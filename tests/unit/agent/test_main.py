@@ -66,3 +66,17 @@ def test_gpu_device_files_are_found_by_name_and_kind(tmp_path):
     if os.geteuid() == 0:
         os.mknod(tmp_path / "nvidia3", 0o600 | stat.S_IFCHR, os.makedev(195, 3))
         assert gpu_devices(tmp_path) == {3: (195, 3)}
+
+
+def test_an_agent_restarted_while_cut_off_keeps_counting_its_lease_from_the_last_contact(tmp_path):
+    import time
+
+    first = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path)
+    first.state_dir.mkdir(parents=True)
+    first.fence_after_s = 50.0
+    first._save_lease(time.time() - 100)
+    again = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path)
+    again._last_ok = time.monotonic()
+    again._load_lease()
+    assert again.fence_after_s == 50.0
+    assert 99 < time.monotonic() - again._last_ok < 102
