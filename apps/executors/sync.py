@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
@@ -46,6 +47,7 @@ from .slurmscript import RankSlot, bind_granted, parse_comment, submission
 log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 3  # submissions of one job Slurm refused before the job fails
+LOCK_TTL_S = 60.0  # a sync that died holding the lock blocks the next ones this long at most
 
 VERSION = "slurm"
 # Pending reasons after which a job will not start on its planned nodes without help.
@@ -96,16 +98,32 @@ def is_slurm(cluster_id: int) -> bool:
 
 
 def slurm_sync_all() -> int:
+    """Sync every cluster Slurm runs (one after another); returns how many were synced."""
     n = 0
     for ex in (
         ClusterExecutor.objects.select_related("cluster").filter(kind=ExecutorKind.SLURM).order_by("pk")
     ):
         try:
-            slurm_sync(executor=ex)
-            n += 1
+            n += locked_sync(executor=ex) is not None
         except Exception:
             log.exception("slurm sync of cluster %s failed", ex.cluster.name)
     return n
+
+
+def locked_sync(*, executor: ClusterExecutor) -> SyncResult | None:
+    """`slurm_sync` unless another process is syncing the cluster now (beat every few seconds,
+    on-demand syncs and the embedded scheduler may overlap); None when skipped."""
+    key = f"executors:slurm-sync:{executor.cluster_id}"
+    try:
+        if not cache.add(key, 1, timeout=LOCK_TTL_S):
+            return None
+    except Exception:
+        log.warning("no cache to serialise Slurm syncs; syncing anyway", exc_info=True)
+        return slurm_sync(executor=executor)
+    try:
+        return slurm_sync(executor=executor)
+    finally:
+        cache.delete(key)
 
 
 def slurm_sync(

@@ -16,7 +16,7 @@ BEAT_SCHEDULE = {
 def slurm_sync_task(cluster_id: int) -> dict | None:
     """Sync one Slurm cluster now; None when it is gone or not run by Slurm."""
     from .models import ClusterExecutor, ExecutorKind
-    from .sync import slurm_sync
+    from .sync import locked_sync
 
     ex = (
         ClusterExecutor.objects.select_related("cluster")
@@ -25,7 +25,8 @@ def slurm_sync_task(cluster_id: int) -> dict | None:
     )
     if ex is None:
         return None
-    return slurm_sync(executor=ex).as_dict()
+    result = locked_sync(executor=ex)
+    return None if result is None else result.as_dict()
 
 
 @shared_task(name="executors.slurm_sync_all", ignore_result=True)

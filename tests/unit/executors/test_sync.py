@@ -340,3 +340,18 @@ def test_foreign_jobs_across_leaves_load_their_uplinks_at_the_assumed_rate(clust
     cluster.executor.foreign_gbps_per_gpu = 10.0
     cluster.executor.save()
     assert cluster_snapshot(cluster=cluster).link_load == {"leaf1": 20.0, "leaf2": 10.0}
+
+
+def test_overlapping_syncs_of_one_cluster_are_skipped(cluster, fake):
+    from django.core.cache import cache
+
+    from apps.executors.sync import locked_sync
+
+    key = f"executors:slurm-sync:{cluster.pk}"
+    cache.add(key, 1, timeout=60)
+    try:
+        assert locked_sync(executor=cluster.executor) is None
+    finally:
+        cache.delete(key)
+    # Free again: this one runs (and reports the unreachable socket).
+    assert "unreachable" in locked_sync(executor=cluster.executor).error
