@@ -9,24 +9,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
 from .conftest import screenshot_folder
 from .test_cluster_graph import GRAPH_DRAWN, open_cluster
-
-
-@pytest.fixture
-def ops_page(page, login):
-    """Staff on a 1366x768 page."""
-
-    def _open():
-        page.set_viewport_size({"width": 1366, "height": 768})
-        login("ops")
-        return page
-
-    return _open
 
 
 def both_themes(page, name: str, selector: str | None = None) -> None:
@@ -62,9 +49,9 @@ def _break_nodes(cluster):
     return [n.name for n in nodes]
 
 
-def test_node_states_show_on_the_graph_and_leave_the_free_count(ops_page, live_server, scenario):
+def test_node_states_show_on_the_graph_and_leave_the_free_count(laptop, live_server, scenario):
     down, drained, sick = _break_nodes(scenario["pod"])
-    page = ops_page()
+    page = laptop()
     expect(page).to_have_url(f"{live_server.url}/now/")  # operators land on the now page
     open_cluster(page, live_server, "pod-256")
     legend = page.locator("#cluster-graph .legendtext")
@@ -91,7 +78,7 @@ def test_node_states_show_on_the_graph_and_leave_the_free_count(ops_page, live_s
     both_themes(page, "nodes")
 
 
-def test_now_page_lists_the_broken_and_refreshes_itself(ops_page, live_server, scenario):
+def test_now_page_lists_the_broken_and_refreshes_itself(laptop, live_server, scenario):
     from apps.scheduling.models import Job, NodeAgent, RankRun
     from apps.topology.models import Node
 
@@ -110,7 +97,7 @@ def test_now_page_lists_the_broken_and_refreshes_itself(ops_page, live_server, s
         exited_at=timezone.now(),
         log_tail="epoch 2\nRuntimeError: CUDA error: an illegal memory access",
     )
-    page = ops_page()
+    page = laptop()
     page.goto(f"{live_server.url}/now/?refresh=2")
     expect(page.locator("#now-nodes tbody tr")).to_have_count(2)
     expect(page.locator("#now-gpus")).to_contain_text("XID 79")
@@ -130,8 +117,8 @@ def test_now_page_lists_the_broken_and_refreshes_itself(ops_page, live_server, s
     both_themes(page, "now")
 
 
-def test_hot_links_list_the_busiest_links_with_their_jobs(ops_page, live_server, scenario):
-    page = ops_page()
+def test_hot_links_list_the_busiest_links_with_their_jobs(laptop, live_server, scenario):
+    page = laptop()
     page.goto(f"{live_server.url}/clusters/pod-256/links/?n=15")
     rows = page.locator("#hot-links tbody tr")
     expect(rows).to_have_count(15)
@@ -153,8 +140,8 @@ def test_hot_links_list_the_busiest_links_with_their_jobs(ops_page, live_server,
     both_themes(page, "links")
 
 
-def test_graph_nodes_are_reached_and_described_from_the_keyboard(ops_page, live_server, scenario):
-    page = ops_page()
+def test_graph_nodes_are_reached_and_described_from_the_keyboard(laptop, live_server, scenario):
+    page = laptop()
     open_cluster(page, live_server, "pod-256")
     job = scenario["jobs"]["llm-tp8-pp2"]
     page.focus("#graph-keys summary")
@@ -182,7 +169,7 @@ def test_graph_nodes_are_reached_and_described_from_the_keyboard(ops_page, live_
     expect(page).to_have_url(f"{live_server.url}/clusters/pod-256/nodes/{focused}/")
 
 
-def test_usage_page_and_history_columns(ops_page, live_server, scenario):
+def test_usage_page_and_history_columns(laptop, live_server, scenario):
     from apps.scheduling.models import Job
 
     now = timezone.now()
@@ -190,7 +177,7 @@ def test_usage_page_and_history_columns(ops_page, live_server, scenario):
         Job.objects.filter(pk=scenario["jobs"][name].pk).update(
             status="completed", started_at=now - timedelta(hours=2), finished_at=now - timedelta(minutes=5)
         )
-    page = ops_page()
+    page = laptop()
     page.goto(f"{live_server.url}/usage/?range=24h")
     expect(page.locator("#usage-rows tbody tr")).to_have_count(2)
     expect(page.locator("#usage-rows")).to_contain_text("bob")
@@ -203,7 +190,7 @@ def test_usage_page_and_history_columns(ops_page, live_server, scenario):
 
 
 def test_link_load_shows_measured_minus_predicted_and_metric_overlays_keep_the_legend(
-    ops_page, live_server, scenario
+    laptop, live_server, scenario
 ):
     from apps.metrics.models import NicLatest
     from apps.topology.models import Node
@@ -214,7 +201,7 @@ def test_link_load_shows_measured_minus_predicted_and_metric_overlays_keep_the_l
         NicLatest.objects.create(
             node=node, device=nic.name, port="1", at=timezone.now(), tx_Bps=20e9, rx_Bps=20e9
         )
-    page = ops_page()
+    page = laptop()
     open_cluster(page, live_server, "case-4-4")
     graph = page.locator("#cluster-graph")
     box = page.evaluate(
