@@ -391,8 +391,12 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
 async def place_jobs(args, url, token, agents, pg, cpu, *, prefix: str) -> dict:
     """Submit jobs one after another; per job the time from placed_at to started_at."""
 
+    # A new connection per submission: gunicorn closes an idle one after its keep-alive (2 s).
     async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Token {token}"}, timeout=60
+        base_url=url,
+        headers={"Authorization": f"Token {token}"},
+        timeout=60,
+        limits=httpx.Limits(max_keepalive_connections=0),
     ) as api:
         latencies = []
         c2, t2, r2 = cpu(), time.monotonic(), agents.requests
