@@ -56,8 +56,13 @@ def test_case44_flow_through_the_api(staff_api, make_user, job_spec, committed):
     openmpi = carol.get(url, {"format": "openmpi"})
     assert openmpi["Content-Type"].startswith("text/plain")
     lines = [line for line in openmpi.content.decode().splitlines() if not line.startswith("#")]
+    # Every rank gets the rendezvous the node agents would give it: rank 0's node and the port
+    # stored with rank 0.
+    port = carol.get(url).json()["master_port"]
+    assert 20000 <= port <= 29999
     assert lines == [
-        f"-np 1 --host {a if r < 8 else b} -x CUDA_VISIBLE_DEVICES={r % 8} -x NCCL_IB_HCA==mlx5_0 python train.py"
+        f"-np 1 --host {a if r < 8 else b} -x CUDA_VISIBLE_DEVICES={r % 8}"
+        f" -x MASTER_ADDR={a} -x MASTER_PORT={port} -x NCCL_IB_HCA==mlx5_0 python train.py"
         for r in range(16)
     ]
     slurm = carol.get(url, {"format": "slurm"})
@@ -70,7 +75,13 @@ def test_case44_flow_through_the_api(staff_api, make_user, job_spec, committed):
         shlex.split(line)[1:] for line in torchrun.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES")
     ]
     assert [c[1:6] for c in commands] == [
-        ["--nnodes=2", f"--node-rank={i}", "--nproc-per-node=8", f"--master-addr={a}", "--master-port=29500"]
+        [
+            "--nnodes=2",
+            f"--node-rank={i}",
+            "--nproc-per-node=8",
+            f"--master-addr={a}",
+            f"--master-port={port}",
+        ]
         for i in range(2)
     ]
     assert "R=(8 9 10 11 12 13 14 15)" in commands[1][commands[1].index("-c") + 1]
