@@ -14,7 +14,8 @@ def test_the_overview_shows_before_plotly_loads_and_gives_way_to_the_graph(lapto
     held: list = []
     # Hold the plotting library back: the page must be useful without it.
     page.route("**/plotly*.js", lambda route: held.append(route))
-    page.goto(f"{live_server.url}/clusters/pod-256/")
+    # The page's load event waits for the held script: wait for the parsed document only.
+    page.goto(f"{live_server.url}/clusters/pod-256/", wait_until="domcontentloaded")
     overview = page.locator("#overview-svg")
     expect(overview).to_be_visible()
     # Four leaf groups, a bundle each with its load; the two spines; the four placed jobs' bars.
