@@ -38,7 +38,7 @@ from ..topology import Topology
 from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
-from .chunks import domain_chunk_sets
+from .chunks import cover_sets, domain_chunk_sets
 from .fast import fast_sets, rate_filled_set
 from .intra import intra_candidates
 from .mapping import candidate_mappings, island_order, lay_out, nestings
@@ -107,6 +107,13 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
         # Link-aware sets beside the best-fit ones, ranked after them on fit.
         plans += [(gset, math.inf, False) for gset in fast_sets(topology, idx, counts, job)]
         plans += [(gset, math.inf, False) for gset in domain_chunk_sets(idx, counts, job)]
+        # Unequal pieces (6 + 5 + 5, 24 + 8) that cover the job with few cells; only new sets.
+        known = {np.sort(p[0]).tobytes() for p in plans}
+        for gset in cover_sets(idx, counts, job):
+            key = np.sort(gset).tobytes()
+            if key not in known:
+                known.add(key)
+                plans.append((gset, math.inf, False))
         filled = rate_filled_set(topology, idx, counts, job)
         if filled is not None:
             plans.append((filled, math.inf, False))

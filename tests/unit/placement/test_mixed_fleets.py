@@ -287,3 +287,49 @@ def test_domain_chunks_are_not_tried_where_domains_are_single_nodes():
     idx = hierarchy(topo)
     counts = Free(idx, np.ones(topo.n_gpus, dtype=bool), load_array(topo, {}))
     assert domain_chunk_sets(idx, counts, job(dp=16, comm=[("dp", "allreduce", 1e8, 0)])) == []
+
+
+# --------------------------------------------------------------------------- unequal covers
+
+
+def test_a_dp16_job_takes_6_5_5_on_three_nodes_not_4_4_4_4_on_four():
+    # One leaf, every NIC alike: equal pieces of 4 (best fit's chunk) span four nodes and run the
+    # inter-node ring on 4 rails; 6 + 5 + 5 spans three and is cheaper, but no equal chunk size
+    # yields it.
+    topo = fleet([nvl_node(f"f{i}") for i in range(6)])
+    free = free_counts(topo, {"f0": 4, "f1": 4, "f2": 4, "f3": 6, "f4": 5, "f5": 5})
+    placed = place(topo, free, None, job(dp=16, comm=[("dp", "allreduce", 8e8, 0)]))
+    _, per_node = np.unique(topo.gpu_node[list(placed.gids)], return_counts=True)
+    assert sorted(per_node.tolist()) == [5, 5, 6]
+
+
+def test_covers_are_the_fewest_cells_exactly_else_the_fewest_with_the_smallest_piece_cut():
+    from apps.placement.solvers.chunks import _covers
+
+    assert _covers(np.array([24, 8]), 32) == [[(0, 24), (1, 8)]]
+    assert _covers(np.array([6, 5, 5, 4, 4, 4, 4]), 16) == [[(0, 6), (1, 5), (2, 5)]]
+    # No subset of 8, 7, 3 sums to 12: two cells, the smaller cut to 4.
+    assert _covers(np.array([8, 7, 3]), 12) == [[(0, 8), (1, 4)]]
+    assert _covers(np.array([8, 7, 4]), 19) == [[(0, 8), (1, 7), (2, 4)]]
+    assert _covers(np.array([8, 8]), 17) == []
+
+
+def test_a_dp32_job_gets_the_24_plus_8_cover_of_a_leaf():
+    from apps.placement.costmodel import load_array
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.blocks import Free
+    from apps.placement.solvers.chunks import cover_sets
+
+    topo = straddling_24()
+    # Leaf 1 (nodes 0-3): domain 0's three nodes and domain 1's first node, all free; the other
+    # leaves hold fewer than 32 free GPUs each.
+    free = free_counts(topo, {"n00": 8, "n01": 8, "n02": 8, "n03": 8, "n04": 8, "n05": 8, "n06": 8, "n08": 7})
+    j = job(dp=32, comm=[("dp", "allreduce", 8e8, 0)])
+    idx = hierarchy(topo)
+    sets = cover_sets(idx, Free(idx, free, load_array(topo, {})), j)
+    pieces = [sorted(int(c) for c in np.bincount(topo.gpu_domain[s]) if c) for s in sets]
+    assert [8, 24] in pieces
+    # Priced beside the others: the placement costs no more than the cover.
+    cover = next(s for s, p in zip(sets, pieces, strict=True) if p == [8, 24])
+    placed = place(topo, free, None, j)
+    assert placed.prediction.comm_ms <= evaluate(topo, j, cover).comm_ms * (1 + 1e-9)
