@@ -48,6 +48,18 @@ def _missing(*args, **kwargs):
     return None
 
 
+def _absent(key, *args, **kwargs):
+    raise ValueError(f"Key '{key}' not found.")
+
+
+# INCRBY only if the key exists (Django's incr raises ValueError otherwise): one round trip, where
+# Django's client asks EXISTS first.
+_INCR_EXISTING = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) end
+return false
+"""
+
+
 class ReusedClientRedisCacheClient(RedisCacheClient):
     """Django's Redis cache client keeping one redis.Redis per connection pool. Django builds a new
     one for every call, and redis-py's constructor (its table of ~160 response callbacks) took more
@@ -65,11 +77,19 @@ class ReusedClientRedisCacheClient(RedisCacheClient):
             client = self._clients[index] = self._client(connection_pool=self._get_connection_pool(write))
         return client
 
+    def incr(self, key, delta):
+        client = self.get_client(key, write=True)
+        value = client.eval(_INCR_EXISTING, 1, key, delta)
+        if value is None:
+            raise ValueError(f"Key '{key}' not found.")
+        return value
+
 
 class FailOpenRedisCache(RedisCache):
-    """Django's RedisCache whose get/add/set/touch/delete, their *_many forms and has_key never
-    raise a Redis error: they answer as if the key were absent (`add` as if it were added,
-    `set_many` as if every key failed). One redis.Redis client per pool is reused."""
+    """Django's RedisCache whose get/add/set/incr/touch/delete, their *_many forms and has_key
+    never raise a Redis error: they answer as if the key were absent (`add` as if it were added,
+    `incr` with ValueError, `set_many` as if every key failed). One redis.Redis client per pool is
+    reused, and `incr` is one round trip."""
 
     def __init__(self, server, params):
         super().__init__(server, params)
@@ -78,6 +98,7 @@ class FailOpenRedisCache(RedisCache):
     add = _fails_open(RedisCache.add, lambda *args, **kwargs: True)
     get = _fails_open(RedisCache.get, lambda key, default=None, *args, **kwargs: default)
     set = _fails_open(RedisCache.set, _missing)
+    incr = _fails_open(RedisCache.incr, _absent)
     touch = _fails_open(RedisCache.touch, lambda *args, **kwargs: False)
     delete = _fails_open(RedisCache.delete, lambda *args, **kwargs: False)
     get_many = _fails_open(RedisCache.get_many, lambda *args, **kwargs: {})

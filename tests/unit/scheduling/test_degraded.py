@@ -52,6 +52,8 @@ def test_a_cache_without_redis_answers_as_empty(dead_cache, caplog):
         assert dead_cache.get("k", "fallback") == "fallback"
         assert dead_cache.add("k", 1, 5) is True
         dead_cache.set("k", [1, 2], 5)
+        with pytest.raises(ValueError):
+            dead_cache.incr("k")
         assert dead_cache.get_many(["a", "b"]) == {}
         assert dead_cache.set_many({"a": 1}, 5) == ["a"]
         assert dead_cache.delete("k") is False
