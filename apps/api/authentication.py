@@ -51,12 +51,13 @@ class TokenAuthentication(authentication.TokenAuthentication):
 
     def authenticate_credentials(self, key):
         # The user's account comes in the same query: a submission needs it (a join, not a query).
-        token = (
+        # The key is the primary key: no ORDER BY (first() would add one), one index lookup.
+        found = list(
             self.get_model()
             .objects.select_related("user", "user__membership", "user__membership__account")
-            .filter(key=key)
-            .first()
+            .filter(key=key)[:1]
         )
+        token = found[0] if found else None
         if token is None:
             raise AuthenticationFailed("Invalid token.")
         if not token.user.is_active:

@@ -162,3 +162,20 @@ def test_nothing_half_written_when_a_submission_is_refused(case44, make_user, se
     settings.ANY_USER_SUBMITS = False
     token_client(make_user("plain")).post("/api/v1/jobs/", small_spec("a", 1), format="json")
     assert not Job.objects.exists()
+
+
+def test_a_user_token_is_one_indexed_query_with_the_users_account(alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.authtoken.models import Token
+
+    from apps.api.authentication import TokenAuthentication
+
+    key = Token.objects.get_or_create(user=alice)[0].key
+    with CaptureQueriesContext(connection) as queries:
+        user, token = TokenAuthentication().authenticate_credentials(key)
+        hasattr(user, "membership")  # read from the join, no query of its own
+    assert user == alice and token.key == key
+    assert len(queries) == 1
+    sql = queries[0]["sql"]
+    assert "ORDER BY" not in sql and "scheduling_account" in sql
