@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TARGET_PLACED_PER_S = 100.0
 TARGET_API_P99_MS = 100.0
+PLACED_WAIT_S = 300.0
 
 SETUP = """\
 from django.contrib.auth import get_user_model
@@ -58,6 +59,23 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
     return ordered[k]
+
+
+def placed_per_s(placed_at: list[float], t_submit: float) -> float:
+    """Jobs placed per second from the burst's start to the last placement; ValueError when
+    nothing was placed (there is no rate to give, and no last placement to measure to)."""
+    if not placed_at:
+        raise ValueError("nothing was placed")
+    return len(placed_at) / max(max(placed_at) - t_submit, 1e-9)
+
+
+def nothing_placed(submitted: int, jobs: int, failed: list[int], wait_s: float) -> str:
+    """What to say when none of the burst's jobs was placed."""
+    codes = f" (the rest answered {sorted(set(failed))})" if failed else ""
+    return (
+        f"api_throughput: NOTHING WAS PLACED: {submitted} of {jobs} submissions accepted{codes}, and none"
+        f" of them placed within {wait_s:.0f} s; no throughput to report (see the worker log above)"
+    )
 
 
 def free_port() -> int:
@@ -303,7 +321,7 @@ def run(args, url: str) -> int:
             return pg.execute("SELECT count(*) FROM scheduling_job WHERE placed_at IS NOT NULL").fetchone()[0]
 
         def wait_placed(n: int) -> None:
-            deadline = time.monotonic() + 300
+            deadline = time.monotonic() + PLACED_WAIT_S
             while count_placed() < n and time.monotonic() < deadline:
                 time.sleep(0.1)
 
@@ -337,7 +355,12 @@ def run(args, url: str) -> int:
             (last_warm_job,),
         ).fetchall()
         waits_ms = [(float(p) - float(s)) * 1000.0 for s, p in rows]
-        last_placed = max(float(p) for _, p in rows)
+        if not rows:
+            pg.close()
+            for name in ("web.log", "worker.log"):
+                print(f"--- tail of {name}", Path(logs, name).read_text()[-4000:], sep="\n", file=sys.stderr)
+            print(nothing_placed(args.jobs - len(failed), args.jobs, failed, PLACED_WAIT_S), file=sys.stderr)
+            return 1
         cycles = pg.execute(
             "SELECT count(*), avg(duration_ms), sum(placed) FROM scheduling_schedulingcycle WHERE id > %s",
             (last_warm_cycle,),
@@ -358,7 +381,7 @@ def run(args, url: str) -> int:
                 "p99": round(percentile(post_ms, 99), 1),
             },
             "placed": len(rows),
-            "placed_per_s": round(len(rows) / (last_placed - t_submit), 1),
+            "placed_per_s": round(placed_per_s([float(p) for _, p in rows], t_submit), 1),
             "submit_to_placed_ms": {
                 "p50": round(percentile(waits_ms, 50), 1),
                 "p99": round(percentile(waits_ms, 99), 1),
