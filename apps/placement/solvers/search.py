@@ -1,17 +1,24 @@
 """Local search over rank -> GPU maps against the cost model, for any job size, within a budget.
 
 Started from topo's cheapest constructive candidate, it tries moves and keeps any that lowers the
-predicted comm time left exposed (then all comm time), or keeps both and scatters the
-communicating groups no more (`_spread`, the declared traffic times the member pairs each group
-splits between domains and leaves): equal moves let it cross plateaus, such as a group that only
-gets faster once both of its slow nodes are replaced, or an entry priced by its slowest group
-while many are slow. Moves:
+predicted comm time left exposed (then all comm time), or keeps those and lowers the sum of every
+group's time (`Prediction.group_ms`: an entry is priced by its slowest group, so repairing one of
+many slow groups shows there first), or keeps all three and scatters the communicating groups no
+more (`_spread`, the declared traffic times the member pairs each group splits between domains
+and leaves): equal moves let it cross plateaus, such as a group that only gets faster once both
+of its slow nodes are replaced. The group sum comes before the split count, so a TP group split
+3 + 1 over two nodes goes to 2 + 2 (more split pairs, but two rails instead of one). Moves:
 - node move: the job's ranks on one node go to another node's GPUs, in GPU order, exchanging
   with the job's ranks there or taking its unused free GPUs (this is what repairs a set chosen
   blind to link speed: two nodes whose GPUs share one NIC traded for 8-NIC nodes);
 - group swap: two groups of one kind exchange their GPUs member by member (repairs nesting);
 - rank swap: two ranks on different nodes exchange GPUs;
-- rank move: a rank moves to an unused free GPU.
+- rank move: a rank moves to an unused free GPU;
+- half move: for a group split over nodes, another node b with room ends with half of it (or
+  all of it): its members on neither b nor the node holding most of it (a) go there first, then
+  members from a, exchanging with the job's other ranks
+  on b or taking b's free GPUs (3 + 1 to 2 + 2, 3 + 1 to 2 + 2 on a third node, 4 + 0 to 2 + 2,
+  2 + 2 to 4 + 0, two groups' halves swapped).
 It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
 improve nothing or after `max_evals` moves, whichever comes first. The budget counts moves, not
 seconds, and the moves are seeded: the same inputs give the same map on a busy machine as on an
@@ -32,6 +39,8 @@ from .mapping import declared_traffic
 TARGET_NODES = 48
 # Moves in a row that improve neither the cost nor the spread before the search gives up.
 STALL_EVALS = 200
+# How often each move is tried: node move, group swap, rank swap, rank move, half move.
+MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25)
 
 
 def search(
@@ -55,11 +64,11 @@ def search(
     traffic = declared_traffic(job)
     weighted = [(arrays[k], w) for k, w in traffic.items() if w > 0 and arrays[k].shape[1] > 1]
 
-    priced: dict[bytes, tuple[float, float, float]] = {}
+    priced: dict[bytes, tuple[float, float, float, float]] = {}
 
-    def cost(trial: np.ndarray) -> tuple[float, float, float]:
-        # Exposed comm ms (what the step pays), all comm ms, then the spread; a map the search
-        # comes back to (a move undone, a swap of equal groups) is priced once.
+    def cost(trial: np.ndarray) -> tuple[float, float, float, float]:
+        # Exposed comm ms (what the step pays), all comm ms, every group's ms, then the spread; a
+        # map the search comes back to (a move undone, a swap of equal groups) is priced once.
         key = trial.tobytes()
         hit = priced.get(key)
         if hit is None:
@@ -67,6 +76,7 @@ def search(
             hit = priced[key] = (
                 pred.step_ms - job.compute_ms,
                 pred.comm_ms,
+                pred.group_ms,
                 _spread(topology, trial, weighted),
             )
         return hit
@@ -77,8 +87,9 @@ def search(
     owner[cur] = np.arange(cur.size)
     targets = _target_nodes(topology, free, cur)
     groups = [a for a in arrays.values() if a.shape[0] > 1 and a.shape[1] > 1]
-    moves = (_node_move, _group_swap, _rank_swap, _rank_move)
-    weights = np.array([0.35, 0.25 if groups else 0.0, 0.25, 0.15])
+    moves = (_node_move, _group_swap, _rank_swap, _rank_move, _half_move)
+    halves = any(a.shape[1] >= 4 for a in groups)
+    weights = np.array(MOVE_WEIGHTS) * [1, bool(groups), 1, 1, halves]
     weights /= weights.sum()
     evals = stalled = 0
     while evals < max_evals and stalled < stall_evals and cur_cost[1] > stop:
@@ -89,7 +100,13 @@ def search(
             continue
         c = cost(trial)
         evals += 1
-        order = _compare(c, cur_cost)
+        if move is _half_move:
+            # Kept only when it lowers exposed, all or every group's comm ms, the split count
+            # aside: what makes 3 + 1 into 2 + 2.
+            order = min(_compare(c[:3], cur_cost[:3]), 1)
+            order = order if order < 0 else 1
+        else:
+            order = _compare(c[:2] + c[3:], cur_cost[:2] + cur_cost[3:])
         stalled = 0 if order < 0 else stalled + 1
         if order <= 0:
             owner[cur] = -1
@@ -100,8 +117,9 @@ def search(
 
 def _compare(a: tuple[float, ...], b: tuple[float, ...]) -> int:
     """-1, 0 or 1 as `a` is better, as good or worse than `b`, key by key, equal within 1e-12 ms
-    (1e-9 relative for the spread)."""
-    for x, y, tol in zip(a, b, (1e-12, 1e-12, 1e-9 * max(abs(b[2]), 1.0)), strict=True):
+    (1e-9 relative for the group sum and the spread)."""
+    tols = (1e-12, 1e-12, *(1e-9 * max(abs(y), 1.0) for y in b[2:]))
+    for x, y, tol in zip(a, b, tols, strict=True):
         if x < y - tol:
             return -1
         if x > y + tol:
@@ -191,4 +209,46 @@ def _rank_move(topology, rng, cur, owner, free, targets, groups):
         return None
     trial = cur.copy()
     trial[int(rng.integers(cur.size))] = int(rng.choice(spare))
+    return trial
+
+
+def _half_move(topology, rng, cur, owner, free, targets, groups):
+    # Groups of 4 or more: a half of a pair is one rank (the rank moves do that).
+    halves = [a for a in groups if a.shape[1] >= 4]
+    if not halves:
+        return None
+    kind = halves[int(rng.integers(len(halves)))]
+    node_of = topology.gpu_node[cur[kind]]
+    split = np.flatnonzero((node_of != node_of[:, :1]).any(axis=1))
+    row = int(rng.choice(split)) if split.size else int(rng.integers(kind.shape[0]))
+    ranks, nodes = kind[row], node_of[row]
+    # a: the node holding most of the group; node b ends with half of it (or all of it), the
+    # members on neither a nor b going first, then members from a.
+    held, count = np.unique(nodes, return_counts=True)
+    a = int(rng.choice(held[count == count.max()]))
+    keep = ranks.size // 2 if rng.random() < 0.7 else ranks.size
+    in_group = np.zeros(cur.size, dtype=bool)
+    in_group[ranks] = True
+    options = []
+    for b in np.union1d(np.unique(topology.gpu_node[cur]), targets):
+        b = int(b)
+        need = keep - int(np.count_nonzero(nodes == b))
+        if b == a or need <= 0:
+            continue
+        gb = _node_gids(topology, b)
+        holder = owner[gb]
+        # b's GPUs the block may take: other ranks' (which go where the block was), unused free ones.
+        slots = gb[((holder >= 0) & ~in_group[np.maximum(holder, 0)]) | ((holder < 0) & free[gb])]
+        if slots.size >= need:
+            options.append((need, slots, b))
+    if not options:
+        return None
+    need, slots, b = options[int(rng.integers(len(options)))]
+    moved = np.concatenate([ranks[(nodes != a) & (nodes != b)], ranks[nodes == a]])[:need]
+    slots = rng.permutation(slots)[:need]
+    trial = cur.copy()
+    trial[moved] = slots
+    displaced = owner[slots]
+    back = displaced >= 0
+    trial[displaced[back]] = cur[moved][back]
     return trial

@@ -333,3 +333,27 @@ def test_a_dp32_job_gets_the_24_plus_8_cover_of_a_leaf():
     cover = next(s for s, p in zip(sets, pieces, strict=True) if p == [8, 24])
     placed = place(topo, free, None, j)
     assert placed.prediction.comm_ms <= evaluate(topo, j, cover).comm_ms * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------- local search
+
+
+def test_the_search_takes_split_tp_groups_from_3_plus_1_to_2_plus_2():
+    # Four nodes with 3 free GPUs each: a TP group of 4 must span two nodes, and 2 + 2 runs its
+    # inter-node phase on two rails where 3 + 1 has one. From both groups at 3 + 1, repairing one
+    # group leaves the entry's time (its slowest group) unchanged and splits more pairs: only a
+    # tie-break on every group's time lets the search take that step.
+    from apps.placement.solvers.search import search
+
+    topo = fleet([nvl_node(f"n{i}") for i in range(4)])
+    free = free_counts(topo, {f"n{i}": 3 for i in range(4)})
+    j = job(tp=4, dp=2, comm=[("tp", "allreduce", 4.2e7, 96)])
+    # Group 0: three GPUs of n0 and one of n2; group 1: three of n1 and one of n3.
+    start = np.array([0, 1, 2, 16, 8, 9, 10, 24])
+    at_3_1 = evaluate(topo, j, start).comm_ms
+    at_2_2 = evaluate(topo, j, np.array([0, 1, 16, 17, 8, 9, 24, 25])).comm_ms
+    assert at_2_2 < at_3_1
+    for seed in range(3):
+        gids, comm = search(topo, j, start, free, np.zeros(1), 0.0, seed=seed, max_evals=120)
+        assert comm == pytest.approx(at_2_2, rel=1e-9)
+        assert free[gids].all()
