@@ -1,24 +1,23 @@
 """Local search over rank -> GPU maps against the cost model, for any job size, within a budget.
 
 Started from topo's cheapest constructive candidate, it tries moves and keeps any that lowers the
-predicted comm time left exposed (then all comm time), or keeps those and lowers the sum of every
-group's time (`Prediction.group_ms`: an entry is priced by its slowest group, so repairing one of
-many slow groups shows there first), or keeps all three and scatters the communicating groups no
-more (`_spread`, the declared traffic times the member pairs each group splits between domains
-and leaves): equal moves let it cross plateaus, such as a group that only gets faster once both
-of its slow nodes are replaced. The group sum comes before the split count, so a TP group split
-3 + 1 over two nodes goes to 2 + 2 (more split pairs, but two rails instead of one). Moves:
+predicted comm time left exposed (then all comm time), or keeps both and scatters the
+communicating groups no more (`_spread`, the declared traffic times the member pairs each group
+splits between domains and leaves): equal moves let it cross plateaus, such as a group that only
+gets faster once both of its slow nodes are replaced. A half move is kept only when it lowers
+the exposed, all or every group's comm time (`Prediction.group_ms`), whatever it does to the
+split count: an entry is priced by its slowest group, so repairing one of two TP groups split
+3 + 1 shows only in the sum, and 2 + 2 splits more pairs (but runs on two rails, not one). Moves:
 - node move: the job's ranks on one node go to another node's GPUs, in GPU order, exchanging
   with the job's ranks there or taking its unused free GPUs (this is what repairs a set chosen
   blind to link speed: two nodes whose GPUs share one NIC traded for 8-NIC nodes);
 - group swap: two groups of one kind exchange their GPUs member by member (repairs nesting);
 - rank swap: two ranks on different nodes exchange GPUs;
 - rank move: a rank moves to an unused free GPU;
-- half move: for a group split over nodes, another node b with room ends with half of it (or
-  all of it): its members on neither b nor the node holding most of it (a) go there first, then
-  members from a, exchanging with the job's other ranks
-  on b or taking b's free GPUs (3 + 1 to 2 + 2, 3 + 1 to 2 + 2 on a third node, 4 + 0 to 2 + 2,
-  2 + 2 to 4 + 0, two groups' halves swapped).
+- half move: for a group of 4 or more split over nodes, another node b with room ends with half
+  of it (or all of it): its members on neither b nor the node holding most of it (a) go first,
+  then members from a, exchanging with the job's other ranks on b or taking b's free GPUs
+  (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped).
 It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
 improve nothing or after `max_evals` moves, whichever comes first. The budget counts moves, not
 seconds, and the moves are seeded: the same inputs give the same map on a busy machine as on an
@@ -103,8 +102,7 @@ def search(
         if move is _half_move:
             # Kept only when it lowers exposed, all or every group's comm ms, the split count
             # aside: what makes 3 + 1 into 2 + 2.
-            order = min(_compare(c[:3], cur_cost[:3]), 1)
-            order = order if order < 0 else 1
+            order = -1 if _compare(c[:3], cur_cost[:3]) < 0 else 1
         else:
             order = _compare(c[:2] + c[3:], cur_cost[:2] + cur_cost[3:])
         stalled = 0 if order < 0 else stalled + 1
