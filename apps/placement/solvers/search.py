@@ -14,7 +14,7 @@ split count: an entry is priced by its slowest group, so repairing one of two TP
 - group swap: two groups of one kind exchange their GPUs member by member (repairs nesting);
 - rank swap: two ranks on different nodes exchange GPUs;
 - rank move: a rank moves to an unused free GPU;
-- half move: for a group of 4 or more split over nodes, another node b with room ends with half
+- half move: for a TP group of 4 or more split over nodes, another node b with room ends with half
   of it (or all of it): its members on neither b nor the node holding most of it (a) go first,
   then members from a, exchanging with the job's other ranks on b or taking b's free GPUs
   (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped).
@@ -86,9 +86,15 @@ def search(
     owner[cur] = np.arange(cur.size)
     targets = _target_nodes(topology, free, cur)
     groups = [a for a in arrays.values() if a.shape[0] > 1 and a.shape[1] > 1]
-    moves = (_node_move, _group_swap, _rank_swap, _rank_move, _half_move)
-    halves = any(a.shape[1] >= 4 for a in groups)
-    weights = np.array(MOVE_WEIGHTS) * [1, bool(groups), 1, 1, halves]
+    # Half moves split or join TP groups of 4 or more only: on PP and DP groups they spent the
+    # budget of the other moves for nothing on the adversarial bench.
+    tp_groups = arrays["tp"] if job.tp >= 4 and arrays["tp"].shape[0] > 1 else None
+
+    def half(topology, rng, cur, owner, free, targets, groups):
+        return _half_move(topology, rng, cur, owner, free, targets, tp_groups)
+
+    moves = (_node_move, _group_swap, _rank_swap, _rank_move, half)
+    weights = np.array(MOVE_WEIGHTS) * [1, bool(groups), 1, 1, tp_groups is not None]
     weights /= weights.sum()
     evals = stalled = 0
     while evals < max_evals and stalled < stall_evals and cur_cost[1] > stop:
@@ -99,7 +105,7 @@ def search(
             continue
         c = cost(trial)
         evals += 1
-        if move is _half_move:
+        if move is half:
             # Kept only when it lowers exposed, all or every group's comm ms, the split count
             # aside: what makes 3 + 1 into 2 + 2.
             order = -1 if _compare(c[:3], cur_cost[:3]) < 0 else 1
@@ -210,12 +216,7 @@ def _rank_move(topology, rng, cur, owner, free, targets, groups):
     return trial
 
 
-def _half_move(topology, rng, cur, owner, free, targets, groups):
-    # Groups of 4 or more: a half of a pair is one rank (the rank moves do that).
-    halves = [a for a in groups if a.shape[1] >= 4]
-    if not halves:
-        return None
-    kind = halves[int(rng.integers(len(halves)))]
+def _half_move(topology, rng, cur, owner, free, targets, kind):
     node_of = topology.gpu_node[cur[kind]]
     split = np.flatnonzero((node_of != node_of[:, :1]).any(axis=1))
     row = int(rng.choice(split)) if split.size else int(rng.integers(kind.shape[0]))
