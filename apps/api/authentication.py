@@ -6,6 +6,7 @@ Node <key>`). Failed token attempts count against the caller's address like fail
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
@@ -18,12 +19,6 @@ from apps.scheduling.agent_models import node_key_hash
 from apps.scheduling.models import LauncherToken, NodeToken
 
 from .logins import failure_record, failures_exceeded, token_failure_keys
-
-# Every node agent authenticates every poll: a valid launcher token is remembered per process for
-# LAUNCHER_CACHE_S seconds, so a deleted token stops working within that time.
-LAUNCHER_CACHE_S = 30.0
-LAUNCHER_CACHE_SIZE = 1024
-_LAUNCHERS: dict[str, tuple[LauncherToken, float]] = {}
 
 
 def _guarded(request, check):
@@ -65,11 +60,25 @@ class TokenAuthentication(authentication.TokenAuthentication):
         return token.user, token
 
 
-class LauncherAuthentication(BaseAuthentication):
-    """Authenticates a launcher by its token; `request.auth` is the LauncherToken and
-    `request.user` stays anonymous, so only the permissions that know launchers let it in."""
+# A valid launcher or node key is remembered per process for KEY_CACHE_S seconds (thousands of
+# agents authenticate every poll): a deleted or revoked token stops working within that time, and
+# at once in the process that revoked it (node_tokens_forget).
+KEY_CACHE_S = 30.0
+# A node token's `last_used` is written at most every NODE_LAST_USED_S seconds.
+NODE_LAST_USED_S = 300.0
 
-    keyword = "Launcher"
+
+class KeyAuthentication(BaseAuthentication):
+    """`Authorization: <keyword> <key>` for a credential that is not a user: `request.auth` is the
+    token row and `request.user` stays anonymous, so only the permissions that know it let it in.
+    A subclass names its keyword, the longest key read (`key_max`), the message for an unknown
+    key, its own cache (at most `cache_size` entries) and `_lookup`."""
+
+    keyword = ""
+    key_max = 0
+    unknown = ""
+    cache_size = 0
+    cache: dict[str, tuple[Any, float]]
 
     def authenticate(self, request):
         parts = get_authorization_header(request).split()
@@ -79,84 +88,81 @@ class LauncherAuthentication(BaseAuthentication):
 
     def _token(self, parts: list[bytes]):
         if len(parts) != 2:
-            raise AuthenticationFailed("Invalid Launcher header: expected 'Authorization: Launcher <key>'.")
+            raise AuthenticationFailed(
+                f"Invalid {self.keyword} header: expected 'Authorization: {self.keyword} <key>'."
+            )
         try:
-            key = parts[1].decode()
+            key = parts[1].decode()[: self.key_max]
         except UnicodeDecodeError as exc:
-            raise AuthenticationFailed("Invalid Launcher header: the key is not text.") from exc
-        key = key[:100]
+            raise AuthenticationFailed(f"Invalid {self.keyword} header: the key is not text.") from exc
+        ident = self._ident(key)
         now = time.monotonic()
-        hit = _LAUNCHERS.get(key)
+        hit = self.cache.get(ident)
         if hit is not None and hit[1] > now:
             return AnonymousUser(), hit[0]
-        token = LauncherToken.objects.select_related("cluster").filter(key=key).first()
+        token = self._lookup(ident)
         if token is None:
-            raise AuthenticationFailed("Invalid launcher token.")
-        if len(_LAUNCHERS) >= LAUNCHER_CACHE_SIZE:
-            _LAUNCHERS.clear()
-        _LAUNCHERS[key] = (token, now + LAUNCHER_CACHE_S)
+            raise AuthenticationFailed(self.unknown)
+        if len(self.cache) >= self.cache_size:
+            self.cache.clear()
+        self.cache[ident] = (token, now + KEY_CACHE_S)
         return AnonymousUser(), token
+
+    def _ident(self, key: str) -> str:
+        """What the cache and `_lookup` know the key by."""
+        return key
+
+    def _lookup(self, ident: str):
+        """The valid token known by `ident`, or None."""
+        raise NotImplementedError
 
     def authenticate_header(self, request):
         return self.keyword
 
 
-# A valid node token is remembered per process for NODE_CACHE_S seconds: a revoked token stops
-# working at once in the process that revoked it and within that time in the others. Its
-# `last_used` is written at most every NODE_LAST_USED_S seconds (thousands of agents poll).
-NODE_CACHE_S = 30.0
-NODE_CACHE_SIZE = 65536
-NODE_LAST_USED_S = 300.0
-_NODES: dict[str, tuple[NodeToken, float]] = {}
+class LauncherAuthentication(KeyAuthentication):
+    """Authenticates a launcher by its per-cluster token; `request.auth` is the LauncherToken."""
+
+    keyword = "Launcher"
+    key_max = 100
+    unknown = "Invalid launcher token."
+    cache_size = 1024
+    cache: dict[str, tuple[LauncherToken, float]] = {}
+
+    def _lookup(self, ident: str) -> LauncherToken | None:
+        return LauncherToken.objects.select_related("cluster").filter(key=ident).first()
+
+
+class NodeAuthentication(KeyAuthentication):
+    """Authenticates a node agent by its node token; `request.auth` is the NodeToken (with its
+    node and cluster): only the agent views let it in. Keys are known by their hash."""
+
+    keyword = "Node"
+    key_max = 200
+    unknown = "Invalid or revoked node token."
+    cache_size = 65536
+    cache: dict[str, tuple[NodeToken, float]] = {}
+
+    def _ident(self, key: str) -> str:
+        return node_key_hash(key)
+
+    def _lookup(self, ident: str) -> NodeToken | None:
+        token = (
+            NodeToken.objects.select_related("node__cluster")
+            .filter(key_hash=ident, revoked_at__isnull=True)
+            .first()
+        )
+        if token is not None:
+            wall = timezone.now()
+            if token.last_used is None or (wall - token.last_used).total_seconds() >= NODE_LAST_USED_S:
+                NodeToken.objects.filter(pk=token.pk).update(last_used=wall)
+                token.last_used = wall
+        return token
 
 
 def node_tokens_forget() -> None:
     """Drop every remembered node token (after a revocation)."""
-    _NODES.clear()
-
-
-class NodeAuthentication(BaseAuthentication):
-    """Authenticates a node agent by its node token; `request.auth` is the NodeToken (with its
-    node and cluster) and `request.user` stays anonymous: only the agent views let it in."""
-
-    keyword = "Node"
-
-    def authenticate(self, request):
-        parts = get_authorization_header(request).split()
-        if not parts or parts[0].lower() != self.keyword.lower().encode():
-            return None
-        return _guarded(request._request, lambda: self._token(parts))
-
-    def _token(self, parts: list[bytes]):
-        if len(parts) != 2:
-            raise AuthenticationFailed("Invalid Node header: expected 'Authorization: Node <key>'.")
-        try:
-            key = parts[1].decode()[:200]
-        except UnicodeDecodeError as exc:
-            raise AuthenticationFailed("Invalid Node header: the key is not text.") from exc
-        digest = node_key_hash(key)
-        now = time.monotonic()
-        hit = _NODES.get(digest)
-        if hit is not None and hit[1] > now:
-            return AnonymousUser(), hit[0]
-        token = (
-            NodeToken.objects.select_related("node__cluster")
-            .filter(key_hash=digest, revoked_at__isnull=True)
-            .first()
-        )
-        if token is None:
-            raise AuthenticationFailed("Invalid or revoked node token.")
-        wall = timezone.now()
-        if token.last_used is None or (wall - token.last_used).total_seconds() >= NODE_LAST_USED_S:
-            NodeToken.objects.filter(pk=token.pk).update(last_used=wall)
-            token.last_used = wall
-        if len(_NODES) >= NODE_CACHE_SIZE:
-            _NODES.clear()
-        _NODES[digest] = (token, now + NODE_CACHE_S)
-        return AnonymousUser(), token
-
-    def authenticate_header(self, request):
-        return self.keyword
+    NodeAuthentication.cache.clear()
 
 
 # Every API view authenticates with these, in this order.

@@ -158,6 +158,31 @@ def test_failed_api_tokens_are_throttled_per_address_and_valid_ones_never(alice,
     assert good.get("/api/v1/jobs/", REMOTE_ADDR="127.0.0.1").status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("keyword", "url", "unknown"),
+    [
+        ("Launcher", "/api/v1/jobs/", "Invalid launcher token."),
+        ("Node", "/api/v1/agents/sync/", "Invalid or revoked node token."),
+    ],
+)
+def test_launcher_and_node_keys_say_what_is_wrong_and_a_repeated_bad_key_gets_429(
+    keyword, url, unknown, settings
+):
+    settings.LOGIN_FAILURE_LIMIT = 3
+    settings.LOGIN_FAILURE_LIMIT_PER_IP = 1000
+
+    def answer(header: str) -> tuple[int, str]:
+        response = APIClient(HTTP_AUTHORIZATION=header).post(url, {}, format="json")
+        return response.status_code, response.json()["detail"]
+
+    expected = f"Invalid {keyword} header: expected 'Authorization: {keyword} <key>'."
+    assert answer(f"{keyword} two parts") == (401, expected)
+    assert answer(f"{keyword} \xff\xfe") == (401, f"Invalid {keyword} header: the key is not text.")
+    bad = f"{keyword} {'ab' * 20}"
+    assert [answer(bad)[0] for _ in range(4)] == [401, 401, 429, 429]
+    assert answer(f"{keyword} {'cd' * 20}") == (401, unknown)
+
+
 def test_nothing_half_written_when_a_submission_is_refused(case44, make_user, settings):
     settings.ANY_USER_SUBMITS = False
     token_client(make_user("plain")).post("/api/v1/jobs/", small_spec("a", 1), format="json")
