@@ -14,15 +14,10 @@ from typing import Any
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_LOCALE = "C.UTF-8"
-# Names a job's env may not set: they redirect the code run (loader, PATH, Python path) or the
-# devices used (GPU selection and the NCCL variables the agent sets).
-DENIED_ENV = frozenset(
+# The launch contract: what the agent sets for each rank (plan_env), besides TOPOWEB_JOB_ID,
+# TOPOWEB_NODE and TOPOWEB_GENERATION under LAUNCH_CONTRACT_PREFIX. A job's env may not set them.
+LAUNCH_CONTRACT = frozenset(
     {
-        "PATH",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "GPU_DEVICE_ORDINAL",
         "RANK",
         "LOCAL_RANK",
         "WORLD_SIZE",
@@ -31,13 +26,24 @@ DENIED_ENV = frozenset(
         "NODE_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
         "NCCL_IB_HCA",
-        "HOME",
-        "USER",
-        "LOGNAME",
     }
 )
-DENIED_ENV_PREFIXES = ("LD_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "TOPOWEB_")
+LAUNCH_CONTRACT_PREFIX = "TOPOWEB_"
+# Names a job's env may not set: the launch contract, the account's identity, and those that
+# redirect the code run (loader, PATH, Python path) or the devices used.
+DENIED_ENV = LAUNCH_CONTRACT | {
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "GPU_DEVICE_ORDINAL",
+    "HOME",
+    "USER",
+    "LOGNAME",
+}
+DENIED_ENV_PREFIXES = (LAUNCH_CONTRACT_PREFIX, "LD_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_")
 
 
 def denied_env(name: str) -> str | None:

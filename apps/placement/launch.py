@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from apps.agent.env import denied_env
+from apps.agent.env import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied_env
 
 from .topology.checks import _Errors
 
@@ -30,22 +30,9 @@ MAX_WORKDIR_CHARS = 1024
 MAX_STOP_GRACE_S = 3600.0
 DEFAULT_STOP_GRACE_S = 30.0
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Set per rank by the agent: a job may not replace them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "NODE_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        "NCCL_IB_HCA",
-    }
-)
-RESERVED_ENV_PREFIX = "TOPOWEB_"
+# Set per rank by the agent (its launch contract): a job may not replace them.
+RESERVED_ENV = LAUNCH_CONTRACT
+RESERVED_ENV_PREFIX = LAUNCH_CONTRACT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,3 +101,25 @@ def test_a_ranks_environment_is_clean_and_keeps_the_contract():
     assert env["HOME"] == "/home/alice" and env["USER"] == "alice" and env["TOPOWEB_NODE"] == "node-a"
     # Nothing of the agent's own environment.
     assert set(env) <= set(plan.env) | {"PATH", "LANG", "HOME", "USER", "LOGNAME"}
+
+
+def test_the_launch_contract_is_what_the_agent_sets_and_what_a_job_spec_is_refused():
+    from apps.agent.env import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX
+    from apps.placement.jobs import load_job
+    from apps.placement.topology import SpecError
+
+    (plan,) = plan_env(work([{"rank": 0, "node": "n", "gpu": 2, "nic": "mlx5_0"}], env={}), "n")
+    assert {name for name in plan.env if not name.startswith(LAUNCH_CONTRACT_PREFIX)} == LAUNCH_CONTRACT
+    spec = {
+        "version": 1,
+        "name": "j",
+        "gpus": 2,
+        "parallelism": {"dp": 2},
+        "step": {"compute_ms": 1},
+        "comm": [],
+        "env": dict.fromkeys(plan.env, "1"),
+    }
+    with pytest.raises(SpecError) as info:
+        load_job(spec)
+    reserved = ["is set per rank by the node agent and cannot be overridden"]
+    assert info.value.as_dict() == {f"env.{name}": reserved for name in plan.env}
