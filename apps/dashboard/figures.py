@@ -151,6 +151,20 @@ def _no_agent_only(shown: dict) -> list[int]:
     return sorted(int(i) for i, v in shown.items() if v[0] == "no_agent" and not v[1] and not v[3])
 
 
+def _node_state_hover(name: str, key: str, label: str, entry: list) -> str:
+    """A node's hover text for its mark `key`: the state and since when, or the unhealthy GPUs,
+    and why."""
+    _state, reason, since, gpus = entry
+    line = f"<b>{name}</b> · {label}"
+    if key == "unhealthy":
+        line += ": GPU " + ", ".join(str(g) for g in gpus)
+    elif since:
+        line += f" since {since[:16].replace('T', ' ')} UTC"
+    if reason and key != "unhealthy":
+        line += f"<br>{reason[:120]}"
+    return line + "<br><i>click for the node's page</i>"
+
+
 def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
     """One trace per node state present, its mark above each such node, named with the count;
     hover says the state, since when and why, a click opens the node's page."""
@@ -164,32 +178,11 @@ def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
         if not nodes:
             continue
         nodes.sort()
-        if key == "no_agent":
-            # No hover text of its own: the node's hover says it (thousands on an agentless cluster).
-            t = markers(
-                f"{label} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})",
-                lay.node_x[nodes],
-                np.full(len(nodes), geo.Y_NODE),
-                None,
-                "node-state",
-                marker={"symbol": symbol, "color": color, "size": 11, "line": {"width": 2, "color": color}},
-                legend=True,
-                customdata=nodes,
-            )
-            t["meta"]["state"] = key
-            out.append(t)
-            continue
-        text = []
-        for i in nodes:
-            state, reason, since, gpus = shown[str(i)]
-            line = f"<b>{topo.nodes[i].name}</b> · {label}"
-            if key == "unhealthy":
-                line += ": GPU " + ", ".join(str(g) for g in gpus)
-            elif since:
-                line += f" since {since[:16].replace('T', ' ')} UTC"
-            if reason and key != "unhealthy":
-                line += f"<br>{reason[:120]}"
-            text.append(line + "<br><i>click for the node's page</i>")
+        # "No agent" has no hover text of its own: the node's hover says it (thousands on an
+        # agentless cluster).
+        text = None
+        if key != "no_agent":
+            text = [_node_state_hover(topo.nodes[i].name, key, label, shown[str(i)]) for i in nodes]
         y_off = 0.1 if key == "unhealthy" else 0.0
         t = markers(
             f"{label} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})",
