@@ -184,7 +184,10 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
     with scheduling_lane(cluster.pk):
         try:
             with transaction.atomic():
-                locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+                # FOR NO KEY UPDATE: exclusive among cycles, repricing and migrations, but not
+                # against the key-share lock each job INSERT takes on its cluster's row (FOR
+                # UPDATE held every submission until the cycle committed).
+                locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
                 _clear_request(locked.pk)
                 now = timezone.now()
                 snapshot = snap.cluster_snapshot(cluster=locked)

@@ -27,7 +27,7 @@ def active_jobs_reprice(*, cluster: Cluster) -> list[int]:
     """Price every active job's current placement against the cluster's topology and the other
     jobs' link loads now; store the new predictions of those that changed. Returns their ids."""
     with transaction.atomic():
-        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
         snapshot = snap.cluster_snapshot(cluster=locked)
         active = [a for a in snapshot.active if a.gids]
         if not active:

@@ -39,7 +39,7 @@ def migrations_propose(*, cluster: Cluster) -> list[MigrationProposal]:
     if is_slurm(cluster.pk):
         return []
     with transaction.atomic():
-        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
         MigrationProposal.objects.filter(job__cluster=locked, status=ProposalStatus.PROPOSED).exclude(
             job__status__in=ACTIVE_STATUSES
         ).update(status=ProposalStatus.STALE, reason="the job no longer holds GPUs")
@@ -93,7 +93,7 @@ def migrations_propose_measured(
     exists. One snapshot for all of them."""
     out: dict[int, MigrationProposal | None] = {}
     with transaction.atomic():
-        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
         for existing in MigrationProposal.objects.filter(job_id__in=evidence, status=ProposalStatus.PROPOSED):
             if "measured:" not in existing.reason:
                 existing.reason = f"measured: {evidence[existing.job_id]}; {existing.reason}"
@@ -134,7 +134,7 @@ def migration_apply(
     until every old rank exited, then the new generation starts (see `agents`)."""
     with transaction.atomic():
         cluster_id = Job.objects.filter(pk=proposal.job_id).values_list("cluster_id", flat=True).first()
-        locked = Cluster.objects.select_for_update().get(pk=cluster_id)
+        locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster_id)
         proposal = MigrationProposal.objects.select_for_update().get(pk=proposal.pk)
         if proposal.status != ProposalStatus.PROPOSED:
             raise ProposalStateError(proposal, "apply")
