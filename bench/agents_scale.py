@@ -220,21 +220,14 @@ def main() -> int:
 def run(args, url: str) -> int:
     load_before = os.getloadavg()[0]
     tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-agents-")
-    Path(tmp.name, "bench_settings.py").write_text(scratch_db.SERVED_SETTINGS)
-    env = dict(
-        os.environ,
-        DATABASE_URL=url,
-        SECRET_KEY=scratch_db.BENCH_SECRET_KEY,
-        DJANGO_SETTINGS_MODULE="bench_settings",
-        PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
-        TOPOWEB_LOG_LEVEL="WARNING",
+    env = scratch_db.served_env(
+        url,
+        tmp.name,
         TOPOWEB_AGENT_POLL_S=str(max(args.poll_s)),
         TOPOWEB_AGENT_DOWN_AFTER_S=str(max(args.poll_s) * 3),
         # Thousands of threads wait in long-polls: they share a pool of connections.
         TOPOWEB_DB_POOL_MAX="40",
     )
-    for name in ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL"):
-        env.pop(name, None)
     if args.redis:
         env["CACHE_URL"] = args.redis
     web = None

@@ -255,18 +255,7 @@ def run(args, url: str) -> int:
     """One run against the scratch database at `url`."""
     load_before = os.getloadavg()[0]
     tmp = tempfile.TemporaryDirectory(prefix="topoweb-bench-")
-    Path(tmp.name, "bench_settings.py").write_text(scratch_db.SERVED_SETTINGS)
-    env = dict(
-        os.environ,
-        DATABASE_URL=url,
-        CELERY_BROKER_URL=args.redis,
-        CACHE_URL=args.cache,
-        SECRET_KEY=scratch_db.BENCH_SECRET_KEY,
-        DJANGO_SETTINGS_MODULE="bench_settings",
-        PYTHONPATH=os.pathsep.join([tmp.name, str(REPO)]),
-        TOPOWEB_LOG_LEVEL="WARNING",
-    )
-    env.pop("TOPOWEB_TESTING", None)
+    env = scratch_db.served_env(url, tmp.name, CELERY_BROKER_URL=args.redis, CACHE_URL=args.cache)
     procs: list[subprocess.Popen] = []
     logs = Path(tmp.name)
     try:

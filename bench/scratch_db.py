@@ -1,7 +1,7 @@
 """The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
 metrics_scale, api_throughput, history_scale): `--postgres` (the server) and `--db-name`, created
-before the run and dropped after it, even when the run fails; and the settings module the benchmarks that serve
-the API under gunicorn run with (`SERVED_SETTINGS`).
+before the run and dropped after it, even when the run fails; and the environment the benchmarks that serve
+the API under gunicorn run it with (`served_env`: the settings module `SERVED_SETTINGS`).
 
     parser = argparse.ArgumentParser()
     scratch_db.add_arguments(parser, "cycle")
@@ -17,7 +17,9 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 BENCH_SECRET_KEY = "bench-only-secret-key-not-for-production-use-0123456789"
 
@@ -38,6 +40,27 @@ REST_FRAMEWORK = {
 # The API needs no collected static files (gunicorn refuses to start on a missing manifest).
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 """
+
+# Names the parent's environment may hold that a benchmark's processes must not inherit.
+NOT_INHERITED = ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL")
+
+
+def served_env(url: str, settings_dir: str, **extra: str) -> dict[str, str]:
+    """The environment of manage.py and gunicorn serving the API on the database `url`: the
+    settings module SERVED_SETTINGS (written into `settings_dir`), quiet logs, no test mode, and
+    no broker or cache but those `extra` names (extra: variable names to values)."""
+    Path(settings_dir, "bench_settings.py").write_text(SERVED_SETTINGS)
+    env = {name: value for name, value in os.environ.items() if name not in NOT_INHERITED}
+    env.update(
+        DATABASE_URL=url,
+        SECRET_KEY=BENCH_SECRET_KEY,
+        DJANGO_SETTINGS_MODULE="bench_settings",
+        PYTHONPATH=os.pathsep.join([settings_dir, str(REPO)]),
+        TOPOWEB_LOG_LEVEL="WARNING",
+        **extra,
+    )
+    return env
+
 
 # Databases a benchmark must never create, let alone drop.
 RESERVED = frozenset({"postgres", "template0", "template1", "test"})
@@ -89,7 +112,7 @@ def in_process_django(args: argparse.Namespace) -> Iterator[str]:
             DJANGO_SETTINGS_MODULE="topoweb.settings",
             TOPOWEB_LOG_LEVEL="WARNING",
         )
-        for name in ("CELERY_BROKER_URL", "CACHE_URL", "TOPOWEB_TESTING"):
+        for name in NOT_INHERITED:
             os.environ.pop(name, None)
         try:
             yield url

@@ -1,6 +1,7 @@
 """The benchmarks' scratch database helper refuses names it must never create or drop."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,3 +23,14 @@ def test_the_default_name_is_per_benchmark_and_process():
     scratch_db.add_arguments(parser, "cycle")
     args = parser.parse_args([])
     assert args.db_name.startswith("topoweb_bench_cycle_") and args.postgres.startswith("postgres://")
+
+
+def test_the_served_environment_names_the_settings_it_writes_and_inherits_no_test_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOWEB_TESTING", "1")
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:6379/9")
+    env = scratch_db.served_env("postgres://h/db", str(tmp_path), CACHE_URL="redis://127.0.0.1:6379/8")
+    assert (tmp_path / "bench_settings.py").read_text() == scratch_db.SERVED_SETTINGS
+    assert env["DJANGO_SETTINGS_MODULE"] == "bench_settings" and env["DATABASE_URL"] == "postgres://h/db"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(scratch_db.REPO)]
+    assert env["CACHE_URL"] == "redis://127.0.0.1:6379/8"
+    assert "TOPOWEB_TESTING" not in env and "CELERY_BROKER_URL" not in env
