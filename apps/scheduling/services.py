@@ -131,10 +131,18 @@ def job_submit(
     if fields["priority"] > limit:
         whose = f"account {fields['account'].name}" if fields["account"] else "your role"
         raise SpecError([("priority", f"{fields['priority']} is over the limit of {limit} for {whose}")])
-    with transaction.atomic():
-        job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
-        # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
-        job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
+    job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
+    # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
+    job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
+    if transaction.get_connection().in_atomic_block:
+        # Under a savepoint: a refused INSERT (a concurrent Idempotency-Key) leaves the caller's
+        # transaction usable; the cycle is requested when that transaction commits.
+        with transaction.atomic():
+            job.save()
+            queue_cycle(target.pk)
+    else:
+        # One INSERT, committed by itself: no BEGIN and COMMIT round trips around it. The cycle
+        # is requested once it is committed.
         job.save()
         queue_cycle(target.pk)
     return job

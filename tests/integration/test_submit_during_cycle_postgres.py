@@ -1,4 +1,5 @@
-"""A submission does not wait for a running scheduling cycle on the real Postgres.
+"""Submissions on the real Postgres: they do not wait for a running scheduling cycle, and the
+one INSERT committed by itself recovers from a refused key.
 
 Each job INSERT takes a key-share lock on its cluster's row (the foreign key check). The cycle
 holds that row locked from its snapshot to its commit: with FOR UPDATE every submission waited
@@ -12,7 +13,7 @@ import threading
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from apps.placement.topology import read_spec_file
 from apps.scheduling import cycle, services
@@ -87,3 +88,22 @@ def test_a_submission_goes_through_while_a_cycle_holds_the_cluster(transactional
     assert "error" not in cycled, cycled
     assert cycled["result"].status == CycleStatus.COMPLETED
     assert cycled["result"].placed >= 1
+
+
+def test_a_refused_insert_outside_a_transaction_leaves_the_connection_usable(transactional_db, monkeypatch):
+    # A submission outside a transaction is one INSERT committed by itself: when the unique key
+    # refuses it (a concurrent retry with the same Idempotency-Key won), the next query works and
+    # job_submit_once answers with the winner's job.
+    topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
+    user = get_user_model().objects.create_user("retrier")
+    monkeypatch.setattr(cycle, "request_cycle", lambda *args, **kwargs: False)
+    body = spec("keyed")
+    first, replayed = services.job_submit_once(user=user, spec=body, idempotency_key="k-1")
+    assert not replayed
+    digest = services.submission_digest(spec=body, cluster_name=None)
+    assert not connection.in_atomic_block
+    with pytest.raises(IntegrityError):
+        services.job_submit(user=user, spec=body, idempotency=("k-1", digest))
+    assert services.Job.objects.filter(owner=user).count() == 1
+    again, replayed = services.job_submit_once(user=user, spec=body, idempotency_key="k-1")
+    assert (again.pk, replayed) == (first.pk, True)
