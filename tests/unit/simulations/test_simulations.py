@@ -4,36 +4,18 @@ from __future__ import annotations
 
 import json
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from apps.placement.topology import read_spec_file
 from apps.simulations.choices import RunStatus
 from apps.simulations.models import SimulationRun
 from apps.simulations.services import available_traces, simulation_execute, simulation_start
-from apps.topology import services as topology_services
-from topoweb.celery import app as celery_app
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TRACE = "tiresias_60_job.csv"
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def eager_celery():
-    before = celery_app.conf.CELERY_TASK_ALWAYS_EAGER
-    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
-    yield
-    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
-
-
-@pytest.fixture
-def pod256(db):
-    return topology_services.cluster_import(data=read_spec_file(EXAMPLES / "pod-256.yaml"))
 
 
 @pytest.fixture
