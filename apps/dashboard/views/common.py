@@ -36,3 +36,11 @@ def perm_required(perm: str):
         return wrapped
 
     return decorate
+
+
+def refresh_s(value: str | None, default: int) -> int:
+    """A page's `?refresh=S`: seconds between its refreshes, 2 to 300; `default` without one."""
+    try:
+        return min(300, max(2, int(value))) if value else default
+    except ValueError:
+        return default

@@ -9,6 +9,8 @@ from django.views.decorators.http import require_GET
 from apps.api import roles
 from apps.dashboard.now import now_overview
 
+from .common import refresh_s
+
 REFRESH_S = 15
 
 
@@ -18,7 +20,10 @@ def now_page(request):
     """`/now/`: nodes down or drained, unhealthy GPUs, jobs failed in the last hour, hotspots and
     proposals, agents and metrics behind, queue pressure; `?fragment=1` returns the body alone
     (the page's script fetches it every REFRESH_S seconds, or `?refresh=S`, 2..300)."""
-    context = {**now_overview(user=request.user), "refresh_s": _refresh_s(request.GET.get("refresh"))}
+    context = {
+        **now_overview(user=request.user),
+        "refresh_s": refresh_s(request.GET.get("refresh"), REFRESH_S),
+    }
     if request.GET.get("fragment"):
         return render(request, "dashboard/_now_body.html", context)
     return render(request, "dashboard/now.html", context)
@@ -32,10 +37,3 @@ def landing(request):
     if roles.can(request.user, roles.MANAGE_NODES):
         return redirect("dashboard:now")
     return redirect("dashboard:home")
-
-
-def _refresh_s(value: str | None) -> int:
-    try:
-        return min(300, max(2, int(value))) if value else REFRESH_S
-    except ValueError:
-        return REFRESH_S

@@ -16,6 +16,8 @@ from apps.scheduling.accounts import accounts_use
 from apps.scheduling.choices import WAITING_STATUSES
 from apps.topology.services import cluster_topology
 
+from .common import refresh_s
+
 QUEUE_LIMIT = 500
 REFRESH_S = 10
 NODES_LISTED = 4
@@ -92,7 +94,7 @@ def queue_page(request):
         "total": total,
         "limit": QUEUE_LIMIT,
         "cluster": filters.get("cluster"),
-        "refresh_s": _refresh_s(request.GET.get("refresh")),
+        "refresh_s": refresh_s(request.GET.get("refresh"), REFRESH_S),
         "history": between is not None,
         "sort": filters.get("sort", ""),
         "presets": list(HISTORY_PRESETS),
@@ -113,10 +115,3 @@ def _filters(query):
     for key in ("fragment", "refresh"):
         data.pop(key, None)
     return data or None
-
-
-def _refresh_s(value: str | None) -> int:
-    try:
-        return min(300, max(2, int(value))) if value else REFRESH_S
-    except ValueError:
-        return REFRESH_S

@@ -78,3 +78,15 @@ def test_operators_land_on_the_now_page_and_users_on_the_graph(client, people, c
     client.logout()
     response = client.post("/accounts/login/", {"username": "alice", "password": "pw"}, follow=True)
     assert response.redirect_chain[-1][0] == "/"
+
+
+def test_refresh_is_the_pages_default_or_the_asked_seconds_within_2_to_300(client, people, case44_db):
+    client.force_login(people["ops"])
+    every = {
+        url: client.get(url).content.decode()
+        for url in ("/now/", "/now/?refresh=1", "/now/?refresh=soon", "/queue/", "/queue/?refresh=900")
+    }
+    assert "refresh every 15 s" in every["/now/"] and "refresh every 15 s" in every["/now/?refresh=soon"]
+    assert "refresh every 2 s" in every["/now/?refresh=1"]
+    assert '<span id="refresh-seconds">10</span>' in every["/queue/"]
+    assert '<span id="refresh-seconds">300</span>' in every["/queue/?refresh=900"]
