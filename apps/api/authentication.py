@@ -181,31 +181,22 @@ def node_token_of(request) -> NodeToken | None:
     return auth if isinstance(auth, NodeToken) else None
 
 
-class NodeAuthenticationScheme(OpenApiAuthenticationExtension):
-    """OpenAPI security scheme of NodeAuthentication."""
+class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """OpenAPI security scheme of a KeyAuthentication: a key in the Authorization header."""
 
+    description = ""
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization", "description": self.description}
+
+
+class NodeAuthenticationScheme(KeyAuthenticationScheme):
     target_class = NodeAuthentication
     name = "nodeAuth"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "Authorization",
-            "description": "Per-node agent token: `Node <key>` (manage.py create_node_token)",
-        }
+    description = "Per-node agent token: `Node <key>` (manage.py create_node_token)"
 
 
-class LauncherAuthenticationScheme(OpenApiAuthenticationExtension):
-    """OpenAPI security scheme of LauncherAuthentication."""
-
+class LauncherAuthenticationScheme(KeyAuthenticationScheme):
     target_class = LauncherAuthentication
     name = "launcherAuth"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "Authorization",
-            "description": "Per-cluster launcher token: `Launcher <key>` (manage.py create_launcher_token)",
-        }
+    description = "Per-cluster launcher token: `Launcher <key>` (manage.py create_launcher_token)"
