@@ -119,22 +119,50 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             plans.append((filled, math.inf, False))
     # One price per distinct map: the fast, rate-filled and best-fit sets often coincide.
     priced: dict[bytes, tuple[float, float]] = {}
-    # Stage 1 prices every candidate set in its first mapping; stage 2 tries the other mappings
-    # of the best few sets only, since the cost model is the expensive part.
-    first: list[tuple[tuple[float, float], int, np.ndarray]] = []
+    # The empty cluster's bound (memoised per topology and job): no map prices below it, and the
+    # free-set bound is at least it (capacities only shrink). A map at it on both exposed and all
+    # comm can only be tied, so the sets after it that fit no better are not priced.
+    floor = lower_bound(topology, job)
+    floor_key = (floor.step_ms - job.compute_ms, floor.comm_ms)
+    # Stage 1 prices every candidate set in its first mapping, and the best-fit set in all of
+    # them when one is at the bound (which spares pricing the rest); stage 2 tries the other
+    # mappings of the best few sets only, since the cost model is the expensive part.
+    first: list[tuple[tuple[float, float, float], int, np.ndarray]] = []
+    best: tuple[tuple[float, float, float], int, np.ndarray] | None = None
     for k, (gset, fit, _) in enumerate(plans):
         for gids in _first_mappings(idx, job, gset):
-            first.append((_key(topology, job, gids, leaf_load, fit, priced), k, gids))
+            if best is not None and fit >= best[0][2] and _at_bound(best[0], floor_key):
+                break
+            key = _key(topology, job, gids, leaf_load, fit, priced)
+            first.append((key, k, gids))
+            if best is None or (key, k) < best[:2]:
+                best = (key, k, gids)
+        if k == 0 and not _at_bound(best[0], floor_key):
+            # Kept only at the bound; else stage 2 compares them (priced once) as before.
+            for gids in itertools.islice(candidate_mappings(idx, job, gset), 1, None):
+                key = _key(topology, job, gids, leaf_load, fit, priced)
+                if key < best[0] and _at_bound(key, floor_key):
+                    best = (key, k, gids)
+                    break
     first.sort(key=lambda item: (item[0], item[1]))
-    best_key, best_k, best_gids = first[0]
+    best_key, best_k, best_gids = best
     for _, k, _ in first[:SETS_REMAPPED]:
         gset, fit, _ = plans[k]
+        if fit >= best_key[2] and _at_bound(best_key, floor_key):
+            continue
         for gids in itertools.islice(candidate_mappings(idx, job, gset), 1, None):
             key = _key(topology, job, gids, leaf_load, fit, priced)
             if key < best_key:
                 best_key, best_k, best_gids = key, k, gids
+                if _at_bound(best_key, floor_key):
+                    break
     regular = plans[best_k][2]
-    bound_ms = lower_bound(topology, job, free=free).comm_ms
+    # At the empty cluster's bound the free-set bound is reached too: neither the wider
+    # candidates nor the search run, so it is not computed.
+    if _at_bound(best_key, (math.inf, floor.comm_ms)):
+        bound_ms = floor.comm_ms
+    else:
+        bound_ms = lower_bound(topology, job, free=free).comm_ms
     # A placement at the free-set bound is optimal (other jobs' flows only add); else look wider.
     if best_key[1] > bound_ms * (1 + 1e-9) + 1e-9:
         for gids, fit, is_regular in _wider_candidates(topology, idx, counts, free, job, spreads, seed):
@@ -153,6 +181,11 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
         )
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
+
+
+def _at_bound(key: tuple[float, ...], bound: tuple[float, float]) -> bool:
+    """Whether a candidate's (exposed, all comm ms) key is at the bound's, each to 1e-9."""
+    return all(x <= b * (1 + 1e-9) + 1e-9 for x, b in zip(key[:2], bound, strict=True))
 
 
 def _one_best_domain(
