@@ -1,5 +1,5 @@
-"""Helpers of the agent tests: agent processes on loopback, waits, a program that records its
-environment, and cleanup of every process started."""
+"""Helpers of the agent tests: agent processes on loopback, a program that records its
+environment, and cleanup of every process started (waits: test_scheduling_postgres.wait_for)."""
 
 from __future__ import annotations
 
@@ -391,17 +391,6 @@ def gpu_use_watch(marker: Path, period_s: float = 0.2) -> Iterator[GpuUse]:
     finally:
         stop.set()
         thread.join()
-
-
-def wait_for(check: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"):
-    """Poll `check` every 50 ms until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def recorded(out_dir: Path, generation: int) -> dict[int, dict]:

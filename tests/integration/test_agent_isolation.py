@@ -25,8 +25,9 @@ from apps.scheduling.models import NodeAgent, RankRun, UnixAccount
 from apps.scheduling.selectors import job_ranks
 from apps.topology.models import Node
 
-from .agents import TcpProxy, cgroups_writable, gpu_use_watch, recorded, wait_for
+from .agents import TcpProxy, cgroups_writable, gpu_use_watch, recorded
 from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
+from .test_scheduling_postgres import wait_for
 
 
 def not_in_ci(missing: bool) -> bool:

@@ -25,7 +25,8 @@ from apps.topology import services as topology_services
 from apps.topology.models import Node
 from topoweb.celery import app as celery_app
 
-from .agents import Agents, kill_groups, record_command, recorded, wait_for
+from .agents import Agents, kill_groups, record_command, recorded
+from .test_scheduling_postgres import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
