@@ -204,3 +204,61 @@ def test_a_user_token_is_one_indexed_query_with_the_users_account(alice):
     assert len(queries) == 1
     sql = queries[0]["sql"]
     assert "ORDER BY" not in sql and "scheduling_account" in sql
+
+
+def test_a_valid_user_token_is_read_once_within_its_time_and_each_request_gets_its_own_user(alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.authtoken.models import Token
+
+    from apps.api.authentication import TokenAuthentication
+
+    key = Token.objects.get_or_create(user=alice)[0].key
+    with CaptureQueriesContext(connection) as queries:
+        first, _ = TokenAuthentication().authenticate_credentials(key)
+        first.has_perm("scheduling.change_job")  # caches the permissions on this request's user
+        second, token = TokenAuthentication().authenticate_credentials(key)
+    assert len([q for q in queries if "authtoken_token" in q["sql"]]) == 1
+    assert second == alice and token.key == key and second is not first
+    assert not hasattr(second, "_perm_cache")
+
+
+def test_a_deleted_token_or_a_deactivated_user_is_refused_at_once(alice, make_user):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.exceptions import AuthenticationFailed
+
+    from apps.api.authentication import TokenAuthentication
+
+    key = Token.objects.get_or_create(user=alice)[0].key
+    TokenAuthentication().authenticate_credentials(key)
+    Token.objects.get(key=key).delete()
+    with pytest.raises(AuthenticationFailed):
+        TokenAuthentication().authenticate_credentials(key)
+    bob = make_user("bob")
+    key = Token.objects.create(user=bob).key
+    TokenAuthentication().authenticate_credentials(key)
+    bob.is_active = False
+    bob.save()
+    with pytest.raises(AuthenticationFailed):
+        TokenAuthentication().authenticate_credentials(key)
+
+
+def test_a_change_made_elsewhere_reaches_a_remembered_token_within_its_time(alice, monkeypatch):
+    # Another process deactivating the user sends no signal here: the remembered token works until
+    # USER_TOKEN_CACHE_S has passed, then the user is read again and refused.
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from rest_framework.exceptions import AuthenticationFailed
+
+    from apps.api import authentication
+
+    clock = [1000.0]
+    monkeypatch.setattr(authentication.time, "monotonic", lambda: clock[0])
+    key = Token.objects.get_or_create(user=alice)[0].key
+    authentication.TokenAuthentication().authenticate_credentials(key)
+    get_user_model().objects.filter(pk=alice.pk).update(is_active=False)  # no signal
+    clock[0] += authentication.USER_TOKEN_CACHE_S - 0.5
+    authentication.TokenAuthentication().authenticate_credentials(key)
+    clock[0] += 1.0
+    with pytest.raises(AuthenticationFailed):
+        authentication.TokenAuthentication().authenticate_credentials(key)
