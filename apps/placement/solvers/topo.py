@@ -18,7 +18,9 @@
    grid cut into sub-grids (`spread.py`), and every baseline's placement (and the baselines' GPU
    sets in the nested mappings) joins the candidates, so topo never prices above any baseline.
 4. On irregular free sets, swaps against the cost model (`refine.py`); then, for any job still
-   above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`).
+   above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`),
+   and ranks moved off NICs they share onto free GPUs of the same node behind NICs the job does
+   not use (`rails.py`).
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
 """
@@ -42,6 +44,7 @@ from .chunks import cover_sets, domain_chunk_sets
 from .fast import fast_sets, rate_filled_set
 from .intra import intra_candidates
 from .mapping import candidate_mappings, island_order, lay_out, nestings
+from .rails import spread_rails
 from .refine import refine
 from .search import search
 from .spread import spread_candidates
@@ -176,9 +179,13 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     if above_bound and not regular and job.gpus <= REFINE_MAX_GPUS:
         gids = refine(topology, idx, job, gids, free, leaf_load)
     if above_bound:
-        gids, _ = search(
+        gids, comm_ms = search(
             topology, job, gids, free, leaf_load, bound_ms, seed=seed, max_evals=search_evals(job)
         )
+        if comm_ms > bound_ms * (1 + 1e-9) + 1e-9:
+            # Ranks off NICs they share, onto free GPUs of the same node behind NICs the job
+            # leaves unused: moves the search does not make.
+            gids = spread_rails(topology, job, gids, free, leaf_load)
     prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
 

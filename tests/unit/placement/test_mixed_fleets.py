@@ -357,3 +357,79 @@ def test_the_search_takes_split_tp_groups_from_3_plus_1_to_2_plus_2():
         gids, comm = search(topo, j, start, free, np.zeros(1), 0.0, seed=seed, max_evals=120)
         assert comm == pytest.approx(at_2_2, rel=1e-9)
         assert free[gids].all()
+
+
+# --------------------------------------------------------------------------- shared NICs
+
+
+def shared_nic_pair():
+    """Two 8-GPU nodes with four 25 GB/s NICs each (GPU pairs 0-1, 2-3, 4-5, 6-7), GPUs 0-4 and 6
+    free on both: 4 GPUs a node reach four NICs only as 0 or 1, 2 or 3, 4 and 6."""
+    topo = fleet([nvl_node(f"n{i}", nics=4, nic_bw=25.0) for i in range(2)])
+    free = np.zeros(topo.n_gpus, dtype=bool)
+    free[[g + 8 * n for n in range(2) for g in (0, 1, 2, 3, 4, 6)]] = True
+    return topo, free
+
+
+def nics_per_node(topo, gids) -> dict[str, int]:
+    """Per node of the placement, the most of its GPUs behind one NIC."""
+    from apps.placement.costmodel.paths import nic_ids
+
+    gids = np.asarray(gids)
+    ids, nodes = nic_ids(topo)[0][gids], topo.gpu_node[gids]
+    return {
+        topo.nodes[n].name: int(np.unique(ids[nodes == n], return_counts=True)[1].max())
+        for n in np.unique(nodes)
+    }
+
+
+@pytest.mark.parametrize("tp,dp", [(1, 8), (2, 4), (4, 2), (8, 1)])
+def test_a_job_split_over_nodes_with_shared_nics_takes_one_gpu_per_nic(tp, dp):
+    # Taken in GPU order (0-3 on each node) every crossing group runs on two NICs a node, two
+    # ranks sharing each: DP pairs at 12.5 GB/s, TP halves on two rails instead of four.
+    topo, free = shared_nic_pair()
+    comm = [("dp", "allreduce", 4e8, 0)] + ([("tp", "allreduce", 2e7, 64)] if tp > 1 else [])
+    j = job(tp=tp, dp=dp, comm=comm)
+    placed = place(topo, free, None, j)
+    assert nics_per_node(topo, placed.gids) == {"n0": 1, "n1": 1}
+    bound = lower_bound(topo, j, free=free).comm_ms
+    assert placed.prediction.comm_ms == pytest.approx(bound, rel=1e-9)
+    in_order = np.array([0, 1, 2, 3, 8, 9, 10, 11])
+    assert placed.prediction.comm_ms < evaluate(topo, j, in_order).comm_ms
+
+
+def test_spread_all_moves_the_last_rank_of_the_fullest_nic_to_an_unused_nic():
+    from apps.placement.solvers.rails import rail_moves, spread_all
+
+    topo, free = shared_nic_pair()
+    start = np.array([0, 1, 2, 3, 8, 9, 10, 11])
+    spread = spread_all(topo, start, free)
+    # Node 0: GPU 1 (NIC 0's last) to GPU 4, then GPU 3 (NIC 1's last) to GPU 6; node 1 alike.
+    assert spread.tolist() == [0, 4, 2, 6, 8, 12, 10, 14]
+    assert not list(rail_moves(topo, spread, free))
+    # Nodes with a NIC per GPU, or one NIC for all, offer no move.
+    for nics in (8, 1):
+        topo8 = fleet([nvl_node(f"n{i}", nics=nics) for i in range(2)])
+        assert not list(rail_moves(topo8, start, topo8.free_mask()))
+        assert spread_all(topo8, start, topo8.free_mask()).tolist() == start.tolist()
+
+
+def test_a_split_tp_groups_lone_member_moves_off_a_shared_nic():
+    # tp8 x dp2: group 0 is 7 + 1 (seven GPUs of NVLink node n0, one of the 4-NIC node x), group
+    # 1 is x's GPUs 0-1 with six of n1. Group 0's member on x shares NIC 0 with group 1's, while
+    # x's GPUs 6 and 7 (NIC 3) stay free: the pass moves one of them there, and the TP entry
+    # (its slowest group) drops.
+    from apps.placement.solvers.rails import spread_rails
+
+    x = nvl_node("x", nics=4, nic_bw=25.0)
+    topo = fleet([nvl_node("n0"), nvl_node("n1"), x])
+    free = free_counts(topo, {"n0": 7, "n1": 6, "x": 8})
+    j = job(tp=8, dp=2, comm=[("tp", "allreduce", 2e7, 64), ("dp", "allreduce", 4e8, 0)])
+    start = np.array([0, 1, 2, 3, 4, 5, 6, 16, 17, 18, 8, 9, 10, 11, 12, 13])
+    before = evaluate(topo, j, start)
+    gids = spread_rails(topo, j, start, free, np.zeros(1))
+    after = evaluate(topo, j, gids)
+    assert free[gids].all() and np.unique(gids).size == gids.size
+    assert after.entry_ms[0] < before.entry_ms[0]
+    assert after.comm_ms < before.comm_ms
+    assert nics_per_node(topo, gids)["x"] == 1

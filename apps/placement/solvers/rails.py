@@ -1,0 +1,147 @@
+"""Rail spreading: the job's ranks on a node moved off NICs they share, onto free GPUs of the
+same node whose NIC none of its ranks use.
+
+On nodes whose NICs serve two or more GPUs each (a DGX-1's 4 NICs for 8 GPUs, PCIe servers), the
+constructive stage takes a node's free GPUs in island or id order, blind to which NIC each one
+sits behind: a group that leaves the node then runs its network phase on fewer rails than the
+node's free GPUs offer, and two crossing groups may share one NIC at half its rate each. A
+tp8 x pp2 x dp4 job on cube-mesh and NVLink nodes had one TP group split 7 + 1 whose lone member
+shared its NIC with another TP group's member (109.2 ms for the TP all-reduces, 12.5 GB/s),
+while the node's GPUs 6 and 7 (a NIC of their own) stayed free: moving that member there prices
+the TP entry at 91.0 ms.
+
+The pass is deterministic, within `max_evals` cost-model calls. First every node at once
+(`spread_all`), kept if it prices lower; then hill climbing: for each node of the placement with job ranks sharing a NIC and free unused GPUs behind a NIC no job
+rank uses, try moving each of those ranks (the fullest NIC first) to each such GPU; keep the
+first move that lowers the exposed comm time, else all comm time, and start again. A node with one
+NIC per GPU or a single NIC offers no move, so 8-NIC fleets pay nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..costmodel import evaluate
+from ..costmodel.paths import nic_ids
+from ..jobs import JobSpec
+from ..topology import Topology
+
+# Cost-model calls the pass may make per placement.
+RAIL_EVALS = 48
+
+
+def spread_rails(
+    topology: Topology,
+    job: JobSpec,
+    gids: np.ndarray,
+    free: np.ndarray,
+    leaf_load: np.ndarray,
+    *,
+    max_evals: int = RAIL_EVALS,
+) -> np.ndarray:
+    """A map at most as costly (exposed, then all comm ms, then the group sum) as `gids`, using only `free` GPUs,
+    with ranks moved off shared NICs where that lowers the cost (module docstring)."""
+    cur = np.array(gids, dtype=np.int64)
+    if not any(True for _ in rail_moves(topology, cur, free)):
+        return cur
+
+    def price(trial: np.ndarray) -> tuple[float, float, float]:
+        pred = evaluate(topology, job, trial, leaf_load, detail=False)
+        return pred.step_ms - job.compute_ms, pred.comm_ms, pred.group_ms
+
+    cost = price(cur)
+    evals = 1
+    # Every node at once first: a DP pair on two nodes gains only when both its ends move.
+    trial = spread_all(topology, cur, free)
+    c = price(trial)
+    if _better(c, cost):
+        cur, cost = trial, c
+    improved = True
+    while improved and evals < max_evals:
+        improved = False
+        for rank, gid in rail_moves(topology, cur, free):
+            if evals >= max_evals:
+                break
+            trial = cur.copy()
+            trial[rank] = gid
+            c = price(trial)
+            evals += 1
+            if _better(c, cost):
+                cur, cost, improved = trial, c, True
+                break
+    return cur
+
+
+def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    # Key by key, equal within 1e-12 ms (1e-9 relative for the group sum).
+    for x, y, tol in zip(a, b, (1e-12, 1e-12, 1e-9 * max(abs(b[2]), 1.0)), strict=True):
+        if x < y - tol:
+            return True
+        if x > y + tol:
+            return False
+    return False
+
+
+def spread_all(topology: Topology, gids: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """`gids` with, on every node, ranks moved off shared NICs until no NIC holds two of the
+    job's ranks or no free GPU is left behind a NIC the job does not use: the last rank (in GPU
+    order) of the NIC holding the most goes to the first such GPU of the NIC with the most of
+    them. Ranks on different nodes in the same place of their node's order end up on NICs of
+    their own together, so groups that pair them (DP over two nodes) gain at once."""
+    cur = np.array(gids, dtype=np.int64)
+    ids, _ = nic_ids(topology)
+    networked = topology.gpu_leaf >= 0
+    used = np.zeros(topology.n_gpus, dtype=bool)
+    used[cur] = True
+    node_of = topology.gpu_node[cur]
+    for node in dict.fromkeys(node_of.tolist()):
+        first = int(topology.node_first_gid[node])
+        local = np.arange(first, first + int(topology.node_gpu_count[node]))
+        local = local[networked[local]]
+        ranks = np.flatnonzero(node_of == node)
+        while local.size:
+            ranks = ranks[np.argsort(cur[ranks], kind="stable")]
+            nics, counts = np.unique(ids[cur[ranks]], return_counts=True)
+            spare = local[free[local] & ~used[local] & ~np.isin(ids[local], nics)]
+            if counts.max() < 2 or not spare.size:
+                break
+            crowded = nics[np.argmax(counts)]
+            rank = int(ranks[ids[cur[ranks]] == crowded][-1])
+            spare_nics, per_nic = np.unique(ids[spare], return_counts=True)
+            target = int(spare[ids[spare] == spare_nics[np.argmax(per_nic)]][0])
+            used[cur[rank]], used[target] = False, True
+            cur[rank] = target
+    return cur
+
+
+def rail_moves(topology: Topology, gids: np.ndarray, free: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(rank, gid) moves of a job's rank off a NIC it shares with another of the job's ranks onto
+    a free GPU, unused by the job, of the same node behind a NIC no rank of the job uses; node by
+    node in the order the job holds them, the NICs holding the most ranks first."""
+    ids, _ = nic_ids(topology)
+    networked = topology.gpu_leaf >= 0
+    used = np.zeros(topology.n_gpus, dtype=bool)
+    used[gids] = True
+    node_of = topology.gpu_node[gids]
+    for node in dict.fromkeys(node_of.tolist()):
+        first = int(topology.node_first_gid[node])
+        local = np.arange(first, first + int(topology.node_gpu_count[node]))
+        local = local[networked[local]]
+        if not local.size:
+            continue
+        ranks = np.flatnonzero(node_of == node)
+        rank_nics = ids[gids[ranks]]
+        nics, counts = np.unique(rank_nics, return_counts=True)
+        if counts.max() < 2:
+            continue
+        spare = local[free[local] & ~used[local] & ~np.isin(ids[local], nics)]
+        if not spare.size:
+            continue
+        for k in np.argsort(-counts, kind="stable"):
+            if counts[k] < 2:
+                break
+            for rank in ranks[rank_nics == nics[k]].tolist():
+                for gid in spare.tolist():
+                    yield rank, gid
