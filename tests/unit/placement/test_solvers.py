@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.placement.bounds import lower_bound
-from apps.placement.costmodel import evaluate
+from apps.placement.costmodel import evaluate, ring_allreduce_ms, spanning_ms
 from apps.placement.jobs import load_job
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
 from apps.placement.solvers.cover import best_fit_cover
@@ -192,15 +192,43 @@ def test_tree_best_fit_spans_leaves_largest_first_when_none_suffices(pod):
 
 
 def test_topo_takes_the_whole_free_nodes_for_tp8_when_nodes_are_fragmented(pod):
-    # Node 0 has 5 free, node 1 has 8, node 2 has 8, node 3 has 3: tp=8 needs whole nodes.
+    """Node 0 has 5 free, node 1 has 8, node 2 has 8, node 3 has 3: a tp8 x dp2 job takes the
+    two whole free nodes (1 and 2, under different leaves). Whether each TP group stays on one
+    node is the cost model's call, and its price of the split is right. Per step, whole TP
+    groups send the one 500 MB DP all-reduce across: eight two-rank rings, one a NIC, each
+    moving 2 (2-1)/2 x 500 MB = 500 MB at 50 GB/s, 10.01 ms (3.67 ms of TP on NVLink). TP groups
+    split 4 + 4 send the 20 TP all-reduces of 40 MB across instead, hierarchically: after the
+    NVLink reduce-scatter each of a node's 4 ranks holds 10 MB and runs a two-node ring on its
+    own NIC, 10 MB a NIC an all-reduce, 0.2 ms (plus the NVLink phases and latencies, 0.355 ms),
+    200 MB a NIC a step: 7.11 ms, with the DP pairs on NVLink at 1.12 ms. So 4 + 4 moves 2.5x
+    fewer bytes over the NICs (8.22 against 13.68 ms); three times the TP traffic (60
+    all-reduces a step) tips it, and each TP group stays on one node."""
     taken = [(0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4)]
-    job = make_job(tp=8, dp=2, comm=LLM_COMM)
-    result = place(pod, busy(pod, taken), None, job, policy="topo")
-    assert sorted({int(pod.gpu_node[g]) for g in result.gids}) == [1, 2]
-    # Each TP group whole on one node prices at least as high as what topo chose (the search may
-    # split both TP groups 4 + 4 so that the larger DP all-reduce stays on NVLink).
-    whole = evaluate(pod, job, np.arange(8, 24)).comm_ms
-    assert result.prediction.comm_ms <= whole * (1 + 1e-9)
+    whole_nodes = np.arange(8, 24)
+    # Across the two leaves a network hop costs two NICs and two uplinks: 2 x 1.5 + 2 x 1.0 us.
+    nvl, net = (450.0, 2.0), (50.0, 5.0)
+    for count, split in ((20, True), (60, False), (100, False)):
+        comm = [dict(LLM_COMM[0], count=count), *LLM_COMM[1:]]
+        job = make_job(tp=8, dp=2, comm=comm)
+        result = place(pod, busy(pod, taken), None, job, policy="topo")
+        gids = np.asarray(result.gids)
+        assert sorted({int(pod.gpu_node[g]) for g in gids}) == [1, 2]
+        per_group = [
+            np.unique(pod.gpu_node[gids[k * 8 : (k + 1) * 8]], return_counts=True)[1] for k in (0, 1)
+        ]
+        assert [c.tolist() for c in per_group] == ([[4, 4]] * 2 if split else [[8]] * 2)
+        # The prices, from the closed forms: whole TP groups (TP on NVLink, DP pairs across) and
+        # TP groups 4 + 4 (TP hierarchical over 4 rails a node, DP pairs on NVLink).
+        tp_whole = count * ring_allreduce_ms(8, 4e7, *nvl)
+        tp_split = count * spanning_ms("allreduce", 8, 4, 2, 4e7, *nvl, *net, 4)
+        whole = tp_whole + ring_allreduce_ms(2, 5e8, *net)
+        halves = tp_split + ring_allreduce_ms(2, 5e8, *nvl)
+        assert evaluate(pod, job, whole_nodes).comm_ms == pytest.approx(whole, rel=1e-9)
+        assert result.prediction.comm_ms == pytest.approx(min(whole, halves), rel=1e-9)
+        if count == 20:
+            assert (halves, whole) == (pytest.approx(8.222, abs=1e-3), pytest.approx(13.681, abs=1e-3))
+            # The split TP all-reduce: 10 MB a rail at 50 GB/s, 0.2 ms of its 0.355.
+            assert tp_split / count == pytest.approx(0.3553, abs=1e-4)
 
 
 def test_topo_fits_a_job_into_one_leaf_rather_than_spanning_two(pod):
