@@ -49,6 +49,7 @@ from apps.placement.costmodel import evaluate  # noqa: E402
 from apps.placement.jobs import JobSpec  # noqa: E402
 from apps.placement.solvers import NoFit, place  # noqa: E402
 from apps.placement.topology import Topology, load_topology  # noqa: E402
+from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec  # noqa: E402
 from bench.placement_quality import job_spec  # noqa: E402
 
 ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET, STEP_TARGET_MAX = 1.02, 1.10, 1.05, 1.02
@@ -191,35 +192,9 @@ def nic_slow_fast(rng: np.random.Generator) -> Topology:
     return _full("nic-mix", 2, 2, 400, nodes)
 
 
-# Intra-node links of 8-GPU nodes (`nodes[].intra`): PCIe GPUs on two sockets (a switch per pair)
-# and a DGX-1's hybrid cube mesh (NVLink between some pairs only).
-_PCIE = [
-    ["X" if i == j else "PIX" if i // 2 == j // 2 else "PHB" if i // 4 == j // 4 else "SYS" for j in range(8)]
-    for i in range(8)
-]
-_CUBE = [
-    ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"],
-    ["NV1", "X", "NV2", "NV1", "SYS", "NV2", "SYS", "SYS"],
-    ["NV1", "NV2", "X", "NV2", "SYS", "SYS", "NV1", "SYS"],
-    ["NV2", "NV1", "NV2", "X", "SYS", "SYS", "SYS", "NV1"],
-    ["NV2", "SYS", "SYS", "SYS", "X", "NV1", "NV1", "NV2"],
-    ["SYS", "NV2", "SYS", "SYS", "NV1", "X", "NV2", "NV1"],
-    ["SYS", "SYS", "NV1", "SYS", "NV1", "NV2", "X", "NV2"],
-    ["SYS", "SYS", "SYS", "NV1", "NV2", "NV1", "NV2", "X"],
-]
-_CLASSES = {
-    "NV1": {"bw_GBps": 25, "latency_us": 2},
-    "NV2": {"bw_GBps": 50, "latency_us": 2},
-    "PIX": {"bw_GBps": 24, "latency_us": 5},
-    "PHB": {"bw_GBps": 14, "latency_us": 5},
-    "SYS": {"bw_GBps": 8, "latency_us": 5},
-}
-
-
 def _intra_node(name: str, leaf: str, links: list[list[str]], nics: int, nic_bw: float) -> dict:
-    used = {c for row in links for c in row if c != "X"}
     out = _node(name, 8, [leaf], nics, nic_bw, nvlink=50)
-    out["intra"] = {"links": links, "classes": {c: v for c, v in _CLASSES.items() if c in used}}
+    out["intra"] = intra_spec(links)
     return out
 
 
@@ -268,8 +243,8 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "nic-slow-fast": nic_slow_fast,
     "busy": leafspine(2),
     "link-load": leafspine(2),
-    "pcie-beside-nvl": intra_beside_nvlink(_PCIE),
-    "cube-beside-nvl": intra_beside_nvlink(_CUBE),
+    "pcie-beside-nvl": intra_beside_nvlink(PCIE_TWO_SOCKETS),
+    "cube-beside-nvl": intra_beside_nvlink(DGX1_CUBE_MESH),
     "straddle-24-dp": straddling_24,
     "odd-free": leafspine(4),
     "nic-per-node": nic_per_node,

@@ -14,43 +14,15 @@ from apps.placement.convert import Source, import_sources
 from apps.placement.costmodel import evaluate, ring_allreduce_ms
 from apps.placement.solvers import place
 from apps.placement.topology import SpecError, load_topology, topology_to_spec
+from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec
 from tests.unit.placement.specs import job
 
 DGX1_PCIE_VIEW = Path("/work/shared/data/topology/nvidia-smi-topo-mp_DGX-1-V100_8gpu_4nic_pcie-view.txt")
 
-# Two sockets of four GPUs, GPU pairs under one PCIe switch each with a NIC (as the DGX-1's
-# PCIe view): PIX within a switch, PHB within a socket, SYS across.
-_SOCKETS = [
-    [
-        ("X" if i == j else "PIX" if i // 2 == j // 2 else "PHB" if i // 4 == j // 4 else "SYS")
-        for j in range(8)
-    ]
-    for i in range(8)
-]
-# The DGX-1 V100 hybrid cube mesh as `nvidia-smi topo -m` shows it: NVLink between some pairs only.
-_CUBE_MESH = [
-    ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"],
-    ["NV1", "X", "NV2", "NV1", "SYS", "NV2", "SYS", "SYS"],
-    ["NV1", "NV2", "X", "NV2", "SYS", "SYS", "NV1", "SYS"],
-    ["NV2", "NV1", "NV2", "X", "SYS", "SYS", "SYS", "NV1"],
-    ["NV2", "SYS", "SYS", "SYS", "X", "NV1", "NV1", "NV2"],
-    ["SYS", "NV2", "SYS", "SYS", "NV1", "X", "NV2", "NV1"],
-    ["SYS", "SYS", "NV1", "SYS", "NV1", "NV2", "X", "NV2"],
-    ["SYS", "SYS", "SYS", "NV1", "NV2", "NV1", "NV2", "X"],
-]
-CLASSES = {
-    "NV1": {"bw_GBps": 25, "latency_us": 2},
-    "NV2": {"bw_GBps": 50, "latency_us": 2},
-    "PIX": {"bw_GBps": 24, "latency_us": 5},
-    "PHB": {"bw_GBps": 14, "latency_us": 5},
-    "SYS": {"bw_GBps": 8, "latency_us": 5},
-}
-
 
 def box(links, name="box", nic_links=None) -> dict:
     """One 8-GPU node with intra links, four NICs (GPU pairs 0-1, 2-3, ...) on one leaf."""
-    used = {c for row in links for c in row if c != "X"}
-    intra = {"links": links, "classes": {c: v for c, v in CLASSES.items() if c in used}}
+    intra = intra_spec(links)
     if nic_links:
         intra["nic_links"] = nic_links
     nics = [
@@ -88,7 +60,7 @@ def busy(topo, *gpus):
 def pcie_views():
     """The DGX-1 PCIe view imported by the converter (when the shared sample is here) and the
     same shape written by hand."""
-    out = [pytest.param(lambda: load_topology(box(_SOCKETS)), id="two-socket-pcie")]
+    out = [pytest.param(lambda: load_topology(box(PCIE_TWO_SOCKETS)), id="two-socket-pcie")]
     marks = pytest.mark.skipif(not DGX1_PCIE_VIEW.exists(), reason="the shared DGX-1 sample is not here")
     out.append(
         pytest.param(
@@ -108,7 +80,9 @@ def pcie_class(topo, a: int, b: int) -> str:
 
 
 def test_intra_links_load_and_round_trip():
-    spec = box(_SOCKETS, nic_links={"mlx5_0": ["PIX", "PIX", "PHB", "PHB", "SYS", "SYS", "SYS", "SYS"]})
+    spec = box(
+        PCIE_TWO_SOCKETS, nic_links={"mlx5_0": ["PIX", "PIX", "PHB", "PHB", "SYS", "SYS", "SYS", "SYS"]}
+    )
     topo = load_topology(spec)
     assert topo.path(0, 1).bw_GBps == 24 and topo.path(0, 2).bw_GBps == 14 and topo.path(0, 7).bw_GBps == 8
     assert topo.group_path([0, 1, 2, 3]).bw_GBps == 14
@@ -136,7 +110,7 @@ def test_intra_links_load_and_round_trip():
     ],
 )
 def test_bad_intra_links_are_refused_naming_the_field(change, field, message):
-    spec = copy.deepcopy(box(_SOCKETS))
+    spec = copy.deepcopy(box(PCIE_TWO_SOCKETS))
     change(spec["nodes"][0]["intra"])
     with pytest.raises(SpecError) as exc:
         load_topology(spec)
@@ -144,7 +118,7 @@ def test_bad_intra_links_are_refused_naming_the_field(change, field, message):
 
 
 def test_intra_links_need_a_domain_of_their_own():
-    spec = box(_SOCKETS)
+    spec = box(PCIE_TWO_SOCKETS)
     other = copy.deepcopy(spec["nodes"][0])
     other["name"] = "n2"
     del other["intra"]
@@ -155,12 +129,12 @@ def test_intra_links_need_a_domain_of_their_own():
 
 def test_a_nic_behind_the_other_socket_caps_its_gpus_network_bandwidth():
     far = ["SYS"] * 8
-    topo = load_topology(box(_SOCKETS, nic_links={"mlx5_0": far}))
+    topo = load_topology(box(PCIE_TWO_SOCKETS, nic_links={"mlx5_0": far}))
     assert topo.gpu_nic_bw[0] == 8 and topo.gpu_nic_bw[2] == 12
 
 
 def test_cost_model_prices_a_pair_at_its_own_link():
-    topo = load_topology(box(_SOCKETS))
+    topo = load_topology(box(PCIE_TWO_SOCKETS))
     j = allreduce(2)
     pix, phb, sys_ = (evaluate(topo, j, g).comm_ms for g in ([0, 1], [0, 2], [0, 4]))
     assert pix == pytest.approx(ring_allreduce_ms(2, 1e9, 24, 5))
@@ -170,7 +144,7 @@ def test_cost_model_prices_a_pair_at_its_own_link():
 
 @pytest.mark.parametrize("gids", [[0, 1], [0, 2], [1, 6], [0, 1, 2, 3], [0, 1, 4, 5], list(range(8))])
 def test_the_bound_stays_below_every_placement_on_the_node(gids):
-    topo = load_topology(box(_CUBE_MESH))
+    topo = load_topology(box(DGX1_CUBE_MESH))
     j = allreduce(len(gids))
     assert lower_bound(topo, j).comm_ms <= evaluate(topo, j, gids).comm_ms + 1e-9
 
@@ -196,13 +170,13 @@ def test_a_four_gpu_job_gets_one_socket_with_its_nearest_nics(build):
 
 
 def test_a_tp_pair_on_a_partial_nvlink_mesh_is_nvlink_connected():
-    topo = load_topology(box(_CUBE_MESH))
+    topo = load_topology(box(DGX1_CUBE_MESH))
     result = place(topo, busy(topo, 1, 2, 3, 4), None, allreduce(2, tp=2))
     assert pcie_class(topo, *result.gids).startswith("NV")
 
 
 def test_tp_pairs_of_a_larger_job_on_a_partial_mesh_are_nvlink_connected():
-    topo = load_topology(box(_CUBE_MESH))
+    topo = load_topology(box(DGX1_CUBE_MESH))
     j = job(4, tp=2, comm=[("tp", "allreduce", 1e9), ("dp", "allreduce", 1e8)])
     result = place(topo, busy(topo, 0, 1, 2), None, j)
     for a, b in ((0, 1), (2, 3)):
@@ -211,7 +185,12 @@ def test_tp_pairs_of_a_larger_job_on_a_partial_mesh_are_nvlink_connected():
 
 @pytest.mark.parametrize(
     ("links", "gids"),
-    [(_SOCKETS, [0, 1]), (_SOCKETS, [0, 1, 2, 3]), (_CUBE_MESH, [4, 5, 6, 7]), (_CUBE_MESH, list(range(8)))],
+    [
+        (PCIE_TWO_SOCKETS, [0, 1]),
+        (PCIE_TWO_SOCKETS, [0, 1, 2, 3]),
+        (DGX1_CUBE_MESH, [4, 5, 6, 7]),
+        (DGX1_CUBE_MESH, list(range(8))),
+    ],
 )
 def test_the_bound_is_tight_for_the_best_subset_of_each_size(links, gids):
     spec = box(links)

@@ -13,7 +13,7 @@ from apps.placement.costmodel import evaluate
 from apps.placement.jobs import load_job
 from apps.placement.solvers import place
 from apps.placement.topology import load_topology
-from tests.unit.placement.test_intra_links import _CUBE_MESH, _SOCKETS, CLASSES
+from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec
 
 
 def nvl_node(name, leaf="leaf-1", gpus=8, nics=8, nic_bw=50.0, domain=None):
@@ -39,9 +39,8 @@ def nvl_node(name, leaf="leaf-1", gpus=8, nics=8, nic_bw=50.0, domain=None):
 def intra_node(name, links, leaf="leaf-1"):
     """An 8-GPU node with intra links and 8 NICs: PCIe GPUs on two sockets or a cube mesh."""
     out = nvl_node(name, leaf)
-    used = {c for row in links for c in row if c != "X"}
     out["nvlink"]["bw_GBps"] = 50
-    out["intra"] = {"links": links, "classes": {c: v for c, v in CLASSES.items() if c in used}}
+    out["intra"] = intra_spec(links)
     return out
 
 
@@ -99,7 +98,7 @@ TP_PP_DP = [("tp", "allreduce", 4.2e7, 96), ("pp", "p2p", 4.2e7, 16), ("dp", "al
 # --------------------------------------------------------------------------- intra-link nodes
 
 
-@pytest.mark.parametrize("links", [_SOCKETS, _CUBE_MESH], ids=["pcie", "cube-mesh"])
+@pytest.mark.parametrize("links", [PCIE_TWO_SOCKETS, DGX1_CUBE_MESH], ids=["pcie", "cube-mesh"])
 def test_an_empty_intra_link_node_does_not_stop_the_nvlink_sets(links):
     # The node with intra links holds the whole job, but its pairs are not all at its domain
     # rate: the NVLink nodes' 4+4 (each TP group on one node) must still be generated and win.
@@ -132,7 +131,7 @@ def test_a_small_job_in_one_uniform_domain_at_the_top_rate_skips_the_bound(monke
 def test_a_domain_of_mixed_pairs_is_not_uniform():
     from apps.placement.solvers.base import hierarchy
 
-    topo = fleet([intra_node("pcie0", _SOCKETS), nvl_node("nvl0")])
+    topo = fleet([intra_node("pcie0", PCIE_TWO_SOCKETS), nvl_node("nvl0")])
     assert hierarchy(topo).domain_uniform.tolist() == [False, True]
 
 
@@ -142,7 +141,7 @@ def test_tp_groups_on_cube_mesh_nodes_join_nvlink_islands_of_two_nodes_over_thei
     # faster, also where odd free counts leave islands of 2 and single GPUs to pack.
     nodes = [nvl_node("nvl0")]
     for i in range(4):
-        n = intra_node(f"cube{i}", _CUBE_MESH)
+        n = intra_node(f"cube{i}", DGX1_CUBE_MESH)
         n["nics"] = [
             {
                 "name": f"mlx5_{k}",
@@ -171,7 +170,7 @@ def test_island_order_packs_groups_from_distinct_nodes():
     from apps.placement.solvers.base import hierarchy
     from apps.placement.solvers.mapping import island_order
 
-    topo = fleet([intra_node("cube0", _CUBE_MESH), intra_node("cube1", _CUBE_MESH), nvl_node("nvl0")])
+    topo = fleet([intra_node("cube0", DGX1_CUBE_MESH), intra_node("cube1", DGX1_CUBE_MESH), nvl_node("nvl0")])
     idx = hierarchy(topo)
     order = island_order(idx, np.arange(24), 8)
     assert sorted(order.tolist()) == list(range(24))
