@@ -154,7 +154,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "topoweb.middleware.CSPMiddleware",
     "topoweb.middleware.DatabaseUnavailableMiddleware",
 ]
 

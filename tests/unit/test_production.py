@@ -173,3 +173,17 @@ def test_shorter_agent_intervals_with_room_for_the_heartbeat_are_accepted():
     run = agent_intervals(TOPOWEB_AGENT_POLL_S="10", TOPOWEB_AGENT_DOWN_AFTER_S="30")
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["10.0", "30.0"]
+
+
+@pytest.mark.django_db
+def test_the_csp_built_once_is_django_csps_own_and_follows_a_settings_change(client, settings):
+    from csp.utils import build_policy
+
+    for path in ("/accounts/login/", "/api/v1/jobs/", "/healthz"):
+        assert client.get(path)["Content-Security-Policy"] == build_policy(), path
+    settings.CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": ["'none'"]}}
+    settings.CONTENT_SECURITY_POLICY_REPORT_ONLY = {"DIRECTIVES": {"script-src": ["'self'"]}}
+    answer = client.get("/healthz")
+    assert answer["Content-Security-Policy"] == build_policy() == "default-src 'none'"
+    assert answer["Content-Security-Policy-Report-Only"] == build_policy(report_only=True)
+    assert "script-src 'self'" in answer["Content-Security-Policy-Report-Only"]
