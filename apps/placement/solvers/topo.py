@@ -27,9 +27,10 @@ to the better fit.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -106,20 +107,8 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             f"needs {job.gpus} GPUs joined by a network or one NVLink domain: {networked} networked GPUs "
             f"free, the largest free NVLink domain has {int(counts.domain.max())}"
         )
-    if counts.domain.max() < job.gpus:
-        # Link-aware sets beside the best-fit ones, ranked after them on fit.
-        plans += [(gset, math.inf, False) for gset in fast_sets(topology, idx, counts, job)]
-        plans += [(gset, math.inf, False) for gset in domain_chunk_sets(idx, counts, job)]
-        # Unequal pieces (6 + 5 + 5, 24 + 8) that cover the job with few cells; only new sets.
-        known = {np.sort(p[0]).tobytes() for p in plans}
-        for gset in cover_sets(idx, counts, job):
-            key = np.sort(gset).tobytes()
-            if key not in known:
-                known.add(key)
-                plans.append((gset, math.inf, False))
-        filled = rate_filled_set(topology, idx, counts, job)
-        if filled is not None:
-            plans.append((filled, math.inf, False))
+    # Built only when priced: none is once a set that fits better is at the bound.
+    link_aware = _link_aware_sets(topology, idx, counts, job, plans)
     # One price per distinct map: the fast, rate-filled and best-fit sets often coincide.
     priced: dict[bytes, tuple[float, float]] = {}
     # The empty cluster's bound (memoised per topology and job): no map prices below it, and the
@@ -132,10 +121,23 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     # mappings of the best few sets only, since the cost model is the expensive part.
     first: list[tuple[tuple[float, float, float], int, np.ndarray]] = []
     best: tuple[tuple[float, float, float], int, np.ndarray] | None = None
-    for k, (gset, fit, _) in enumerate(plans):
-        for gids in _first_mappings(idx, job, gset):
-            if best is not None and fit >= best[0][2] and _at_bound(best[0], floor_key):
+
+    def tied(fit: float) -> bool:
+        # Nothing this set can be mapped to beats the best so far.
+        return best is not None and fit >= best[0][2] and _at_bound(best[0], floor_key)
+
+    k = -1
+    while True:
+        k += 1
+        if k == len(plans):
+            if best is not None and _at_bound(best[0], floor_key):
                 break
+            more = next(link_aware, None)
+            if more is None:
+                break
+            plans.append(more)
+        gset, fit, _ = plans[k]
+        for gids in _first_mappings(idx, job, gset, functools.partial(tied, fit)):
             key = _key(topology, job, gids, leaf_load, fit, priced)
             first.append((key, k, gids))
             if best is None or (key, k) < best[:2]:
@@ -190,6 +192,29 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     return Placement("topo", tuple(int(g) for g in gids), prediction)
 
 
+def _link_aware_sets(
+    topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec, plans: list
+) -> Iterator[tuple[np.ndarray, float, bool]]:
+    """Link-aware sets beside the best-fit ones (`plans`, which the caller extends with each),
+    ranked after them on fit, for a job no NVLink domain holds."""
+    if counts.domain.max() >= job.gpus:
+        return
+    for gset in fast_sets(topology, idx, counts, job):
+        yield gset, math.inf, False
+    for gset in domain_chunk_sets(idx, counts, job):
+        yield gset, math.inf, False
+    # Unequal pieces (6 + 5 + 5, 24 + 8) that cover the job with few cells; only new sets.
+    known = {np.sort(p[0]).tobytes() for p in plans}
+    for gset in cover_sets(idx, counts, job):
+        key = np.sort(gset).tobytes()
+        if key not in known:
+            known.add(key)
+            yield gset, math.inf, False
+    filled = rate_filled_set(topology, idx, counts, job)
+    if filled is not None:
+        yield filled, math.inf, False
+
+
 def _at_bound(key: tuple[float, ...], bound: tuple[float, float]) -> bool:
     """Whether a candidate's (exposed, all comm ms) key is at the bound's, each to 1e-9."""
     return all(x <= b * (1 + 1e-9) + 1e-9 for x, b in zip(key[:2], bound, strict=True))
@@ -218,13 +243,21 @@ def _one_best_domain(
     return next(candidate_mappings(idx, job, gset))
 
 
-def _first_mappings(idx: HierarchyIndex, job: JobSpec, gset: np.ndarray) -> Iterator[np.ndarray]:
+def _first_mappings(
+    idx: HierarchyIndex, job: JobSpec, gset: np.ndarray, done: Callable[[], bool] = lambda: False
+) -> Iterator[np.ndarray]:
     """A set's first nested mapping and, when it holds GPUs of nodes with intra links, the first
-    mapping of its island order (`mapping.island_order`)."""
+    mapping of its island order (`mapping.island_order`); none is built once `done()`."""
+    if done():
+        return
     yield next(candidate_mappings(idx, job, gset))
+    if done():
+        return
     islands = island_order(idx, gset, job.tp * job.cp)
     if islands is not None:
         for nest in nestings(job):
+            if done():
+                return
             yield lay_out(job, islands, nest)
 
 

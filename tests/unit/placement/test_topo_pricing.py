@@ -106,3 +106,22 @@ def test_the_shortcut_never_chooses_a_dearer_map_than_full_pricing(case):
     if isinstance(full, Placement):
         assert isinstance(ours, Placement)
         assert _no_worse(ours, full)
+
+
+def test_link_aware_sets_are_built_only_when_no_better_fitting_set_is_at_the_bound(monkeypatch):
+    topo = generated(leaves=4, nodes_per_leaf=4)
+    job = make_job(tp=4, pp=2, dp=2, comm=LLM_COMM)
+    built = []
+    original = topo_solver.fast_sets
+
+    def fast_sets(*args):
+        built.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(topo_solver, "fast_sets", fast_sets)
+    ours = place(topo, topo.free_mask(), None, job, policy="topo")
+    assert built == []
+    _full_pricing(monkeypatch)
+    full = place(topo, topo.free_mask(), None, job, policy="topo")
+    assert built == [1]
+    assert ours.gids == full.gids
