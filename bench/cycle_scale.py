@@ -38,6 +38,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def stage_figures(costs: list) -> dict:
+    """p50 ms of each stage of the cycles (cycle.LAST_CYCLE after each), and how many of them read
+    the occupancy whole (the others re-read only the jobs that changed)."""
+    costs = [c for c in costs if c is not None]
+    if not costs:
+        return {}
+    names = list(costs[0].stages_ms)
+    return {
+        "stage_ms_p50": {
+            n: round(percentile([c.stages_ms.get(n, 0.0) for c in costs], 0.5), 1) for n in names
+        },
+        "read_whole": sum(c.read_whole for c in costs),
+        "jobs_read_p50": percentile([c.jobs_read for c in costs], 0.5),
+    }
+
+
 def spec(name: str, gpus: int, priority: int = 0) -> dict:
     tp = 8 if gpus >= 8 else 1
     return {
@@ -160,6 +176,7 @@ def run(args) -> dict:
     setup_s = time.perf_counter() - t0
 
     durations = []
+    costs: list = []
     profile = cProfile.Profile() if args.profile else None
     for _ in range(args.cycles):
         t = time.perf_counter()
@@ -169,6 +186,7 @@ def run(args) -> dict:
         if profile is not None:
             profile.disable()
         durations.append(time.perf_counter() - t)
+        costs.append(cycle.LAST_CYCLE.get(cluster.pk))
     if profile is not None:
         for key in ("cumulative", "tottime"):
             pstats.Stats(profile, stream=sys.stderr).sort_stats(key).print_stats(args.profile)
@@ -182,6 +200,7 @@ def run(args) -> dict:
     burst_ids: list[int] = []
     lock = threading.Lock()
     worker_cycles = []
+    worker_costs: list = []
 
     def worker() -> None:
         try:
@@ -192,6 +211,7 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 cycle.schedule_cluster(cluster=cluster)
                 worker_cycles.append(time.perf_counter() - t)
+                worker_costs.append(cycle.LAST_CYCLE.get(cluster.pk))
         finally:
             connections.close_all()
 
@@ -238,6 +258,7 @@ def run(args) -> dict:
             "p50": round(percentile(durations, 0.5), 3),
             "p99": round(percentile(durations, 0.99), 3),
             "max": round(max(durations), 3),
+            **stage_figures(costs),
         },
         "burst": {
             "jobs": args.burst,
@@ -247,6 +268,7 @@ def run(args) -> dict:
             "submit_to_placed_s_p99": round(percentile(latencies, 0.99), 3),
             "worker_cycles": len(worker_cycles),
             "worker_cycle_s_p50": round(percentile(worker_cycles, 0.5), 3),
+            "worker_cycle": stage_figures(worker_costs),
         },
     }
 

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -35,6 +36,8 @@ from . import accounts
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
+from .occupancy import CycleOccupancy
+from .occupancy import forget as forget_occupancy
 from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
@@ -139,6 +142,33 @@ def schedule_requested(*, cluster: Cluster) -> SchedulingCycle:
         _LAST_END[cluster.pk] = time.monotonic()
 
 
+class _Stages:
+    """Wall time of a cycle's stages: call with a stage's name when it ends."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = (now - self._last) * 1000.0
+        self._last = now
+
+
+@dataclass(frozen=True)
+class CycleCost:
+    """Where the last cycle on a cluster in this process spent its time (ms per stage: lock,
+    snapshot, queue, rank, plan, commit, audit, keep) and whether it read the occupancy whole
+    or only the `jobs_read` jobs that changed."""
+
+    stages_ms: dict[str, float]
+    read_whole: bool
+    jobs_read: int
+
+
+LAST_CYCLE: dict[int, CycleCost] = {}
+
+
 LOST_PREFIX = "WorkerLost:"
 LOST_RETRY_LIMIT = 3  # redelivered cycles of one cluster retried at once per LOST_WINDOW_S
 LOST_WINDOW_S = 60.0
@@ -184,16 +214,22 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
     with scheduling_lane(cluster.pk):
         try:
             with transaction.atomic():
+                stage = _Stages()
                 # FOR NO KEY UPDATE: exclusive among cycles, repricing and migrations, but not
                 # against the key-share lock each job INSERT takes on its cluster's row (FOR
                 # UPDATE held every submission until the cycle committed).
                 locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
                 _clear_request(locked.pk)
                 now = timezone.now()
-                snapshot = snap.cluster_snapshot(cluster=locked)
+                stage("lock")
+                occupancy = CycleOccupancy(cluster=locked)
+                snapshot = occupancy.snapshot
+                stage("snapshot")
                 unreadable: dict[int, str] = {}
                 queue = snap.queued_jobs(cluster=locked, unreadable=unreadable)
+                stage("queue")
                 quotas = accounts.rank_jobs(cluster=locked, snapshot=snapshot, queue=queue, now=now)
+                stage("rank")
                 plan = plan_cycle(
                     snapshot,
                     queue,
@@ -203,9 +239,11 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     now=now,
                     quotas=quotas,
                 )
+                stage("plan")
                 failed = _fail_unschedulable({**unreadable, **plan.failed}, now)
                 placed, preempted = _commit(snapshot, plan, queue, now)
-                return SchedulingCycle.objects.create(
+                stage("commit")
+                record = SchedulingCycle.objects.create(
                     cluster=locked,
                     started_at=started,
                     policy=locked.policy,
@@ -217,9 +255,20 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     failed_jobs={str(k): v for k, v in failed.items()},
                     status=CycleStatus.COMPLETED,
                 )
+                stage("audit")
+                occupancy.finish()
+                stage("keep")
+            LAST_CYCLE[cluster.pk] = CycleCost(
+                stages_ms=stage.ms,
+                read_whole=occupancy.read_whole,
+                jobs_read=occupancy.jobs_read,
+            )
+            return record
         except Cluster.DoesNotExist:
+            forget_occupancy(cluster.pk)
             raise
         except Exception as exc:
+            forget_occupancy(cluster.pk)
             log.exception("scheduling cycle on cluster %s failed", cluster.pk)
             if Cluster.objects.filter(pk=cluster.pk).exists():
                 SchedulingCycle.objects.create(

@@ -286,17 +286,20 @@ from .agent_models import (  # noqa: E402  (models of the launch loop)
     RankRun,
     UnixAccount,
 )
+from .occupancy_models import ClusterOccupancy, OccupancyChange  # noqa: E402  (kept occupancy)
 
 __all__ = [
     "Account",
     "AccountLimit",
     "AccountMembership",
     "Allocation",
+    "ClusterOccupancy",
     "Job",
     "LauncherToken",
     "MigrationProposal",
     "NodeAgent",
     "NodeToken",
+    "OccupancyChange",
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",

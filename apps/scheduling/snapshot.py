@@ -13,6 +13,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -62,57 +63,74 @@ def gpu_index(*, cluster: Cluster, topology: Topology) -> GpuIndex:
     return index
 
 
-def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
+def cluster_snapshot(*, cluster: Cluster, fresh: bool = False) -> ClusterSnapshot:
     """Topology, busy GPUs, link loads and active jobs of a cluster, read now (6 queries).
 
     Busy: every live allocation of any generation (a migrating job's old GPUs stay busy until its
     old ranks exited), the GPUs of down, draining and drained nodes, and GPUs reported unhealthy.
     An active job's gids are those of its current generation. Stopping: live allocations of jobs
     no longer active, or of an active job's older generation (not a migrating job's: those GPUs
-    pass to its new generation), on schedulable GPUs.
+    pass to its new generation), on schedulable GPUs. `fresh`: as for `cluster_topology`.
     """
-    topology = cluster_topology(cluster=cluster)
+    topology = cluster_topology(cluster=cluster, fresh=fresh)
     index = gpu_index(cluster=cluster, topology=topology)
-    free = np.ones(topology.n_gpus, dtype=bool)
+    return assemble_snapshot(
+        cluster=cluster, topology=topology, index=index, holds=read_holds(cluster=cluster, index=index)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobHold:
+    """What one job holds: the gids of its live allocations by generation (in rank order) and,
+    while it is active, the `ActiveJob` the planner sees (gids of its current generation)."""
+
+    ranks: Mapping[int, tuple[int, ...]]
+    active: ActiveJob | None = None
+    generation: int | None = None
+    migrating: bool = False
+
+
+def read_holds(
+    *, cluster: Cluster, index: GpuIndex, job_ids: Iterable[int] | None = None
+) -> dict[int, JobHold]:
+    """Every job of the cluster that is active or has live allocations, by id (3 queries);
+    with `job_ids`, only those jobs (an id left out of the result holds nothing)."""
+    allocations = Allocation.objects.filter(live=True)
+    started = RankRun.objects.filter(state=RankState.STARTED)
+    jobs = Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
+    if job_ids is None:
+        allocations = allocations.filter(job__cluster=cluster)
+        started = started.filter(job__cluster=cluster)
+    else:
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        allocations = allocations.filter(job_id__in=ids)
+        started = started.filter(job_id__in=ids)
+        jobs = jobs.filter(pk__in=ids)
     gid_of_pk = index.gid_of_pk
-    ranks: dict[tuple[int, int], list[int]] = {}
-    live = (
-        Allocation.objects.filter(live=True, job__cluster=cluster)
-        .order_by("job_id", "generation", "rank")
-        .values_list("job_id", "generation", "gpu_id")
-    )
+    ranks: dict[int, dict[int, list[int]]] = {}
+    live = allocations.order_by("job_id", "generation", "rank").values_list("job_id", "generation", "gpu_id")
     for job_id, generation, gpu_id in live:
-        gid = gid_of_pk[gpu_id]
-        free[gid] = False
-        ranks.setdefault((job_id, generation), []).append(gid)
-    usable = np.ones(topology.n_gpus, dtype=bool)
-    foreign_load = _mark_unschedulable(cluster, topology, usable)
-    free &= usable
-    launched = set(
-        RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED)
-        .values_list("job_id", flat=True)
-        .distinct()
-    )
-    link_load: dict[str, float] = dict(foreign_load)
-    active: list[ActiveJob] = []
-    current: dict[int, tuple[int, bool]] = {}
-    rows = (
-        Job.objects.filter(cluster=cluster, status__in=ACTIVE_STATUSES)
-        .order_by("id")
-        .values_list(
-            "id",
-            "priority",
-            "flows",
-            "status",
-            "placed_at",
-            "started_at",
-            "estimated_runtime_s",
-            "overdue",
-            "generation",
-            "submitted_at",
-            "account_id",
-            "borrowed",
-        )
+        ranks.setdefault(job_id, {}).setdefault(generation, []).append(gid_of_pk[gpu_id])
+    launched = set(started.values_list("job_id", flat=True).distinct())
+    holds = {
+        job_id: JobHold(ranks={gen: tuple(gids) for gen, gids in by_gen.items()})
+        for job_id, by_gen in ranks.items()
+    }
+    rows = jobs.values_list(
+        "id",
+        "priority",
+        "flows",
+        "status",
+        "placed_at",
+        "started_at",
+        "estimated_runtime_s",
+        "overdue",
+        "generation",
+        "submitted_at",
+        "account_id",
+        "borrowed",
     )
     for (
         pk,
@@ -128,17 +146,16 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
         account_id,
         borrowed,
     ) in rows:
-        flows = flows or {}
-        for leaf, load in flows.items():
-            link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
+        held = holds.get(pk, JobHold(ranks={})).ranks
         begin = started_at or placed_at
-        current[pk] = (generation, status == JobStatus.MIGRATING)
-        active.append(
-            ActiveJob(
+        migrating = status == JobStatus.MIGRATING
+        holds[pk] = JobHold(
+            ranks=held,
+            active=ActiveJob(
                 job_id=pk,
                 priority=priority,
-                gids=tuple(ranks.get((pk, generation), ())),
-                flows=flows,
+                gids=held.get(generation, ()),
+                flows=flows or {},
                 begin=begin,
                 expected_end=None
                 if begin is None or runtime_s is None
@@ -147,18 +164,42 @@ def cluster_snapshot(*, cluster: Cluster) -> ClusterSnapshot:
                 started_at=started_at,
                 estimated_runtime_s=runtime_s,
                 overdue=overdue,
-                launched=pk in launched or status == JobStatus.MIGRATING,
-                migrating=status == JobStatus.MIGRATING,
+                launched=pk in launched or migrating,
+                migrating=migrating,
                 account=account_id,
                 borrowed=borrowed,
                 submitted_at=submitted_at,
-            )
+            ),
+            generation=generation,
+            migrating=migrating,
         )
+    return holds
+
+
+def assemble_snapshot(
+    *, cluster: Cluster, topology: Topology, index: GpuIndex, holds: Mapping[int, JobHold]
+) -> ClusterSnapshot:
+    """The snapshot of `holds` (see `read_holds`) with the cluster's unschedulable GPUs read now
+    (2 queries). Returns new arrays and lists: the planner may change them."""
+    usable = np.ones(topology.n_gpus, dtype=bool)
+    link_load = dict(_mark_unschedulable(cluster, topology, usable))
+    busy: list[int] = []
+    stopping_gids: list[int] = []
+    active: list[ActiveJob] = []
+    for job_id in sorted(holds):
+        hold = holds[job_id]
+        for generation, gids in hold.ranks.items():
+            busy.extend(gids)
+            if hold.active is None or (generation != hold.generation and not hold.migrating):
+                stopping_gids.extend(gids)
+        if hold.active is not None:
+            active.append(hold.active)
+            for leaf, load in hold.active.flows.items():
+                link_load[leaf] = link_load.get(leaf, 0.0) + float(load)
+    free = usable.copy()
+    free[np.asarray(busy, dtype=np.intp)] = False
     stopping = np.zeros(topology.n_gpus, dtype=bool)
-    for (job_id, generation), gids in ranks.items():
-        gen, migrating = current.get(job_id, (None, False))
-        if gen is None or (generation != gen and not migrating):
-            stopping[gids] = True
+    stopping[np.asarray(stopping_gids, dtype=np.intp)] = True
     stopping &= usable
     return ClusterSnapshot(cluster.pk, topology, index, free, link_load, active, stopping)
 
