@@ -63,22 +63,23 @@ def search(
     traffic = declared_traffic(job)
     weighted = [(arrays[k], w) for k, w in traffic.items() if w > 0 and arrays[k].shape[1] > 1]
 
-    priced: dict[bytes, tuple[float, float, float, float]] = {}
+    priced: dict[bytes, list] = {}
 
-    def cost(trial: np.ndarray) -> tuple[float, float, float, float]:
-        # Exposed comm ms (what the step pays), all comm ms, every group's ms, then the spread; a
-        # map the search comes back to (a move undone, a swap of equal groups) is priced once.
+    def cost(trial: np.ndarray) -> list:
+        # Exposed comm ms (what the step pays), all comm ms, every group's ms, then the spread
+        # (None until a tie on the first two asks for it); a map the search comes back to (a move
+        # undone, a swap of equal groups) is priced once.
         key = trial.tobytes()
         hit = priced.get(key)
         if hit is None:
             pred = evaluate(topology, job, trial, leaf_load, detail=False)
-            hit = priced[key] = (
-                pred.step_ms - job.compute_ms,
-                pred.comm_ms,
-                pred.group_ms,
-                _spread(topology, trial, weighted),
-            )
+            hit = priced[key] = [pred.step_ms - job.compute_ms, pred.comm_ms, pred.group_ms, None]
         return hit
+
+    def spread(trial: np.ndarray, c: list) -> float:
+        if c[3] is None:
+            c[3] = _spread(topology, trial, weighted)
+        return c[3]
 
     cur_cost = cost(cur)
     stop = bound_ms * (1 + 1e-9) + 1e-9
@@ -108,9 +109,12 @@ def search(
         if move is half:
             # Kept only when it lowers exposed, all or every group's comm ms, the split count
             # aside: what makes 3 + 1 into 2 + 2.
-            order = -1 if _compare(c[:3], cur_cost[:3]) < 0 else 1
+            order = -1 if _compare(tuple(c[:3]), tuple(cur_cost[:3])) < 0 else 1
         else:
-            order = _compare(c[:2] + c[3:], cur_cost[:2] + cur_cost[3:])
+            # Exposed, then all comm ms, then the spread, priced only on a tie.
+            order = _compare(tuple(c[:2]), tuple(cur_cost[:2]))
+            if order == 0:
+                order = _compare((*c[:2], spread(trial, c)), (*cur_cost[:2], spread(cur, cur_cost)))
         stalled = 0 if order < 0 else stalled + 1
         if order <= 0:
             owner[cur] = -1
