@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_migrate, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
 
 class ApiConfig(AppConfig):
@@ -16,15 +16,22 @@ class ApiConfig(AppConfig):
 
     @staticmethod
     def _forget_user_tokens_on_change() -> None:
-        """Remembered user tokens (authentication.py) are dropped when a token, user, membership
-        or account is saved or deleted in this process."""
+        """Remembered user tokens (authentication.py) are dropped when a token, user, membership,
+        account, group or permission is saved or deleted in this process, or a user's groups or
+        permissions or a group's permissions change."""
         from django.contrib.auth import get_user_model
+        from django.contrib.auth.models import Group, Permission
         from rest_framework.authtoken.models import Token
 
         from apps.scheduling.account_models import Account, AccountMembership
 
         from .authentication import user_tokens_forget
 
-        for model in (Token, get_user_model(), AccountMembership, Account):
+        user = get_user_model()
+        for model in (Token, user, AccountMembership, Account, Group, Permission):
             for signal in (post_save, post_delete):
                 signal.connect(user_tokens_forget, sender=model, dispatch_uid=f"api.tokens.{model.__name__}")
+        for through in (user.groups.through, user.user_permissions.through, Group.permissions.through):
+            m2m_changed.connect(
+                user_tokens_forget, sender=through, dispatch_uid=f"api.tokens.{through.__name__}"
+            )

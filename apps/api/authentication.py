@@ -39,11 +39,13 @@ def _guarded(request, check):
         raise
 
 
-# A valid user token is remembered per process for USER_TOKEN_CACHE_S seconds with its user and
-# the user's account: a client's burst of requests costs one token query per process, not one per
-# request (the query and its ORM work were a fifth of a submission's time). Deleting a token, or
-# saving or deleting a user, membership or account, forgets every remembered token of the process
-# at once (user_tokens_forget); the other web processes follow within USER_TOKEN_CACHE_S.
+# A valid user token is remembered per process for USER_TOKEN_CACHE_S seconds with its user, the
+# user's account and permissions (roles): a client's burst of requests costs one token query and
+# one permission query per process, not one each per request (the token query was a fifth of a
+# submission's CPU, the permission query the largest part of a GET's). Deleting a token, saving or
+# deleting a user, membership, account, group or permission, or changing a user's groups or a
+# group's permissions forgets every remembered token of the process at once (user_tokens_forget);
+# the other web processes follow within USER_TOKEN_CACHE_S.
 USER_TOKEN_CACHE_S = 5.0
 USER_TOKEN_CACHE_SIZE = 4096
 _USERS: dict[str, tuple[object, object, float]] = {}
@@ -57,7 +59,7 @@ def user_tokens_forget(**kwargs) -> None:
 
 class TokenAuthentication(authentication.TokenAuthentication):
     """DRF's user token authentication, with failed keys counted per address and valid ones
-    remembered for USER_TOKEN_CACHE_S seconds."""
+    remembered with their user's permissions for USER_TOKEN_CACHE_S seconds."""
 
     def authenticate(self, request):
         return _guarded(request._request, lambda: super(TokenAuthentication, self).authenticate(request))
@@ -82,8 +84,11 @@ class TokenAuthentication(authentication.TokenAuthentication):
             raise AuthenticationFailed("User inactive or deleted.")
         if len(_USERS) >= USER_TOKEN_CACHE_SIZE:
             _USERS.clear()
-        _USERS[key] = (token, copy.copy(token.user), now + USER_TOKEN_CACHE_S)
-        return token.user, token
+        remembered = copy.copy(token.user)
+        # Read now (one query) and kept on the remembered user, so each request's copy has them.
+        remembered._perm_cache = frozenset(remembered.get_all_permissions())
+        _USERS[key] = (token, remembered, now + USER_TOKEN_CACHE_S)
+        return copy.copy(remembered), token
 
 
 # A valid launcher or node key is remembered per process for KEY_CACHE_S seconds (thousands of

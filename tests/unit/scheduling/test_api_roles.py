@@ -189,7 +189,7 @@ def test_nothing_half_written_when_a_submission_is_refused(case44, make_user, se
     assert not Job.objects.exists()
 
 
-def test_a_user_token_is_one_indexed_query_with_the_users_account(alice):
+def test_a_user_token_is_one_indexed_query_with_the_users_account_then_one_for_the_roles(alice):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from rest_framework.authtoken.models import Token
@@ -200,10 +200,12 @@ def test_a_user_token_is_one_indexed_query_with_the_users_account(alice):
     with CaptureQueriesContext(connection) as queries:
         user, token = TokenAuthentication().authenticate_credentials(key)
         hasattr(user, "membership")  # read from the join, no query of its own
+        user.has_perm("scheduling.view_job")  # read with the token, no query of its own
     assert user == alice and token.key == key
-    assert len(queries) == 1
+    assert len(queries) == 2
     sql = queries[0]["sql"]
     assert "ORDER BY" not in sql and "scheduling_account" in sql
+    assert "auth_permission" in queries[1]["sql"]
 
 
 def test_a_valid_user_token_is_read_once_within_its_time_and_each_request_gets_its_own_user(alice):
@@ -216,11 +218,26 @@ def test_a_valid_user_token_is_read_once_within_its_time_and_each_request_gets_i
     key = Token.objects.get_or_create(user=alice)[0].key
     with CaptureQueriesContext(connection) as queries:
         first, _ = TokenAuthentication().authenticate_credentials(key)
-        first.has_perm("scheduling.change_job")  # caches the permissions on this request's user
+        first.is_staff = True  # what one request does to its user stays its own
         second, token = TokenAuthentication().authenticate_credentials(key)
-    assert len([q for q in queries if "authtoken_token" in q["sql"]]) == 1
-    assert second == alice and token.key == key and second is not first
-    assert not hasattr(second, "_perm_cache")
+        assert not second.has_perm("scheduling.change_job")
+    assert len(queries) == 2  # the token with its user and account, then the permissions
+    assert second == alice and token.key == key and second is not first and not second.is_staff
+
+
+def test_a_role_granted_or_revoked_reaches_a_remembered_token_at_once(alice):
+    from django.contrib.auth.models import Group
+    from rest_framework.authtoken.models import Token
+
+    from apps.api.authentication import TokenAuthentication
+    from apps.api.roles import role_grant
+
+    key = Token.objects.get_or_create(user=alice)[0].key
+    assert not TokenAuthentication().authenticate_credentials(key)[0].has_perm("scheduling.change_job")
+    role_grant(user=alice, role="operator")
+    assert TokenAuthentication().authenticate_credentials(key)[0].has_perm("scheduling.change_job")
+    Group.objects.get(name="operator").permissions.clear()
+    assert not TokenAuthentication().authenticate_credentials(key)[0].has_perm("scheduling.change_job")
 
 
 def test_a_deleted_token_or_a_deactivated_user_is_refused_at_once(alice, make_user):
