@@ -44,6 +44,9 @@ def spread_rails(
     """A map at most as costly (exposed, then all comm ms, then the group sum) as `gids`, using only `free` GPUs,
     with ranks moved off shared NICs where that lowers the cost (module docstring)."""
     cur = np.array(gids, dtype=np.int64)
+    # No two ranks behind one NIC (8-NIC nodes): nothing to move, at the cost of one count.
+    if np.bincount(nic_ids(topology)[0][cur]).max(initial=0) < 2:
+        return cur
     if not any(True for _ in rail_moves(topology, cur, free)):
         return cur
 
