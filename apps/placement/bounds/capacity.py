@@ -63,6 +63,8 @@ class _Capacity:
     # per domain class and block size k: best bandwidth of k GPUs in one of its domains (GB/s);
     # below fit_bw only for classes of nodes with intra links (`topology/intra.py`); None if none
     fit_bw_by_size: np.ndarray | None = None
+    # ((domain class, free GPUs, fastest NIC among them in GB/s or 0, domains like that), ...)
+    domain_kinds: tuple = ()
     fits: dict = field(default_factory=dict)  # (block, group GPUs) -> best (GB/s, us) in domains that large
     prices: dict = field(default_factory=dict)  # (collective, n, bytes, context) -> [(ms, GB/s)] by level
     bounds: dict = field(default_factory=dict)  # JobSpec -> its Prediction
@@ -86,6 +88,9 @@ class _Layout:
     pod_region: np.ndarray  # per domain: its pod region
     net: np.ndarray  # bool per gid: has a NIC
     dom_nic: np.ndarray  # per networked GPU: index of its (domain, NIC) pair
+    rate_values: np.ndarray  # the distinct NIC rates (GB/s), ascending
+    rate_index: np.ndarray  # per networked GPU: index of its NIC's rate in rate_values
+    net_domain: np.ndarray  # per networked GPU: its domain
     pair_dom: np.ndarray  # per (domain, NIC) pair: the domain
     region_leaf: np.ndarray  # per networked GPU: index of its (leaf region, leaf) pair
     pair_region: np.ndarray  # per (leaf region, leaf) pair: the region
@@ -170,8 +175,12 @@ def _layout(topo: Topology) -> _Layout:
         "min_peak_tflops": float(topo.node_peak_tflops.min()),
         "fit_bw_by_size": _fit_bw_by_size(topo, dom_class.ravel(), classes[0]),
     }
+    rate_values, rate_index = np.unique(topo.gpu_nic_bw[net].astype(float), return_inverse=True)
     layout = _Layout(
         dom_class=dom_class.ravel().astype(np.int64),
+        rate_values=rate_values,
+        rate_index=rate_index.ravel().astype(np.int64),
+        net_domain=dom_net,
         leaf_region=leaf_region,
         pod_region=_regions(n_dom, dom_net, topo.gpu_pod[net].astype(np.int64)),
         net=net,
@@ -235,6 +244,20 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
     regions, starts = np.unique(layout.leaf_region[held][order], return_index=True)
     fills = np.split(dom_free[held][order], starts[1:]) if regions.size else []
     region_fills = tuple(sorted(Counter(tuple(f.tolist()) for f in fills).items()))
+    # Domains by (class, free GPUs, fastest NIC among their free GPUs).
+    fastest = np.zeros(dom_free.size, dtype=np.int64)
+    free_rate, free_dom = layout.rate_index[free_net], layout.net_domain[free_net]
+    for i in range(layout.rate_values.size):
+        # Ascending rates: a domain ends with its fastest (index + 1; 0 for none).
+        fastest[free_dom[free_rate == i]] = i + 1
+    width, n_rates = int(dom_free.max(initial=0)) + 1, layout.rate_values.size + 1
+    codes = (layout.dom_class[held] * width + dom_free[held]) * n_rates + fastest[held]
+    kinds, mult = np.unique(codes, return_counts=True)
+    rates = np.concatenate([[0.0], layout.rate_values])
+    domain_kinds = tuple(
+        (int(k // n_rates // width), int(k // n_rates % width), float(rates[k % n_rates]), int(m))
+        for k, m in zip(kinds.tolist(), mult.tolist(), strict=True)
+    )
     return (
         tuple(fit.tolist()),
         (
@@ -246,6 +269,7 @@ def _capacity_key(topo: Topology, layout: _Layout, free: np.ndarray) -> tuple:
         most(layout.pair_dom, nics),
         _counts(dom_rails),
         region_fills,
+        domain_kinds,
     )
 
 
@@ -256,7 +280,7 @@ def _descending(counts: tuple) -> np.ndarray:
 
 
 def _build(constants: dict, key: tuple) -> _Capacity:
-    fit_tuple, counts, region_leaves, rails, rail_counts, region_fills = key
+    fit_tuple, counts, region_leaves, rails, rail_counts, region_fills, domain_kinds = key
     fit = np.array(fit_tuple, dtype=np.int64)
     big = fit >= 2
     return _Capacity(
@@ -271,6 +295,7 @@ def _build(constants: dict, key: tuple) -> _Capacity:
         domain_rails=_descending(rail_counts),
         intra_bw=float(constants["fit_bw"][big].max()) if big.any() else math.inf,
         intra_lat=float(constants["fit_lat"][big].min()) if big.any() else 0.0,
+        domain_kinds=domain_kinds,
         **constants,
     )
 

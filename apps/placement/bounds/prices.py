@@ -24,6 +24,21 @@ least (n - n // m) / n of S through its NIC: priced at the fewest domains that c
 `costmodel.evaluate` can only match or exceed each term (other jobs' flows only lower bandwidth),
 so no placement's comm time is below.
 
+Capacity (`_Prices.floor`). The prices above take the best domain and the fastest NIC for every
+group, though an entry costs its slowest group and the fast domains may not hold them all (PCIe or
+cube-mesh nodes beside NVLink nodes, slow NICs beside fast ones). So each entry is also priced at
+the least price P such that the free GPUs usable by groups of at most P hold the job. A group of
+K whole in a domain costs at least the flat collective at the domain class's best n-subset rate
+(p_in); a group of a hierarchical collective (allreduce, allgather, reduce-scatter) across domains
+runs its network phase at its slowest member's NIC rate or less, and a member x in domain d has
+either another member in d (the NVLink stage at d's class's best pair rate or less) or none (the
+group's fewest rails per domain is 1), so the group costs at least sigma(x), the lesser of the
+spanning prices under those caps with x's NIC rate. If no group costs more than P, domain d gives
+the job at most all its free GPUs when sigma(its fastest free NIC) <= P (sigma falls as the rate
+rises), else floor(g_d/n)*n when p_in <= P (whole groups only), else none; at nvlink only whole
+blocks of B0 ranks in domains with p_in <= P. The job's GPUs must fit, so the least such P among
+the finitely many p_in and sigma values is at most every placement's slowest group.
+
 The job's own flows. Let S1 be the kinds at or below leaf (blocks of B1 ranks; each S1 block lies
 in one leaf region). The groups of K meeting an S1 block all meet the same S1 blocks (those that
 agree with it outside S1's and K's dimensions: K's coset, or line, through the block), so when K
@@ -73,9 +88,10 @@ _KIND_DIMS = {"tp": 1, "pp": 2, "ep": 4, "dp": 4 | 8, "cp": 16}
 _GRID_CELLS = 1024
 
 
-def _network(cap: _Capacity, level: str) -> tuple[float, float]:
-    # Best bandwidth (GB/s) and latency (us) between two domains whose path crosses `level`.
-    bw, lat = cap.nic_bw, 2 * cap.nic_lat
+def _network(cap: _Capacity, level: str, nic_bw: float | None = None) -> tuple[float, float]:
+    # Best bandwidth (GB/s) and latency (us) between two domains whose path crosses `level`
+    # (through NICs of at most `nic_bw`, default the fastest).
+    bw, lat = cap.nic_bw if nic_bw is None else min(nic_bw, cap.nic_bw), 2 * cap.nic_lat
     if level in ("spine", "core"):
         bw, lat = min(bw, cap.uplink_bw), lat + 2 * cap.uplink_lat
     if level == "core":
@@ -137,26 +153,40 @@ def _splits(cap: _Capacity, n: int, block0: int, shared0: int):
     return m, k, np.clip(np.minimum(np.minimum(n // m, room[m - 1]), rails_m), 1, None)
 
 
-def _spanning(cap: _Capacity, collective: str, n: int, nbytes: float, split: tuple, flows: int):
+def _spanning(
+    cap: _Capacity,
+    collective: str,
+    n: int,
+    nbytes: float,
+    split: tuple,
+    flows: int,
+    nic_bw: float | None = None,
+    intra_bw: float = math.inf,
+    rails: int | None = None,
+):
     """[(time ms, GB/s)] at leaf, spine and core of an n-rank group spread over NVLink domains
     (a hierarchical collective's `split`: its nvlink block and the ranks each block shares with it),
-    with `flows` of its kind's flows on one leaf (0: unknown). It takes its best split over
-    the free domains (`_splits`)."""
-    nets = [_network(cap, level) for level in ("leaf", "spine", "core", "spine")]
+    with `flows` of its kind's flows on one leaf (0: unknown), through NICs of at most `nic_bw`
+    GB/s (default the fastest), an NVLink stage of at most `intra_bw` and at most `rails` rails
+    (default: what the free domains allow). It takes its best split over the free domains
+    (`_splits`)."""
+    nets = [_network(cap, level, nic_bw) for level in ("leaf", "spine", "core", "spine")]
     bw = np.array([b for b, _ in nets])[:, None]
     lat = np.array([a for _, a in nets])[:, None]
     if collective in HIERARCHICAL_FORMS:
-        m, k, rails = _splits(cap, n, *split)
+        m, k, most = _splits(cap, n, *split)
+        rails = most if rails is None else np.minimum(most, rails)
         bw = np.broadcast_to(bw, (4, m.size)).copy()
         if flows:
             # Row 3: the congested group's fair share of its leaf's uplinks, per rail.
             bw[3] = np.minimum(bw[3], cap.uplink_total / (flows * rails))
         # A split whose fullest domain holds one member has no NVLink stage at all.
-        intra_bw = np.where(k > 1, cap.intra_bw, math.inf)
-        t = np.asarray(spanning_ms(collective, n, k, m, nbytes, intra_bw, cap.intra_lat, bw, lat, rails))
+        stage = min(cap.intra_bw, intra_bw)
+        intra = np.where(k > 1, stage, math.inf)
+        t = np.asarray(spanning_ms(collective, n, k, m, nbytes, intra, cap.intra_lat, bw, lat, rails))
         best = np.argmin(t, axis=1).tolist()
         rows = [
-            (float(t[j, i]), min(float(bw[j, i]), cap.intra_bw if k[i] > 1 else math.inf))
+            (float(t[j, i]), min(float(bw[j, i]), stage if k[i] > 1 else math.inf))
             for j, i in enumerate(best)
         ]
     else:
@@ -212,7 +242,7 @@ class _Prices:
     and the flows on one leaf."""
 
     def __init__(self, topo: Topology, cap: _Capacity, job: JobSpec, sizes: dict[str, int]):
-        self.topo, self.cap, self.sizes = topo, cap, sizes
+        self.topo, self.cap, self.sizes, self.gpus = topo, cap, sizes, job.gpus
         self.entries = {
             k: [(i, e) for i, e in enumerate(job.comm) if e.group == k and e.bytes > 0] for k in GROUP_KINDS
         }
@@ -251,9 +281,56 @@ class _Prices:
                 hit = _spanning(cap, e.collective, n, e.bytes, key[3], key[4])
             cap.prices[key] = hit
         t, bw = hit[max(level - 1, 0)]
+        if level == 0 or e.collective in HIERARCHICAL_FORMS:
+            t = max(t, self.floor(e, level, block0, shared0))
         # A cp p2p entry is a ring pass: n - 1 steps, each at least one send at this level's price.
         steps = n - 1 if e.group == "cp" and e.collective == "p2p" else 1
         return t * e.count * steps, bw
+
+    def floor(self, e, level: int, block0: int, shared0: int) -> float:
+        """The least time (ms, one op) of comm entry e's slowest group that the free GPUs' rates
+        allow, when its kind sits at LEVELS[level] with nvlink blocks of `block0` ranks meeting each
+        group in `shared0` (module docstring, capacity); 0 when no price fits the job."""
+        cap, n = self.cap, self.sizes[e.group]
+        spanning = level > 0
+        key = ("floor", e.collective, n, e.bytes, spanning, block0, shared0 if spanning else 0, self.gpus)
+        hit = cap.prices.get(key)
+        if hit is not None:
+            return hit
+        # GPUs a domain can give the kind when no group may cost more than a price: at nvlink,
+        # whole blocks of block0 ranks in domains whose best block0-subset prices it; above,
+        # also any of its GPUs for groups across domains, when such a group with a member there
+        # may price it.
+        lat = float(cap.fit_lat.min())
+        by_size = cap.fit_bw_by_size
+        across = spanning and cap.nic_bw > 0 and e.collective in HIERARCHICAL_FORMS
+        split = (block0, shared0)
+        rows = []
+        for c, free, rate, mult in cap.domain_kinds:
+            whole = (free // (n if spanning else block0)) * (n if spanning else block0)
+            bw = by_size[c, n] if by_size is not None and n < by_size.shape[1] else cap.fit_bw[c]
+            inside = float(_flat(e.collective, n, e.bytes, bw, lat)) if whole else math.inf
+            apart = math.inf
+            if across and rate > 0:
+                # A member there: with another member in its domain the NVLink stage runs at
+                # most at the class's best pair; alone there, the group has one rail.
+                pair = by_size[c, 2] if by_size is not None and by_size.shape[1] > 2 else cap.fit_bw[c]
+                apart = min(
+                    _spanning(cap, e.collective, n, e.bytes, split, 0, rate, intra_bw=pair)[0][0],
+                    _spanning(cap, e.collective, n, e.bytes, split, 0, rate, rails=1)[0][0],
+                )
+            rows.append((inside, whole, float(apart), free, mult))
+        out = 0.0
+        for price in sorted(({r[0] for r in rows} | {r[2] for r in rows}) - {math.inf}):
+            usable = sum(
+                m * (free if apart <= price else whole if inside <= price else 0)
+                for inside, whole, apart, free, m in rows
+            )
+            if usable >= self.gpus:
+                out = price
+                break
+        cap.prices[key] = out
+        return out
 
     def kind(self, k: str, level: int, *context: int) -> float:
         """Total ms of kind k's entries at LEVELS[level] (context as for `entry`)."""

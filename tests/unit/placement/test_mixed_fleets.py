@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apps.placement.bounds import lower_bound
-from apps.placement.costmodel import evaluate
+from apps.placement.costmodel import evaluate, spanning_ms
 from apps.placement.jobs import load_job
 from apps.placement.solvers import place
 from apps.placement.topology import load_topology
@@ -206,10 +206,19 @@ def test_the_search_prices_each_map_once(monkeypatch):
 # --------------------------------------------------------------------------- the bound
 
 
+def nics(draw) -> dict:
+    """A node's NICs: 1, 2, 4 or 8 of them, at one of four rates."""
+    return {
+        "nics": draw(st.sampled_from([1, 2, 4, 8])),
+        "nic_bw": draw(st.sampled_from([12.5, 25.0, 50.0, 100.0])),
+    }
+
+
 @st.composite
 def intra_fleet(draw):
     """Random symmetric intra matrices (three classes at random rates) on 1-2 intra-link nodes
-    beside 0-2 NVLink nodes, a random free set and a TP x DP job that fits it."""
+    beside 0-2 NVLink nodes, each node with 1-8 NICs at one of four rates, a random free set and
+    a TP x DP job that fits it."""
     rates = {
         name: {"bw_GBps": draw(st.sampled_from([4.0, 8.0, 14.0, 25.0, 50.0, 100.0])), "latency_us": lat}
         for name, lat in (("NVA", 2.0), ("PIX", 5.0), ("SYS", 8.0))
@@ -223,11 +232,11 @@ def intra_fleet(draw):
             for b in range(a + 1, 8):
                 links[a][b] = links[b][a] = cls[k]
                 k += 1
-        n = nvl_node(f"x{i}")
+        n = nvl_node(f"x{i}", **nics(draw))
         n["nvlink"]["bw_GBps"] = 50
         n["intra"] = {"links": links, "classes": {c: rates[c] for c in set(cls)}}
         nodes.append(n)
-    nodes += [nvl_node(f"n{i}") for i in range(draw(st.integers(0, 2)))]
+    nodes += [nvl_node(f"n{i}", **nics(draw)) for i in range(draw(st.integers(0, 2)))]
     topo = fleet(nodes)
     free = np.array(draw(st.lists(st.booleans(), min_size=topo.n_gpus, max_size=topo.n_gpus)))
     tp = draw(st.sampled_from([1, 2, 4]))
@@ -252,6 +261,43 @@ def test_the_free_set_bound_stays_below_every_placement_on_random_intra_matrices
     for _ in range(5):
         gids = rng.choice(ids, size=j.gpus, replace=False)
         assert bound <= evaluate(topo, j, gids).comm_ms * (1 + 1e-9) + 1e-9
+
+
+def test_the_free_set_bound_prices_a_group_across_nodes_at_the_slowest_nic_it_must_reach():
+    # DP16 on two whole nodes, one with 50 GB/s NICs and one with 25: the group must reach a
+    # 25 GB/s NIC. The bound used to price it at the fastest NIC (4.72 ms, the bound of two
+    # 50 GB/s nodes); now at 25 GB/s, the hierarchical all-reduce over 8 rails topo gets.
+    j = job(dp=16, comm=[("dp", "allreduce", 1e9, 0)])
+    topo = fleet([nvl_node("n0"), nvl_node("n1", nic_bw=25.0)])
+    bound = lower_bound(topo, j, free=topo.free_mask()).comm_ms
+    fast = fleet([nvl_node("n0"), nvl_node("n1")])
+    assert lower_bound(fast, j, free=fast.free_mask()).comm_ms < bound
+    # 8 + 8 over 8 rails of 25 GB/s, two NIC latencies of 1.5 us between the nodes.
+    assert bound == pytest.approx(spanning_ms("allreduce", 16, 8, 2, 1e9, 450, 2.0, 25.0, 3.0, 8), rel=1e-9)
+    assert place(topo, topo.free_mask(), None, j).prediction.comm_ms == pytest.approx(bound, rel=1e-9)
+
+
+def test_the_free_set_bound_prices_tp_groups_beyond_the_nvlink_node_at_what_the_pcie_node_allows():
+    # tp4 x dp2: the NVLink node has 4 free GPUs, so the second TP group has members on the PCIe
+    # node (one 12.5 GB/s NIC). Whole there it pays its socket's PHB pairs (14 GB/s, 86.3 ms);
+    # across the two nodes a member there either has another member beside it (PCIe pairs of
+    # 24 GB/s at best) or is alone there (one rail): the cheapest, 2 + 2 over one 12.5 GB/s rail,
+    # is 66.0 ms. The bound used to give 18.0 (the TP group across at the NVLink node's rates).
+    x = intra_node("p0", PCIE_TWO_SOCKETS)
+    x["nics"] = nvl_node("p0", nics=1, nic_bw=12.5)["nics"]
+    topo = fleet([nvl_node("n0"), x])
+    free = free_counts(topo, {"n0": 4, "p0": 8})
+    j = job(tp=4, dp=2, comm=[("tp", "allreduce", 4e7, 20)])
+    bound = lower_bound(topo, j, free=free).comm_ms
+    assert bound == pytest.approx(
+        20 * spanning_ms("allreduce", 4, 2, 2, 4e7, 450, 2.0, 12.5, 3.0, 1), rel=1e-9
+    )
+    placed = place(topo, free, None, j).prediction.comm_ms
+    assert bound <= placed * (1 + 1e-9)
+    ids = np.flatnonzero(free)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        assert bound <= evaluate(topo, j, rng.choice(ids, size=8, replace=False)).comm_ms * (1 + 1e-9)
 
 
 # --------------------------------------------------------------------------- domain chunks
