@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from ..bounds import lower_bound
-from ..costmodel import evaluate, load_array
+from ..costmodel import Prediction, evaluate, load_array
 from ..jobs import JobSpec
 from ..topology import Topology
 from . import first_fit, naive, seeded_random, tree_best_fit
@@ -111,6 +111,9 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     link_aware = _link_aware_sets(topology, idx, counts, job, plans)
     # One price per distinct map: the fast, rate-filled and best-fit sets often coincide.
     priced: dict[bytes, tuple[float, float]] = {}
+    # The best-fit set's maps priced with every group: most often one of them is the answer,
+    # which then needs no second cost-model call.
+    whole: dict[bytes, Prediction] = {}
     # The empty cluster's bound (memoised per topology and job): no map prices below it, and the
     # free-set bound is at least it (capacities only shrink). A map at it on both exposed and all
     # comm can only be tied, so the sets after it that fit no better are not priced.
@@ -138,14 +141,14 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             plans.append(more)
         gset, fit, _ = plans[k]
         for gids in _first_mappings(idx, job, gset, functools.partial(tied, fit)):
-            key = _key(topology, job, gids, leaf_load, fit, priced)
+            key = _key(topology, job, gids, leaf_load, fit, priced, whole if k == 0 else None)
             first.append((key, k, gids))
             if best is None or (key, k) < best[:2]:
                 best = (key, k, gids)
         if k == 0 and not _at_bound(best[0], floor_key):
             # Kept only at the bound; else stage 2 compares them (priced once) as before.
             for gids in itertools.islice(candidate_mappings(idx, job, gset), 1, None):
-                key = _key(topology, job, gids, leaf_load, fit, priced)
+                key = _key(topology, job, gids, leaf_load, fit, priced, whole)
                 if key < best[0] and _at_bound(key, floor_key):
                     best = (key, k, gids)
                     break
@@ -188,7 +191,9 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             # Ranks off NICs they share, onto free GPUs of the same node behind NICs the job
             # leaves unused: moves the search does not make.
             gids = spread_rails(topology, job, gids, free, leaf_load)
-    prediction = evaluate(topology, job, gids, leaf_load)
+    prediction = whole.get(np.asarray(gids, dtype=np.int64).tobytes())
+    if prediction is None:
+        prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(int(g) for g in gids), prediction)
 
 
@@ -299,14 +304,17 @@ def _key(
     leaf_load: np.ndarray,
     fit: float,
     priced: dict[bytes, tuple[float, float]],
+    whole: dict[bytes, Prediction] | None = None,
 ):
     """Sort key of a candidate: the predicted comm ms left exposed (not hidden behind compute, what
     the step time pays), then all comm ms, each to 1e-9, then the fit score. `priced` memoises
-    the two times by map."""
+    the two times by map; `whole`, when given, keeps the map's Prediction with every group."""
     key = np.asarray(gids, dtype=np.int64).tobytes()
     hit = priced.get(key)
     if hit is None:
-        pred = evaluate(topology, job, gids, leaf_load, detail=False)
+        pred = evaluate(topology, job, gids, leaf_load, detail=whole is not None)
+        if whole is not None:
+            whole[key] = pred
         hit = priced[key] = (round(pred.step_ms - job.compute_ms, 9), round(pred.comm_ms, 9))
     return (*hit, fit)
 

@@ -125,3 +125,21 @@ def test_link_aware_sets_are_built_only_when_no_better_fitting_set_is_at_the_bou
     full = place(topo, topo.free_mask(), None, job, policy="topo")
     assert built == [1]
     assert ours.gids == full.gids
+
+
+def test_a_placement_at_the_bound_costs_one_cost_model_call(monkeypatch):
+    topo = generated(leaves=4, nodes_per_leaf=4)
+    job = make_job(tp=4, pp=2, dp=2, comm=LLM_COMM)
+    calls = []
+    original = topo_solver.evaluate
+
+    def evaluate(*args, **kwargs):
+        calls.append(kwargs.get("detail", True))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(topo_solver, "evaluate", evaluate)
+    placed = place(topo, topo.free_mask(), None, job, policy="topo")
+    assert calls == [True]
+    again = original(topo, job, placed.gids)
+    assert placed.prediction == again
+    assert len(placed.prediction.groups) == len(again.groups) > 0
