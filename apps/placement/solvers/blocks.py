@@ -37,6 +37,13 @@ class Free:
         start = int(np.searchsorted(self.ids, lo))
         return self.ids[start : start + k]
 
+    def lowest(self, idx: HierarchyIndex, nodes: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """The ks[i] lowest free gids of nodes[i], for every i, one node after another (as
+        `node_gpus` node by node, in one gather)."""
+        start = np.searchsorted(self.ids, idx.node_first_gid[nodes])
+        before = np.cumsum(ks) - ks
+        return self.ids[np.repeat(start - before, ks) + np.arange(int(ks.sum()))]
+
 
 def take(idx: HierarchyIndex, counts: Free, caps: dict, level: str, block: int, need: int) -> np.ndarray:
     """`need` GPUs from one block of `level`, children best-fit first by their capacity in `caps`
@@ -57,6 +64,13 @@ def take(idx: HierarchyIndex, counts: Free, caps: dict, level: str, block: int, 
     elif child_level == "unit":
         load = counts.unit_load[children]
     plan = best_fit_cover(caps[child_level][children], need, load)
+    if child_level == "cell":
+        # Cells of one node each (every cluster whose NVLink domains are single nodes): each
+        # part is its node's lowest free GPUs, gathered at once.
+        members, off = idx.nodes_of_cell
+        cells = children[[k for k, _ in plan]]
+        if (off[cells + 1] - off[cells] == 1).all():
+            return counts.lowest(idx, members[off[cells]], np.array([n for _, n in plan], dtype=np.int64))
     parts = [take(idx, counts, caps, child_level, int(children[k]), n) for k, n in plan]
     return np.concatenate(parts)
 

@@ -93,7 +93,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     if best is not None:
         # The job inside one uniform NVLink domain at the fastest rate any holding domain has:
         # nothing is cheaper, so neither the bound nor a search is needed.
-        return Placement("topo", tuple(int(g) for g in best), evaluate(topology, job, best, leaf_load))
+        return Placement("topo", tuple(np.asarray(best).tolist()), evaluate(topology, job, best, leaf_load))
     mixed = ~idx.domain_uniform[idx.gpu_domain] & free
     if mixed.any() and int((free & ~mixed).sum()) >= job.gpus:
         # Sets that leave out the nodes whose GPU pairs differ (PCIe GPUs, partial NVLink meshes):
@@ -194,7 +194,7 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
     prediction = whole.get(np.asarray(gids, dtype=np.int64).tobytes())
     if prediction is None:
         prediction = evaluate(topology, job, gids, leaf_load)
-    return Placement("topo", tuple(int(g) for g in gids), prediction)
+    return Placement("topo", tuple(np.asarray(gids).tolist()), prediction)
 
 
 def _link_aware_sets(
