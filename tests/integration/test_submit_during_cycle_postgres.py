@@ -60,20 +60,20 @@ def test_a_submission_goes_through_while_a_cycle_holds_the_cluster(transactional
     user = get_user_model().objects.create_user("submitter")
     services.job_submit(user=user, spec=spec("queued-before"))
     locked, release = threading.Event(), threading.Event()
-    original = snap.cluster_snapshot
+    original = snap.queued_jobs
 
-    def held_snapshot(*, cluster):
+    def held_queue(**kwargs):
         # Called by the cycle with the cluster's row locked: hold the lock until released.
         locked.set()
         release.wait(WAIT_S * 3)
-        return original(cluster=cluster)
+        return original(**kwargs)
 
-    monkeypatch.setattr(snap, "cluster_snapshot", held_snapshot)
+    monkeypatch.setattr(snap, "queued_jobs", held_queue)
     monkeypatch.setattr(cycle, "request_cycle", lambda *args, **kwargs: False)
     cycled: dict = {}
     cycle_thread = in_thread(lambda: services.schedule_cluster(cluster=cluster), cycled)
     try:
-        assert locked.wait(WAIT_S), "the cycle did not reach its snapshot"
+        assert locked.wait(WAIT_S), "the cycle did not reach its queue"
         submitted: dict = {}
         submit_thread = in_thread(
             lambda: services.job_submit(user=user, spec=spec("during-cycle")), submitted
