@@ -16,6 +16,8 @@ from pathlib import Path
 import yaml
 from hypothesis import strategies as st
 
+from apps.placement.topology.safeload import parse_spec_text
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPOLOGY_TEXT = (EXAMPLES / "case-4-4.yaml").read_text()
 TOPOLOGY = yaml.safe_load(TOPOLOGY_TEXT)
@@ -142,7 +144,8 @@ def hostile_topology_documents() -> st.SearchStrategy[bytes]:
 
 
 JOB_TEXT = (EXAMPLES / "case-4-4-job.yaml").read_text()
-JOB = yaml.safe_load(JOB_TEXT)
+# The server's YAML reading (PyYAML's safe_load reads `2.6e14` as a string, which JSON would keep).
+JOB = parse_spec_text(JOB_TEXT)
 JOB_NUMERIC_PATHS = [
     ("gpus",),
     ("priority",),
@@ -152,6 +155,9 @@ JOB_NUMERIC_PATHS = [
     ("model", "flops_per_step"),
     ("comm", 0, "bytes"),
 ]
+# Pairs of those paths and values that are valid: a priority below the default, and no runtime
+# estimate (null is "not given").
+VALID_JOB_VALUES = [(("priority",), -1), (("estimated_runtime_s",), None)]
 
 
 def hostile_job_documents() -> st.SearchStrategy[bytes]:
@@ -160,9 +166,16 @@ def hostile_job_documents() -> st.SearchStrategy[bytes]:
     syntax = st.sampled_from(["json", "yaml"])
     return st.one_of(
         st.builds(
-            lambda path, value, s: _as_text(with_value(JOB, path, value), s).encode(),
-            st.sampled_from(JOB_NUMERIC_PATHS),
-            st.sampled_from([10**400, -(10**400), 1e18 * 1e18, -1, "7", [], None, True]),
+            lambda path_value, s: _as_text(with_value(JOB, *path_value), s).encode(),
+            st.tuples(
+                st.sampled_from(JOB_NUMERIC_PATHS),
+                st.sampled_from([10**400, -(10**400), 1e18 * 1e18, -1, "7", [], None, True]),
+            ).filter(
+                lambda pv: not any(
+                    pv[0] == path and type(pv[1]) is type(value) and pv[1] == value
+                    for path, value in VALID_JOB_VALUES
+                )
+            ),
             syntax,
         ),
         st.builds(
