@@ -559,7 +559,39 @@ def book_many(
     # still running stay until it exits.
     Allocation.objects.filter(job_id__in=ids, live=False).delete()
     assign_master_ports(rows)
-    Allocation.objects.bulk_create(rows, batch_size=1000)
+    if connection.vendor == "postgresql":
+        _insert_allocations(rows)
+    else:
+        Allocation.objects.bulk_create(rows, batch_size=1000)
+
+
+# Columns written by `_insert_allocations` and their array types (`released_at` stays null).
+_ALLOCATION_ARRAYS = (
+    ("job", "bigint"),
+    ("rank", "bigint"),
+    ("gpu", "bigint"),
+    ("node_name", "text"),
+    ("gpu_index", "bigint"),
+    ("nic_name", "text"),
+    ("live", "boolean"),
+    ("generation", "bigint"),
+    ("created_at", "timestamptz"),
+    ("master_port", "bigint"),
+)
+
+
+def _insert_allocations(rows: Sequence[Allocation]) -> None:
+    """Insert unsaved allocation rows with one INSERT ... SELECT FROM unnest(one array per column)
+    (Postgres): the ORM's multi-row INSERT prepares each value of each row in Python, most of a
+    burst cycle's booking time."""
+    qn = connection.ops.quote_name
+    fields = [(Allocation._meta.get_field(name), sql_type) for name, sql_type in _ALLOCATION_ARRAYS]
+    columns = ", ".join(qn(field.column) for field, _ in fields)
+    arrays = ", ".join(f"%s::{sql_type}[]" for _, sql_type in fields)
+    sql = f"INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays})"
+    params = [[getattr(row, field.attname) for row in rows] for field, _ in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _rank_running():

@@ -264,3 +264,18 @@ def test_gpu_index_of_a_kept_occupancy_matches_the_rows(pod, user):
     pks = {occ.snapshot.index.gpu_pk[g] for g in active.gids}
     assert pks == set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
     assert Gpu.objects.filter(pk__in=pks).count() == 8
+
+
+def test_booked_allocation_rows_carry_the_gpu_s_place_and_rank_0_s_master_port(pod, user):
+    job = submit(user, pod, "a", 8)
+    run_cycle(pod)
+    job.refresh_from_db()
+    rows = list(Allocation.objects.filter(job=job).select_related("gpu__node", "gpu__nic").order_by("rank"))
+    assert [r.rank for r in rows] == list(range(8))
+    for r in rows:
+        assert r.live and r.released_at is None and r.generation == job.generation
+        assert (r.node_name, r.gpu_index) == (r.gpu.node.name, r.gpu.index)
+        assert r.nic_name == (r.gpu.nic.name if r.gpu.nic else "")
+        assert r.created_at == job.placed_at
+    assert rows[0].master_port is not None
+    assert all(r.master_port is None for r in rows[1:])
