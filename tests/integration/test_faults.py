@@ -357,10 +357,25 @@ def assert_invariants(accepted: list[int]) -> None:
     assert len(names) == len(set(names)), "a job was stored twice"
 
 
+def cycles_settled(quiet_s: float = 1.0) -> None:
+    """Return once no scheduling cycle has been recorded for `quiet_s`: a cycle the submissions
+    above requested may still run after their jobs were placed (another worker waiting for the
+    cluster lock), and one running when Redis stops would rightly place jobs submitted meanwhile."""
+    count, since = SchedulingCycle.objects.count(), time.monotonic()
+    deadline = since + RESUME_S
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "scheduling cycles never settled"
+        time.sleep(0.05)
+        now = SchedulingCycle.objects.count()
+        if now != count:
+            count, since = now, time.monotonic()
+
+
 def test_intake_keeps_working_while_redis_is_down_and_jobs_are_placed_when_it_returns(stack, world):
     api = world["api"]
     before = [submit(api, f"before-{i}") for i in range(3)]
     wait_for(lambda: placed(before), timeout_s=RESUME_S, what="the first jobs to be placed")
+    cycles_settled()
     launcher = httpx.Client(
         base_url=stack.url,
         headers={"Authorization": f"Launcher {services.launcher_token_create(cluster=world['cluster']).key}"},
