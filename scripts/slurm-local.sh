@@ -149,6 +149,9 @@ do_start() {
     }
   done
   write_config
+  # The daemons keep the directory they start in as theirs: not the caller's checkout, which may be
+  # removed while the Slurm runs (slurmrestd then fails every job submission on getcwd).
+  cd "$BASE"
   start_munge
   start_slurm
   start_rest
