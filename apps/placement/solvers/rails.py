@@ -87,6 +87,13 @@ def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return False
 
 
+def _networked_gpus(topology: Topology, node: int, networked: np.ndarray) -> np.ndarray:
+    """The node's GPU ids that reach the network (have a leaf), in GPU order."""
+    first = int(topology.node_first_gid[node])
+    local = np.arange(first, first + int(topology.node_gpu_count[node]))
+    return local[networked[local]]
+
+
 def spread_all(topology: Topology, gids: np.ndarray, free: np.ndarray) -> np.ndarray:
     """`gids` with, on every node, ranks moved off shared NICs until no NIC holds two of the
     job's ranks or no free GPU is left behind a NIC the job does not use: the last rank (in GPU
@@ -100,9 +107,7 @@ def spread_all(topology: Topology, gids: np.ndarray, free: np.ndarray) -> np.nda
     used[cur] = True
     node_of = topology.gpu_node[cur]
     for node in dict.fromkeys(node_of.tolist()):
-        first = int(topology.node_first_gid[node])
-        local = np.arange(first, first + int(topology.node_gpu_count[node]))
-        local = local[networked[local]]
+        local = _networked_gpus(topology, node, networked)
         ranks = np.flatnonzero(node_of == node)
         while local.size:
             ranks = ranks[np.argsort(cur[ranks], kind="stable")]
@@ -129,9 +134,7 @@ def rail_moves(topology: Topology, gids: np.ndarray, free: np.ndarray) -> Iterat
     used[gids] = True
     node_of = topology.gpu_node[gids]
     for node in dict.fromkeys(node_of.tolist()):
-        first = int(topology.node_first_gid[node])
-        local = np.arange(first, first + int(topology.node_gpu_count[node]))
-        local = local[networked[local]]
+        local = _networked_gpus(topology, node, networked)
         if not local.size:
             continue
         ranks = np.flatnonzero(node_of == node)
