@@ -1,10 +1,12 @@
-"""Project-wide middleware: a 503 with Retry-After while the database cannot be reached, and the
-Content-Security-Policy header built once per process."""
+"""Project-wide middleware: a 503 with Retry-After while the database cannot be reached, a limit
+on the API writes one process runs at once, and the Content-Security-Policy header built once per
+process."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 
 import csp.middleware
 from csp.constants import HEADER, HEADER_REPORT_ONLY
@@ -51,6 +53,69 @@ def database_unavailable(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(render_to_string("503.html", {"retry_after_s": RETRY_AFTER_S}), status=503)
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+class WriteSlotsMiddleware:
+    """At most `API_WRITE_SLOTS` API writes run at once in this process; the others wait up to
+    `API_WRITE_WAIT_S` for a slot, then get a 503 with Retry-After.
+
+    A write (a submission's validation and INSERT, a placement preview's solver) is CPU work from
+    start to end. Run by every thread of a web process at once, writes share one interpreter lock
+    and leave a reader waiting its turn behind each of them at every step (each query and cache
+    call gives the lock up): during a burst of submissions a job list took several times its own
+    CPU time. With one write at a time per process, readers wait for at most one, and the writes
+    lose nothing, since one process runs only one thread of Python at a time anyway (docs/
+    performance.md has the A/B). Writes are POST, PUT, PATCH and DELETE to the REST API's views,
+    but those whose class sets `write_slot = False` (the node agents' sync, a long-poll that
+    would hold the slot while it waits). The body is read before the wait, so a client that sends
+    its body slowly holds no slot while doing so."""
+
+    SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return self.get_response(request)
+        finally:
+            held = request.__dict__.pop("_write_slot", None)
+            if held is not None:
+                held.release()
+
+    def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs) -> HttpResponse | None:
+        cls = getattr(view_func, "cls", None)
+        if request.method in self.SAFE_METHODS or cls is None or not getattr(cls, "write_slot", True):
+            return None
+        slots = _write_slots(settings.API_WRITE_SLOTS)
+        if slots is None:
+            return None
+        request.body  # noqa: B018 (read the body now, bounded by topoweb.bodylimits, not in the slot)
+        wait_s = settings.API_WRITE_WAIT_S
+        if not slots.acquire(timeout=wait_s):
+            log.warning(
+                "no write slot within %.1f s for %s %s: answered 503", wait_s, request.method, request.path
+            )
+            response = JsonResponse(
+                {
+                    "detail": (
+                        f"The server is busy: {settings.API_WRITE_SLOTS} API write(s) at once per web process"
+                        f" (TOPOWEB_API_WRITE_SLOTS) were running for the {wait_s:g} s this request waited;"
+                        " retry after the time in Retry-After (seconds)."
+                    )
+                },
+                status=503,
+            )
+            response["Retry-After"] = "1"
+            return response
+        request._write_slot = slots
+        return None
+
+
+@functools.cache
+def _write_slots(slots: int) -> threading.BoundedSemaphore | None:
+    """This process's write slots for a setting of `slots` (None: no limit)."""
+    return threading.BoundedSemaphore(slots) if slots > 0 else None
 
 
 @functools.cache

@@ -156,6 +156,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "topoweb.middleware.CSPMiddleware",
     "topoweb.middleware.DatabaseUnavailableMiddleware",
+    "topoweb.middleware.WriteSlotsMiddleware",
 ]
 
 ROOT_URLCONF = "topoweb.urls"
@@ -194,6 +195,12 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# API writes (POST, PUT, PATCH, DELETE to DRF views but the agents' sync long-poll) running at once
+# in one web process; more wait up to TOPOWEB_API_WRITE_WAIT_S for a slot, then get a 503 with
+# Retry-After (topoweb.middleware.WriteSlotsMiddleware). 0: no limit.
+API_WRITE_SLOTS = int(_env("TOPOWEB_API_WRITE_SLOTS") or 1)
+API_WRITE_WAIT_S = float(_env("TOPOWEB_API_WRITE_WAIT_S") or 10)
 
 # Request bodies are limited per endpoint by topoweb.bodylimits (413 naming the limit); this is
 # the largest of those limits, so the import page's pasted spec (a form field) is not refused first.

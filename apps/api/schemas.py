@@ -51,11 +51,16 @@ COMMON = {
     "401": ("ErrorDetail", "Not signed in, or an unknown token."),
     "403": ("ErrorDetail", "Signed in, but the role or token does not allow this."),
     "429": ("ErrorDetail", "Throttled: too many requests or failed authentications; see Retry-After."),
+    "503": (
+        "ErrorDetail",
+        "Unavailable for now: the database cannot be reached, or (a write) every write slot of the web"
+        " process stayed busy while it waited; see Retry-After.",
+    ),
 }
 
 
 def error_responses(result, generator, request, public):
-    """drf-spectacular postprocessing hook: the shared error components, and 400/401/403/404/429 on
+    """drf-spectacular postprocessing hook: the shared error components, and 400/401/403/404/429/503 on
     every operation that does not document them itself."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in COMPONENTS.items():

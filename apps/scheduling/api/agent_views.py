@@ -85,6 +85,9 @@ class AgentSyncView(APIView):
     authentication_classes = [NodeAuthentication]
     permission_classes = [IsNodeAgent]
     parser_classes = [AgentSyncParser]
+    # A long-poll (up to TOPOWEB_AGENT_POLL_S): outside the per-process API write slots, which it
+    # would hold while waiting (topoweb.middleware.WriteSlotsMiddleware).
+    write_slot = False
     spec_limits = AGENT_SYNC_LIMITS
     # Per node, never per address: per-IP throttling would cut a rack behind one NAT off.
     throttle_classes = [NodeSyncThrottle]

@@ -1,0 +1,140 @@
+"""The per-process API write slots (topoweb.middleware.WriteSlotsMiddleware), through Django's
+whole request handler, with views that hold their request until the test lets them go: writes
+beyond the slots wait, reads and exempt views do not, a write that waits too long is a 503 with
+Retry-After, and a slot comes back whatever the view did."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+from django.test import Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.scheduling.api.agent_views import AgentSyncView
+
+entered: queue.Queue = queue.Queue()
+go = threading.Event()
+
+
+class Hold(APIView):
+    """Reports that it runs, then waits for `go` (a write) or answers at once (a read)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+
+    def post(self, request):
+        entered.put(request.data["n"])
+        if request.data.get("fail"):
+            raise RuntimeError("the view failed")
+        go.wait(10)
+        return Response({"n": request.data["n"]})
+
+    def get(self, request):
+        return Response({"read": True})
+
+
+class Exempt(Hold):
+    write_slot = False
+
+
+urlpatterns = [path("hold/", Hold.as_view()), path("exempt/", Exempt.as_view())]
+
+pytestmark = pytest.mark.urls(__name__)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    go.clear()
+    while not entered.empty():
+        entered.get_nowait()
+    yield
+    go.set()
+
+
+def post_in_thread(where: str, n: int, answers: dict) -> threading.Thread:
+    def run():
+        answers[n] = Client(raise_request_exception=False).post(
+            where, {"n": n}, content_type="application/json"
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_second_write_waits_for_the_first_while_reads_go_on(settings):
+    settings.API_WRITE_SLOTS = 1
+    answers: dict = {}
+    first = post_in_thread("/hold/", 1, answers)
+    assert entered.get(timeout=5) == 1
+    second = post_in_thread("/hold/", 2, answers)
+    with pytest.raises(queue.Empty):
+        entered.get(timeout=0.3)  # waiting for the slot, not in the view
+    assert Client().get("/hold/").json() == {"read": True}  # a read needs no slot
+    go.set()
+    assert entered.get(timeout=5) == 2
+    first.join(5)
+    second.join(5)
+    assert answers[1].status_code == answers[2].status_code == 200
+
+
+def test_two_slots_run_two_writes_at_once(settings):
+    settings.API_WRITE_SLOTS = 2
+    answers: dict = {}
+    threads = [post_in_thread("/hold/", n, answers) for n in (1, 2)]
+    assert {entered.get(timeout=5), entered.get(timeout=5)} == {1, 2}
+    go.set()
+    for thread in threads:
+        thread.join(5)
+    assert {a.status_code for a in answers.values()} == {200}
+
+
+def test_a_write_that_waits_too_long_is_a_503_with_retry_after(settings):
+    settings.API_WRITE_SLOTS, settings.API_WRITE_WAIT_S = 1, 0.2
+    answers: dict = {}
+    holder = post_in_thread("/hold/", 1, answers)
+    assert entered.get(timeout=5) == 1
+    refused = Client().post("/hold/", {"n": 2}, content_type="application/json")
+    assert refused.status_code == 503
+    assert refused["Retry-After"] == "1"
+    assert "TOPOWEB_API_WRITE_SLOTS" in refused.json()["detail"]
+    assert entered.empty()  # the refused write never reached its view
+    go.set()
+    holder.join(5)
+    assert answers[1].status_code == 200
+
+
+def test_a_slot_comes_back_after_the_view_raises(settings):
+    settings.API_WRITE_SLOTS, settings.API_WRITE_WAIT_S = 1, 0.5
+    failed = Client(raise_request_exception=False).post(
+        "/hold/", {"n": 1, "fail": True}, content_type="application/json"
+    )
+    assert failed.status_code == 500
+    go.set()
+    assert Client().post("/hold/", {"n": 2}, content_type="application/json").status_code == 200
+
+
+def test_exempt_views_and_no_limit_do_not_wait(settings):
+    settings.API_WRITE_SLOTS, settings.API_WRITE_WAIT_S = 1, 0.2
+    answers: dict = {}
+    holder = post_in_thread("/hold/", 1, answers)
+    assert entered.get(timeout=5) == 1
+    exempt = post_in_thread("/exempt/", 2, answers)
+    assert entered.get(timeout=5) == 2  # beside the held slot
+    settings.API_WRITE_SLOTS = 0
+    unlimited = post_in_thread("/hold/", 3, answers)
+    assert entered.get(timeout=5) == 3
+    go.set()
+    for thread in (holder, exempt, unlimited):
+        thread.join(5)
+    assert {a.status_code for a in answers.values()} == {200}
+
+
+def test_the_agents_long_poll_holds_no_slot():
+    assert AgentSyncView.write_slot is False
