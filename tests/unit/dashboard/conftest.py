@@ -8,27 +8,16 @@ import pytest
 
 from apps.placement.jobs import load_job, load_job_file
 from apps.placement.topology import load_topology, load_topology_file
+from tests.unit.placement import specs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def generated(shape: str, **overrides) -> dict:
-    """A generated-form spec with small defaults (2 spines, 2 leaves, 2 nodes per leaf, 8 GPUs)."""
-    gen = {
-        "shape": shape,
-        "spines": 2,
-        "leaves": 2,
-        "nodes_per_leaf": 2,
-        "gpus_per_node": 8,
-        "gpu_model": "H100",
-        "peak_tflops": 989,
-        "nvlink_bw_GBps": 450,
-        "nic_bw_GBps": 50,
-        "nics_per_node": 8,
-        "uplink_bw_GBps": 400,
-    }
-    gen.update(overrides)
-    return {"version": 1, "name": f"{shape}-test", "generate": gen}
+    """The placement tests' small generated spec with 8 GPUs and 8 NICs a node, named
+    "<shape>-test"; keyword arguments override its fields."""
+    spec = specs.generated(shape, **{"gpus_per_node": 8, "nics_per_node": 8, **overrides})
+    return {**spec, "name": f"{shape}-test"}
 
 
 def job_spec(gpus: int, *, tp=1, pp=1, dp=None, comm=None, name="job", flops=None) -> dict:

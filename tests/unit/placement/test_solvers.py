@@ -15,23 +15,12 @@ from apps.placement.solvers.cover import best_fit_cover
 from apps.placement.solvers.mapping import split_layout, splits
 from apps.placement.solvers.naive import block_size
 from apps.placement.topology import load_topology
+from tests.unit.placement import specs
 
 
 def generated(**gen):
-    base = {
-        "shape": "leaf-spine",
-        "spines": 2,
-        "leaves": 2,
-        "nodes_per_leaf": 2,
-        "gpus_per_node": 8,
-        "gpu_model": "H100",
-        "peak_tflops": 989,
-        "nvlink_bw_GBps": 450,
-        "nic_bw_GBps": 50,
-        "nics_per_node": 8,
-        "uplink_bw_GBps": 400,
-    }
-    return load_topology({"version": 1, "name": "t", "generate": {**base, **gen}})
+    """A loaded small generated topology with 8 GPUs and 8 NICs a node (tests/unit/placement/specs.py)."""
+    return load_topology(specs.generated(**{"gpus_per_node": 8, "nics_per_node": 8, **gen}))
 
 
 def make_job(gpus=None, tp=1, pp=1, dp=1, ep=1, comm=None, name="j"):
