@@ -59,9 +59,45 @@ def legacy_placement_speed(output: str) -> dict[str, tuple[float, str]]:
     return figures
 
 
+SIM_BLOCK = re.compile(r"^(\S+) on (\S+): \d+ jobs", re.M)
+SIM_ROW = re.compile(r"^  (topo|tree_best_fit|first_fit|naive) +\d+ +([0-9.]+|-) .* ([0-9]+|-)\s*$", re.M)
+SIM_RATIOS = re.compile(
+    r"topo mean JCT / naive ([0-9.]+|inf).*?/ tree_best_fit ([0-9.]+|inf).*?fragmentation / tree_best_fit ([0-9.]+|inf)"
+)
+SIM_SCALING = re.compile(r"10,000 Philly jobs, topo, (\S+) \(\d+ GPUs\): ([0-9.]+) s wall, ([0-9.]+) s CPU")
+
+
+def legacy_simulate_traces(output: str) -> dict[str, tuple[float, str]]:
+    """simulate_traces.py before FIGURE lines: each replay's table (mean JCT, jobs per CPU second)
+    and topo's ratios, and the scaling lines."""
+    figures: dict[str, tuple[float, str]] = {}
+    blocks = list(SIM_BLOCK.finditer(output))
+    for i, block in enumerate(blocks):
+        name = f"{block.group(1)}.{block.group(2)}"
+        text = output[block.end() : blocks[i + 1].start() if i + 1 < len(blocks) else len(output)]
+        for row in SIM_ROW.finditer(text):
+            policy, jct, speed = row.groups()
+            if jct != "-":
+                figures[f"{name}.{policy}.jct_mean_h"] = (float(jct), "h")
+            if speed != "-":
+                figures[f"{name}.{policy}.jobs_per_cpu_s"] = (float(speed), "1/s")
+        ratios = SIM_RATIOS.search(text)
+        if ratios:
+            for key, value in zip(
+                ("topo_jct_vs_naive", "topo_jct_vs_tree_best_fit", "topo_frag_vs_tree_best_fit"),
+                ratios.groups(),
+                strict=True,
+            ):
+                figures[f"{name}.{key}"] = (float(value), "")
+    for m in SIM_SCALING.finditer(output):
+        figures[f"scaling.{m.group(1)}.wall_s"] = (float(m.group(2)), "s")
+        figures[f"scaling.{m.group(1)}.cpu_s"] = (float(m.group(3)), "s")
+    return figures
+
+
 # Human output of benchmark versions that predate FIGURE lines, read into the names the current
 # version's FIGURE lines use, per script name.
-LEGACY = {"placement_speed.py": legacy_placement_speed}
+LEGACY = {"placement_speed.py": legacy_placement_speed, "simulate_traces.py": legacy_simulate_traces}
 
 
 class AbError(Exception):

@@ -16,7 +16,9 @@ some job waits (`busy|wait`), and the replay's speed (jobs per CPU second); topo
 naive and to tree_best_fit and of fragmentation to tree_best_fit, against the targets (<= 0.7,
 <= 0.9, < 1); a cross-check of the Philly replay against AcmeTrace's Philly summary (job count,
 mean GPUs per job, mean and median runtime, mean queueing), with the differences; and, with
---scaling, the wall time of 10,000 Philly jobs (topo) on 1,024 GPUs and on 16,384 GPUs.
+--scaling, the wall time of 10,000 Philly jobs (topo) on 1,024 GPUs and on 16,384 GPUs. The
+figures also go out as FIGURE lines (bench/figures.py) for bench/ab.py, which reads older
+versions' tables into the same names.
 
     .venv/bin/python bench/simulate_traces.py [--quick] [--seed N] [--load L] [--cluster C] [--trace T]
                                               [--limit N]
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from figures import figure  # noqa: E402
 from placement_quality import clusters as quality_clusters  # noqa: E402
 
 from apps.placement.sim import SimConfig, read_trace, simulate  # noqa: E402
@@ -74,6 +77,18 @@ def _h(seconds: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
+
+
+def _figures(name: str, summaries: dict[str, dict], runs: dict, ratios: dict[str, float]) -> None:
+    """FIGURE lines of one replay (`name`: trace.cluster): each policy's mean JCT and jobs per CPU
+    second, and topo's ratios (the names bench/ab.py also reads from older versions' tables)."""
+    for p, s in summaries.items():
+        if s["jct_s"]["mean"] is not None:
+            figure(f"{name}.{p}.jct_mean_h", s["jct_s"]["mean"] / 3600, "h")
+        if runs[p].cpu_s > 0:
+            figure(f"{name}.{p}.jobs_per_cpu_s", (s["jobs"] + s["rejected"]) / runs[p].cpu_s, "1/s")
+    for key, value in ratios.items():
+        figure(f"{name}.{key}", value)
 
 
 def _print_table(summaries: dict[str, dict], runs: dict) -> None:
@@ -154,6 +169,8 @@ def _scaling(folder: Path, big, rail, seed: int) -> None:
             f"  10,000 Philly jobs, topo, {topology.name} ({topology.n_gpus} GPUs): {wall:.1f} s wall,"
             f" {cpu:.1f} s CPU, {run.cycles} cycles, {len(run.outcomes)} jobs done"
         )
+        figure(f"scaling.{topology.name}.cpu_s", cpu, "s")
+        figure(f"scaling.{topology.name}.wall_s", wall, "s")
 
 
 def main() -> int:
@@ -209,6 +226,12 @@ def main() -> int:
                 f" / tree_best_fit {vs_tree:.3f} (target <= {TREE_TARGET});"
                 f" fragmentation / tree_best_fit {frag:.3f} (target < 1)"
             )
+            ratios = {
+                "topo_jct_vs_naive": vs_naive,
+                "topo_jct_vs_tree_best_fit": vs_tree,
+                "topo_frag_vs_tree_best_fit": frag,
+            }
+            _figures(f"{trace_name}.{cluster}", s, result.runs, ratios)
             if trace_name == "philly-multigpu" and cluster == "pod-256":
                 philly_topo, philly_jobs = s["topo"], trace.jobs
     print(

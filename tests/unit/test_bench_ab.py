@@ -168,3 +168,34 @@ def test_api_throughput_names_its_figures_as_ab_reads_its_old_json():
         "placed_per_s": (150.5, "1/s"),
         "get_latency_alone_ms.p99": (80.0, "ms"),
     }
+
+
+SIMULATE_TRACES_V03 = """\
+
+alibaba-multigpu50 on pod-256: 7112 jobs, mean 1.67 GPUs, offered load 0.218, arrivals x0.1774 for 0.600 (asked 0.60); profiles {'single': 6129}; 25.8 s wall for 4 policies
+  policy          jobs JCT mean h  median h     p95 h   queue h makespan h  comm GPU-h    MFU   util util win busy|wait   frag  stretch jobs/s CPU
+  topo            7112       8.49      0.24      4.72      0.05    4069.64        2277   4.2%   8.6%    59.9%     99.4%   6.7%    1.003       1712
+  tree_best_fit   7112       8.75      0.26      5.05      0.07    4543.16       11491   3.8%   8.5%    64.0%     99.3%  12.4%    1.033       1730
+  first_fit       7112       8.99      0.27      5.17      0.16    5436.11       15476   3.1%   7.4%    65.0%     99.0%  16.0%    1.041       1119
+  naive           7112       8.68      0.26      4.84      0.07    4543.16        7833   3.8%   8.2%    61.7%     99.1%  31.7%    1.016       1195
+  topo mean JCT / naive 0.978 (target <= 0.7), / tree_best_fit 0.971 (target <= 0.9); fragmentation / tree_best_fit 0.540 (target < 1)
+
+Targets (topo mean JCT <= 0.7 x naive and <= 0.9 x tree_best_fit; fragmentation below tree_best_fit)
+  alibaba-multigpu50  pod-256      0.978  0.971  0.540  MISSED MISSED met
+
+Scaling
+  10,000 Philly jobs, topo, superpod-1024 (1024 GPUs): 8.0 s wall, 5.4 s CPU, 9564 cycles, 10000 jobs done
+  10,000 Philly jobs, topo, 3tier-16384 (16384 GPUs): 11.1 s wall, 6.9 s CPU, 9472 cycles, 10000 jobs done
+"""
+
+
+def test_simulate_traces_tables_are_read_under_its_figure_names():
+    figures = ab.parse_figures(SIMULATE_TRACES_V03, "bench/simulate_traces.py")
+    name = "alibaba-multigpu50.pod-256"
+    assert figures[f"{name}.topo.jct_mean_h"] == (8.49, "h")
+    assert figures[f"{name}.naive.jobs_per_cpu_s"] == (1195.0, "1/s")
+    assert figures[f"{name}.topo_jct_vs_naive"] == (0.978, "")
+    assert figures[f"{name}.topo_frag_vs_tree_best_fit"] == (0.54, "")
+    assert figures["scaling.3tier-16384.cpu_s"] == (6.9, "s")
+    assert figures["scaling.superpod-1024.wall_s"] == (8.0, "s")
+    assert len(figures) == 4 * 2 + 3 + 2 * 2
