@@ -95,9 +95,36 @@ def legacy_simulate_traces(output: str) -> dict[str, tuple[float, str]]:
     return figures
 
 
+def legacy_dashboard_render(output: str) -> dict[str, tuple[float, str]]:
+    """dashboard_render.py before FIGURE lines: its table of 9-character columns, headed by
+    `GPUs nodes cold warm ...`, one row per cluster size (columns of older versions by name)."""
+    figures: dict[str, tuple[float, str]] = {}
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        cells = [line[k : k + 9].strip() for k in range(0, len(line), 9)]
+        if cells[:2] != ["GPUs", "nodes"]:
+            continue
+        for row in lines[i + 1 :]:
+            values = [row[k : k + 9].strip() for k in range(0, len(row), 9)]
+            if len(values) != len(cells) or not values[0].isdigit():
+                break
+            for header, value in zip(cells[2:], values[2:], strict=True):
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                unit = "MB" if header == "HTML MB" else "ms"
+                figures[f"gpus_{values[0]}.{header.split()[0].lower()}_{unit}"] = (number, unit)
+    return figures
+
+
 # Human output of benchmark versions that predate FIGURE lines, read into the names the current
 # version's FIGURE lines use, per script name.
-LEGACY = {"placement_speed.py": legacy_placement_speed, "simulate_traces.py": legacy_simulate_traces}
+LEGACY = {
+    "placement_speed.py": legacy_placement_speed,
+    "simulate_traces.py": legacy_simulate_traces,
+    "dashboard_render.py": legacy_dashboard_render,
+}
 
 
 class AbError(Exception):

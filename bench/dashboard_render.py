@@ -37,9 +37,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from figures import figure  # noqa: E402
+
 from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-password"
+# The table's timed columns (header: result key), printed also as FIGURE lines named
+# gpus_<N>.<header>_ms (html_MB for the page size), as bench/ab.py reads older versions' tables.
+TABLE_FIGURES = {
+    "cold": "cold_ms",
+    "warm": "warm_ms",
+    "zoom": "first_zoom_ms",
+    "server": "server_ms",
+    "first": "server_first_ms",
+    "HTML MB": "html_MB",
+    "received": "html_ms",
+    "scripts": "script_ms",
+    "drawing": "plot_ms",
+    "overview": "overview_ms",
+    "fcp": "fcp_ms",
+}
 TARGET_MS = 3000.0
 TARGET_ZOOM_MS = 1000.0
 TARGET_PAINT_MS = 1500.0  # the overview on screen, cold
@@ -362,6 +380,11 @@ def main() -> int:
         cells += (r["html_MB"],)
         cells += (r["html_ms"], r["script_ms"], r["plot_ms"], r.get("overview_ms", "-"), r.get("fcp_ms", "-"))
         print("".join(f"{c:>9}" for c in cells))
+    for r in results:
+        for header, key in TABLE_FIGURES.items():
+            if isinstance(r.get(key), (int, float)):
+                unit = "MB" if header == "HTML MB" else "ms"
+                figure(f"gpus_{r['gpus']}.{header.split()[0].lower()}_{unit}", r[key], unit)
     at_target = [r for r in results if r["gpus"] == TARGET_GPUS]
     for r in at_target:
         for kind in ("cold", "warm"):

@@ -199,3 +199,20 @@ def test_simulate_traces_tables_are_read_under_its_figure_names():
     assert figures["scaling.3tier-16384.cpu_s"] == (6.9, "s")
     assert figures["scaling.superpod-1024.wall_s"] == (8.0, "s")
     assert len(figures) == 4 * 2 + 3 + 2 * 2
+
+
+def test_dashboard_render_tables_are_read_by_column_name():
+    head = ("GPUs", "nodes", "cold", "warm", "zoom", "server", "first", "HTML MB", "received")
+    rows = [
+        (2048, 256, 1400, 440, 160, 120, 130, 0.37, 300),
+        (16384, 2048, 2100, 750, 210, 500, 1000, 3.1, 600),
+    ]
+    table = "".join(f"{h:>9}" for h in head) + "\n"
+    table += "\n".join("".join(f"{c:>9}" for c in row) for row in rows)
+    out = f"Navigation to drawn graph (ms, median)\n{table}\n16,384 GPUs (mixed), cold: 2100 ms, meets\n"
+    figures = ab.parse_figures(out, "bench/dashboard_render.py")
+    assert figures["gpus_16384.cold_ms"] == (2100.0, "ms")
+    assert figures["gpus_2048.zoom_ms"] == (160.0, "ms")
+    assert figures["gpus_16384.html_MB"] == (3.1, "MB")
+    assert figures["gpus_2048.received_ms"] == (300.0, "ms")
+    assert len(figures) == 2 * 7
