@@ -14,7 +14,7 @@ of the machine's load falls on both. Figures are read from each run's output:
 - `FIGURE name=value [unit]` lines (the benchmarks' machine-readable form);
 - failing those, the last JSON object printed, numeric leaves named by their dotted path
   (`get_latency_during_submissions_ms.p99`);
-- failing those, the human output of older benchmarks known to this script (LEGACY below).
+- and, for older benchmarks known to this script, what their human output says (LEGACY below).
 Printed: each figure's median at REF and here, here/REF, the per-run values, and the 1-minute
 load average before every run (the machine's other work skews every figure: quote it).
 """
@@ -177,7 +177,8 @@ def resolve(repo: Path, ref: str) -> str:
 
 
 def parse_figures(output: str, bench: str) -> dict[str, tuple[float, str]]:
-    """Figures a benchmark printed: FIGURE lines, else its last JSON object, else LEGACY patterns."""
+    """Figures a benchmark printed: FIGURE lines, else its last JSON object and, for a benchmark
+    known to LEGACY, what its older human output says (a table printed beside a JSON summary)."""
     figures: dict[str, tuple[float, str]] = {}
     for line in output.splitlines():
         m = FIGURE_LINE.match(line)
@@ -195,9 +196,9 @@ def parse_figures(output: str, bench: str) -> dict[str, tuple[float, str]]:
         if isinstance(obj, dict):
             flatten(obj, "", figures)
             if figures:
-                return figures
+                break
     legacy = LEGACY.get(Path(bench).name)
-    return legacy(output) if legacy else figures
+    return {**figures, **legacy(output)} if legacy else figures
 
 
 def flatten(obj: object, prefix: str, out: dict[str, tuple[float, str]]) -> None:

@@ -216,3 +216,14 @@ def test_dashboard_render_tables_are_read_by_column_name():
     assert figures["gpus_16384.html_MB"] == (3.1, "MB")
     assert figures["gpus_2048.received_ms"] == (300.0, "ms")
     assert len(figures) == 2 * 7
+
+
+def test_an_older_table_is_read_beside_the_json_summary_it_printed():
+    head, row = ("GPUs", "nodes", "cold"), (2048, 256, 1400)
+    out = (
+        '{\n  "setup_s": 9.5\n}\n' + "".join(f"{h:>9}" for h in head) + "\n" + "".join(f"{c:>9}" for c in row)
+    )
+    assert ab.parse_figures(out, "bench/dashboard_render.py") == {
+        "setup_s": (9.5, ""),
+        "gpus_2048.cold_ms": (1400.0, "ms"),
+    }
