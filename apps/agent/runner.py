@@ -311,7 +311,9 @@ class Agent:
                     except (httpx.HTTPError, ValueError) as exc:
                         delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
                         failures += 1
-                        log.warning("sync with %s failed (%s); retrying in %.1f s", self.server, exc, delay)
+                        # Some errors (a dropped connection, a timeout) have no message: name their kind.
+                        why = str(exc) or type(exc).__name__
+                        log.warning("sync with %s failed (%s); retrying in %.1f s", self.server, why, delay)
                         await self._pause(delay)
                 await self._shutdown(client)
         finally:

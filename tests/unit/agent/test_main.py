@@ -80,3 +80,25 @@ def test_an_agent_restarted_while_cut_off_keeps_counting_its_lease_from_the_last
     again._load_lease()
     assert again.fence_after_s == 50.0
     assert 99 < time.monotonic() - again._last_ok < 102
+
+
+def test_a_failed_sync_without_a_message_is_logged_by_its_kind(tmp_path, caplog):
+    """A dropped connection or a timeout often carries no message: the warning names the error."""
+    import asyncio
+    import logging
+
+    import httpx
+
+    agent = Agent(server="http://127.0.0.1:9", node="n", token="k", log_dir=tmp_path)
+
+    async def sync(client):
+        agent._stopping.set()
+        raise httpx.ReadError("")
+
+    async def nothing(*args):
+        return None
+
+    agent._sync, agent._pause, agent._shutdown = sync, nothing, nothing
+    with caplog.at_level(logging.WARNING, logger="topoweb.agent"):
+        asyncio.run(agent.run())
+    assert "sync with http://127.0.0.1:9 failed (ReadError); retrying" in caplog.text
