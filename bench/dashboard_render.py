@@ -43,7 +43,7 @@ from figures import figure  # noqa: E402
 from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-password"
-# The table's timed columns (header: result key), printed also as FIGURE lines named
+# The table's columns after GPUs and nodes (header: result key), printed also as FIGURE lines named
 # gpus_<N>.<header>_ms (html_MB for the page size), as bench/ab.py reads older versions' tables.
 TABLE_FIGURES = {
     "cold": "cold_ms",
@@ -358,27 +358,10 @@ def main() -> int:
     print("page scripts parsed, Plotly drawing. zoom = the first zoom-in after the cold load.")
     print("First useful paint (cold): the frame showing the server-drawn overview, at the latest")
     print("(overview), and Chromium's first contentful paint (fcp); target under 1,500 ms at 16,384 GPUs.")
-    head = (
-        "GPUs",
-        "nodes",
-        "cold",
-        "warm",
-        "zoom",
-        "server",
-        "first",
-        "HTML MB",
-        "received",
-        "scripts",
-        "drawing",
-        "overview",
-        "fcp",
-    )
+    head = ("GPUs", "nodes", *TABLE_FIGURES)
     print("".join(f"{h:>9}" for h in head))
     for r in results:
-        cells = (r["gpus"], r["nodes"], r["cold_ms"], r["warm_ms"], r["first_zoom_ms"], r["server_ms"])
-        cells += (r["server_first_ms"],)
-        cells += (r["html_MB"],)
-        cells += (r["html_ms"], r["script_ms"], r["plot_ms"], r.get("overview_ms", "-"), r.get("fcp_ms", "-"))
+        cells = (r["gpus"], r["nodes"], *(r.get(key, "-") for key in TABLE_FIGURES.values()))
         print("".join(f"{c:>9}" for c in cells))
     for r in results:
         for header, key in TABLE_FIGURES.items():

@@ -79,14 +79,21 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def _jobs_per_cpu_s(summary: dict, run) -> float | None:
+    """How fast one policy's replay ran: jobs done or rejected per second of its CPU (None
+    without a CPU time)."""
+    return (summary["jobs"] + summary["rejected"]) / run.cpu_s if run.cpu_s > 0 else None
+
+
 def _figures(name: str, summaries: dict[str, dict], runs: dict, ratios: dict[str, float]) -> None:
     """FIGURE lines of one replay (`name`: trace.cluster): each policy's mean JCT and jobs per CPU
     second, and topo's ratios (the names bench/ab.py also reads from older versions' tables)."""
     for p, s in summaries.items():
         if s["jct_s"]["mean"] is not None:
             figure(f"{name}.{p}.jct_mean_h", s["jct_s"]["mean"] / 3600, "h")
-        if runs[p].cpu_s > 0:
-            figure(f"{name}.{p}.jobs_per_cpu_s", (s["jobs"] + s["rejected"]) / runs[p].cpu_s, "1/s")
+        speed = _jobs_per_cpu_s(s, runs[p])
+        if speed is not None:
+            figure(f"{name}.{p}.jobs_per_cpu_s", speed, "1/s")
     for key, value in ratios.items():
         figure(f"{name}.{key}", value)
 
@@ -98,8 +105,8 @@ def _print_table(summaries: dict[str, dict], runs: dict) -> None:
         f" {'frag':>6} {'stretch':>8} {'jobs/s CPU':>10}"
     )
     for p, s in summaries.items():
-        cpu = runs[p].cpu_s
-        speed = f"{(s['jobs'] + s['rejected']) / cpu:10.0f}" if cpu > 0 else f"{'-':>10}"
+        rate = _jobs_per_cpu_s(s, runs[p])
+        speed = f"{'-':>10}" if rate is None else f"{rate:10.0f}"
         print(
             f"  {p:<14}{s['jobs']:>6} {_h(s['jct_s']['mean']):>10} {_h(s['jct_s']['median']):>9}"
             f" {_h(s['jct_s']['p95']):>9} {_h(s['queueing_s']['mean']):>9} {_h(s['makespan_s']):>10}"

@@ -17,10 +17,12 @@ from django.db import InterfaceError, OperationalError
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
+from rest_framework.permissions import SAFE_METHODS
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # what clients are told to wait before retrying
+WRITE_RETRY_AFTER_S = 1  # the same after no API write slot came free in time
 
 
 class DatabaseUnavailableMiddleware:
@@ -41,16 +43,21 @@ class DatabaseUnavailableMiddleware:
         return database_unavailable(request)
 
 
+def retry_later(detail: str, retry_after_s: int) -> JsonResponse:
+    """An API 503: `{"detail": ...}` with `Retry-After`."""
+    response = JsonResponse({"detail": detail}, status=503)
+    response["Retry-After"] = str(retry_after_s)
+    return response
+
+
 def database_unavailable(request: HttpRequest) -> HttpResponse:
     """The 503 answered while the database is unreachable."""
     if request.path.startswith("/api/"):
-        response = JsonResponse(
-            {"detail": "The database is unavailable; retry after the time in Retry-After (seconds)."},
-            status=503,
+        return retry_later(
+            "The database is unavailable; retry after the time in Retry-After (seconds).", RETRY_AFTER_S
         )
-    else:
-        # No request context: its processors may touch the database that just failed.
-        response = HttpResponse(render_to_string("503.html", {"retry_after_s": RETRY_AFTER_S}), status=503)
+    # No request context: its processors may touch the database that just failed.
+    response = HttpResponse(render_to_string("503.html", {"retry_after_s": RETRY_AFTER_S}), status=503)
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
@@ -70,8 +77,6 @@ class WriteSlotsMiddleware:
     would hold the slot while it waits). The body is read before the wait, so a client that sends
     its body slowly holds no slot while doing so."""
 
-    SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-
     def __init__(self, get_response):
         self.get_response = get_response
 
@@ -85,7 +90,7 @@ class WriteSlotsMiddleware:
 
     def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs) -> HttpResponse | None:
         cls = getattr(view_func, "cls", None)
-        if request.method in self.SAFE_METHODS or cls is None or not getattr(cls, "write_slot", True):
+        if request.method in SAFE_METHODS or cls is None or not getattr(cls, "write_slot", True):
             return None
         slots = _write_slots(settings.API_WRITE_SLOTS)
         if slots is None:
@@ -96,18 +101,12 @@ class WriteSlotsMiddleware:
             log.warning(
                 "no write slot within %.1f s for %s %s: answered 503", wait_s, request.method, request.path
             )
-            response = JsonResponse(
-                {
-                    "detail": (
-                        f"The server is busy: {settings.API_WRITE_SLOTS} API write(s) at once per web process"
-                        f" (TOPOWEB_API_WRITE_SLOTS) were running for the {wait_s:g} s this request waited;"
-                        " retry after the time in Retry-After (seconds)."
-                    )
-                },
-                status=503,
+            return retry_later(
+                f"The server is busy: {settings.API_WRITE_SLOTS} API write(s) at once per web process"
+                f" (TOPOWEB_API_WRITE_SLOTS) were running for the {wait_s:g} s this request waited;"
+                " retry after the time in Retry-After (seconds).",
+                WRITE_RETRY_AFTER_S,
             )
-            response["Retry-After"] = "1"
-            return response
         request._write_slot = slots
         return None
 
