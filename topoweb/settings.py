@@ -64,6 +64,9 @@ DATABASES = {
     )
 }
 EMBEDDED = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # The same backend, with a health check that polls the socket before it sends a SELECT 1.
+    DATABASES["default"]["ENGINE"] = "topoweb.postgres"
 if EMBEDDED:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # IMMEDIATE makes SQLite writers queue for the lock up front instead of failing mid-transaction.

@@ -69,7 +69,7 @@ def test_database_and_broker_urls_switch_to_postgres_and_redis():
             "ALLOWED_HOSTS": "topoweb.example.org, 127.0.0.1",
         }
     )
-    assert (s["engine"], s["host"], s["name"]) == ("django.db.backends.postgresql", "db.internal", "topoweb")
+    assert (s["engine"], s["host"], s["name"]) == ("topoweb.postgres", "db.internal", "topoweb")
     assert (s["eager"], s["broker"]) == (False, "redis://queue.internal:6379/0")
     assert s["secret"] == "from-the-environment"
     assert s["hosts"] == ["topoweb.example.org", "127.0.0.1"]
