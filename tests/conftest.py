@@ -5,6 +5,7 @@ service is a failure (CI must run everything).
 """
 
 import os
+import sys
 from pathlib import Path
 
 # Before Django settings load in subprocesses started by tests (fast hasher, relaxed checks).
@@ -65,3 +66,12 @@ def require_redis() -> str:
     except redis.RedisError as exc:
         service_missing(f"Redis at {url} is not reachable: {exc}")
     return url
+
+
+@pytest.fixture(autouse=True)
+def forget_recent_clusters():
+    """Each test starts with no cluster row kept by submissions (a row kept from an earlier test's
+    database would cost a retry, and queries a test may count)."""
+    kept = sys.modules.get("apps.topology.selectors")
+    if kept is not None:
+        kept.forget_recent_clusters()

@@ -10,6 +10,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from apps.api import roles
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster, Gpu
+from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
@@ -55,14 +56,15 @@ def jobs_on_node(*, node) -> QuerySet[Job]:
     )
 
 
-def cluster_for_spec(*, spec: Any, name: str | None = None) -> Cluster:
+def cluster_for_spec(*, spec: Any, name: str | None = None, recent: bool = False) -> Cluster:
     """The cluster a spec is for: `name` if given, else the spec's `cluster` field. SpecError on
-    `cluster` when neither names an existing cluster."""
+    `cluster` when neither names an existing cluster. `recent=True`: a row this process read a
+    moment ago may answer (`topology.selectors.cluster_named`)."""
     name = name or (spec.get("cluster") if isinstance(spec, dict) else None)
     if not name:
         raise SpecError([("cluster", "required: name the cluster in the spec or submit to one")])
     name = str(name)
-    found = Cluster.objects.filter(name=name).first()
+    found = cluster_named(name, recent=recent)
     # An id is up to 18 ASCII digits ("²" passes isdigit() but int() refuses it).
     if found is None and name.isascii() and name.isdigit() and len(name) <= 18:
         found = Cluster.objects.filter(pk=int(name)).first()

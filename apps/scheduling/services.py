@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
+from apps.topology.selectors import forget_recent_clusters
 
 from . import accounts
 from . import snapshot as snap
@@ -119,11 +120,26 @@ def job_submit(
     records why it waits. `idempotency` is (key, digest), stored with the job (see
     `job_submit_once`).
     """
+    if cluster is None and not transaction.get_connection().in_atomic_block:
+        # Committed by itself (a REST submission): a row of the cluster read a moment ago will do.
+        # Refused with a row that another process has since changed or deleted (the topology
+        # check, or the INSERT's foreign key), the submission is tried once more with it read afresh.
+        target = cluster_for_spec(spec=spec, recent=True)
+        try:
+            return _submit(user=user, spec=spec, target=target, fresh=True, idempotency=idempotency)
+        except (SpecError, IntegrityError):
+            if Cluster.objects.filter(pk=target.pk, updated_at=target.updated_at).exists():
+                raise
+            forget_recent_clusters()
     target = cluster or cluster_for_spec(spec=spec)
     # A cluster looked up here is current; one handed in may be an old instance.
-    fields = snap.prepare_submission(
-        cluster=target, data=spec, username=user.get_username(), fresh=cluster is None
-    )
+    return _submit(user=user, spec=spec, target=target, fresh=cluster is None, idempotency=idempotency)
+
+
+def _submit(
+    *, user: AbstractBaseUser, spec: Any, target: Cluster, fresh: bool, idempotency: tuple[str, str] | None
+) -> Job:
+    fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username(), fresh=fresh)
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
     fields["account"] = accounts.account_of(user)

@@ -75,9 +75,11 @@ def touch_cluster(cluster_id: int | None) -> None:
     """Advance a cluster's `updated_at` so cached topology snapshots of it are rebuilt."""
     if cluster_id is None:
         return
+    from ..selectors import forget_recent_clusters
     from .cluster import Cluster
 
     Cluster.objects.filter(pk=cluster_id).update(updated_at=timezone.now())
+    forget_recent_clusters()
 
 
 class ClusterRow(models.Model):
