@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,14 @@ CONFIG_PATH = Path("~/.config/topoweb/config").expanduser()
 ENV_SERVER = "TOPOWEB_SERVER"
 ENV_TOKEN = "TOPOWEB_TOKEN"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+# A busy server (429, or 503: the database briefly away, no API write slot free) says when to ask
+# again in Retry-After. The CLI waits that long, at most RETRY_AFTER_MAX_S a time and
+# RETRY_WAIT_MAX_S in all, for reads and for writes that carry an Idempotency-Key (a submission's
+# retry can then never queue the job twice); other writes report the refusal.
+RETRY_STATUSES = (429, 503)
+RETRY_AFTER_MAX_S = 30.0
+RETRY_WAIT_MAX_S = 120.0
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class CliError(Exception):
@@ -54,10 +63,18 @@ class Api:
         )
 
     def call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach the server: {exc}", code=3) from exc
+        retryable = method.upper() in SAFE_METHODS or "Idempotency-Key" in (kwargs.get("headers") or {})
+        waited = 0.0
+        while True:
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise CliError(f"cannot reach the server: {exc}", code=3) from exc
+            wait = retry_after(response) if retryable else None
+            if wait is None or waited + wait > RETRY_WAIT_MAX_S:
+                break
+            time.sleep(wait)
+            waited += wait
         if response.status_code in (401, 403):
             raise CliError(f"refused ({response.status_code}): {_detail(response)}", code=3)
         if response.status_code == 404:
@@ -79,6 +96,20 @@ class Api:
             if not nxt or len(items) >= limit:
                 return items[:limit]
             body = self.json("GET", nxt)
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds a busy server asked to wait (RETRY_STATUSES with a numeric Retry-After, capped at
+    RETRY_AFTER_MAX_S); None for any other answer."""
+    if response.status_code not in RETRY_STATUSES:
+        return None
+    try:
+        seconds = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    if not seconds >= 0:  # NaN
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S)
 
 
 def _detail(response: httpx.Response) -> str:

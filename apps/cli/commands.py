@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,8 @@ def submit(api: Api, args) -> int:
         "POST",
         "jobs/",
         content=read_spec(args.file),
-        headers={"Content-Type": "application/yaml"},
+        # A retry of this submission (a busy server's 503 or 429) returns the job it queued.
+        headers={"Content-Type": "application/yaml", "Idempotency-Key": f"cli-{uuid.uuid4().hex}"},
         params=params,
     )
     if not args.wait:

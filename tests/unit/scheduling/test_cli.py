@@ -11,7 +11,7 @@ from django.core.wsgi import get_wsgi_application
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from apps.cli import commands
+from apps.cli import client, commands
 from apps.cli.__main__ import main
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState
@@ -201,3 +201,64 @@ def test_logs_of_one_rank_reads_its_whole_output_page_by_page(cli, tmp_path, ali
     RankRun.objects.filter(pk=run.pk).update(log_tail="the tail\n")
     code, out, _ = cli("logs", str(job.pk), "--rank", "3", "--tail")
     assert code == 0 and "the tail" in out and "step 0\n" not in out
+
+
+class Busy(httpx.BaseTransport):
+    """The app behind a server that answers the first `times` requests 503 with `retry_after`;
+    `lost=True` passes those requests on to the app and loses its answer (a proxy's timeout)."""
+
+    def __init__(self, times: int, retry_after: str = "2", lost: bool = False):
+        self.app = httpx.WSGITransport(app=get_wsgi_application())
+        self.times, self.retry_after, self.lost = times, retry_after, lost
+        self.seen: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        if len(self.seen) > self.times:
+            return self.app.handle_request(request)
+        if self.lost:
+            self.app.handle_request(request).read()
+        return httpx.Response(503, headers={"Retry-After": self.retry_after}, json={"detail": "busy"})
+
+
+@pytest.fixture
+def busy_cli(case44, alice, monkeypatch, capsys):
+    monkeypatch.setenv("TOPOWEB_TOKEN", Token.objects.create(user=alice).key)
+    monkeypatch.setenv("TOPOWEB_SERVER", "http://testserver")
+    slept: list[float] = []
+    monkeypatch.setattr(client.time, "sleep", slept.append)
+
+    def run(transport: Busy, *argv: str) -> tuple[int, str, str, list[float]]:
+        code = main(list(argv), transport=transport)
+        out, err = capsys.readouterr()
+        return code, out, err, slept
+
+    return run
+
+
+def test_a_submission_answered_503_is_retried_with_its_key_and_queued_once(busy_cli, tmp_path):
+    server = Busy(2, lost=True)
+    code, out, _, slept = busy_cli(server, "--json", "submit", spec_file(tmp_path))
+    assert code == 0 and slept == [2.0, 2.0]
+    keys = {r.headers["Idempotency-Key"] for r in server.seen}
+    assert len(server.seen) == 3 and len(keys) == 1
+    assert Job.objects.filter(name="cli-job").count() == 1
+    assert json.loads(out)["id"] == Job.objects.get(name="cli-job").pk
+
+
+def test_a_write_without_a_key_is_not_retried(busy_cli, alice):
+    job = services.job_submit(user=alice, spec=small_spec("q", 16))
+    server = Busy(1)
+    code, _, err, slept = busy_cli(server, "cancel", str(job.pk))
+    assert code == 2 and "refused (503)" in err and slept == [] and len(server.seen) == 1
+
+
+def test_a_server_busy_for_too_long_is_reported_after_the_capped_waits(busy_cli):
+    server = Busy(100, retry_after="3600")
+    code, _, err, slept = busy_cli(server, "status")
+    assert code == 2 and "refused (503): busy" in err
+    assert slept == [client.RETRY_AFTER_MAX_S] * int(client.RETRY_WAIT_MAX_S // client.RETRY_AFTER_MAX_S)
+    # Without a usable Retry-After the answer is reported at once.
+    server = Busy(1, retry_after="soon")
+    code, _, err, slept = busy_cli(server, "status")
+    assert code == 2 and len(server.seen) == 1
