@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from figures import slug
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "topoweb-ab"
 
@@ -118,12 +120,65 @@ def legacy_dashboard_render(output: str) -> dict[str, tuple[float, str]]:
     return figures
 
 
+HISTORY_SIZES = re.compile(r"^pages and cycle \(ms, median\): ([0-9,]+) jobs, ([0-9,]+) jobs, ratio$", re.M)
+HISTORY_ROW = re.compile(r"^  (.{44})\s*([0-9.]+)\s+([0-9.]+)\s+[0-9.]+x$")
+HISTORY_WORST = re.compile(r"^worst query at [0-9,]+ jobs: tiers ([0-9.]+) ms, ranked ([0-9.]+) ms", re.M)
+
+
+def legacy_history_scale(output: str) -> dict[str, tuple[float, str]]:
+    """history_scale.py before FIGURE lines: its table of pages and the cycle at the two history
+    sizes, and its worst search query."""
+    figures: dict[str, tuple[float, str]] = {}
+    sizes = HISTORY_SIZES.search(output)
+    if sizes:
+        small, large = (int(g.replace(",", "")) for g in sizes.groups())
+        for line in output[sizes.end() :].splitlines()[1:]:
+            row = HISTORY_ROW.match(line)
+            if row is None:
+                break
+            name = slug(row.group(1))
+            figures[f"{name}.jobs_{small}_ms"] = (float(row.group(2)), "ms")
+            figures[f"{name}.jobs_{large}_ms"] = (float(row.group(3)), "ms")
+    worst = HISTORY_WORST.search(output)
+    if worst:
+        figures["worst_query.tiers_ms"] = (float(worst.group(1)), "ms")
+        figures["worst_query.ranked_ms"] = (float(worst.group(2)), "ms")
+    return figures
+
+
+METRICS_ROWS = {
+    "pass_s": re.compile(r"^\| pass time, median / max of \d+ \| ([0-9.]+) / ([0-9.]+) s", re.M),
+    "stage_s": re.compile(r"^\| (fetch \+ parse|store|jobs) \| ([0-9.]+) s \(", re.M),
+    "cpu_s": re.compile(r"^\| CPU time: parsers .*? \| ([0-9.]+) \+ ([0-9.]+) s", re.M),
+    "cpu_bound_pass_s": re.compile(r"^\| CPU-bound pass .*? \| ([0-9.]+) s", re.M),
+}
+
+
+def legacy_metrics_scale(output: str) -> dict[str, tuple[float, str]]:
+    """metrics_scale.py before FIGURE lines: its table of the pass time, its stages and CPU."""
+    figures: dict[str, tuple[float, str]] = {}
+    if m := METRICS_ROWS["pass_s"].search(output):
+        figures["pass_s.median"], figures["pass_s.max"] = (float(m.group(1)), "s"), (float(m.group(2)), "s")
+    for m in METRICS_ROWS["stage_s"].finditer(output):
+        figures[f"stage_s.{m.group(1).replace(' + ', '_')}"] = (float(m.group(2)), "s")
+    if m := METRICS_ROWS["cpu_s"].search(output):
+        figures["cpu_s.parsers"], figures["cpu_s.collector"] = (
+            (float(m.group(1)), "s"),
+            (float(m.group(2)), "s"),
+        )
+    if m := METRICS_ROWS["cpu_bound_pass_s"].search(output):
+        figures["cpu_bound_pass_s"] = (float(m.group(1)), "s")
+    return figures
+
+
 # Human output of benchmark versions that predate FIGURE lines, read into the names the current
 # version's FIGURE lines use, per script name.
 LEGACY = {
     "placement_speed.py": legacy_placement_speed,
     "simulate_traces.py": legacy_simulate_traces,
     "dashboard_render.py": legacy_dashboard_render,
+    "history_scale.py": legacy_history_scale,
+    "metrics_scale.py": legacy_metrics_scale,
 }
 
 

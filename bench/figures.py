@@ -19,3 +19,9 @@ def figure(name: str, value: float, unit: str = "") -> str:
     line = f"FIGURE {name}={text}" + (f" {unit}" if unit else "")
     print(line, flush=True)
     return line
+
+
+def slug(label: str) -> str:
+    """A human label as a figure name part: lower case, runs of other characters as one `_`
+    ("queue history, last 7 days (500 rows)" -> "queue_history_last_7_days_500_rows")."""
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")

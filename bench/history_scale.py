@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import scratch_db
+from figures import figure, slug
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -296,6 +297,12 @@ def run(args) -> dict:
         f"({worst_old / worst_new:.0f}x); tiers at {args.jobs:,} vs {SMALL:,} jobs: "
         f"{worst_new / max(small[q]['tiers_ms'] for q in QUERIES):.1f}x"
     )
+    for n in (SMALL, args.jobs):
+        for kind in ("pages_ms", "cycle_ms"):
+            for name, ms in result["jobs"][n][kind].items():
+                figure(f"{slug(name)}.jobs_{n}_ms", ms, "ms")
+    figure("worst_query.tiers_ms", worst_new, "ms")
+    figure("worst_query.ranked_ms", worst_old, "ms")
     return result
 
 

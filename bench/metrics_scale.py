@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import scratch_db
+from figures import figure
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -207,6 +208,13 @@ def run(args, url: str) -> None:
         f"| CPU-bound pass on {os.cpu_count()} idle cores (CPU time / cores; Postgres and exporter excluded)"
         f" | {cpu_s / (os.cpu_count() or 1):.2f} s | < {INTERVAL_S:.0f} s |"
     )
+    figure("pass_s.median", statistics.median(walls), "s")
+    figure("pass_s.max", max(walls), "s")
+    for k, v in total_ms.items():
+        figure(f"stage_s.{k}", v / 1e3, "s")
+    figure("cpu_s.parsers", parse_s, "s")
+    figure("cpu_s.collector", statistics.median(main_cpu), "s")
+    figure("cpu_bound_pass_s", cpu_s / (os.cpu_count() or 1), "s")
     raw_rows, raw_bytes = sizes["metrics_gpusample"]
     roll_rows, roll_bytes = sizes["metrics_gpurollup"]
     latest_rows, latest_bytes = sizes["metrics_gpulatest"]

@@ -227,3 +227,48 @@ def test_an_older_table_is_read_beside_the_json_summary_it_printed():
         "setup_s": (9.5, ""),
         "gpus_2048.cold_ms": (1400.0, "ms"),
     }
+
+
+HISTORY_SCALE_V03 = """\
+pages and cycle (ms, median): 10,000 jobs, 100,000 jobs, ratio
+  queue history, last 7 days (500 rows)           131.5    147.7    1.1x
+  API job list, ?page=last                         15.0    125.7    8.4x
+  scheduling cycle                                  9.3      9.5    1.0x
+worst query at 100,000 jobs: tiers 8.6 ms, ranked 90.3 ms (11x); tiers at 100,000 vs 10,000 jobs: 1.7x
+"""
+
+
+def test_history_scale_tables_are_read_under_its_figure_names():
+    figures = ab.parse_figures(HISTORY_SCALE_V03, "bench/history_scale.py")
+    assert figures["queue_history_last_7_days_500_rows.jobs_10000_ms"] == (131.5, "ms")
+    assert figures["api_job_list_page_last.jobs_100000_ms"] == (125.7, "ms")
+    assert figures["scheduling_cycle.jobs_100000_ms"] == (9.5, "ms")
+    assert figures["worst_query.tiers_ms"] == (8.6, "ms")
+    assert figures["worst_query.ranked_ms"] == (90.3, "ms")
+    assert len(figures) == 3 * 2 + 2
+
+
+METRICS_SCALE_V03 = """\
+| pass over 512 endpoints, 4096 GPUs | measured | target |
+|---|---|---|
+| pass time, median / max of 3 | 2.18 / 2.44 s | < 15 s |
+| pass time / interval | 0.15 | < 1 |
+| fetch + parse | 1.67 s (77%) | |
+| store | 0.42 s (19%) | |
+| jobs | 0.08 s (4%) | |
+| CPU time: parsers (in 2 processes) + collector process | 1.17 + 0.87 s | |
+| CPU-bound pass on 2 idle cores (CPU time / cores; Postgres and exporter excluded) | 1.02 s | < 15 s |
+"""
+
+
+def test_metrics_scale_tables_are_read_under_its_figure_names():
+    assert ab.parse_figures(METRICS_SCALE_V03, "bench/metrics_scale.py") == {
+        "pass_s.median": (2.18, "s"),
+        "pass_s.max": (2.44, "s"),
+        "stage_s.fetch_parse": (1.67, "s"),
+        "stage_s.store": (0.42, "s"),
+        "stage_s.jobs": (0.08, "s"),
+        "cpu_s.parsers": (1.17, "s"),
+        "cpu_s.collector": (0.87, "s"),
+        "cpu_bound_pass_s": (1.02, "s"),
+    }
