@@ -257,9 +257,10 @@ def parse_figures(output: str, bench: str) -> dict[str, tuple[float, str]]:
 
 
 def flatten(obj: object, prefix: str, out: dict[str, tuple[float, str]]) -> None:
-    """Numeric leaves of a JSON value (booleans left out), named by their dotted path."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
+    """Numeric leaves of a JSON value (booleans left out), named by their dotted path; a list's
+    items by their index (`intervals.0.idle.sync_requests_per_s`)."""
+    if isinstance(obj, (dict, list)):
+        for key, value in obj.items() if isinstance(obj, dict) else enumerate(obj):
             flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
         out[prefix] = (float(obj), "")

@@ -121,7 +121,12 @@ def test_figure_lines_win_over_json_and_units_are_kept():
 
 def test_the_last_json_object_is_flattened_by_dotted_path():
     out = '{"a": 1}\nTOKEN x\n{\n  "a": 2,\n  "lat": {"p50": 4.5, "p99": 9},\n  "codes": [500]\n}\n'
-    assert ab.parse_figures(out, "bench/x.py") == {"a": (2.0, ""), "lat.p50": (4.5, ""), "lat.p99": (9.0, "")}
+    assert ab.parse_figures(out, "bench/x.py") == {
+        "a": (2.0, ""),
+        "lat.p50": (4.5, ""),
+        "lat.p99": (9.0, ""),
+        "codes.0": (500.0, ""),
+    }
 
 
 def test_the_first_releases_placement_speed_output_is_read():
@@ -271,4 +276,13 @@ def test_metrics_scale_tables_are_read_under_its_figure_names():
         "cpu_s.parsers": (1.17, "s"),
         "cpu_s.collector": (0.87, "s"),
         "cpu_bound_pass_s": (1.02, "s"),
+    }
+
+
+def test_list_items_in_json_are_named_by_index():
+    out = '{"intervals": [{"poll_s": 30, "idle": {"rate": 8.5}}, {"poll_s": 60}], "ok": true}'
+    assert ab.parse_figures(out, "bench/agents_scale.py") == {
+        "intervals.0.poll_s": (30.0, ""),
+        "intervals.0.idle.rate": (8.5, ""),
+        "intervals.1.poll_s": (60.0, ""),
     }
