@@ -478,3 +478,113 @@ def test_a_split_tp_groups_lone_member_moves_off_a_shared_nic():
     assert after.entry_ms[0] < before.entry_ms[0]
     assert after.comm_ms < before.comm_ms
     assert nics_per_node(topo, gids)["x"] == 1
+
+
+# --------------------------------------------------------------------------- thin PCIe sets
+
+
+def pcie_node(name, nics=8):
+    """An 8-GPU PCIe node on two sockets (PIX pairs 0-1, 2-3, ..., PHB within a socket, SYS
+    across) with `nics` NICs of 25 GB/s."""
+    out = intra_node(name, PCIE_TWO_SOCKETS)
+    per = 8 // nics
+    out["nics"] = [
+        {
+            "name": f"mlx5_{i}",
+            "gpus": list(range(i * per, (i + 1) * per)),
+            "leaf": "leaf-1",
+            "bw_GBps": 25.0,
+            "latency_us": 1.5,
+        }
+        for i in range(nics)
+    ]
+    return out
+
+
+def pcie_beside_nvl(counts):
+    topo = fleet(
+        [nvl_node("nvl0"), nvl_node("nvl1")]
+        + [pcie_node(f"pcie{i}", nics) for i, nics in enumerate((8, 8, 4, 4))]
+    )
+    return topo, free_counts(topo, counts)
+
+
+def slowest_pcie_pair(topo, gids) -> float:
+    """The slowest pair among the job's GPUs on any one PCIe node (inf: one GPU a node)."""
+    nodes = topo.gpu_node[np.asarray(gids)]
+    out = np.inf
+    for n in np.unique(nodes):
+        on = np.asarray(gids)[nodes == n]
+        if int(n) in topo.node_intra and on.size > 1:
+            out = min(out, topo.intra_pairs(on)[0])
+    return out
+
+
+def test_thin_sets_take_every_nvlink_gpu_and_one_pcie_gpu_a_node_a_round():
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.intra import thin_sets
+
+    counts = {"nvl0": 8, "nvl1": 4, "pcie0": 8, "pcie1": 8, "pcie2": 8, "pcie3": 8}
+    topo, free = pcie_beside_nvl(counts)
+    idx = hierarchy(topo)
+    nvl = free & (topo.gpu_node <= 1)
+    for size, per_node in ((16, 1), (18, 2)):
+        sets = thin_sets(topo, idx, free, job(dp=size))
+        # The two orders differ only on nodes whose NICs serve two GPUs each.
+        assert len(sets) == 1
+        for gset in sets:
+            assert gset.size == size and np.unique(gset).size == size and free[gset].all()
+            assert nvl[gset].sum() == 12
+            on_pcie = np.bincount(topo.gpu_node[gset[~nvl[gset]]], minlength=6)[2:]
+            assert on_pcie.max() == per_node and on_pcie.min() == 1
+    # A second GPU of each node: on the 8-NIC nodes its PCIe switch partner in both sets; on
+    # the 4-NIC nodes, where that partner shares its NIC, one behind a NIC of its own (the
+    # same socket's other switch, 14 GB/s) or the partner (24 GB/s).
+    own_nic, pix_first = thin_sets(topo, idx, free, job(dp=12 + 8))
+    for gset, pair in ((own_nic, 14.0), (pix_first, 24.0)):
+        for node, expect in ((2, 24.0), (3, 24.0), (4, pair), (5, pair)):
+            on = gset[topo.gpu_node[gset] == node]
+            assert on.size == 2 and topo.intra_pairs(on)[0] == expect
+    # Nothing to add where the NVLink nodes hold the job, or where the free GPUs do not.
+    assert thin_sets(topo, idx, free, job(dp=12)) == []
+    assert thin_sets(topo, idx, free, job(dp=48)) == []
+
+
+def test_a_dp_job_beyond_the_nvlink_nodes_takes_pcie_gpus_thinly():
+    # 12 NVLink GPUs free for a 16-rank all-reduce: best fit took the other 4 from one PCIe
+    # node's socket, so the ring ran at its host bridge's 14 GB/s (122.2 ms); from three nodes,
+    # one PCIe switch pair at most, it runs at 24 GB/s.
+    counts = {"nvl0": 8, "nvl1": 4, "pcie0": 8, "pcie1": 8, "pcie2": 8}
+    topo, free = pcie_beside_nvl(counts)
+    j = job(dp=16, comm=[("dp", "allreduce", 1e9, 0)])
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all()
+    assert slowest_pcie_pair(topo, placed.gids) >= 24.0
+    packed = np.concatenate([np.flatnonzero(free)[:12], topo.node_first_gid[2] + np.arange(4)])
+    assert placed.prediction.comm_ms < 0.7 * evaluate(topo, j, packed).comm_ms
+
+
+def test_an_moe_job_beyond_the_nvlink_nodes_keeps_its_dp_ring_off_pcie_host_bridges():
+    # EP groups of 4 over 16 ranks, 11 NVLink GPUs free: the DP all-reduce over every rank runs
+    # at the slowest pair any PCIe node holds of it. Four ranks on a node's socket pay its host
+    # bridge (14 GB/s, 128.8 ms in all); one GPU a node or a PCIe switch pair, 24 GB/s or more.
+    counts = {"nvl0": 8, "nvl1": 3, "pcie0": 4, "pcie1": 8, "pcie2": 6, "pcie3": 6}
+    topo, free = pcie_beside_nvl(counts)
+    j = load_job(
+        {
+            "version": 1,
+            "name": "moe",
+            "gpus": 16,
+            "parallelism": {"tp": 1, "pp": 1, "dp": 16, "ep": 4},
+            "step": {"compute_ms": 100},
+            "comm": [
+                {"group": "ep", "collective": "alltoall", "bytes": 6.4e7, "count": 32},
+                {"group": "dp", "collective": "allreduce", "bytes": 5e8},
+            ],
+        }
+    )
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all()
+    assert slowest_pcie_pair(topo, placed.gids) >= 24.0
+    dp = [g for g in evaluate(topo, j, placed.gids).groups if g.group == "dp"]
+    assert min(g.bottleneck_GBps for g in dp) >= 24.0
