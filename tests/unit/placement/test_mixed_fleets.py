@@ -588,3 +588,78 @@ def test_an_moe_job_beyond_the_nvlink_nodes_keeps_its_dp_ring_off_pcie_host_brid
     assert slowest_pcie_pair(topo, placed.gids) >= 24.0
     dp = [g for g in evaluate(topo, j, placed.gids).groups if g.group == "dp"]
     assert min(g.bottleneck_GBps for g in dp) >= 24.0
+
+
+# --------------------------------------------------------------------------- cube-mesh NIC counts
+
+
+def cube_node(name, nics):
+    """An 8-GPU DGX-1 cube-mesh node with `nics` NICs of 25 GB/s (8: one a GPU; 4: one per GPU
+    pair 0-1, 2-3, 4-5, 6-7, as the DGX-1 has)."""
+    out = intra_node(name, DGX1_CUBE_MESH)
+    per = 8 // nics
+    out["nics"] = [
+        {
+            "name": f"mlx5_{k}",
+            "gpus": list(range(k * per, (k + 1) * per)),
+            "leaf": "leaf-1",
+            "bw_GBps": 25.0,
+            "latency_us": 1.5,
+        }
+        for k in range(nics)
+    ]
+    return out
+
+
+def cubes_beside_nvl():
+    """A 4-NIC cube-mesh node between NVLink nodes with 8, 6 and 2 free GPUs and two 8-NIC
+    cube-mesh nodes: a job of 32 GPUs needs 16 of the 24 cube-mesh GPUs."""
+    topo = fleet(
+        [
+            cube_node("cubeA", 8),
+            nvl_node("nvl0"),
+            cube_node("cube4", 4),
+            nvl_node("nvl1"),
+            cube_node("cubeB", 8),
+            nvl_node("nvl2"),
+        ]
+    )
+    free = free_counts(topo, {"cubeA": 8, "nvl0": 8, "cube4": 8, "nvl1": 6, "cubeB": 8, "nvl2": 2})
+    return topo, free
+
+
+def test_the_rate_filled_set_takes_the_nodes_whose_every_free_gpu_has_a_nic_first():
+    # A GPU's worth is its NIC's rate over the job's GPUs behind it: the 4-NIC node's first GPU
+    # behind each NIC is worth as much as an 8-NIC node's GPU. Hierarchy order used to take
+    # cube4's GPUs 0, 2, 4, 6 (no two of them an NVLink island: a TP group of 8 laid on them
+    # pays SYS pairs, and their NVLink partners are left) and 4 of cubeB's; among equals the
+    # nodes whose free GPUs are best served per GPU now come first.
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.blocks import Free
+    from apps.placement.solvers.fast import rate_filled_set
+
+    topo, free = cubes_beside_nvl()
+    idx = hierarchy(topo)
+    gset = rate_filled_set(topo, idx, Free(idx, free, np.zeros(1)), job(tp=8, pp=2, dp=2))
+    names = node_names(topo, gset)
+    assert {n: names.count(n) for n in set(names)} == {
+        "nvl0": 8,
+        "nvl1": 6,
+        "nvl2": 2,
+        "cubeA": 8,
+        "cubeB": 8,
+    }
+
+
+def test_a_tp8_job_beyond_the_nvlink_nodes_takes_whole_8_nic_cube_mesh_nodes():
+    # tp8 x pp2 x dp2 on 16 NVLink GPUs and 16 of the cube-mesh ones. With cube4's 8 GPUs in
+    # the set, PP pairs share its NICs (12.5 GB/s, 53.8 ms): 369.8 ms of comm per step. The two
+    # 8-NIC nodes, cut into their NVLink islands of 4, send every PP pair at 25 GB/s or more
+    # (26.9 ms): 342.9 ms, the TP entry the same (284.0 ms, a group's islands at 25 GB/s NICs).
+    topo, free = cubes_beside_nvl()
+    j = job(tp=8, pp=2, dp=2, comm=TP_PP_DP)
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all() and len(set(placed.gids)) == 32
+    assert "cube4" not in node_names(topo, placed.gids)
+    assert placed.prediction.comm_ms < 350.0
+    assert evaluate(topo, j, placed.gids).entry_ms[1] < 30.0
