@@ -61,9 +61,13 @@ def fast_sets(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpe
 
 def rate_filled_set(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec) -> np.ndarray | None:
     """The job's GPUs taken by the network rate each would get: the k-th free GPU behind a NIC is
-    worth the NIC's rate over k, and the job takes the best-served GPUs, among equals the quieter
-    unit, then the fuller node, then hierarchy order. So 8-NIC nodes with 5 free GPUs come before
-    whole nodes whose GPUs share one NIC, and what they cannot hold goes one GPU per 1-NIC node.
+    worth the NIC's rate over k, and the job takes the best-served GPUs, among equals those of
+    the nodes with the higher rate per free GPU (`node_rates`), then the quieter unit, then the
+    fuller node, then hierarchy order. So 8-NIC nodes with 5 free GPUs come before whole nodes
+    whose GPUs share one NIC, and what they cannot hold goes one GPU per 1-NIC node. A 4-NIC
+    node's first GPU behind each NIC is worth as much as an 8-NIC node's GPU, but taking it
+    leaves its NIC partner out (on a DGX-1 cube mesh, GPUs 0, 2, 4 and 6 hold no NVLink island
+    of 4): the 8-NIC nodes, whose GPUs a group can take whole, come first.
     None when every free node has the same rate per free GPU (best fit covers that already)."""
     n = job.gpus
     rate = node_rates(topology, counts)
@@ -89,6 +93,7 @@ def rate_filled_set(topology: Topology, idx: HierarchyIndex, counts: Free, job: 
             -counts.node[node],
             unit,
             counts.unit_load[unit],
+            -np.round(rate[node], 9),
             -np.round(worth, 9),
         )
     )

@@ -5,6 +5,13 @@ TP groups, decides its bandwidth.
 For the best-fitting few such nodes with room for the whole job: the free GPU subsets of the
 job's size with the fastest slowest pair (then the fastest total), and for each the splits into
 TP groups whose slowest in-group pair is fastest. The caller prices them with the cost model.
+
+For a job larger than the free GPUs of uniform NVLink domains (`thin_sets`): every such GPU, and
+the rest taken thinly from the nodes with intra links, a GPU from each node in turn. A group with
+two or more members on such a node runs at the slowest pair between them (a PCIe node's 8 GB/s
+SYS link, 14 GB/s across its host bridge) and its members there share the node's NICs, while one
+member per node runs at its own NIC's rate: best fit and the even splits pack the job into few
+such nodes, 4 or 8 GPUs each, and the groups laid over them pay the bucket effect.
 """
 
 from __future__ import annotations
@@ -15,9 +22,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..costmodel.paths import nic_ids
 from ..groups import rank_groups
 from ..jobs import JobSpec
 from ..topology import Topology
+from .base import HierarchyIndex
+from .blocks import canonical
 
 NODES_TRIED = 2
 SUBSETS_TRIED = 8
@@ -89,3 +99,53 @@ def _splits(subset: tuple[int, ...], tp: int, bw: np.ndarray) -> list[list[tuple
         scored.append(((-worst, -total), split))
     scored.sort(key=lambda t: t[0])
     return [s for _, s in scored[:SPLITS_TRIED]]
+
+
+def thin_sets(topology: Topology, idx: HierarchyIndex, free: np.ndarray, job: JobSpec) -> list[np.ndarray]:
+    """GPU sets (canonical order) of every free GPU of the uniform NVLink domains and the rest of
+    the job from nodes with intra links, one GPU of each node a round: in a round the GPUs worth
+    the most network rate first (their NIC's rate over the job's GPUs behind it), then
+    hierarchy order. Each node's GPUs come in two orders, so two sets: its own NICs first (then
+    the fastest pair to the GPUs taken before), or the fastest pair first (a PCIe switch's
+    partner, the NVLink pair of a cube mesh; then the NIC). Empty when the uniform domains hold
+    the job or the free GPUs do not."""
+    if not topology.node_intra:
+        return []
+    ids = np.flatnonzero(free)
+    mixed = ~idx.domain_uniform[idx.gpu_domain[ids]]
+    uniform, spare = ids[~mixed], ids[mixed]
+    need = job.gpus - uniform.size
+    if need <= 0 or need > spare.size:
+        return []
+    nic, _ = nic_ids(topology)
+    nodes, per_node = np.unique(idx.gpu_node[spare], return_counts=True)
+    nodes = nodes.tolist()
+    # Rounds the job reaches (nodes with fewer free GPUs drop out): orders go no further.
+    rounds = -(-need // len(nodes))
+    while np.minimum(per_node, rounds).sum() < need:
+        rounds += 1
+    out: list[np.ndarray] = []
+    for pairs_first in (False, True):
+        keys = []
+        for node in nodes:
+            bw = topology.node_intra[node].bw
+            first = int(topology.node_first_gid[node])
+            left = spare[idx.gpu_node[spare] == node].tolist()
+            taken: list[int] = []
+            while left and len(taken) < rounds:
+                scored = []
+                for g in left:
+                    worth = float(topology.gpu_nic_bw[g]) / (1 + sum(nic[t] == nic[g] for t in taken))
+                    pair = min((float(bw[g - first, t - first]) for t in taken), default=math.inf)
+                    scored.append(((-pair, -worth) if pairs_first else (-worth, -pair), g, worth))
+                (_, g, worth) = min(scored)
+                keys.append((len(taken), -worth, int(idx.position[g]), g))
+                taken.append(g)
+                left.remove(g)
+        keys.sort()
+        gset = canonical(
+            idx, np.concatenate([uniform, np.array([k[-1] for k in keys[:need]], dtype=np.int64)])
+        )
+        if all(gset.tobytes() != o.tobytes() for o in out):
+            out.append(gset)
+    return out

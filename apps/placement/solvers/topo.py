@@ -15,7 +15,10 @@
 2. Which rank where: rank blocks nested by group (`mapping.py`).
 3. When the best of these misses the lower bound over the free GPUs (`bounds.lower_bound` with
    `free`): a job spanning units of a pod is also spread evenly over more units with its (pp, dp)
-   grid cut into sub-grids (`spread.py`), and every baseline's placement (and the baselines' GPU
+   grid cut into sub-grids (`spread.py`), a job larger than the uniform NVLink domains' free GPUs
+   takes them all and the rest thinly from nodes with intra links, a GPU of each node a round
+   (`intra.thin_sets`: a group's members on a PCIe node run at their slowest pair, a lone
+   member at its NIC's rate), and every baseline's placement (and the baselines' GPU
    sets in the nested mappings) joins the candidates, so topo never prices above any baseline.
 4. On irregular free sets, swaps against the cost model (`refine.py`); then, for any job still
    above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`),
@@ -43,7 +46,7 @@ from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
 from .chunks import cover_sets, domain_chunk_sets
 from .fast import fast_sets, rate_filled_set
-from .intra import intra_candidates
+from .intra import intra_candidates, thin_sets
 from .mapping import candidate_mappings, island_order, lay_out, nestings
 from .rails import spread_rails
 from .refine import refine
@@ -282,9 +285,18 @@ def _wider_candidates(
 ) -> Iterator[tuple[np.ndarray, float, bool]]:
     """Spread layouts over more units of the best pods, then every baseline's placement, then the
     baselines' GPU sets in the nested mappings; as (gids, fit score, regular?). Jobs that fit on
-    a node with intra links also get that node's best GPU subsets and TP splits first."""
+    a node with intra links also get that node's best GPU subsets and TP splits first; jobs
+    larger than the uniform NVLink domains' free GPUs, the sets that add GPUs of nodes with
+    intra links thinly (`intra.thin_sets`)."""
     for gids in intra_candidates(topology, free, job):
         yield gids, 0.0, True
+    # A job the uniform NVLink domains cannot hold: their GPUs and the rest thinly from nodes
+    # with intra links, in every nested mapping and island order.
+    for gset in thin_sets(topology, idx, free, job):
+        yield from ((gids, math.inf, False) for gids in candidate_mappings(idx, job, gset))
+        islands = island_order(idx, gset, job.tp * job.cp)
+        if islands is not None:
+            yield from ((lay_out(job, islands, nest), math.inf, False) for nest in nestings(job))
     for pod, chunk, fewest in spreads:
         for gids, fit in spread_candidates(idx, counts, job, pod, chunk, fewest):
             yield gids, fit, True

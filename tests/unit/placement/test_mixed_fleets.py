@@ -478,3 +478,188 @@ def test_a_split_tp_groups_lone_member_moves_off_a_shared_nic():
     assert after.entry_ms[0] < before.entry_ms[0]
     assert after.comm_ms < before.comm_ms
     assert nics_per_node(topo, gids)["x"] == 1
+
+
+# --------------------------------------------------------------------------- thin PCIe sets
+
+
+def pcie_node(name, nics=8):
+    """An 8-GPU PCIe node on two sockets (PIX pairs 0-1, 2-3, ..., PHB within a socket, SYS
+    across) with `nics` NICs of 25 GB/s."""
+    out = intra_node(name, PCIE_TWO_SOCKETS)
+    per = 8 // nics
+    out["nics"] = [
+        {
+            "name": f"mlx5_{i}",
+            "gpus": list(range(i * per, (i + 1) * per)),
+            "leaf": "leaf-1",
+            "bw_GBps": 25.0,
+            "latency_us": 1.5,
+        }
+        for i in range(nics)
+    ]
+    return out
+
+
+def pcie_beside_nvl(counts):
+    topo = fleet(
+        [nvl_node("nvl0"), nvl_node("nvl1")]
+        + [pcie_node(f"pcie{i}", nics) for i, nics in enumerate((8, 8, 4, 4))]
+    )
+    return topo, free_counts(topo, counts)
+
+
+def slowest_pcie_pair(topo, gids) -> float:
+    """The slowest pair among the job's GPUs on any one PCIe node (inf: one GPU a node)."""
+    nodes = topo.gpu_node[np.asarray(gids)]
+    out = np.inf
+    for n in np.unique(nodes):
+        on = np.asarray(gids)[nodes == n]
+        if int(n) in topo.node_intra and on.size > 1:
+            out = min(out, topo.intra_pairs(on)[0])
+    return out
+
+
+def test_thin_sets_take_every_nvlink_gpu_and_one_pcie_gpu_a_node_a_round():
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.intra import thin_sets
+
+    counts = {"nvl0": 8, "nvl1": 4, "pcie0": 8, "pcie1": 8, "pcie2": 8, "pcie3": 8}
+    topo, free = pcie_beside_nvl(counts)
+    idx = hierarchy(topo)
+    nvl = free & (topo.gpu_node <= 1)
+    for size, per_node in ((16, 1), (18, 2)):
+        sets = thin_sets(topo, idx, free, job(dp=size))
+        # The two orders differ only on nodes whose NICs serve two GPUs each.
+        assert len(sets) == 1
+        for gset in sets:
+            assert gset.size == size and np.unique(gset).size == size and free[gset].all()
+            assert nvl[gset].sum() == 12
+            on_pcie = np.bincount(topo.gpu_node[gset[~nvl[gset]]], minlength=6)[2:]
+            assert on_pcie.max() == per_node and on_pcie.min() == 1
+    # A second GPU of each node: on the 8-NIC nodes its PCIe switch partner in both sets; on
+    # the 4-NIC nodes, where that partner shares its NIC, one behind a NIC of its own (the
+    # same socket's other switch, 14 GB/s) or the partner (24 GB/s).
+    own_nic, pix_first = thin_sets(topo, idx, free, job(dp=12 + 8))
+    for gset, pair in ((own_nic, 14.0), (pix_first, 24.0)):
+        for node, expect in ((2, 24.0), (3, 24.0), (4, pair), (5, pair)):
+            on = gset[topo.gpu_node[gset] == node]
+            assert on.size == 2 and topo.intra_pairs(on)[0] == expect
+    # Nothing to add where the NVLink nodes hold the job, or where the free GPUs do not.
+    assert thin_sets(topo, idx, free, job(dp=12)) == []
+    assert thin_sets(topo, idx, free, job(dp=48)) == []
+
+
+def test_a_dp_job_beyond_the_nvlink_nodes_takes_pcie_gpus_thinly():
+    # 12 NVLink GPUs free for a 16-rank all-reduce: best fit took the other 4 from one PCIe
+    # node's socket, so the ring ran at its host bridge's 14 GB/s (122.2 ms); from three nodes,
+    # one PCIe switch pair at most, it runs at 24 GB/s.
+    counts = {"nvl0": 8, "nvl1": 4, "pcie0": 8, "pcie1": 8, "pcie2": 8}
+    topo, free = pcie_beside_nvl(counts)
+    j = job(dp=16, comm=[("dp", "allreduce", 1e9, 0)])
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all()
+    assert slowest_pcie_pair(topo, placed.gids) >= 24.0
+    packed = np.concatenate([np.flatnonzero(free)[:12], topo.node_first_gid[2] + np.arange(4)])
+    assert placed.prediction.comm_ms < 0.7 * evaluate(topo, j, packed).comm_ms
+
+
+def test_an_moe_job_beyond_the_nvlink_nodes_keeps_its_dp_ring_off_pcie_host_bridges():
+    # EP groups of 4 over 16 ranks, 11 NVLink GPUs free: the DP all-reduce over every rank runs
+    # at the slowest pair any PCIe node holds of it. Four ranks on a node's socket pay its host
+    # bridge (14 GB/s, 128.8 ms in all); one GPU a node or a PCIe switch pair, 24 GB/s or more.
+    counts = {"nvl0": 8, "nvl1": 3, "pcie0": 4, "pcie1": 8, "pcie2": 6, "pcie3": 6}
+    topo, free = pcie_beside_nvl(counts)
+    j = load_job(
+        {
+            "version": 1,
+            "name": "moe",
+            "gpus": 16,
+            "parallelism": {"tp": 1, "pp": 1, "dp": 16, "ep": 4},
+            "step": {"compute_ms": 100},
+            "comm": [
+                {"group": "ep", "collective": "alltoall", "bytes": 6.4e7, "count": 32},
+                {"group": "dp", "collective": "allreduce", "bytes": 5e8},
+            ],
+        }
+    )
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all()
+    assert slowest_pcie_pair(topo, placed.gids) >= 24.0
+    dp = [g for g in evaluate(topo, j, placed.gids).groups if g.group == "dp"]
+    assert min(g.bottleneck_GBps for g in dp) >= 24.0
+
+
+# --------------------------------------------------------------------------- cube-mesh NIC counts
+
+
+def cube_node(name, nics):
+    """An 8-GPU DGX-1 cube-mesh node with `nics` NICs of 25 GB/s (8: one a GPU; 4: one per GPU
+    pair 0-1, 2-3, 4-5, 6-7, as the DGX-1 has)."""
+    out = intra_node(name, DGX1_CUBE_MESH)
+    per = 8 // nics
+    out["nics"] = [
+        {
+            "name": f"mlx5_{k}",
+            "gpus": list(range(k * per, (k + 1) * per)),
+            "leaf": "leaf-1",
+            "bw_GBps": 25.0,
+            "latency_us": 1.5,
+        }
+        for k in range(nics)
+    ]
+    return out
+
+
+def cubes_beside_nvl():
+    """A 4-NIC cube-mesh node between NVLink nodes with 8, 6 and 2 free GPUs and two 8-NIC
+    cube-mesh nodes: a job of 32 GPUs needs 16 of the 24 cube-mesh GPUs."""
+    topo = fleet(
+        [
+            cube_node("cubeA", 8),
+            nvl_node("nvl0"),
+            cube_node("cube4", 4),
+            nvl_node("nvl1"),
+            cube_node("cubeB", 8),
+            nvl_node("nvl2"),
+        ]
+    )
+    free = free_counts(topo, {"cubeA": 8, "nvl0": 8, "cube4": 8, "nvl1": 6, "cubeB": 8, "nvl2": 2})
+    return topo, free
+
+
+def test_the_rate_filled_set_takes_the_nodes_whose_every_free_gpu_has_a_nic_first():
+    # A GPU's worth is its NIC's rate over the job's GPUs behind it: the 4-NIC node's first GPU
+    # behind each NIC is worth as much as an 8-NIC node's GPU. Hierarchy order used to take
+    # cube4's GPUs 0, 2, 4, 6 (no two of them an NVLink island: a TP group of 8 laid on them
+    # pays SYS pairs, and their NVLink partners are left) and 4 of cubeB's; among equals the
+    # nodes whose free GPUs are best served per GPU now come first.
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.blocks import Free
+    from apps.placement.solvers.fast import rate_filled_set
+
+    topo, free = cubes_beside_nvl()
+    idx = hierarchy(topo)
+    gset = rate_filled_set(topo, idx, Free(idx, free, np.zeros(1)), job(tp=8, pp=2, dp=2))
+    names = node_names(topo, gset)
+    assert {n: names.count(n) for n in set(names)} == {
+        "nvl0": 8,
+        "nvl1": 6,
+        "nvl2": 2,
+        "cubeA": 8,
+        "cubeB": 8,
+    }
+
+
+def test_a_tp8_job_beyond_the_nvlink_nodes_takes_whole_8_nic_cube_mesh_nodes():
+    # tp8 x pp2 x dp2 on 16 NVLink GPUs and 16 of the cube-mesh ones. With cube4's 8 GPUs in
+    # the set, PP pairs share its NICs (12.5 GB/s, 53.8 ms): 369.8 ms of comm per step. The two
+    # 8-NIC nodes, cut into their NVLink islands of 4, send every PP pair at 25 GB/s or more
+    # (26.9 ms): 342.9 ms, the TP entry the same (284.0 ms, a group's islands at 25 GB/s NICs).
+    topo, free = cubes_beside_nvl()
+    j = job(tp=8, pp=2, dp=2, comm=TP_PP_DP)
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all() and len(set(placed.gids)) == 32
+    assert "cube4" not in node_names(topo, placed.gids)
+    assert placed.prediction.comm_ms < 350.0
+    assert evaluate(topo, j, placed.gids).entry_ms[1] < 30.0
