@@ -720,3 +720,24 @@ def test_a_tp4_job_beyond_the_nvlink_node_keeps_its_groups_off_sys_pairs_and_sha
     assert free[list(placed.gids)].all() and len(set(placed.gids)) == 16
     assert placed.prediction.comm_ms < 150.0
     assert min(g.bottleneck_GBps for g in evaluate(topo, j, placed.gids).groups) >= 25.0
+
+
+def test_tp_groups_split_over_a_4_nic_node_meet_its_nics_one_member_each():
+    # tp8 x pp2 on an 8-GPU node with 4 NICs of 50 GB/s (one per GPU pair) and one with 8 of
+    # 25 GB/s: each TP group takes half of each node, so PP pairs stay on NVLink. Each group's
+    # half on the 4-NIC node sat behind two NICs (GPUs 4-7 and 0-3), so its network phase ran on
+    # two rails: TP entry 31.0 ms, 35.3 ms of comm. With every GPU in use no rank can move to a
+    # free GPU; two ranks of the node trading GPUs put each half behind the four NICs, one member
+    # each: 18.2 ms and 22.5 ms.
+    from apps.placement.costmodel.paths import nic_ids
+
+    topo = fleet([nvl_node("four", nics=4, nic_bw=50.0), nvl_node("eight", nic_bw=25.0)])
+    free = np.ones(topo.n_gpus, dtype=bool)
+    j = job(tp=8, pp=2, comm=LLM_TP_PP_DP)
+    placed = place(topo, free, None, j)
+    assert placed.prediction.comm_ms < 25.0
+    gids = np.asarray(placed.gids)
+    nic = nic_ids(topo)[0]
+    for group in (gids[:8], gids[8:]):
+        on_four = group[topo.gpu_node[group] == 0]
+        assert np.unique(nic[on_four]).size == on_four.size
