@@ -107,8 +107,10 @@ def thin_sets(topology: Topology, idx: HierarchyIndex, free: np.ndarray, job: Jo
     the most network rate first (their NIC's rate over the job's GPUs behind it), then
     hierarchy order. Each node's GPUs come in two orders, so two sets: its own NICs first (then
     the fastest pair to the GPUs taken before), or the fastest pair first (a PCIe switch's
-    partner, the NVLink pair of a cube mesh; then the NIC). Empty when the uniform domains hold
-    the job or the free GPUs do not."""
+    partner, the NVLink pair of a cube mesh; then the NIC). Ties go to the GPU with the fastest
+    partner still free (behind another NIC in the first order), so a node's first GPU is not one
+    whose only partners left are SYS pairs (a cube mesh's GPU 3 beside free 5 and 6). Empty when
+    the uniform domains hold the job or the free GPUs do not."""
     if not topology.node_intra:
         return []
     ids = np.flatnonzero(free)
@@ -137,7 +139,18 @@ def thin_sets(topology: Topology, idx: HierarchyIndex, free: np.ndarray, job: Jo
                 for g in left:
                     worth = float(topology.gpu_nic_bw[g]) / (1 + sum(nic[t] == nic[g] for t in taken))
                     pair = min((float(bw[g - first, t - first]) for t in taken), default=math.inf)
-                    scored.append(((-pair, -worth) if pairs_first else (-worth, -pair), g, worth))
+                    # Ties to the GPU with the fastest partner left (behind another NIC unless the
+                    # pair comes first): a node's first GPU opens its best pair, not a SYS one.
+                    partner = max(
+                        (
+                            float(bw[g - first, h - first])
+                            for h in left
+                            if h != g and (pairs_first or nic[h] != nic[g])
+                        ),
+                        default=0.0,
+                    )
+                    key = (-pair, -worth) if pairs_first else (-worth, -pair)
+                    scored.append(((*key, -partner), g, worth))
                 (_, g, worth) = min(scored)
                 keys.append((len(taken), -worth, int(idx.position[g]), g))
                 taken.append(g)

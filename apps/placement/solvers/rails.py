@@ -13,8 +13,13 @@ the TP entry at 91.0 ms.
 The pass is deterministic, within `max_evals` cost-model calls. First every node at once
 (`spread_all`), kept if it prices lower; then hill climbing: for each node of the placement with job ranks sharing a NIC and free unused GPUs behind a NIC no job
 rank uses, try moving each of those ranks (the fullest NIC first) to each such GPU; keep the
-first move that lowers the exposed comm time, else all comm time, and start again. A node with one
-NIC per GPU or a single NIC offers no move, so 8-NIC fleets pay nothing.
+first move that lowers the exposed comm time, else all comm time, and start again. When no such
+move helps (every GPU of the node in use, say), two of the job's ranks on one node trade GPUs
+(`rail_swaps`): a member of a group that spans nodes and holds two GPUs behind one NIC of the
+node, with a rank behind a NIC the group does not use there. A tp8 x pp2 x dp4 job on a whole
+leaf of 8-NIC and 4-NIC nodes had TP groups split 4 + 4 whose half on a 4-NIC node sat behind 3
+of its 4 NICs (TP entry 22.5 ms); one member a NIC, 18.2 ms. A node with one NIC per GPU or a
+single NIC offers no move, so 8-NIC fleets pay nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import numpy as np
 
 from ..costmodel import evaluate
 from ..costmodel.paths import nic_ids
+from ..groups import group_arrays
 from ..jobs import JobSpec
 from ..topology import Topology
+from .mapping import declared_traffic
 
 # Cost-model calls the pass may make per placement.
 RAIL_EVALS = 48
@@ -47,7 +54,8 @@ def spread_rails(
     # No two ranks behind one NIC (8-NIC nodes): nothing to move, at the cost of one count.
     if np.bincount(nic_ids(topology)[0][cur]).max(initial=0) < 2:
         return cur
-    if not any(True for _ in rail_moves(topology, cur, free)):
+    moves = any(True for _ in rail_moves(topology, cur, free))
+    if not moves and not any(True for _ in rail_swaps(topology, job, cur)):
         return cur
 
     def price(trial: np.ndarray) -> tuple[float, float, float]:
@@ -56,11 +64,12 @@ def spread_rails(
 
     cost = price(cur)
     evals = 1
-    # Every node at once first: a DP pair on two nodes gains only when both its ends move.
-    trial = spread_all(topology, cur, free)
-    c = price(trial)
-    if _better(c, cost):
-        cur, cost = trial, c
+    if moves:
+        # Every node at once first: a DP pair on two nodes gains only when both its ends move.
+        trial = spread_all(topology, cur, free)
+        c = price(trial)
+        if _better(c, cost):
+            cur, cost = trial, c
     improved = True
     while improved and evals < max_evals:
         improved = False
@@ -69,6 +78,20 @@ def spread_rails(
                 break
             trial = cur.copy()
             trial[rank] = gid
+            c = price(trial)
+            evals += 1
+            if _better(c, cost):
+                cur, cost, improved = trial, c, True
+                break
+        if improved:
+            continue
+        # No free GPU helps: two of the job's ranks on one node trade GPUs, so that a group
+        # meets the node's NICs one member each.
+        for a, b in rail_swaps(topology, job, cur):
+            if evals >= max_evals:
+                break
+            trial = cur.copy()
+            trial[a], trial[b] = cur[b], cur[a]
             c = price(trial)
             evals += 1
             if _better(c, cost):
@@ -151,3 +174,32 @@ def rail_moves(topology: Topology, gids: np.ndarray, free: np.ndarray) -> Iterat
             for rank in ranks[rank_nics == nics[k]].tolist():
                 for gid in spare.tolist():
                     yield rank, gid
+
+
+def rail_swaps(topology: Topology, job: JobSpec, gids: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(rank, rank) swaps on one node: a rank of a group that spans nodes and holds two or more
+    GPUs behind one NIC of this node trades GPUs with another of the job's ranks on the node
+    behind a NIC the group does not use there; by kind in the job's declared traffic order
+    (heaviest first), then group, node and rank order."""
+    ids, _ = nic_ids(topology)
+    node_of = topology.gpu_node[gids]
+    nic_of = ids[gids]
+    traffic = declared_traffic(job)
+    arrays = group_arrays(job)
+    for kind in sorted(arrays, key=lambda k: -traffic.get(k, 0.0)):
+        if traffic.get(kind, 0.0) <= 0 or arrays[kind].shape[1] < 2:
+            continue
+        for group in arrays[kind]:
+            nodes = node_of[group]
+            if np.unique(nodes).size < 2:
+                continue
+            for node in dict.fromkeys(nodes.tolist()):
+                members = group[nodes == node]
+                nics, counts = np.unique(nic_of[members], return_counts=True)
+                if counts.max() < 2:
+                    continue
+                others = np.flatnonzero((node_of == node) & ~np.isin(nic_of, nics))
+                for k in np.flatnonzero(counts >= 2).tolist():
+                    for rank in members[nic_of[members] == nics[k]][1:].tolist():
+                        for other in others.tolist():
+                            yield rank, other

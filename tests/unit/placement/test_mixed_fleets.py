@@ -663,3 +663,81 @@ def test_a_tp8_job_beyond_the_nvlink_nodes_takes_whole_8_nic_cube_mesh_nodes():
     assert "cube4" not in node_names(topo, placed.gids)
     assert placed.prediction.comm_ms < 350.0
     assert evaluate(topo, j, placed.gids).entry_ms[1] < 30.0
+
+
+def cubes_with_sys_gaps():
+    """An NVLink node and two 4-NIC cube-mesh nodes with every GPU free, and two 8-NIC cube-mesh
+    nodes with GPUs 3, 5 and 6 free: GPU 3's pairs to 5 and 6 are SYS (8 GB/s), 5-6 is NV2."""
+    topo = fleet(
+        [
+            nvl_node("nvl0"),
+            cube_node("cube4a", 4),
+            cube_node("gapA", 8),
+            cube_node("cube4b", 4),
+            cube_node("gapB", 8),
+        ]
+    )
+    free = free_counts(topo, {"nvl0": 8, "cube4a": 8, "cube4b": 8})
+    for name in ("gapA", "gapB"):
+        first = int(topo.node_first_gid[[n.name for n in topo.nodes].index(name)])
+        free[first + np.array([3, 5, 6])] = True
+    return topo, free
+
+
+LLM_TP_PP_DP = [
+    ("tp", "allreduce", 2e7, 64),
+    ("pp", "p2p", 6e7, 32),
+    ("dp", "allgather", 4e8, 0),
+    ("dp", "reducescatter", 4e8, 0),
+]
+
+
+def test_thin_sets_open_a_node_with_its_fastest_free_pair():
+    # 8 NVLink GPUs free for 16: two GPUs of each cube-mesh node. On gapA and gapB the lowest
+    # free GPU, 3, used to come first, and its only partners left (5, 6) are SYS pairs: a TP
+    # group laid over the pair ran at 8 GB/s. A node's first GPU is now one with the fastest
+    # partner left, so the pair is 5-6 (NV2).
+    from apps.placement.solvers.base import hierarchy
+    from apps.placement.solvers.intra import thin_sets
+
+    topo, free = cubes_with_sys_gaps()
+    sets = thin_sets(topo, hierarchy(topo), free, job(tp=4, pp=2, dp=2))
+    assert sets
+    for gset in sets:
+        for name in ("gapA", "gapB"):
+            on = gset[np.asarray(node_names(topo, gset)) == name]
+            assert on.size == 2 and topo.intra_pairs(on)[0] >= 25.0
+
+
+def test_a_tp4_job_beyond_the_nvlink_node_keeps_its_groups_off_sys_pairs_and_shared_nics():
+    # tp4 x pp2 x dp2 on 8 NVLink GPUs and 8 cube-mesh ones. Both 4-NIC nodes whole put two DP
+    # members behind a NIC (12.5 GB/s, 16.0 ms an entry): 186.4 ms of comm. The thin sets took
+    # SYS pairs of gapA and gapB; now an NVLink pair of each cube-mesh node, every GPU behind a
+    # NIC of its own: 131.9 ms.
+    topo, free = cubes_with_sys_gaps()
+    j = job(tp=4, pp=2, dp=2, comm=LLM_TP_PP_DP)
+    placed = place(topo, free, None, j)
+    assert free[list(placed.gids)].all() and len(set(placed.gids)) == 16
+    assert placed.prediction.comm_ms < 150.0
+    assert min(g.bottleneck_GBps for g in evaluate(topo, j, placed.gids).groups) >= 25.0
+
+
+def test_tp_groups_split_over_a_4_nic_node_meet_its_nics_one_member_each():
+    # tp8 x pp2 on an 8-GPU node with 4 NICs of 50 GB/s (one per GPU pair) and one with 8 of
+    # 25 GB/s: each TP group takes half of each node, so PP pairs stay on NVLink. Each group's
+    # half on the 4-NIC node sat behind two NICs (GPUs 4-7 and 0-3), so its network phase ran on
+    # two rails: TP entry 31.0 ms, 35.3 ms of comm. With every GPU in use no rank can move to a
+    # free GPU; two ranks of the node trading GPUs put each half behind the four NICs, one member
+    # each: 18.2 ms and 22.5 ms.
+    from apps.placement.costmodel.paths import nic_ids
+
+    topo = fleet([nvl_node("four", nics=4, nic_bw=50.0), nvl_node("eight", nic_bw=25.0)])
+    free = np.ones(topo.n_gpus, dtype=bool)
+    j = job(tp=8, pp=2, comm=LLM_TP_PP_DP)
+    placed = place(topo, free, None, j)
+    assert placed.prediction.comm_ms < 25.0
+    gids = np.asarray(placed.gids)
+    nic = nic_ids(topo)[0]
+    for group in (gids[:8], gids[8:]):
+        on_four = group[topo.gpu_node[group] == 0]
+        assert np.unique(nic[on_four]).size == on_four.size
