@@ -483,10 +483,10 @@ def test_a_split_tp_groups_lone_member_moves_off_a_shared_nic():
 # --------------------------------------------------------------------------- thin PCIe sets
 
 
-def pcie_node(name, nics=8):
-    """An 8-GPU PCIe node on two sockets (PIX pairs 0-1, 2-3, ..., PHB within a socket, SYS
-    across) with `nics` NICs of 25 GB/s."""
-    out = intra_node(name, PCIE_TWO_SOCKETS)
+def nic_node(name, links, nics):
+    """An 8-GPU node with the intra links `links` and `nics` NICs of 25 GB/s, each serving
+    8 / nics consecutive GPUs."""
+    out = intra_node(name, links)
     per = 8 // nics
     out["nics"] = [
         {
@@ -499,6 +499,12 @@ def pcie_node(name, nics=8):
         for i in range(nics)
     ]
     return out
+
+
+def pcie_node(name, nics=8):
+    """An 8-GPU PCIe node on two sockets (PIX pairs 0-1, 2-3, ..., PHB within a socket, SYS
+    across) with `nics` NICs of 25 GB/s."""
+    return nic_node(name, PCIE_TWO_SOCKETS, nics)
 
 
 def pcie_beside_nvl(counts):
@@ -596,19 +602,7 @@ def test_an_moe_job_beyond_the_nvlink_nodes_keeps_its_dp_ring_off_pcie_host_brid
 def cube_node(name, nics):
     """An 8-GPU DGX-1 cube-mesh node with `nics` NICs of 25 GB/s (8: one a GPU; 4: one per GPU
     pair 0-1, 2-3, 4-5, 6-7, as the DGX-1 has)."""
-    out = intra_node(name, DGX1_CUBE_MESH)
-    per = 8 // nics
-    out["nics"] = [
-        {
-            "name": f"mlx5_{k}",
-            "gpus": list(range(k * per, (k + 1) * per)),
-            "leaf": "leaf-1",
-            "bw_GBps": 25.0,
-            "latency_us": 1.5,
-        }
-        for k in range(nics)
-    ]
-    return out
+    return nic_node(name, DGX1_CUBE_MESH, nics)
 
 
 def cubes_beside_nvl():
