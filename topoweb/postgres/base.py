@@ -23,11 +23,14 @@ def server_spoke(connection) -> bool:
     (between requests a healthy connection has not)."""
     if connection.closed or connection.broken:
         return True
+    # poll, not select: a web process holding thousands of agents' long-polls has descriptors
+    # beyond select's 1024, where select refuses and every request would pay the SELECT 1.
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([connection.fileno()], [], [], 0)
+        poller.register(connection.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
