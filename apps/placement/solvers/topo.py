@@ -204,8 +204,11 @@ def _link_aware_sets(
     topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec, plans: list
 ) -> Iterator[tuple[np.ndarray, float, bool]]:
     """Link-aware sets beside the best-fit ones (`plans`, which the caller extends with each),
-    ranked after them on fit, for a job no NVLink domain holds."""
+    ranked after them on fit. For a job one NVLink domain holds, only its equal pieces over
+    several domains (NVL72 racks): a latency-bound allreduce's tree over two domains, a chain of
+    n/2 ranks in each, takes fewer steps than one ring of n inside one."""
     if counts.domain.max() >= job.gpus:
+        yield from ((gset, math.inf, False) for gset in domain_chunk_sets(idx, counts, job))
         return
     for gset in fast_sets(topology, idx, counts, job):
         yield gset, math.inf, False

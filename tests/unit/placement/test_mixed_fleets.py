@@ -15,6 +15,8 @@ from apps.placement.solvers import place
 from apps.placement.topology import load_topology
 from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec
 
+from .specs import generated
+
 
 def nvl_node(name, leaf="leaf-1", gpus=8, nics=8, nic_bw=50.0, domain=None):
     per = gpus // nics
@@ -320,6 +322,26 @@ def test_a_dp48_job_takes_equal_chunks_of_four_24_gpu_domains():
     placed = place(topo, free, None, j)
     per_domain = np.bincount(topo.gpu_domain[list(placed.gids)])
     assert sorted(per_domain[per_domain > 0].tolist()) == [12, 12, 12, 12]
+
+
+@pytest.mark.parametrize(("nbytes", "split"), [(1e6, True), (1e8, True), (1e9, False)])
+def test_a_latency_bound_dp32_job_one_rack_holds_splits_over_two_racks(nbytes, split):
+    # Two NVL72 racks (18 nodes x 4 GPUs, one NVLink domain each). A ring of 32 in one rack pays 62
+    # NVLink latencies; the tree over two racks a chain of 16 in each and one network hop, so a
+    # small allreduce runs faster 16 + 16; a large one stays in the rack (NVLink bandwidth).
+    topo = load_topology(
+        generated(
+            nodes_per_leaf=18, gpus_per_node=4, nics_per_node=4, nvlink_domain_nodes=18, nvlink_bw_GBps=900
+        )
+    )
+    j = job(dp=32, comm=[("dp", "allreduce", nbytes, 0)])
+    placed = place(topo, np.ones(topo.n_gpus, dtype=bool), None, j)
+    one = evaluate(topo, j, np.arange(32)).comm_ms
+    halves = evaluate(topo, j, np.r_[0:16, 72:88]).comm_ms
+    assert (halves < one) == split
+    assert placed.prediction.comm_ms == pytest.approx(min(one, halves))
+    per_domain = np.bincount(topo.gpu_domain[list(placed.gids)])
+    assert sorted(per_domain[per_domain > 0].tolist()) == ([16, 16] if split else [32])
 
 
 def test_domain_chunks_are_not_tried_where_domains_are_single_nodes():
