@@ -11,7 +11,10 @@
    these, the job split evenly over the nodes with the fastest network per GPU (`fast.py`), so
    that link speed, not only GPU count, decides the set; and, when nodes with intra links have
    free GPUs, the same sets over the other nodes only. A job of up to 8 GPUs that lands in one
-   uniform domain at the top rate is done here (nothing is cheaper; no bound, no search).
+   uniform domain at the top rate is done here (nothing is cheaper; no bound, no search). A larger
+   job one domain holds whose set there misses the bound also gets its equal pieces over several
+   domains (`chunks.domain_chunk_sets`): a small allreduce's tree over two NVL72 racks, a chain of
+   n/2 in each, takes fewer latency steps than one ring of n inside one.
 2. Which rank where: rank blocks nested by group (`mapping.py`).
 3. When the best of these misses the lower bound over the free GPUs (`bounds.lower_bound` with
    `free`): a job spanning units of a pod is also spread evenly over more units with its (pp, dp)
