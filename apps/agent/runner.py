@@ -674,31 +674,41 @@ class Agent:
         local.status = RankStatus.STOPPING
         local.tasks.append(asyncio.ensure_future(self._stop_rank(local)))
 
-    def _signal(self, local: LocalRank, sig: int) -> None:
+    def _signal(
+        self, local: LocalRank, sig: int, *, skip: frozenset[int] | set[int] = frozenset()
+    ) -> set[int]:
+        """Send `sig` to every process of the rank but those in `skip`; returns the pids
+        signalled (without cgroups: the process group's, by its leader's pid)."""
         if local.cgroup is not None:
             if sig == signal.SIGKILL:
                 local.cgroup.kill()
-            else:
-                with contextlib.suppress(OSError):
-                    for pid in local.cgroup.pids():
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, sig)
-            return
-        if local.shim_pid:
+                return set()
+            sent: set[int] = set()
+            with contextlib.suppress(OSError):
+                for pid in local.cgroup.pids() - skip:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                        sent.add(pid)
+            return sent
+        if local.shim_pid and local.shim_pid not in skip:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(local.shim_pid, sig)
+                return {local.shim_pid}
+        return set()
 
     async def _stop_rank(self, local: LocalRank) -> None:
         """SIGTERM every process of the rank, wait its grace period, then kill what is left
-        (cgroup.kill, or freeze and SIGKILL)."""
-        if self._gone(local):
-            return
-        self._signal(local, signal.SIGTERM)
+        (cgroup.kill, or freeze and SIGKILL). The rank is stopped once its main process exited
+        and its cgroup is empty: an empty cgroup alone may be a rank the shim forked a moment ago
+        that has not joined it yet, and each process that joins later gets its SIGTERM too
+        (once: a rank's SIGTERM handler, a checkpoint, runs once)."""
         deadline = time.monotonic() + local.stop_grace_s
-        while not self._gone(local) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        while not self._gone(local):
-            self._signal(local, signal.SIGKILL)
+        termed: set[int] = set()
+        while not (self._gone(local) and self._main_exit(local) is not None):
+            if time.monotonic() < deadline:
+                termed |= self._signal(local, signal.SIGTERM, skip=termed)
+            else:
+                self._signal(local, signal.SIGKILL)
             await asyncio.sleep(0.05)
 
     def _forget(self, local: LocalRank) -> None:

@@ -1,0 +1,124 @@
+"""Stopping a rank: a process that joins the rank's cgroup after the stop began is stopped too."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from apps.agent.env import RankPlan
+from apps.agent.runner import Agent, LocalRank, RankStatus
+
+
+class LateCgroup:
+    """A rank cgroup the rank's process joins only when `joined` is set, as when the shim forked
+    the rank but the child has not yet written itself to cgroup.procs."""
+
+    version = 2
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.joined = False
+
+    def pids(self) -> set[int]:
+        return {self.proc.pid} if self.joined and self.proc.poll() is None else set()
+
+    def empty(self) -> bool:
+        return not self.pids()
+
+    def kill(self) -> None:
+        if self.pids():
+            self.proc.kill()
+
+
+def test_a_rank_that_joins_its_cgroup_after_the_stop_began_is_stopped(tmp_path: Path):
+    """The stop of a rank whose shim forked it a moment ago does not take the empty cgroup for a
+    stopped rank: the main process has not exited, and it gets SIGTERM once it joined."""
+    rank = subprocess.Popen(["sleep", "60"])
+    try:
+        cgroup = LateCgroup(rank)
+        agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path)
+        local = LocalRank(
+            (1, 0, 0),
+            RankPlan(rank=0, local_rank=0, gpu=0, env={}),
+            tmp_path / "rank.log",
+            5.0,
+            tmp_path,
+            cgroup=cgroup,
+        )
+        # The shim is alive (it waits for its child): here the rank process stands in for it.
+        local.shim_pid = rank.pid
+        local.status = RankStatus.STOPPING
+
+        async def stop_then_join():
+            stopping = asyncio.ensure_future(agent._stop_rank(local))
+            await asyncio.sleep(0.3)
+            assert not stopping.done(), "the stop ended while the rank's main process still ran"
+            cgroup.joined = True
+            await asyncio.wait_for(stopping, timeout=4.0)
+
+        asyncio.run(stop_then_join())
+        assert rank.wait(timeout=1) == -15
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def _cgroups(name: str):
+    """The agent's cgroups under `name` where this process may create them (root, as CI), else None."""
+    from apps.agent.cgroups import CgroupError, detect
+
+    if os.geteuid() != 0:
+        return None
+    try:
+        return detect("auto", name)
+    except CgroupError:
+        return None
+
+
+def test_a_rank_stopped_the_moment_it_was_started_does_not_run_on(tmp_path: Path):
+    """A real rank under its shim and cgroup, stopped right after the agent started it (its job
+    failed meanwhile): the stop waits for the shim's child to join the cgroup and stops it, so
+    the rank's exit is reported within its grace period rather than when it ends by itself."""
+    cgroups = _cgroups(f"topoweb-unit-{os.getpid()}")
+    if cgroups is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root with a writable cgroup hierarchy")
+        pytest.skip("needs root and a writable cgroup hierarchy")
+    agent = Agent(
+        server="http://topoweb",
+        node="n",
+        token="k",
+        log_dir=tmp_path / "logs",
+        cgroups=cgroups,
+        single_user=True,
+        allow_root=True,
+    )
+    key = (1, 0, 0)
+    entry = {"command": ["sleep", "60"], "stop_grace_s": 5}
+    plan = RankPlan(rank=0, local_rank=0, gpu=0, env={"CUDA_VISIBLE_DEVICES": "0"})
+
+    async def start_then_stop():
+        agent.log_dir.mkdir(parents=True)
+        agent.state_dir.mkdir(parents=True)
+        agent._wake = asyncio.Event()
+        await agent._start(key, plan, entry)
+        local = agent.ranks[key]
+        agent._begin_stop(local)
+        await asyncio.wait_for(asyncio.gather(*local.tasks), timeout=10.0)
+        return local
+
+    try:
+        local = asyncio.run(start_then_stop())
+        assert local.status is RankStatus.EXITED
+        assert agent.outbox[(*key, "exited")]["exit_code"] == -15
+    finally:
+        for local in agent.ranks.values():
+            if local.cgroup is not None:
+                local.cgroup.kill()
+                local.cgroup.remove()
+        for parent in cgroups.parents:
+            parent.rmdir()
