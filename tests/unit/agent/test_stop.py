@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from apps.agent.env import RankPlan
 from apps.agent.runner import Agent, LocalRank, RankStatus
+
+
+def run_loop(main):
+    """`asyncio.run(main())` on a thread of its own (a browser test of the suite may have left an
+    event loop running on this one)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(main())).result()
 
 
 class LateCgroup:
@@ -60,7 +68,7 @@ def test_a_rank_that_joins_its_cgroup_after_the_stop_began_is_stopped(tmp_path: 
             cgroup.joined = True
             await asyncio.wait_for(stopping, timeout=4.0)
 
-        asyncio.run(stop_then_join())
+        run_loop(stop_then_join)
         assert rank.wait(timeout=1) == -15
     finally:
         rank.kill()
@@ -112,7 +120,7 @@ def test_a_rank_stopped_the_moment_it_was_started_does_not_run_on(tmp_path: Path
         return local
 
     try:
-        local = asyncio.run(start_then_stop())
+        local = run_loop(start_then_stop)
         assert local.status is RankStatus.EXITED
         assert agent.outbox[(*key, "exited")]["exit_code"] == -15
     finally:
