@@ -85,8 +85,10 @@ if mode == "fork":
         os.setsid()
         time.sleep(120)
         os._exit(0)
-    with open(os.path.join(out, "children-" + tag), "w") as fh:
+    # Atomically: the test reads every children file as soon as it sees it.
+    with open(os.path.join(out, "tmp-children-" + tag), "w") as fh:
         fh.write(f"{{child.pid}} {{pid}}")
+    os.replace(os.path.join(out, "tmp-children-" + tag), os.path.join(out, "children-" + tag))
 if mode in ("sleep", "fail", "stubborn", "deaf", "spy"):
     time.sleep(float(os.environ.get("SLEEP_S", "60")))
 print("rank", rank, "done", flush=True)
