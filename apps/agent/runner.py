@@ -104,6 +104,9 @@ class LocalRank:
     record: Path
     cgroup: RankCgroup | None = None
     shim_pid: int | None = None
+    # Which process `shim_pid` named when the shim started (`process_start`): a pid alone may
+    # name another process after a reboot or once reused.
+    shim_start: str = ""
     proc: asyncio.subprocess.Process | None = None
     status: RankStatus = RankStatus.RUNNING
     exit_code: int | None = None
@@ -157,6 +160,30 @@ def _alive(pid: int | None) -> bool:
             return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = _boot_id()
+
+
+def process_start(pid: int | None) -> str:
+    """When process `pid` started, as "boot id:clock ticks since boot" ('' when it is gone or
+    /proc cannot tell): with its pid, this names one process across reboots and pid reuse."""
+    if not pid:
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # Field 22 (starttime); the fields after the command's closing parenthesis start at 3.
+            start = fh.read().rsplit(b")", 1)[-1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+    return f"{BOOT_ID}:{start}"
 
 
 def _group_alive(pgid: int | None) -> bool:
@@ -517,6 +544,7 @@ class Agent:
             if local.cgroup is None
             else {"version": local.cgroup.version, "dirs": [str(d) for d in local.cgroup.dirs]},
             "shim_pid": local.shim_pid,
+            "shim_start": local.shim_start,
         }
         tmp = local.record / "rank.json.tmp"
         tmp.write_text(json.dumps(data))
@@ -589,6 +617,7 @@ class Agent:
         finally:
             os.close(fd)
         local.shim_pid = local.proc.pid
+        local.shim_start = process_start(local.shim_pid)
         self._save(local)
         self._report(key, "started", pid=local.shim_pid)
         local.tasks.append(asyncio.ensure_future(self._watch(local)))
@@ -618,7 +647,14 @@ class Agent:
                 path.parent,
                 cgroup=cgroup,
                 shim_pid=data.get("shim_pid"),
+                shim_start=str(data.get("shim_start") or ""),
             )
+            now_named = process_start(local.shim_pid)
+            if local.shim_start and now_named and now_named != local.shim_start:
+                # The node rebooted or the pid was reused: that process is not the rank's, and
+                # nothing of the rank is left under that pid or its process group.
+                log.info("rank %s: its shim's pid %s now names another process", local.name, local.shim_pid)
+                local.shim_pid = None
             self.ranks[key] = local
             live = (cgroup is not None and not cgroup.empty()) or _alive(local.shim_pid)
             log.info("re-adopted rank %s (%s)", local.name, "running" if live else "exited meanwhile")

@@ -1,0 +1,84 @@
+"""Re-adopting recorded ranks: a recorded shim pid that now names another process (a reboot, or
+the pid reused) is not taken for the rank's shim, and that process is left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from apps.agent.runner import LOST_EXIT, Agent, RankStatus, process_start
+
+from .test_stop import run_loop
+
+KEY = (7, 1, 3)
+
+
+@pytest.fixture
+def stranger():
+    """A live process group leader that is not a rank's (its pid is what a record names)."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _record(agent: Agent, pid: int, start: str) -> None:
+    """A rank record as a previous agent left it, without cgroups (its process group is the rank)."""
+    record = agent.state_dir / "job-7-gen-1-rank-3"
+    record.mkdir(parents=True)
+    data = {
+        "key": list(KEY),
+        "plan": {"rank": 3, "local_rank": 0, "gpu": 0, "env": {}},
+        "log_path": str(agent.log_dir / "rank.log"),
+        "stop_grace_s": 1.0,
+        "cgroup": None,
+        "shim_pid": pid,
+        "shim_start": start,
+    }
+    (record / "rank.json").write_text(json.dumps(data))
+
+
+def _adopt_and_watch(agent: Agent, seconds: float):
+    """Adopt the recorded ranks and watch them for `seconds`; the adopted rank."""
+
+    async def main():
+        agent._wake = asyncio.Event()
+        agent._adopt()
+        local = agent.ranks[KEY]
+        await asyncio.wait(local.tasks, timeout=seconds)
+        for task in local.tasks:
+            task.cancel()
+        await asyncio.gather(*local.tasks, return_exceptions=True)
+        return local
+
+    return run_loop(main)
+
+
+def test_a_recorded_shim_pid_that_names_another_process_is_an_exit(tmp_path: Path, stranger):
+    """The record's shim started at another time (here: another boot) than the process its pid
+    names now: the rank is reported lost at once, and the stranger is neither waited for nor
+    signalled (without cgroups the agent would stop the rank by its process group)."""
+    agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, single_user=True)
+    _record(agent, stranger.pid, "another-boot:12345")
+    local = _adopt_and_watch(agent, 3.0)
+    assert local.status is RankStatus.EXITED
+    assert agent.outbox[(*KEY, "exited")]["exit_code"] == LOST_EXIT
+    assert stranger.poll() is None
+    agent._signal(local, 15)
+    assert stranger.poll() is None
+
+
+def test_a_recorded_shim_that_still_runs_is_re_adopted_running(tmp_path: Path, stranger):
+    """The same process as recorded (pid and start): the rank runs on."""
+    agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, single_user=True)
+    start = process_start(stranger.pid)
+    assert start and start.count(":") == 1
+    _record(agent, stranger.pid, start)
+    local = _adopt_and_watch(agent, 0.5)
+    assert local.status is RankStatus.RUNNING
+    assert local.shim_pid == stranger.pid
+    assert (*KEY, "exited") not in agent.outbox
