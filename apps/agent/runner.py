@@ -145,6 +145,13 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
         return ""
 
 
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields from the third (state) on, past the command in parentheses;
+    OSError when the process is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[-1].split()
+
+
 def _alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -156,8 +163,7 @@ def _alive(pid: int | None) -> bool:
         return True
     # A zombie (exited, not yet reaped) counts as gone.
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+        return _stat_fields(pid)[0] != b"Z"
     except OSError:
         return False
 
@@ -178,9 +184,8 @@ def process_start(pid: int | None) -> str:
     if not pid:
         return ""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            # Field 22 (starttime); the fields after the command's closing parenthesis start at 3.
-            start = fh.read().rsplit(b")", 1)[-1].split()[19].decode()
+        # Field 22, starttime.
+        start = _stat_fields(pid)[19].decode()
     except (OSError, IndexError, UnicodeDecodeError):
         return ""
     return f"{BOOT_ID}:{start}"
