@@ -35,28 +35,57 @@ def node_rates(topology: Topology, counts: Free) -> np.ndarray:
 
 
 def fast_sets(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec) -> list[np.ndarray]:
-    """GPU sets (canonical order) of the job split evenly over the fastest nodes, one per split."""
+    """GPU sets (canonical order) of the job split evenly over the fastest nodes, one per split;
+    then split near-evenly (parts of two sizes one apart, 7 + 7 + 6 + 6 + 6): a hierarchical
+    allreduce's network phase moves each node's share through as many NICs as the node has ranks,
+    so its smallest part decides, and best fit's whole nodes and a remainder (8 + 8 + 8 + 4 + 4)
+    lose to an even spread where no equal split fits."""
     n = job.gpus
     rate = node_rates(topology, counts)
     out: list[np.ndarray] = []
     for per in range(min(n, idx.max_node_gpus), 0, -1):
         if len(out) >= SPLITS_TRIED:
             break
-        if n % per or per % job.tp and job.tp % per:
+        if n % per or _cuts_tp(per, job):
             continue
-        k = n // per
-        ok = np.flatnonzero(counts.node >= per)
-        if ok.size < k or k < 2:
+        pick = _fastest(idx, counts, rate, per)[: n // per]
+        if pick.size < n // per or n // per < 2:
             continue
-        unit = idx.gpu_unit[idx.node_first_gid[ok]]
-        pick = ok[
-            np.lexsort((idx.position[idx.node_first_gid[ok]], unit, counts.unit_load[unit], -rate[ok]))[:k]
-        ]
-        # Each picked node's `per` lowest free GPUs.
-        start = np.searchsorted(counts.ids, idx.node_first_gid[pick])
-        gset = counts.ids[(start[:, None] + np.arange(per)).ravel()]
-        out.append(canonical(idx, gset))
+        out.append(_take(idx, counts, pick, np.full(pick.size, per)))
+    near = 0
+    first = max(2, -(-n // idx.max_node_gpus))
+    for k in range(first, min(n, 2 * first) + 1):
+        if near >= SPLITS_TRIED:
+            break
+        lo, extra = divmod(n, k)
+        if not extra or _cuts_tp(lo, job) or _cuts_tp(lo + 1, job):
+            continue
+        pick = _fastest(idx, counts, rate, lo)[:k]
+        roomy = pick[counts.node[pick] > lo][:extra]
+        if pick.size < k or roomy.size < extra:
+            continue
+        out.append(_take(idx, counts, pick, lo + np.isin(pick, roomy)))
+        near += 1
     return out
+
+
+def _cuts_tp(part: int, job: JobSpec) -> bool:
+    """Whether a per-node part of `part` GPUs neither holds whole TP groups nor divides one."""
+    return bool(part % job.tp and job.tp % part)
+
+
+def _fastest(idx: HierarchyIndex, counts: Free, rate: np.ndarray, part: int) -> np.ndarray:
+    """Nodes with room for `part` GPUs, the highest NIC rate per free GPU first, ties to the
+    quieter unit, then hierarchy order."""
+    ok = np.flatnonzero(counts.node >= part)
+    unit = idx.gpu_unit[idx.node_first_gid[ok]]
+    return ok[np.lexsort((idx.position[idx.node_first_gid[ok]], unit, counts.unit_load[unit], -rate[ok]))]
+
+
+def _take(idx: HierarchyIndex, counts: Free, nodes: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Each node's `parts` lowest free GPUs, in canonical order."""
+    start = np.searchsorted(counts.ids, idx.node_first_gid[nodes])
+    return canonical(idx, np.concatenate([counts.ids[s : s + p] for s, p in zip(start, parts, strict=True)]))
 
 
 def rate_filled_set(topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec) -> np.ndarray | None:

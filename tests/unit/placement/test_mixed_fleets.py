@@ -370,6 +370,19 @@ def test_a_dp16_job_takes_6_5_5_on_three_nodes_not_4_4_4_4_on_four():
     assert sorted(per_node.tolist()) == [5, 5, 6]
 
 
+def test_a_dp32_job_takes_near_equal_parts_where_no_equal_split_fits():
+    # Free 8, 8, 8, 7, 6 (and 5, 4, 2): no equal split fits (three nodes hold 8, seven hold 4),
+    # and the fewest nodes give 8 + 8 + 8 + 4 + 4 or 8 + 8 + 8 + 7 + 1, whose smallest part runs the
+    # inter-node allreduce on few rails. Near-equal parts, 7 + 7 + 6 + 6 + 6, halve that.
+    topo = fleet([nvl_node(f"f{i}") for i in range(8)])
+    free = free_counts(topo, {"f0": 5, "f1": 4, "f2": 6, "f3": 7, "f4": 8, "f5": 2, "f6": 8, "f7": 8})
+    spec = job(dp=32, comm=[("dp", "allreduce", 1.3e9, 0)])
+    placed = place(topo, free, None, spec)
+    _, per_node = np.unique(topo.gpu_node[list(placed.gids)], return_counts=True)
+    assert min(per_node) == 6 and sorted(per_node.tolist()) == [6, 6, 6, 7, 7]
+    assert placed.prediction.comm_ms <= lower_bound(topo, spec, free=free).comm_ms * (1 + 1e-9)
+
+
 def test_covers_are_the_fewest_cells_exactly_else_the_fewest_with_the_smallest_piece_cut():
     from apps.placement.solvers.chunks import _covers
 
