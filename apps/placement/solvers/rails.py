@@ -19,7 +19,9 @@ move helps (every GPU of the node in use, say), two of the job's ranks on one no
 node, with a rank behind a NIC the group does not use there. A tp8 x pp2 x dp4 job on a whole
 leaf of 8-NIC and 4-NIC nodes had TP groups split 4 + 4 whose half on a 4-NIC node sat behind 3
 of its 4 NICs (TP entry 22.5 ms); one member a NIC, 18.2 ms. A node with one NIC per GPU or a
-single NIC offers no move, so 8-NIC fleets pay nothing.
+single NIC offers no move, so 8-NIC fleets pay nothing. Where every GPU of the nodes is the
+job's and no single swap gains (a pipeline hop is as slow as its busier end), the ranks that reach
+another node in a kind are spread over their node's NICs on every node at once (`spread_crossing`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,12 @@ def spread_rails(
     if np.bincount(nic_ids(topology)[0][cur]).max(initial=0) < 2:
         return cur
     moves = any(True for _ in rail_moves(topology, cur, free))
-    if not moves and not any(True for _ in rail_swaps(topology, job, cur)):
+    spreads = [
+        t
+        for t in (spread_crossing(topology, job, k, cur) for k in _network_kinds(job))
+        if not np.array_equal(t, cur)
+    ]
+    if not moves and not spreads and not any(True for _ in rail_swaps(topology, job, cur)):
         return cur
 
     def price(trial: np.ndarray) -> tuple[float, float, float]:
@@ -68,6 +75,13 @@ def spread_rails(
         # Every node at once first: a DP pair on two nodes gains only when both its ends move.
         trial = spread_all(topology, cur, free)
         c = price(trial)
+        if _better(c, cost):
+            cur, cost = trial, c
+    for trial in spreads:
+        # Every node at once too: a pipeline hop gains only when both its ends have a NIC alone.
+        # (Spread from the map given: kept only if it beats what the free GPUs gave.)
+        c = price(trial)
+        evals += 1
         if _better(c, cost):
             cur, cost = trial, c
     improved = True
@@ -145,6 +159,60 @@ def spread_all(topology: Topology, gids: np.ndarray, free: np.ndarray) -> np.nda
             used[cur[rank]], used[target] = False, True
             cur[rank] = target
     return cur
+
+
+def _network_kinds(job: JobSpec) -> list[str]:
+    """Group kinds with declared traffic and groups of two or more, heaviest first."""
+    traffic = declared_traffic(job)
+    arrays = group_arrays(job)
+    return [
+        k
+        for k in sorted(arrays, key=lambda k: -traffic.get(k, 0.0))
+        if traffic.get(k, 0.0) > 0 and arrays[k].shape[1] > 1
+    ]
+
+
+def spread_crossing(topology: Topology, job: JobSpec, kind: str, gids: np.ndarray) -> np.ndarray:
+    """`gids` with, on every node, the job's ranks that reach another node in `kind` (`crossing`)
+    spread over the node's NICs by swaps: while two of them share a NIC, the last of those (in
+    GPU order) trades GPUs with the first rank of the node that does not cross, behind a NIC none
+    of them uses. A tp4 x pp4 job on two 4-NIC nodes whose crossing stages sat on GPUs 4 to 7 of
+    one and 0 to 3 of the other sent its four pipeline hops two to a NIC at each end (p2p entry
+    26.9 ms); one NIC a hop, 13.5 ms. Single swaps cannot get there: a hop is as slow as its
+    busier end, so none gains until both ends of every hop have moved."""
+    cur = np.array(gids, dtype=np.int64)
+    ids, _ = nic_ids(topology)
+    node_of = topology.gpu_node[cur]
+    crossing = _crossing(job, kind, node_of)
+    for node in dict.fromkeys(node_of.tolist()):
+        here = node_of == node
+        while True:
+            nic_of = ids[cur]
+            out = np.flatnonzero(here & crossing)
+            out = out[np.argsort(cur[out], kind="stable")]
+            nics, counts = np.unique(nic_of[out], return_counts=True)
+            others = np.flatnonzero(here & ~crossing & ~np.isin(nic_of, nics))
+            if counts.max(initial=0) < 2 or not others.size:
+                break
+            rank = int(out[nic_of[out] == nics[np.argmax(counts)]][-1])
+            other = int(others[np.argmin(cur[others])])
+            cur[rank], cur[other] = cur[other], cur[rank]
+    return cur
+
+
+def _crossing(job: JobSpec, kind: str, node_of: np.ndarray) -> np.ndarray:
+    """Per rank: whether it reaches another node in `kind`: with a p2p entry, a neighbour in its
+    group's order sits elsewhere; otherwise its group spans nodes."""
+    groups = group_arrays(job)[kind]
+    at = node_of[groups]
+    out = np.zeros(node_of.size, dtype=bool)
+    if any(c.group == kind and c.collective == "p2p" for c in job.comm):
+        cut = at[:, 1:] != at[:, :-1]
+        out[groups[:, 1:][cut]] = True
+        out[groups[:, :-1][cut]] = True
+    else:
+        out[groups[(at != at[:, :1]).any(axis=1)].ravel()] = True
+    return out
 
 
 def rail_moves(topology: Topology, gids: np.ndarray, free: np.ndarray) -> Iterator[tuple[int, int]]:
