@@ -252,11 +252,8 @@ def rail_swaps(topology: Topology, job: JobSpec, gids: np.ndarray) -> Iterator[t
     ids, _ = nic_ids(topology)
     node_of = topology.gpu_node[gids]
     nic_of = ids[gids]
-    traffic = declared_traffic(job)
     arrays = group_arrays(job)
-    for kind in sorted(arrays, key=lambda k: -traffic.get(k, 0.0)):
-        if traffic.get(kind, 0.0) <= 0 or arrays[kind].shape[1] < 2:
-            continue
+    for kind in _network_kinds(job):
         for group in arrays[kind]:
             nodes = node_of[group]
             if np.unique(nodes).size < 2:
