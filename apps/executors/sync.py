@@ -32,9 +32,9 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from apps.placement.jobs import load_job
+from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
 from apps.scheduling.agent_selectors import master_port
-from apps.scheduling.agents import _finish, requeue_released
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
@@ -275,7 +275,7 @@ def _requeue(job: Job, why: str, now: datetime) -> None:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.status in ACTIVE_STATUSES:
-            requeue_released(job_id=job.pk, why=why, now=now)
+            lifecycle.requeue(job_id=job.pk, why=why, now=now)
 
 
 def _sync_submissions(
@@ -404,10 +404,10 @@ def _running(job, sub, comps, result, now) -> None:
             granted.setdefault(node, []).extend(idx)
     _rebind(job, granted, now)
     if job.status == JobStatus.PLACING:
-        Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(
-            status=JobStatus.RUNNING, started_at=now, pending_reason=""
-        )
-        result.started.append(job.pk)
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().get(pk=job.pk)
+            if lifecycle.start(job=locked, now=now):
+                result.started.append(job.pk)
 
 
 def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
@@ -444,10 +444,6 @@ def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
         for other in Job.objects.filter(pk__in=others):
             # Slurm runs this job there: a plan of another job on those GPUs is stale.
             _requeue(other, f"Slurm granted its planned GPUs to job {job.pk}; re-placing", now)
-        Allocation.objects.filter(job=job, generation=job.generation).delete()
-        snap.book_many(
-            snapshot=snapshot, bookings=[(job.pk, gids)], generations={job.pk: job.generation}, now=now
-        )
         spec = load_job(job.spec)
         fields = snap.priced_fields(
             snapshot=snapshot,
@@ -457,7 +453,7 @@ def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
             own_flows=job.flows or {},
         )
         fields.pop("placed_policy", None)
-        Job.objects.filter(pk=job.pk).update(**fields)
+        lifecycle.rebind(job=job, snapshot=snapshot, gids=gids, fields=fields)
     queue_cycle(job.cluster_id)
     return True
 
@@ -484,7 +480,7 @@ def _ended(job, sub, comps, state, result, now) -> None:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.status in ACTIVE_STATUSES:
-            _finish(job, status, why, now)
+            lifecycle.finish(job=job, status=status, reason=why, now=now)
             result.finished.append(job.pk)
 
 
@@ -562,7 +558,12 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
             with transaction.atomic():
                 locked = Job.objects.select_for_update().get(pk=job.pk)
                 if locked.status in ACTIVE_STATUSES:
-                    _finish(locked, JobStatus.FAILED, f"Slurm refused the job{who}: {exc}", now)
+                    lifecycle.finish(
+                        job=locked,
+                        status=JobStatus.FAILED,
+                        reason=f"Slurm refused the job{who}: {exc}",
+                        now=now,
+                    )
                     result.finished.append(job.pk)
             return
         _requeue(job, f"Slurm refused the submission: {exc}; re-placing", now)

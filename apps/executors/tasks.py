@@ -1,15 +1,12 @@
-"""Celery tasks of the executors app: the Slurm sync of every Slurm cluster, every few seconds
-(`BEAT_SCHEDULE`, merged into the settings' CELERY_BEAT_SCHEDULE), and of one cluster on demand."""
+"""Celery tasks of the executors app: the Slurm sync of one cluster on demand (a wake or a stop
+through scheduling's port) and of every Slurm cluster. Beat syncs each Slurm cluster through the
+port's `reconcile` (`scheduling.reconcile_all`, every few seconds)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-SLURM_SYNC_INTERVAL_S = 3.0
-
-BEAT_SCHEDULE = {
-    "executors-slurm-sync": {"task": "executors.slurm_sync_all", "schedule": SLURM_SYNC_INTERVAL_S},
-}
+BEAT_SCHEDULE: dict = {}
 
 
 @shared_task(name="executors.slurm_sync", ignore_result=True)

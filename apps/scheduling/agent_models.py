@@ -68,6 +68,11 @@ class RankRun(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     exited_at = models.DateTimeField(null=True, blank=True)
     log_tail = models.TextField(blank=True, default="")
+    stop_requested_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its generation was left (job ended, requeued or migrating): it is stopping since then.",
+    )
 
     class Meta:
         ordering = ["job_id", "generation", "rank"]

@@ -19,16 +19,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, models, transaction
-from django.db.models import Case, CharField, Count, DateTimeField, F, Q, TextField, Value, When
+from django.db.models import Case, CharField, DateTimeField, F, TextField, Value, When
 from django.utils import timezone
 
 from apps.topology.models import Cluster, Node
 
+from . import lifecycle
 from . import snapshot as snap
 from .agent_models import new_node_key, node_key_hash
 from .agent_selectors import node_gpu_indexes
 from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
 from .cycle import queue_cycle
+from .lifecycle import RankEvent as RankReport
 from .models import Allocation, Job, NodeAgent, NodeToken, RankLogChunk, RankRun
 from .wakeups import notify_cluster
 
@@ -51,19 +53,6 @@ def fence_after_s() -> float:
 def start_timeout_s() -> float:
     """Seconds a placed job may take until every rank started before it is requeued."""
     return float(getattr(settings, "TOPOWEB_START_TIMEOUT_S", 600.0))
-
-
-@dataclass(frozen=True, slots=True)
-class RankReport:
-    """One report of an agent: rank `rank` of `job` generation `generation` `started` or `exited`."""
-
-    job: int
-    generation: int
-    rank: int
-    event: str
-    pid: int | None = None
-    exit_code: int | None = None
-    log_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,158 +182,44 @@ def _report_job(node: Node, job_id: int, items: list[RankReport], now: datetime)
         job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
         if job is None:
             return
-        for r in items:
-            _record(job, node, r, now)
-        _advance(job, now)
-        older = any(r.generation < job.generation for r in items)
-        if older and job.status in (JobStatus.PLACING, JobStatus.RUNNING):
-            # Placed again (after a preemption or a requeue) while ranks of its previous
-            # placement were stopping: their GPUs free up as they exit.
-            if snap.release_exited(job_id=job.pk, now=now):
-                queue_cycle(job.cluster_id)
+        lifecycle.ranks_reported(job=job, node=node, events=items, now=now)
 
 
-def _record(job: Job, node: Node, r: RankReport, now: datetime) -> None:
-    run = RankRun.objects.filter(job=job, generation=r.generation, rank=r.rank).first()
-    if run is None:
-        run = RankRun(job=job, generation=r.generation, rank=r.rank, node=node, started_at=now)
-    elif run.state == RankState.EXITED:
-        return
-    if r.pid is not None:
-        run.pid = r.pid
-    if r.log_tail:
-        run.log_tail = r.log_tail[-LOG_TAIL_CHARS:]
-    if r.event == "exited":
-        run.state = RankState.EXITED
-        run.exit_code = r.exit_code
-        run.exited_at = now
-    run.save()
-
-
-def _fail_reason(run: RankRun) -> str:
-    tail = run.log_tail[-REASON_TAIL_CHARS:].strip()
-    code = run.exit_code
-    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-    text = f"rank {run.rank} on node {run.node.name} {how}"
-    return f"{text}; last output:\n{tail}" if tail else text
-
-
-def _advance(job: Job, now: datetime) -> None:
-    """Move `job` (locked) along what its ranks reported."""
-    runs = RankRun.objects.filter(job=job, generation=job.generation)
-    if job.status in (JobStatus.PLACING, JobStatus.RUNNING):
-        failed = (
-            runs.filter(state=RankState.EXITED)
-            .exclude(exit_code=0)
-            .select_related("node")
-            .order_by("exited_at", "rank")
-            .first()
-        )
-        if failed is not None:
-            _finish(job, JobStatus.FAILED, _fail_reason(failed), now)
-            return
-        counts = runs.aggregate(
-            seen=Count("id"), exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0))
-        )
-        if counts["exited"] == job.gpus:
-            _finish(job, JobStatus.COMPLETED, "", now)
-            return
-        if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:
-            job.status = JobStatus.RUNNING
-            job.started_at = now
-            job.pending_reason = ""
-            job.save(update_fields=["status", "started_at", "pending_reason"])
-        return
-    if job.status == JobStatus.MIGRATING:
-        _migration_continue(job, now)
-        return
-    if snap.release_exited(job_id=job.pk, now=now):
-        queue_cycle(job.cluster_id)
-
-
-def _finish(job: Job, status: str, reason: str, now: datetime) -> None:
-    snap.release(job_id=job.pk, now=now)
-    job.status = status
-    job.pending_reason = reason
-    job.finished_at = now
-    job.overdue = False
-    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
-    queue_cycle(job.cluster_id)
-    notify_job_nodes(job)
-
-
-def notify_job_nodes(job: Job) -> None:
+def notify_job_nodes(cluster_id: int, job_id: int) -> None:
     """Wake the long-polls of the nodes the job has (or had) ranks on, after commit."""
-    nodes = Allocation.objects.filter(job_id=job.pk).values_list("gpu__node__name", flat=True).distinct()
-    notify_cluster(job.cluster_id, list(nodes))
+    nodes = set(Allocation.objects.filter(job_id=job_id).values_list("node_name", flat=True))
+    nodes |= set(RankRun.objects.filter(job_id=job_id).values_list("node__name", flat=True))
+    notify_cluster(cluster_id, sorted(nodes))
 
 
-def _migration_continue(job: Job, now: datetime) -> None:
-    """Once no rank of an older generation runs: release the old GPUs, book the waiting ones and
-    let the new generation start (placing)."""
-    if RankRun.objects.filter(job=job, generation__lt=job.generation, state=RankState.STARTED).exists():
-        return
-    # Old rows first: the GPUs shared by both generations then go live for the new one.
-    Allocation.objects.filter(job=job, live=True).exclude(generation=job.generation).update(
-        live=False, released_at=now
-    )
-    Allocation.objects.filter(
-        job=job, generation=job.generation, live=False, released_at__isnull=True
-    ).update(live=True)
-    job.status = JobStatus.PLACING
-    job.placed_at = now
-    job.started_at = None
-    job.pending_reason = f"migrated: generation {job.generation} starting on its new GPUs"
-    job.save(update_fields=["status", "placed_at", "started_at", "pending_reason"])
-    queue_cycle(job.cluster_id)
-    notify_job_nodes(job)
+FENCE_MARGIN_S = 5.0
 
 
-def migration_generation(*, job: Job, snapshot: snap.ClusterSnapshot, new_gids: tuple[int, ...], now) -> None:
-    """Start generation g+1 of `job` (locked) on `new_gids`: when ranks of generation g still run,
-    the job is migrating, its old GPUs stay live and the new GPUs it already holds wait (not
-    live) until every old rank exited; otherwise the allocations are swapped at once."""
-    generation = job.generation + 1
-    old = set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
-    running = RankRun.objects.filter(job=job, state=RankState.STARTED).exists()
-    pks = snapshot.index.gpu_pk
-    if not running:
-        snap.release(job_id=job.pk, now=now)
-        snap.book_many(
-            snapshot=snapshot, bookings=[(job.pk, new_gids)], generations={job.pk: generation}, now=now
-        )
-        Job.objects.filter(pk=job.pk).update(generation=generation)
-        return
-    Allocation.objects.filter(job=job, live=False).delete()
-    # Not live: a GPU the old generation still holds; it goes live when the old rank exited.
-    rows = [
-        snap.allocation_row(
-            snapshot=snapshot,
-            job_id=job.pk,
-            rank=rank,
-            gid=gid,
-            generation=generation,
-            now=now,
-            live=pks[gid] not in old,
-        )
-        for rank, gid in enumerate(int(g) for g in new_gids)
-    ]
-    snap.assign_master_ports(rows)
-    Allocation.objects.bulk_create(rows)
-    Job.objects.filter(pk=job.pk).update(
-        generation=generation,
-        status=JobStatus.MIGRATING,
-        pending_reason=f"migrating: generation {generation - 1} is stopping",
-    )
-    notify_job_nodes(job)
+def fence_deadline(*, last_seen: datetime | None, grace_s: float) -> datetime | None:
+    """When the ranks of a node silent since `last_seen` are surely stopped: its agent stops them
+    (SIGTERM, then SIGKILL after `grace_s`) once it has not reached the server for
+    `fence_after_s()`, counted from its last answered sync; that sync may be up to half of
+    `down_after_s()` later than `last_seen` (a heartbeat that changes nothing is not written).
+    None: never seen, nothing of it can be running."""
+    if last_seen is None:
+        return None
+    return last_seen + timedelta(seconds=down_after_s() / 2 + fence_after_s() + grace_s + FENCE_MARGIN_S)
+
+
+def _stop_grace_on(node: Node) -> float:
+    """The longest stop grace of the ranks still counted as running on `node`."""
+    jobs = Job.objects.filter(rank_runs__node=node, rank_runs__state=RankState.STARTED).distinct()
+    return max((snap.job_spec(j).launch.stop_grace_s for j in jobs.only("pk", "spec")), default=0.0)
 
 
 def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, list]:
     """Mark nodes that missed heartbeats down (their jobs fail, or requeue when their spec says
-    `requeue: true`), draining nodes with nothing left drained, and requeue placed jobs whose
-    ranks did not all start in time. Returns what changed: {"down", "drained", "requeued"}."""
+    `requeue: true`), count the ranks of down nodes whose fence deadline passed as gone (their
+    GPUs are released), mark draining nodes with nothing left drained, and requeue placed jobs
+    whose ranks did not all start in time. Returns what changed: {"down", "fenced", "drained",
+    "requeued"}."""
     now = now or timezone.now()
-    out: dict[str, list] = {"down": [], "drained": [], "requeued": []}
+    out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
     cutoff = now - timedelta(seconds=down_after_s())
     stale = NodeAgent.objects.filter(
         node__cluster=cluster,
@@ -354,6 +229,17 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     for agent in stale:
         node_down(node=agent.node, reason=f"no heartbeat for {down_after_s():.0f} s", now=now)
         out["down"].append(agent.node.name)
+    holding = NodeAgent.objects.filter(
+        node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
+    ).distinct()
+    for agent in holding.select_related("node"):
+        deadline = fence_deadline(last_seen=agent.last_seen, grace_s=_stop_grace_on(agent.node))
+        if deadline is None or deadline <= now:
+            with transaction.atomic():
+                lifecycle.ranks_lost(
+                    node=agent.node, why=f"lost: node {agent.node.name} is down and fenced", now=now
+                )
+            out["fenced"].append(agent.node.name)
     draining = NodeAgent.objects.filter(node__cluster=cluster, state=NodeState.DRAINING).select_related(
         "node"
     )
@@ -382,27 +268,16 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
         if job.placed_at >= now - timedelta(seconds=start_timeout_s()):
             return False
         started = RankRun.objects.filter(job=job, generation=job.generation).count()
-        snap.release(job_id=job.pk, now=now)
-        job.status = JobStatus.QUEUED
-        job.placed_at = None
-        job.flows = {}
-        job.requeue_reason = (
-            f"{started} of {job.gpus} ranks started within the start timeout of {start_timeout_s():.0f} s"
-        )
-        job.requeued_at = now
-        job.pending_reason = f"requeued: {job.requeue_reason}"
-        job.save(
-            update_fields=["status", "placed_at", "flows", "pending_reason", "requeue_reason", "requeued_at"]
-        )
-        queue_cycle(job.cluster_id)
-        notify_job_nodes(job)
-        return True
+        why = f"{started} of {job.gpus} ranks started within the start timeout of {start_timeout_s():.0f} s"
+        return lifecycle.requeue(job_id=job.pk, why=why, now=now)
 
 
 def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[int]:
-    """The node is down: its GPUs leave the free set, its ranks count as lost, and every job with
-    a rank there fails (or goes back to the queue when its spec says `requeue: true`). Returns the
-    ids of the jobs it touched."""
+    """The node is down: its GPUs leave the free set and every job with a rank there fails (or
+    goes back to the queue when its spec says `requeue: true`). Its ranks still count as running
+    until its fence deadline passes (`nodes_check`) or its agent reports them: a cut-off agent
+    may still be stopping them, so a requeued job waits for them. Returns the ids of the jobs it
+    touched."""
     now = now or timezone.now()
     touched: list[int] = []
     with transaction.atomic():
@@ -410,35 +285,12 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
             node=node, defaults={"state": NodeState.DOWN, "reason": reason, "state_since": now}
         )
         job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
-        RankRun.objects.filter(node=node, state=RankState.STARTED).update(
-            state=RankState.EXITED, exited_at=now, log_tail="lost: node down"
-        )
-        # Its processes are gone with it (or fenced off): those GPUs are out of the free set anyway.
-        Allocation.objects.filter(live=True, gpu__node=node).update(live=False, released_at=now)
         for job in Job.objects.select_for_update().filter(pk__in=job_ids, status__in=ACTIVE_STATUSES):
             touched.append(job.pk)
-            why = f"node {node.name} went down ({reason})"
-            if snap.job_spec(job).launch.requeue:
-                requeue_released(job_id=job.pk, why=why, now=now)
-            else:
-                _finish(job, JobStatus.FAILED, why, now)
+            lifecycle.interrupted(job=job, why=f"node {node.name} went down ({reason})", now=now)
         queue_cycle(node.cluster_id)
         notify_cluster(node.cluster_id)
     return touched
-
-
-def requeue_released(*, job_id: int, why: str, now: datetime) -> None:
-    """Put an active job (locked by the caller) back in the queue with `why`, releasing its GPUs."""
-    snap.release(job_id=job_id, now=now)
-    Job.objects.filter(pk=job_id).update(
-        status=JobStatus.QUEUED,
-        placed_at=None,
-        started_at=None,
-        flows={},
-        pending_reason=f"requeued: {why}",
-        requeue_reason=why,
-        requeued_at=now,
-    )
 
 
 def node_drain(*, node: Node, reason: str) -> NodeAgent:

@@ -25,20 +25,18 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from apps.placement.planner import CyclePlan, plan_cycle
 from apps.topology.models import Cluster
 
-from . import accounts
+from . import accounts, lifecycle
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, WAITING_STATUSES, CycleStatus, JobStatus
+from .choices import CycleStatus, JobStatus
 from .models import Job, SchedulingCycle
 from .occupancy import CycleOccupancy
 from .occupancy import forget as forget_occupancy
-from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +224,8 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                 snapshot = occupancy.snapshot
                 stage("snapshot")
                 unreadable: dict[int, str] = {}
-                queue = snap.queued_jobs(cluster=locked, unreadable=unreadable)
+                waiting = snap.queued_jobs(cluster=locked, unreadable=unreadable)
+                queue, held_back = _held_back(occupancy, waiting)
                 stage("queue")
                 quotas = accounts.rank_jobs(cluster=locked, snapshot=snapshot, queue=queue, now=now)
                 stage("rank")
@@ -240,8 +239,9 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     quotas=quotas,
                 )
                 stage("plan")
-                failed = _fail_unschedulable({**unreadable, **plan.failed}, now)
-                placed, preempted = _commit(snapshot, plan, queue, now)
+                plan.waiting.update(held_back)
+                failed = lifecycle.fail_unscheduled({**unreadable, **plan.failed}, now)
+                placed, preempted = _commit(snapshot, plan, waiting, now)
                 stage("commit")
                 record = SchedulingCycle.objects.create(
                     cluster=locked,
@@ -282,62 +282,43 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
             raise
 
 
-def _fail_unschedulable(reasons: dict[int, str], now: datetime) -> dict[int, str]:
-    """Mark each waiting job of `reasons` (job id -> why the cycle could not evaluate it) failed,
-    so it stops costing every later cycle; returns those that were still waiting."""
-    if not reasons:
-        return {}
-    still = set(
-        Job.objects.filter(pk__in=list(reasons), status__in=WAITING_STATUSES).values_list("id", flat=True)
-    )
-    for jid in still:
-        log.warning("job %s failed to schedule: %s", jid, reasons[jid])
-        Job.objects.filter(pk=jid, status__in=WAITING_STATUSES).update(
-            status=JobStatus.FAILED, pending_reason=f"failed to schedule: {reasons[jid]}", finished_at=now
-        )
-    return {jid: reasons[jid] for jid in still}
-
-
 def _book(snapshot: snap.ClusterSnapshot, plan: CyclePlan, now: datetime) -> list[int]:
     """Write the plan's bookings in a few statements; returns the ids of the jobs placed."""
-    if not plan.bookings:
-        return []
-    ids = [b.job.job_id for b in plan.bookings]
-    # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
-    # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
-    # mark_placed moves each of them to its next generation.
-    generations = {
-        pk: generation + 1
-        for pk, generation in Job.objects.select_for_update()
-        .filter(pk__in=ids, status__in=WAITING_STATUSES)
-        .values_list("id", "generation")
-    }
-    waiting = set(generations)
-    booked = [b for b in plan.bookings if b.job.job_id in waiting]
-    snap.mark_placed(
-        updates=[
-            (
+    return lifecycle.place(
+        snapshot=snapshot,
+        bookings=[
+            lifecycle.Booking(
                 b.job.job_id,
+                tuple(int(g) for g in b.placement.gids),
                 {
                     **snap.prediction_fields(snapshot.topology, b.job.spec, b.placement),
                     "borrowed": b.borrowed,
                 },
             )
-            for b in booked
+            for b in plan.bookings
         ],
         now=now,
     )
-    snap.book_many(
-        snapshot=snapshot,
-        bookings=[(b.job.job_id, b.placement.gids) for b in booked],
-        generations=generations,
-        now=now,
-    )
-    if booked:
-        topo = snapshot.topology
-        nodes = {topo.nodes[int(topo.gpu_node[g])].name for b in booked for g in b.placement.gids}
-        notify_cluster(snapshot.cluster_id, nodes)
-    return [b.job.job_id for b in booked]
+
+
+def _held_back(
+    occupancy: CycleOccupancy, queue: list[snap.QueuedJob]
+) -> tuple[list[snap.QueuedJob], dict[int, str]]:
+    """The queue without the jobs whose previous generation still has ranks holding GPUs (they are
+    placed again only once those are gone), and why each of those waits."""
+    topo = occupancy.snapshot.topology
+    waiting: dict[int, str] = {}
+    for q in queue:
+        hold = occupancy.holds.get(q.job_id)
+        if hold is None or not any(hold.ranks.values()):
+            continue
+        per_node: dict[str, int] = {}
+        for gids in hold.ranks.values():
+            for g in gids:
+                name = topo.nodes[int(topo.gpu_node[g])].name
+                per_node[name] = per_node.get(name, 0) + 1
+        waiting[q.job_id] = lifecycle.still_stopping(per_node)
+    return [q for q in queue if q.job_id not in waiting], waiting
 
 
 def _commit(
@@ -345,35 +326,23 @@ def _commit(
 ) -> tuple[list[int], list[int]]:
     """Write a plan: evictions, bookings, overdue flags, waiting reasons. Returns the ids of the
     jobs placed and preempted. A victim whose ranks run under agents is only told to stop here:
-    its GPUs stay allocated until its agents report every rank's exit (`snap.release` keeps
-    those), and its preemptor waits for them in the plan."""
+    its GPUs stay allocated until its agents report every rank's exit (`lifecycle.requeue`
+    keeps those), and its preemptor waits for them in the plan."""
     preempted: list[int] = []
-    stopping_nodes: set[str] = set()
-    topo = snapshot.topology
     for ev in plan.evictions:
         jid = ev.victim.job_id
         why = f"preempted by job {ev.by_job} (priority {ev.by_priority})"
         if ev.reclaimed_for:
             why = f"reclaimed by job {ev.by_job} of account {ev.reclaimed_for}: it ran on borrowed GPUs"
-        if ev.stopping:
-            stopping_nodes.update(topo.nodes[int(topo.gpu_node[g])].name for g in ev.victim.gids)
-        changed = Job.objects.filter(pk=jid, status__in=ACTIVE_STATUSES).update(
-            status=JobStatus.PREEMPTED,
-            pending_reason=f"{why}; its ranks are stopping" if ev.stopping else why,
-            requeue_reason=why,
-            requeued_at=now,
-            preemptions=F("preemptions") + 1,
-            placed_at=None,
-            started_at=None,
-            overdue=False,
-            flows={},
-        )
-        snap.release(job_id=jid, now=now)
-        if changed:
+        if lifecycle.requeue(
+            job_id=jid,
+            why=why,
+            now=now,
+            preempted=True,
+            pending=f"{why}; its ranks are stopping" if ev.stopping else why,
+            by_cycle=True,
+        ):
             preempted.append(jid)
-    if stopping_nodes:
-        # Their agents' long-polls return at once and stop the ranks (SIGTERM, grace, SIGKILL).
-        notify_cluster(snapshot.cluster_id, stopping_nodes)
     placed = _book(snapshot, plan, now)
     # Only flags that changed: every running job is re-checked every cycle.
     flips = [a.job_id for a in snapshot.active if plan.overdue.get(a.job_id, a.overdue) != a.overdue]

@@ -42,19 +42,16 @@ class PeriodicScheduler(threading.Thread):
         active jobs, then migration proposals; errors are logged."""
         from apps.topology.models import Cluster
 
-        from .agents import nodes_check
         from .cycle import schedule_cluster
+        from .executor import reconcile
         from .pricing import active_jobs_reprice
         from .proposals import migrations_propose
 
         close_old_connections()
         try:
-            # Clusters run by Slurm: their node states, foreign jobs and job states first.
-            from apps.executors.sync import slurm_sync_all
-
-            slurm_sync_all()
             for cluster in Cluster.objects.order_by("pk"):
-                for step in (nodes_check, schedule_cluster, active_jobs_reprice, migrations_propose):
+                # The executor's convergence first: node health, fenced ranks, Slurm's states.
+                for step in (reconcile, schedule_cluster, active_jobs_reprice, migrations_propose):
                     try:
                         retry_when_locked(partial(step, cluster=cluster), what=step.__name__)
                     except Cluster.DoesNotExist:

@@ -10,8 +10,8 @@ from django.utils import timezone
 from apps.placement.planner import migration_option
 from apps.topology.models import Cluster
 
+from . import executor, lifecycle
 from . import snapshot as snap
-from .agents import migration_generation
 from .choices import ACTIVE_STATUSES, JobStatus, ProposalStatus
 from .cycle import queue_cycle
 from .models import Job, MigrationProposal
@@ -32,11 +32,9 @@ def migrations_propose(*, cluster: Cluster) -> list[MigrationProposal]:
     proposal when it predicts a step time more than 5% shorter and the job has no open one.
 
     Open proposals of jobs that no longer hold GPUs are marked stale. Returns the new proposals.
-    A cluster run by Slurm gets none: Slurm cannot move a running job's ranks.
+    A cluster whose executor cannot move a running job (Slurm) gets none.
     """
-    from apps.executors.sync import is_slurm
-
-    if is_slurm(cluster.pk):
+    if not executor.can_migrate(cluster.pk):
         return []
     with transaction.atomic():
         locked = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
@@ -164,8 +162,7 @@ def migration_apply(
             policy=proposal.policy,
             own_flows=active.flows,
         )
-        Job.objects.filter(pk=job.pk).update(**fields)
-        migration_generation(job=job, snapshot=snapshot, new_gids=new_gids, now=now)
+        lifecycle.migrate(job=job, snapshot=snapshot, new_gids=new_gids, fields=fields)
         proposal.status = ProposalStatus.APPLIED
         proposal.applied_at = now
         proposal.decided_by = user

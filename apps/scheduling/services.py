@@ -1,9 +1,9 @@
 """Scheduling services: every write of the scheduling app goes through these functions.
 
-Job lifecycle (submit, cancel, start, complete, fail, preempt) lives here; the scheduling cycle is
-in `cycle.py` and migration proposals in `proposals.py`, re-exported below. Services are
-keyword-only, run in a transaction, and queue a scheduling cycle on commit when GPUs free up or a
-job arrives.
+What users, operators and launchers ask of a job (submit, cancel, start, complete, fail,
+preempt): checked and locked here, each change made by its transition in `lifecycle.py`. The
+scheduling cycle is in `cycle.py` and migration proposals in `proposals.py`, re-exported below.
+Services are keyword-only and run in a transaction.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
 from apps.topology.selectors import forget_recent_clusters
 
-from . import accounts
+from . import accounts, lifecycle
 from . import snapshot as snap
-from .agents import notify_job_nodes
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
-from .cycle import queue_cycle, schedule_cluster
+from .cycle import schedule_cluster
+from .lifecycle import JobStateError
 from .models import Job, LauncherToken
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
@@ -46,17 +45,6 @@ __all__ = [
     "migrations_propose",
     "schedule_cluster",
 ]
-
-
-class JobStateError(Exception):
-    """A lifecycle action that the job's current status does not allow."""
-
-    def __init__(self, job: Job, action: str, allowed: tuple[str, ...]):
-        self.job = job
-        self.action = action
-        super().__init__(
-            f"cannot {action} job {job.pk}: it is {job.status}; {action} needs status {' or '.join(allowed)}"
-        )
 
 
 class IdempotencyConflict(Exception):
@@ -147,21 +135,10 @@ def _submit(
     if fields["priority"] > limit:
         whose = f"account {fields['account'].name}" if fields["account"] else "your role"
         raise SpecError([("priority", f"{fields['priority']} is over the limit of {limit} for {whose}")])
-    job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, **fields)
+    job = Job(cluster=target, owner=user, **fields)
     # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
     job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
-    if transaction.get_connection().in_atomic_block:
-        # Under a savepoint: a refused INSERT (a concurrent Idempotency-Key) leaves the caller's
-        # transaction usable; the cycle is requested when that transaction commits.
-        with transaction.atomic():
-            job.save()
-            queue_cycle(target.pk)
-    else:
-        # One INSERT, committed by itself: no BEGIN and COMMIT round trips around it. The cycle
-        # is requested once it is committed.
-        job.save()
-        queue_cycle(target.pk)
-    return job
+    return lifecycle.submit(job)
 
 
 def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluster | None = None) -> list[Job]:
@@ -193,35 +170,16 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
                 (f"[{i}].priority", f"{fields['priority']} is over the limit of {limit} for {whose}")
             )
             continue
-        job = Job(cluster=target, owner=user, status=JobStatus.QUEUED, account=account, **fields)
+        job = Job(cluster=target, owner=user, account=account, **fields)
         job.full_clean(exclude=["cluster", "owner", "account"], validate_unique=False)
         rows.append(job)
     if errors:
         raise SpecError(errors)
-    with transaction.atomic():
-        jobs = Job.objects.bulk_create(rows)
-        for cluster_id in {j.cluster_id for j in jobs}:
-            queue_cycle(cluster_id)
-    return jobs
+    return lifecycle.submit_many(rows)
 
 
 def _locked(job: Job) -> Job:
     return Job.objects.select_for_update().get(pk=job.pk)
-
-
-def _release(job: Job, status: str, *, reason: str = "", now=None) -> Job:
-    now = now or timezone.now()
-    snap.release(job_id=job.pk, now=now)
-    job.status = status
-    job.pending_reason = reason
-    job.finished_at = now if status in FINISHED_STATUSES else None
-    job.overdue = False
-    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
-    # Freed GPUs or a shorter queue may let waiting jobs start.
-    queue_cycle(job.cluster_id)
-    # Agents stop what no longer belongs to a running job.
-    notify_job_nodes(job)
-    return job
 
 
 def job_cancel(*, job: Job, user: AbstractBaseUser | None = None) -> Job:
@@ -231,7 +189,7 @@ def job_cancel(*, job: Job, user: AbstractBaseUser | None = None) -> Job:
         if job.status in FINISHED_STATUSES:
             raise JobStateError(job, "cancel", ("queued", "preempted", "placing", "running"))
         who = f" by {user.get_username()}" if user is not None else ""
-        return _release(job, JobStatus.CANCELLED, reason=f"cancelled{who}")
+        return lifecycle.finish(job=job, status=JobStatus.CANCELLED, reason=f"cancelled{who}")
 
 
 def job_start(*, job: Job) -> Job:
@@ -240,11 +198,8 @@ def job_start(*, job: Job) -> Job:
         job = _locked(job)
         if job.status == JobStatus.RUNNING:
             return job
-        if job.status != JobStatus.PLACING:
+        if not lifecycle.start(job=job):
             raise JobStateError(job, "start", ("placing",))
-        job.status = JobStatus.RUNNING
-        job.started_at = timezone.now()
-        job.save(update_fields=["status", "started_at"])
         return job
 
 
@@ -254,7 +209,7 @@ def job_complete(*, job: Job) -> Job:
         job = _locked(job)
         if job.status not in ACTIVE_STATUSES:
             raise JobStateError(job, "complete", ("placing", "running"))
-        return _release(job, JobStatus.COMPLETED)
+        return lifecycle.finish(job=job, status=JobStatus.COMPLETED)
 
 
 def job_fail(*, job: Job, reason: str = "") -> Job:
@@ -263,7 +218,9 @@ def job_fail(*, job: Job, reason: str = "") -> Job:
         job = _locked(job)
         if job.status not in ACTIVE_STATUSES:
             raise JobStateError(job, "fail", ("placing", "running"))
-        return _release(job, JobStatus.FAILED, reason=reason or "reported failed by the launcher")
+        return lifecycle.finish(
+            job=job, status=JobStatus.FAILED, reason=reason or "reported failed by the launcher"
+        )
 
 
 def job_preempt(*, job: Job, reason: str = "") -> Job:
@@ -273,15 +230,9 @@ def job_preempt(*, job: Job, reason: str = "") -> Job:
         job = _locked(job)
         if job.status not in ACTIVE_STATUSES:
             raise JobStateError(job, "preempt", ("placing", "running"))
-        Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
-        reason = reason or "preempted by an operator"
-        job.placed_at = None
-        job.started_at = None
-        job.flows = {}
-        job.requeue_reason = reason
-        job.requeued_at = timezone.now()
-        job.save(update_fields=["placed_at", "started_at", "flows", "requeue_reason", "requeued_at"])
-        _release(job, JobStatus.PREEMPTED, reason=reason)
+        lifecycle.requeue(
+            job_id=job.pk, why=reason or "preempted by an operator", now=timezone.now(), preempted=True
+        )
         job.refresh_from_db()
         return job
 

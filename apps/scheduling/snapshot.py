@@ -1,8 +1,8 @@
 """The one translation layer between ORM rows and the placement core's plain dataclasses.
 
 Reads: a cluster's topology, busy GPUs, link loads and active jobs as a `ClusterSnapshot`; queued
-jobs as `QueuedJob`s carrying their `JobSpec`. Writes: a core `Placement` as Allocation rows and
-Job prediction fields. Every other scheduling module either talks to the ORM or to the core.
+jobs as `QueuedJob`s carrying their `JobSpec`; a core `Placement` as Job prediction fields. The
+writes that book GPUs are the lifecycle's (`lifecycle.py`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
+from django.db.models import Q
 
 from apps.placement.costmodel import Prediction, evaluate
 from apps.placement.jobs import JobSpec, check_peak, job_to_spec, load_job
@@ -399,49 +397,6 @@ def prediction_fields(topology: Topology, spec: JobSpec, placement: Placement) -
     }
 
 
-PLACED_FIELDS = (
-    "status",
-    "placed_at",
-    "pending_reason",
-    "placed_policy",
-    "predicted_comm_ms",
-    "predicted_step_ms",
-    "predicted_mfu",
-    "predicted",
-    "flows",
-    "borrowed",
-)
-
-
-def mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datetime) -> None:
-    """Set each (job id, prediction fields) job placing at `now` with its prediction fields (see
-    `prediction_fields`): one statement sent as a batch, not one ORM update per job."""
-    fields = [Job._meta.get_field(name) for name in PLACED_FIELDS]
-    qn = connection.ops.quote_name
-    gen = qn(Job._meta.get_field("generation").column)
-    # Each placement starts a new generation of the job's processes.
-    sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
-        qn(Job._meta.db_table),
-        ", ".join(f"{qn(f.column)} = %s" for f in fields),
-        gen,
-        gen,
-        qn(Job._meta.pk.column),
-    )
-    params = []
-    for job_id, values in updates:
-        row = {
-            "status": JobStatus.PLACING.value,
-            "placed_at": now,
-            "pending_reason": "",
-            "borrowed": False,
-            **values,
-        }
-        params.append([f.get_db_prep_save(row[f.name], connection) for f in fields] + [job_id])
-    if params:
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
-
-
 REASON_BATCH = 500  # waiting reasons written per UPDATE
 
 
@@ -466,169 +421,6 @@ def write_waiting_reasons(*, reasons: Iterable[tuple[int, str]]) -> None:
         params += [job_id for job_id, _ in batch] + waiting
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-
-
-def allocation_row(
-    *,
-    snapshot: ClusterSnapshot,
-    job_id: int,
-    rank: int,
-    gid: int,
-    generation: int,
-    now: datetime,
-    live: bool = True,
-) -> Allocation:
-    """An unsaved allocation of rank `rank` of `job_id` on gid `gid`, keeping the GPU's place by
-    value (node, index, NIC) so the job's history survives a topology replace."""
-    node, index = snapshot.topology.gpu_key(gid)
-    return Allocation(
-        job_id=job_id,
-        rank=rank,
-        gpu_id=snapshot.index.gpu_pk[gid],
-        node_name=node,
-        gpu_index=index,
-        nic_name=snapshot.index.nic_name[gid],
-        live=live,
-        generation=generation,
-        created_at=now,
-    )
-
-
-def assign_master_ports(rows: Sequence[Allocation]) -> None:
-    """Give each rank-0 row of `rows` its generation's MASTER_PORT: a port of
-    TOPOWEB_MASTER_PORTS used by no other live (or waiting) generation whose rank 0 is on the same
-    node, searched from a point that depends on the job and generation (so a new generation
-    rarely meets a port its predecessor just left)."""
-    firsts = [r for r in rows if r.rank == 0 and r.gpu_id is not None]
-    if not firsts:
-        return
-    node_of = dict(Gpu.objects.filter(pk__in={r.gpu_id for r in firsts}).values_list("pk", "node_id"))
-    taken: dict[int, set[int]] = {}
-    busy = (
-        Allocation.objects.filter(rank=0, master_port__isnull=False, gpu__node_id__in=set(node_of.values()))
-        .filter(Q(live=True) | Q(released_at__isnull=True))
-        .values_list("gpu__node_id", "master_port")
-    )
-    for node_id, port in busy:
-        taken.setdefault(node_id, set()).add(port)
-    low, high = settings.TOPOWEB_MASTER_PORTS
-    span = high - low + 1
-    for row in firsts:
-        used = taken.setdefault(node_of[row.gpu_id], set())
-        start = (row.job_id * 64 + row.generation) % span
-        port = next(
-            (low + (start + i) % span for i in range(span) if low + (start + i) % span not in used), None
-        )
-        if port is None:
-            port = low + start
-            log.warning(
-                "every MASTER_PORT in %s-%s is taken on one node; job %s shares one", low, high, row.job_id
-            )
-        row.master_port = port
-        used.add(port)
-
-
-def book_many(
-    *,
-    snapshot: ClusterSnapshot,
-    bookings: Iterable[tuple[int, Iterable[int]]],
-    generations: Mapping[int, int],
-    now: datetime | None = None,
-) -> None:
-    """Book each (job id, gids) job as live allocation rows of generation `generations[job id]`,
-    rank r on gids[r]: one DELETE of released rows and one multi-row INSERT for all of them."""
-    now = now or timezone.now()
-    ids: list[int] = []
-    rows: list[Allocation] = []
-    for job_id, gids in bookings:
-        ids.append(job_id)
-        rows += [
-            allocation_row(
-                snapshot=snapshot,
-                job_id=job_id,
-                rank=rank,
-                gid=int(gid),
-                generation=generations[job_id],
-                now=now,
-            )
-            for rank, gid in enumerate(gids)
-        ]
-    if not ids:
-        return
-    # Rows released before (a preempted job's) go; live rows of an older generation whose rank is
-    # still running stay until it exits.
-    Allocation.objects.filter(job_id__in=ids, live=False).delete()
-    assign_master_ports(rows)
-    if connection.vendor == "postgresql":
-        _insert_allocations(rows)
-    else:
-        Allocation.objects.bulk_create(rows, batch_size=1000)
-
-
-# Columns written by `_insert_allocations` and their array types (`released_at` stays null).
-_ALLOCATION_ARRAYS = (
-    ("job", "bigint"),
-    ("rank", "bigint"),
-    ("gpu", "bigint"),
-    ("node_name", "text"),
-    ("gpu_index", "bigint"),
-    ("nic_name", "text"),
-    ("live", "boolean"),
-    ("generation", "bigint"),
-    ("created_at", "timestamptz"),
-    ("master_port", "bigint"),
-)
-
-
-def _insert_allocations(rows: Sequence[Allocation]) -> None:
-    """Insert unsaved allocation rows with one INSERT ... SELECT FROM unnest(one array per column)
-    (Postgres): the ORM's multi-row INSERT prepares each value of each row in Python, most of a
-    burst cycle's booking time."""
-    qn = connection.ops.quote_name
-    fields = [(Allocation._meta.get_field(name), sql_type) for name, sql_type in _ALLOCATION_ARRAYS]
-    columns = ", ".join(qn(field.column) for field, _ in fields)
-    arrays = ", ".join(f"%s::{sql_type}[]" for _, sql_type in fields)
-    sql = f"INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays})"
-    params = [[getattr(row, field.attname) for row in rows] for field, _ in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def _rank_running():
-    return Exists(
-        RankRun.objects.filter(
-            job_id=OuterRef("job_id"),
-            generation=OuterRef("generation"),
-            rank=OuterRef("rank"),
-            state=RankState.STARTED,
-        )
-    )
-
-
-def release(*, job_id: int, now: datetime | None = None) -> int:
-    """Release the job's GPUs except those whose rank process still runs (those are released
-    when its agent reports the exit; a GPU is never handed on while a process may use it).
-    Rows waiting for a migration are dropped. Returns how many GPUs were freed."""
-    now = now or timezone.now()
-    Allocation.objects.filter(job_id=job_id, live=False, released_at__isnull=True).update(released_at=now)
-    return (
-        Allocation.objects.filter(job_id=job_id, live=True)
-        .exclude(_rank_running())
-        .update(live=False, released_at=now)
-    )
-
-
-def release_exited(*, job_id: int, now: datetime | None = None) -> int:
-    """Release the live allocations of the job's generations other than its current one (and of
-    every generation when it no longer holds GPUs) whose rank has no running process."""
-    now = now or timezone.now()
-    job = Job.objects.filter(pk=job_id).values_list("status", "generation").first()
-    if job is None:
-        return 0
-    rows = Allocation.objects.filter(job_id=job_id, live=True)
-    if job[0] in ACTIVE_STATUSES:
-        rows = rows.exclude(generation=job[1])
-    return rows.exclude(_rank_running()).update(live=False, released_at=now)
 
 
 def priced_fields(

@@ -11,7 +11,8 @@ from celery import shared_task
 # Models are imported inside the tasks: settings import BEAT_SCHEDULE before apps are ready.
 SCHEDULE_INTERVAL_S = 10.0
 PROPOSE_INTERVAL_S = 60.0
-NODES_CHECK_INTERVAL_S = 5.0
+RECONCILE_INTERVAL_S = 3.0
+RECONCILE_CHECK_INTERVAL_S = 60.0
 RETENTION_INTERVAL_S = 24 * 3600.0
 
 BEAT_SCHEDULE = {
@@ -23,9 +24,13 @@ BEAT_SCHEDULE = {
         "task": "scheduling.reprice_all_clusters",
         "schedule": SCHEDULE_INTERVAL_S,
     },
-    "scheduling-check-nodes": {
-        "task": "scheduling.check_all_nodes",
-        "schedule": NODES_CHECK_INTERVAL_S,
+    "scheduling-reconcile": {
+        "task": "scheduling.reconcile_all",
+        "schedule": RECONCILE_INTERVAL_S,
+    },
+    "scheduling-reconcile-check": {
+        "task": "scheduling.reconcile_check",
+        "schedule": RECONCILE_CHECK_INTERVAL_S,
     },
     "scheduling-propose-migrations": {
         "task": "scheduling.propose_all_migrations",
@@ -65,13 +70,6 @@ def schedule_cluster_task(self, cluster_id: int) -> int | None:
         cycle = schedule_requested(cluster=cluster)
     except Cluster.DoesNotExist:
         return None
-    if cycle.placed:
-        # A cluster run by Slurm submits what was just placed now rather than at the next sync.
-        from apps.executors.sync import is_slurm
-        from apps.executors.tasks import slurm_sync_task
-
-        if is_slurm(cluster_id):
-            slurm_sync_task.delay(cluster_id)
     return cycle.pk
 
 
@@ -131,18 +129,39 @@ def reprice_all_clusters_task() -> int:
     return changed
 
 
-@shared_task(name="scheduling.check_all_nodes", ignore_result=True)
-def check_all_nodes_task() -> int:
-    """Mark silent nodes down, drained nodes drained and requeue jobs that never started, on
-    every cluster; returns how many nodes went down."""
+@shared_task(name="scheduling.reconcile_all", ignore_result=True)
+def reconcile_all_task() -> int:
+    """Let each cluster's executor converge on what the lifecycle wants (agents: silent nodes
+    down, fenced nodes' ranks gone, drained nodes, jobs that never started; Slurm: a sync);
+    returns how many clusters were reconciled."""
     from apps.topology.models import Cluster
 
-    from .agents import nodes_check
+    from .executor import reconcile
 
-    down = 0
+    done = 0
     for cluster in Cluster.objects.order_by("pk"):
         try:
-            down += len(nodes_check(cluster=cluster)["down"])
+            reconcile(cluster=cluster)
+            done += 1
         except Cluster.DoesNotExist:
             continue
-    return down
+    return done
+
+
+@shared_task(name="scheduling.reconcile_check", ignore_result=True)
+def reconcile_check_task() -> int:
+    """Log, as warnings, what does not converge on any cluster (`manage.py reconcile --check`);
+    returns how many findings."""
+    import logging
+
+    from apps.topology.models import Cluster
+
+    from .reconcile import findings
+
+    log = logging.getLogger(__name__)
+    found = 0
+    for cluster in Cluster.objects.order_by("pk"):
+        for f in findings(cluster=cluster):
+            log.warning("reconcile check: cluster %s: %s: %s", cluster.name, f.kind, f.text)
+            found += 1
+    return found

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, connections, transaction
 
 from apps.placement.topology import read_spec_file
-from apps.scheduling import cycle, occupancy, services
+from apps.scheduling import cycle, lifecycle, occupancy, services
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, ClusterOccupancy, Job, NodeAgent, OccupancyChange, RankRun
@@ -234,8 +234,9 @@ def test_a_change_committed_while_a_cycle_runs_is_seen_by_the_next_cycle(pod, us
     def complete_elsewhere() -> None:
         try:
             # Its own connection and transaction, committed while the cycle below is open.
-            Job.objects.filter(pk=jobs[0].pk).update(status=JobStatus.COMPLETED)
-            snap.release(job_id=jobs[0].pk)
+            with transaction.atomic():
+                job = Job.objects.select_for_update().get(pk=jobs[0].pk)
+                lifecycle.finish(job=job, status=JobStatus.COMPLETED)
         finally:
             connections.close_all()
             done.set()

@@ -372,9 +372,7 @@ def test_preempting_an_agent_run_job_waits_until_every_rank_exited(case44, nodes
     assert still and all(not RankRun.objects.get(job=low, rank=r).exited_at for r in still)
 
 
-def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
-    case44, nodes, alice, bob, committed
-):
+def test_a_preempted_job_is_placed_again_only_once_its_old_ranks_exited(case44, nodes, alice, bob, committed):
     case44.preemption_enabled = True
     case44.save()
     low = submit(bob, committed, "low", 8)
@@ -386,17 +384,27 @@ def test_a_preempted_job_placed_again_frees_its_old_gpus_as_old_ranks_exit(
     high = submit(alice, committed, "high", 16, priority=5)
     low.refresh_from_db()
     assert low.status == JobStatus.PREEMPTED and high.status == JobStatus.QUEUED
-    # The preemptor goes away before the victim's ranks exited: the victim is placed again on
-    # the other node while its old ranks still stop on the first.
+    # The preemptor goes away before the victim's ranks exited: the victim is not placed again
+    # while its old ranks still stop (two generations of one job never run at once).
     committed(services.job_cancel, job=high)
     low.refresh_from_db()
-    assert low.status == JobStatus.PLACING and low.generation == 2
-    assert {r["node"] for r in job_ranks(job=low)} == {"node-a", "node-b"} - {old_node}
+    assert low.status == JobStatus.PREEMPTED and low.generation == 1
+    assert low.pending_reason == (
+        f"waiting for its previous placement to stop: 8 GPUs on {old_node} still held by its ranks"
+    )
     assert Allocation.objects.filter(job=low, live=True, generation=1).count() == 8
     exits = [
-        {"job": low.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": -15} for r in range(8)
+        {"job": low.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": -15} for r in range(7)
     ]
     committed(sync, nodes, old_node, reports=exits)
+    low.refresh_from_db()
+    assert low.status == JobStatus.PREEMPTED
+    assert "1 GPU on" in low.pending_reason
+    last = {"job": low.pk, "generation": 1, "rank": 7, "event": "exited", "exit_code": -15}
+    committed(sync, nodes, old_node, reports=[last])
+    low.refresh_from_db()
+    # Once the last old rank exited, its GPUs are free and the job is placed again.
+    assert low.status == JobStatus.PLACING and low.generation == 2
     assert not Allocation.objects.filter(job=low, live=True, generation=1).exists()
     assert Allocation.objects.filter(job=low, live=True, generation=2).count() == 8
 

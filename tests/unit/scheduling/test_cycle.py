@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.placement.planner import plan_cycle
 from apps.placement.topology import SpecError
-from apps.scheduling import cycle, selectors, services, snapshot
+from apps.scheduling import cycle, lifecycle, selectors, services, snapshot
 from apps.scheduling.choices import CycleStatus, JobStatus
 from apps.scheduling.models import Allocation, Job, SchedulingCycle
 from apps.topology.models import Gpu
@@ -102,7 +102,7 @@ def test_failed_cycle_books_nothing_and_is_recorded(case44, alice, job_spec, mon
     with transaction.atomic():
         a = services.job_submit(user=alice, spec=small_spec("a", 8))
         b = services.job_submit(user=alice, spec=small_spec("b", 8))
-    real_book = snapshot.book_many
+    real_book = lifecycle._book
     calls = []
 
     def book_then_die(**kwargs):
@@ -110,7 +110,7 @@ def test_failed_cycle_books_nothing_and_is_recorded(case44, alice, job_spec, mon
         real_book(**kwargs)
         raise RuntimeError("worker lost mid-cycle")
 
-    monkeypatch.setattr(snapshot, "book_many", book_then_die)
+    monkeypatch.setattr(lifecycle, "_book", book_then_die)
     with pytest.raises(RuntimeError):
         services.schedule_cluster(cluster=case44)
     # Both jobs' rows were written before the failure, and none survive it.
@@ -119,7 +119,7 @@ def test_failed_cycle_books_nothing_and_is_recorded(case44, alice, job_spec, mon
     assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.QUEUED}
     failed = SchedulingCycle.objects.get()
     assert failed.status == CycleStatus.FAILED and "worker lost mid-cycle" in failed.error
-    monkeypatch.setattr(snapshot, "book_many", real_book)
+    monkeypatch.setattr(lifecycle, "_book", real_book)
     assert services.schedule_cluster(cluster=case44).placed == 2
 
 

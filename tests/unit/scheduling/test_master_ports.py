@@ -13,8 +13,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.scheduling import agent_selectors, agents, services
+from apps.scheduling.lifecycle import assign_master_ports
 from apps.scheduling.models import Allocation
-from apps.scheduling.snapshot import assign_master_ports
 from apps.topology.models import Gpu, Node
 
 from .conftest import small_spec

@@ -1,0 +1,674 @@
+"""The job and rank lifecycle: the only code that changes a Job's status or generation, a rank's
+state, or what a job holds (its allocations and their master ports).
+
+Every transition is one function below, with its rules in one place: which states it leaves
+from, what it releases and what it tells the cluster's executor (through the port,
+`executor.py`). Services, the cycle, migrations and the executors call these; none of them
+writes `Job.status`, `Job.generation`, `RankRun.state` or an Allocation itself (a test over the
+source holds every module to that).
+
+States (see `choices.JobStatus`)::
+
+    queued/preempted --place--> placing --start--> running --finish--> completed | failed
+          ^                        |                  |                 cancelled
+          +------ requeue ---------+------------------+
+                                   running --migrate--> migrating --(old ranks gone)--> placing
+
+Holding GPUs. A live allocation books one GPU for one rank of one generation. It is released
+when its rank's exit is confirmed (the executor reported it, or the rank's node is down and its
+fence deadline passed), never earlier: a GPU is not handed to another job while a process of this
+one may still use it. A job that leaves its generation (finished, requeued, migrated) keeps the
+allocations of its ranks still running; those ranks are "stopping" (`RankRun.stop_requested_at`)
+and the executor is told to stop them. A waiting job whose previous generation still has ranks
+is not placed again until they are gone (`previous_generations`), so two generations of one job
+never run at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from apps.placement.planning import ClusterSnapshot
+from apps.topology.models import Gpu, Node
+
+from . import cycle, executor
+from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus, RankState
+from .models import Allocation, Job, RankRun
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_CHARS = 8192
+REASON_TAIL_CHARS = 1500
+
+
+class JobStateError(Exception):
+    """A lifecycle action that the job's current status does not allow."""
+
+    def __init__(self, job: Job, action: str, allowed: tuple[str, ...]):
+        self.job = job
+        self.action = action
+        super().__init__(
+            f"cannot {action} job {job.pk}: it is {job.status}; {action} needs status {' or '.join(allowed)}"
+        )
+
+
+# -- submit ------------------------------------------------------------------------------------------
+
+
+def submit(job: Job) -> Job:
+    """Save a new job (queued) and request a cycle once it is committed. Under a caller's
+    transaction the INSERT runs in a savepoint, so a refused one (a concurrent Idempotency-Key)
+    leaves that transaction usable; committed by itself it is one INSERT, no BEGIN or COMMIT."""
+    if job.pk is not None or job.status != JobStatus.QUEUED:
+        raise ValueError("submit takes a new, queued job")
+    if transaction.get_connection().in_atomic_block:
+        with transaction.atomic():
+            job.save()
+            cycle.queue_cycle(job.cluster_id)
+    else:
+        job.save()
+        cycle.queue_cycle(job.cluster_id)
+    return job
+
+
+def submit_many(rows: Sequence[Job]) -> list[Job]:
+    """Save new queued jobs all at once, a cycle requested on each of their clusters."""
+    if any(j.pk is not None or j.status != JobStatus.QUEUED for j in rows):
+        raise ValueError("submit_many takes new, queued jobs")
+    with transaction.atomic():
+        jobs = Job.objects.bulk_create(rows)
+        for cluster_id in {j.cluster_id for j in jobs}:
+            cycle.queue_cycle(cluster_id)
+    return jobs
+
+
+def fail_unscheduled(reasons: Mapping[int, str], now: datetime) -> dict[int, str]:
+    """Mark each waiting job of `reasons` (job id -> why the cycle could not evaluate it) failed,
+    so it stops costing every later cycle; returns those that were still waiting."""
+    if not reasons:
+        return {}
+    still = set(
+        Job.objects.filter(pk__in=list(reasons), status__in=WAITING_STATUSES).values_list("id", flat=True)
+    )
+    for jid in still:
+        log.warning("job %s failed to schedule: %s", jid, reasons[jid])
+        Job.objects.filter(pk=jid, status__in=WAITING_STATUSES).update(
+            status=JobStatus.FAILED, pending_reason=f"failed to schedule: {reasons[jid]}", finished_at=now
+        )
+    return {jid: reasons[jid] for jid in still}
+
+
+# -- place -------------------------------------------------------------------------------------------
+
+PLACED_FIELDS = (
+    "status",
+    "placed_at",
+    "pending_reason",
+    "placed_policy",
+    "predicted_comm_ms",
+    "predicted_step_ms",
+    "predicted_mfu",
+    "predicted",
+    "flows",
+    "borrowed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """One job to place: its gids in rank order and its prediction fields (`snapshot.prediction_fields`)."""
+
+    job_id: int
+    gids: tuple[int, ...]
+    fields: Mapping[str, Any]
+
+
+def place(*, snapshot: ClusterSnapshot, bookings: Sequence[Booking], now: datetime) -> list[int]:
+    """Place waiting jobs: each goes to placing in its next generation with its GPUs booked (one
+    locked read, one batched UPDATE, one DELETE and one multi-row INSERT for all). A job no
+    longer waiting (cancelled since the snapshot) gets nothing; neither does one whose previous
+    generation still has ranks (`previous_generations`). Returns the ids placed; the executor is
+    woken on their nodes."""
+    if not bookings:
+        return []
+    ids = [b.job_id for b in bookings]
+    # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
+    # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
+    # A job whose previous generation still holds GPUs is left out too (the cycle holds those
+    # back already; this is the guard for any other caller).
+    generations = {
+        pk: generation + 1
+        for pk, generation, held in Job.objects.select_for_update()
+        .filter(pk__in=ids, status__in=WAITING_STATUSES)
+        .annotate(held=Exists(Allocation.objects.filter(job_id=OuterRef("pk"), live=True)))
+        .values_list("id", "generation", "held")
+        if not held
+    }
+    booked = [b for b in bookings if b.job_id in generations]
+    if not booked:
+        return []
+    _mark_placed(updates=[(b.job_id, b.fields) for b in booked], now=now)
+    _book(
+        snapshot=snapshot,
+        bookings=[(b.job_id, b.gids) for b in booked],
+        generations=generations,
+        now=now,
+    )
+    topo = snapshot.topology
+    nodes = {topo.nodes[int(topo.gpu_node[g])].name for b in booked for g in b.gids}
+    executor.wake(snapshot.cluster_id, nodes)
+    return [b.job_id for b in booked]
+
+
+def _mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datetime) -> None:
+    """Set each (job id, prediction fields) job placing at `now`, in its next generation: one
+    statement sent as a batch, not one ORM update per job."""
+    fields = [Job._meta.get_field(name) for name in PLACED_FIELDS]
+    qn = connection.ops.quote_name
+    gen = qn(Job._meta.get_field("generation").column)
+    sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
+        qn(Job._meta.db_table),
+        ", ".join(f"{qn(f.column)} = %s" for f in fields),
+        gen,
+        gen,
+        qn(Job._meta.pk.column),
+    )
+    params = []
+    for job_id, values in updates:
+        row = {
+            "status": JobStatus.PLACING.value,
+            "placed_at": now,
+            "pending_reason": "",
+            "borrowed": False,
+            **values,
+        }
+        params.append([f.get_db_prep_save(row[f.name], connection) for f in fields] + [job_id])
+    if params:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, params)
+
+
+def allocation_row(
+    *,
+    snapshot: ClusterSnapshot,
+    job_id: int,
+    rank: int,
+    gid: int,
+    generation: int,
+    now: datetime,
+    live: bool = True,
+) -> Allocation:
+    """An unsaved allocation of rank `rank` of `job_id` on gid `gid`, keeping the GPU's place by
+    value (node, index, NIC) so the job's history survives a topology replace."""
+    node, index = snapshot.topology.gpu_key(gid)
+    return Allocation(
+        job_id=job_id,
+        rank=rank,
+        gpu_id=snapshot.index.gpu_pk[gid],
+        node_name=node,
+        gpu_index=index,
+        nic_name=snapshot.index.nic_name[gid],
+        live=live,
+        generation=generation,
+        created_at=now,
+    )
+
+
+def assign_master_ports(rows: Sequence[Allocation]) -> None:
+    """Give each rank-0 row of `rows` its generation's MASTER_PORT: a port of
+    TOPOWEB_MASTER_PORTS used by no other live (or waiting) generation whose rank 0 is on the same
+    node, searched from a point that depends on the job and generation (so a new generation
+    rarely meets a port its predecessor just left)."""
+    firsts = [r for r in rows if r.rank == 0 and r.gpu_id is not None]
+    if not firsts:
+        return
+    node_of = dict(Gpu.objects.filter(pk__in={r.gpu_id for r in firsts}).values_list("pk", "node_id"))
+    taken: dict[int, set[int]] = {}
+    busy = (
+        Allocation.objects.filter(rank=0, master_port__isnull=False, gpu__node_id__in=set(node_of.values()))
+        .filter(Q(live=True) | Q(released_at__isnull=True))
+        .values_list("gpu__node_id", "master_port")
+    )
+    for node_id, port in busy:
+        taken.setdefault(node_id, set()).add(port)
+    low, high = settings.TOPOWEB_MASTER_PORTS
+    span = high - low + 1
+    for row in firsts:
+        used = taken.setdefault(node_of[row.gpu_id], set())
+        start = (row.job_id * 64 + row.generation) % span
+        port = next(
+            (low + (start + i) % span for i in range(span) if low + (start + i) % span not in used), None
+        )
+        if port is None:
+            port = low + start
+            log.warning(
+                "every MASTER_PORT in %s-%s is taken on one node; job %s shares one", low, high, row.job_id
+            )
+        row.master_port = port
+        used.add(port)
+
+
+def _book(
+    *,
+    snapshot: ClusterSnapshot,
+    bookings: Iterable[tuple[int, Iterable[int]]],
+    generations: Mapping[int, int],
+    now: datetime,
+) -> None:
+    """Book each (job id, gids) job as live allocation rows of generation `generations[job id]`,
+    rank r on gids[r]: one DELETE of released rows and one multi-row INSERT for all of them."""
+    ids: list[int] = []
+    rows: list[Allocation] = []
+    for job_id, gids in bookings:
+        ids.append(job_id)
+        rows += [
+            allocation_row(
+                snapshot=snapshot,
+                job_id=job_id,
+                rank=rank,
+                gid=int(gid),
+                generation=generations[job_id],
+                now=now,
+            )
+            for rank, gid in enumerate(gids)
+        ]
+    if not ids:
+        return
+    # Rows released before (a preempted job's) go.
+    Allocation.objects.filter(job_id__in=ids, live=False).delete()
+    assign_master_ports(rows)
+    if connection.vendor == "postgresql":
+        _insert_allocations(rows)
+    else:
+        Allocation.objects.bulk_create(rows, batch_size=1000)
+
+
+# Columns written by `_insert_allocations` and their array types (`released_at` stays null).
+_ALLOCATION_ARRAYS = (
+    ("job", "bigint"),
+    ("rank", "bigint"),
+    ("gpu", "bigint"),
+    ("node_name", "text"),
+    ("gpu_index", "bigint"),
+    ("nic_name", "text"),
+    ("live", "boolean"),
+    ("generation", "bigint"),
+    ("created_at", "timestamptz"),
+    ("master_port", "bigint"),
+)
+
+
+def _insert_allocations(rows: Sequence[Allocation]) -> None:
+    """One INSERT ... SELECT FROM unnest() of every row (Postgres): a few arrays, not thousands
+    of parameter tuples."""
+    qn = connection.ops.quote_name
+    fields = [(Allocation._meta.get_field(name), sql_type) for name, sql_type in _ALLOCATION_ARRAYS]
+    columns = ", ".join(qn(field.column) for field, _ in fields)
+    arrays = ", ".join(f"%s::{sql_type}[]" for _, sql_type in fields)
+    sql = f"INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays})"
+    params = [[getattr(row, field.attname) for row in rows] for field, _ in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def rebind(*, job: Job, snapshot: ClusterSnapshot, gids: Sequence[int], fields: Mapping[str, Any]) -> None:
+    """The executor runs `job` (locked, active) on other GPUs of its nodes than planned: its
+    current generation's allocations become `gids` (rank order) with the prices `fields`."""
+    now = timezone.now()
+    Allocation.objects.filter(job=job, generation=job.generation).delete()
+    _book(snapshot=snapshot, bookings=[(job.pk, gids)], generations={job.pk: job.generation}, now=now)
+    Job.objects.filter(pk=job.pk).update(**fields)
+
+
+# -- previous generations ----------------------------------------------------------------------------
+
+
+def previous_generations(*, job_ids: Iterable[int]) -> dict[int, str]:
+    """Of `job_ids` (waiting jobs), those whose earlier generations still hold GPUs (ranks not
+    confirmed gone), with why they wait for them."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    held: dict[int, dict[str, int]] = {}
+    rows = Allocation.objects.filter(job_id__in=ids, live=True).values_list("job_id", "node_name")
+    for job_id, node in rows:
+        per = held.setdefault(job_id, {})
+        per[node] = per.get(node, 0) + 1
+    return {job_id: still_stopping(per) for job_id, per in held.items()}
+
+
+def still_stopping(per_node: Mapping[str, int]) -> str:
+    """Why a waiting job is not placed: ranks of its previous placement (count per node) still hold GPUs."""
+    nodes = sorted(per_node)
+    where = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
+    n = sum(per_node.values())
+    return f"waiting for its previous placement to stop: {n} GPU{'s' if n != 1 else ''} on {where} still held by its ranks"
+
+
+# -- start, finish, requeue ------------------------------------------------------------------------
+
+
+def start(*, job: Job, now: datetime | None = None) -> bool:
+    """Placing -> running (job locked by the caller): every rank started. True if it changed."""
+    if job.status != JobStatus.PLACING:
+        return False
+    job.status = JobStatus.RUNNING
+    job.started_at = now or timezone.now()
+    job.pending_reason = ""
+    job.save(update_fields=["status", "started_at", "pending_reason"])
+    return True
+
+
+def finish(*, job: Job, status: str, reason: str = "", now: datetime | None = None) -> Job:
+    """End `job` (locked by the caller, not finished yet) as completed, failed or cancelled: GPUs
+    whose ranks are not running are released, the running ranks are told to stop (their GPUs
+    free up as their exits are confirmed), a cycle is queued."""
+    if status not in FINISHED_STATUSES:
+        raise ValueError(f"finish takes a finished status, not {status!r}")
+    if job.status in FINISHED_STATUSES:
+        raise JobStateError(job, str(status), ("queued", "preempted", "placing", "running", "migrating"))
+    now = now or timezone.now()
+    job.status = status
+    job.pending_reason = reason
+    job.finished_at = now
+    job.overdue = False
+    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
+    _leave_generations(job.pk, job.cluster_id, now)
+    return job
+
+
+def requeue(
+    *,
+    job_id: int,
+    why: str,
+    now: datetime,
+    preempted: bool = False,
+    pending: str = "",
+    by_cycle: bool = False,
+) -> bool:
+    """Send an active job back to the queue (`preempted` counts a preemption and keeps status
+    preempted, which the cycle treats as queued). GPUs whose ranks are not running are released;
+    running ranks are told to stop, and the job is not placed again until they are gone. Needs no
+    lock: the change is a conditional UPDATE. A cycle is requested, unless a cycle requeues it
+    (`by_cycle`: it planned with those GPUs already). True if the job was active."""
+    fields: dict[str, Any] = {
+        "status": JobStatus.PREEMPTED if preempted else JobStatus.QUEUED,
+        "pending_reason": pending or (why if preempted else f"requeued: {why}"),
+        "requeue_reason": why,
+        "requeued_at": now,
+        "placed_at": None,
+        "started_at": None,
+        "overdue": False,
+        "flows": {},
+    }
+    if preempted:
+        fields["preemptions"] = F("preemptions") + 1
+    changed = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).update(**fields)
+    if not changed:
+        return False
+    cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).get()
+    _leave_generations(job_id, cluster_id, now, cycle_after=not by_cycle)
+    return True
+
+
+def interrupted(*, job: Job, why: str, now: datetime) -> None:
+    """`job` (locked, active) lost ranks to a fault that is not its own (its node went down, its
+    executor lost them): back to the queue when its spec says `requeue: true`, else failed."""
+    from .snapshot import job_spec
+
+    if job_spec(job).launch.requeue:
+        requeue(job_id=job.pk, why=why, now=now)
+        job.refresh_from_db()
+    else:
+        finish(job=job, status=JobStatus.FAILED, reason=why, now=now)
+
+
+def _leave_generations(job_id: int, cluster_id: int, now: datetime, *, cycle_after: bool = True) -> None:
+    """The job no longer runs any generation: release what no running rank holds, mark the
+    running ranks stopping, queue a cycle and tell the executor to stop them."""
+    _release_unheld(job_id=job_id, now=now)
+    RankRun.objects.filter(job_id=job_id, state=RankState.STARTED, stop_requested_at__isnull=True).update(
+        stop_requested_at=now
+    )
+    if cycle_after:
+        cycle.queue_cycle(cluster_id)
+    executor.stop(cluster_id, job_id)
+
+
+def _rank_running():
+    return Exists(
+        RankRun.objects.filter(
+            job_id=OuterRef("job_id"),
+            generation=OuterRef("generation"),
+            rank=OuterRef("rank"),
+            state=RankState.STARTED,
+        )
+    )
+
+
+def _release_unheld(*, job_id: int, now: datetime) -> int:
+    """Release the job's GPUs except those whose rank process still runs. Rows waiting for a
+    migration are dropped. Returns how many GPUs were freed."""
+    Allocation.objects.filter(job_id=job_id, live=False, released_at__isnull=True).update(released_at=now)
+    return (
+        Allocation.objects.filter(job_id=job_id, live=True)
+        .exclude(_rank_running())
+        .update(live=False, released_at=now)
+    )
+
+
+def release_exited(*, job_id: int, now: datetime | None = None) -> int:
+    """Release the live allocations of the job's generations other than its current one (and of
+    every generation when it no longer holds GPUs) whose rank has no running process; a cycle is
+    queued when any was freed."""
+    now = now or timezone.now()
+    job = Job.objects.filter(pk=job_id).values_list("status", "generation", "cluster_id").first()
+    if job is None:
+        return 0
+    rows = Allocation.objects.filter(job_id=job_id, live=True)
+    if job[0] in ACTIVE_STATUSES:
+        rows = rows.exclude(generation=job[1])
+    freed = rows.exclude(_rank_running()).update(live=False, released_at=now)
+    if freed:
+        cycle.queue_cycle(job[2])
+    return freed
+
+
+# -- ranks -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankEvent:
+    """An executor's word on one rank: rank `rank` of `job` generation `generation` `started` or
+    `exited` (with its exit code and the end of its output)."""
+
+    job: int
+    generation: int
+    rank: int
+    event: str
+    pid: int | None = None
+    exit_code: int | None = None
+    log_tail: str = ""
+
+
+def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: datetime) -> None:
+    """Record what `node`'s executor said of the ranks of `job` (locked; a repeated event is
+    harmless) and move the job along: running once every rank started, completed when all exited
+    0, failed at the first rank that exits otherwise; GPUs of exited ranks of stopped generations
+    are released."""
+    events = list(events)
+    for e in events:
+        _record(job, node, e, now)
+    _advance(job, now)
+    if any(e.generation < job.generation for e in events) and job.status in (
+        JobStatus.PLACING,
+        JobStatus.RUNNING,
+    ):
+        # Placed again (after a migration) while ranks of its previous placement were
+        # stopping: their GPUs free up as they exit.
+        release_exited(job_id=job.pk, now=now)
+
+
+def _record(job: Job, node: Node, e: RankEvent, now: datetime) -> None:
+    run = RankRun.objects.filter(job=job, generation=e.generation, rank=e.rank).first()
+    if run is None:
+        run = RankRun(job=job, generation=e.generation, rank=e.rank, node=node, started_at=now)
+        if job.status not in ACTIVE_STATUSES or e.generation != job.generation:
+            # Started after its generation was left: stop it at once.
+            run.stop_requested_at = now
+    elif run.state == RankState.EXITED:
+        return
+    if e.pid is not None:
+        run.pid = e.pid
+    if e.log_tail:
+        run.log_tail = e.log_tail[-LOG_TAIL_CHARS:]
+    if e.event == "exited":
+        run.state = RankState.EXITED
+        run.exit_code = e.exit_code
+        run.exited_at = now
+    run.save()
+
+
+def _fail_reason(run: RankRun) -> str:
+    tail = run.log_tail[-REASON_TAIL_CHARS:].strip()
+    code = run.exit_code
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    text = f"rank {run.rank} on node {run.node.name} {how}"
+    return f"{text}; last output:\n{tail}" if tail else text
+
+
+def _advance(job: Job, now: datetime) -> None:
+    """Move `job` (locked) along what its ranks reported."""
+    runs = RankRun.objects.filter(job=job, generation=job.generation)
+    if job.status in (JobStatus.PLACING, JobStatus.RUNNING):
+        failed = (
+            runs.filter(state=RankState.EXITED)
+            .exclude(exit_code=0)
+            .select_related("node")
+            .order_by("exited_at", "rank")
+            .first()
+        )
+        if failed is not None:
+            finish(job=job, status=JobStatus.FAILED, reason=_fail_reason(failed), now=now)
+            return
+        counts = runs.aggregate(
+            seen=Count("id"), exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0))
+        )
+        if counts["exited"] == job.gpus:
+            finish(job=job, status=JobStatus.COMPLETED, now=now)
+            return
+        if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:
+            start(job=job, now=now)
+        return
+    if job.status == JobStatus.MIGRATING:
+        _migration_continue(job, now)
+        return
+    release_exited(job_id=job.pk, now=now)
+
+
+def ranks_lost(*, node: Node, why: str, now: datetime | None = None) -> list[int]:
+    """The ranks still counted as running on `node` are gone (its node is down and fenced, or its
+    executor has no trace of them): each is recorded exited with `why` and its GPU released; the
+    jobs they belong to move on as at an exit. Returns the ids of those jobs."""
+    now = now or timezone.now()
+    job_ids = sorted(
+        set(RankRun.objects.filter(node=node, state=RankState.STARTED).values_list("job_id", flat=True))
+    )
+    for job in Job.objects.select_for_update().filter(pk__in=job_ids).order_by("pk"):
+        keys = list(
+            RankRun.objects.filter(job=job, node=node, state=RankState.STARTED).values_list(
+                "generation", "rank"
+            )
+        )
+        if job.status in ACTIVE_STATUSES and any(g == job.generation for g, _ in keys):
+            interrupted(job=job, why=f"node {node.name}: {why}", now=now)
+        ranks_reported(
+            job=job,
+            node=node,
+            events=[RankEvent(job.pk, g, r, "exited", exit_code=None, log_tail=why) for g, r in keys],
+            now=now,
+        )
+    return job_ids
+
+
+# -- migrate -----------------------------------------------------------------------------------------
+
+
+def migrate(
+    *, job: Job, snapshot: ClusterSnapshot, new_gids: tuple[int, ...], fields: Mapping[str, Any]
+) -> None:
+    """Start generation g+1 of `job` (locked, placing or running) on `new_gids` priced `fields`:
+    when ranks of generation g still run, the job is migrating, its old GPUs stay live and the new
+    GPUs it already holds wait (not live) until every old rank exited; otherwise the allocations
+    are swapped at once."""
+    now = timezone.now()
+    if job.status not in (JobStatus.PLACING, JobStatus.RUNNING):
+        raise JobStateError(job, "migrate", ("placing", "running"))
+    Job.objects.filter(pk=job.pk).update(**fields)
+    generation = job.generation + 1
+    old = set(Allocation.objects.filter(job=job, live=True).values_list("gpu_id", flat=True))
+    running = RankRun.objects.filter(job=job, state=RankState.STARTED).exists()
+    pks = snapshot.index.gpu_pk
+    if not running:
+        _release_unheld(job_id=job.pk, now=now)
+        _book(snapshot=snapshot, bookings=[(job.pk, new_gids)], generations={job.pk: generation}, now=now)
+        Job.objects.filter(pk=job.pk).update(generation=generation)
+        job.generation = generation
+        executor.wake(job.cluster_id, None)
+        return
+    Allocation.objects.filter(job=job, live=False).delete()
+    # Not live: a GPU the old generation still holds; it goes live when the old rank exited.
+    rows = [
+        allocation_row(
+            snapshot=snapshot,
+            job_id=job.pk,
+            rank=rank,
+            gid=gid,
+            generation=generation,
+            now=now,
+            live=pks[gid] not in old,
+        )
+        for rank, gid in enumerate(int(g) for g in new_gids)
+    ]
+    assign_master_ports(rows)
+    Allocation.objects.bulk_create(rows)
+    RankRun.objects.filter(job=job, state=RankState.STARTED, stop_requested_at__isnull=True).update(
+        stop_requested_at=now
+    )
+    Job.objects.filter(pk=job.pk).update(
+        generation=generation,
+        status=JobStatus.MIGRATING,
+        pending_reason=f"migrating: generation {generation - 1} is stopping",
+    )
+    job.generation, job.status = generation, JobStatus.MIGRATING
+    executor.stop(job.cluster_id, job.pk)
+
+
+def _migration_continue(job: Job, now: datetime) -> None:
+    """Once no rank of an older generation runs: release the old GPUs, book the waiting ones and
+    let the new generation start (placing)."""
+    if RankRun.objects.filter(job=job, generation__lt=job.generation, state=RankState.STARTED).exists():
+        return
+    # Old rows first: the GPUs shared by both generations then go live for the new one.
+    Allocation.objects.filter(job=job, live=True).exclude(generation=job.generation).update(
+        live=False, released_at=now
+    )
+    Allocation.objects.filter(
+        job=job, generation=job.generation, live=False, released_at__isnull=True
+    ).update(live=True)
+    job.status = JobStatus.PLACING
+    job.placed_at = now
+    job.started_at = None
+    job.pending_reason = f"migrated: generation {job.generation} starting on its new GPUs"
+    job.save(update_fields=["status", "placed_at", "started_at", "pending_reason"])
+    cycle.queue_cycle(job.cluster_id)
+    executor.wake(job.cluster_id, None)
