@@ -67,6 +67,8 @@ SHIM = Path(__file__).with_name("shim.py")
 # A refused start: no such account, uid 0, a workdir outside the allowed roots.
 REFUSED_EXIT = 126
 LOST_EXIT = 255
+# How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
+ORPHAN_GRACE_S = 30.0
 Key = tuple[int, int, int]
 
 
@@ -118,6 +120,11 @@ class LocalRank:
     def name(self) -> str:
         job, generation, rank = self.key
         return f"job-{job}-gen-{generation}-rank-{rank}"
+
+
+def _report_code(code: int | None) -> int:
+    """An exit code as reports carry it: -255..255 (negative: killed by that signal)."""
+    return LOST_EXIT if code is None else max(min(code, 255), -255)
 
 
 def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -262,6 +269,8 @@ class Agent:
         self.logs: dict[Key, LogFile] = {}
         self._logs_at = 0.0
         self.ranks: dict[Key, LocalRank] = {}
+        # Ranks without a record whose cgroup still held processes, being stopped.
+        self.orphans: dict[Key, asyncio.Future] = {}
         self.outbox: dict[tuple[int, int, int, str], dict[str, Any]] = {}
         self.state = "unknown"
         self.syncs = 0
@@ -410,7 +419,7 @@ class Agent:
                 del self.outbox[key]
         self._logs_shipped(chunks, answer)
         self.state = answer.get("state", "unknown")
-        await self._reconcile(answer.get("work", []))
+        await self._reconcile(answer.get("work", []), answer.get("stop") or [])
 
     # -- fencing -------------------------------------------------------------------------------
     def _save_lease(self, contact: float) -> None:
@@ -465,7 +474,9 @@ class Agent:
             self._begin_stop(local)
 
     # -- reconcile -----------------------------------------------------------------------------
-    async def _reconcile(self, work: list[dict[str, Any]]) -> None:
+    async def _reconcile(self, work: list[dict[str, Any]], stops: list[list[int]] = ()) -> None:
+        """Start what the work lists and this agent lacks, stop what it runs that is not listed,
+        and answer each rank the server asks to stop (`stops`: it still counts them running)."""
         wanted: set[Key] = set()
         for entry in work:
             started = {int(r["rank"]): bool(r.get("started")) for r in entry["ranks"]}
@@ -488,6 +499,54 @@ class Agent:
                 self._begin_stop(local)
             elif local.status is RankStatus.EXITED and not any(k[:3] == key for k in self.outbox):
                 self._forget(local)
+        for item in stops:
+            self._stop_listed(tuple(int(k) for k in item))
+
+    def _stop_listed(self, key: Key) -> None:
+        """The server counts rank `key` running but no longer wants it: stop it; if this agent
+        has no record of it, stop what its cgroup still holds, or report it gone (so its GPU is
+        released rather than booked for good)."""
+        if key in self.ranks or key in self.orphans:
+            local = self.ranks.get(key)
+            if (
+                local is not None
+                and local.status is RankStatus.EXITED
+                and not any(k[:3] == key for k in self.outbox)
+            ):
+                # Its exit was sent but the server has not stored it: say it again.
+                self._report(key, "exited", exit_code=_report_code(local.exit_code), log_tail=local.note)
+            return
+        job, generation, rank = key
+        group = None
+        if self.cgroups is not None:
+            with contextlib.suppress(ValueError):
+                group = self.cgroups.rank(f"job-{job}-gen-{generation}-rank-{rank}")
+        if group is not None and not group.empty():
+            log.warning("rank %s: no record, but its cgroup holds processes; stopping them", key)
+            self.orphans[key] = asyncio.ensure_future(self._stop_orphan(key, group))
+            return
+        self._report(
+            key,
+            "exited",
+            exit_code=LOST_EXIT,
+            log_tail="lost: the node agent has no record of this rank and no process of it runs",
+        )
+
+    async def _stop_orphan(self, key: Key, group: RankCgroup) -> None:
+        """SIGTERM what the cgroup of a rank without a record holds, kill it after the default
+        grace, then report the rank gone."""
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while not group.empty():
+            if time.monotonic() < deadline:
+                group.terminate()
+            else:
+                group.kill()
+            await asyncio.sleep(0.25)
+        group.remove()
+        self.orphans.pop(key, None)
+        self._report(
+            key, "exited", exit_code=LOST_EXIT, log_tail="lost: stopped through its cgroup (no record of it)"
+        )
 
     # -- starting ------------------------------------------------------------------------------
     def _account(self, entry: dict[str, Any]) -> Account:
@@ -709,7 +768,7 @@ class Agent:
         tail = read_tail(local.log_path)
         if local.note:
             tail = f"{tail}\n{local.note}" if tail else local.note
-        self._report(local.key, "exited", exit_code=max(min(code, 255), -255), log_tail=tail[-TAIL_BYTES:])
+        self._report(local.key, "exited", exit_code=_report_code(code), log_tail=tail[-TAIL_BYTES:])
 
     def _begin_stop(self, local: LocalRank) -> None:
         local.status = RankStatus.STOPPING

@@ -29,7 +29,7 @@ _LOCK = threading.Lock()
 
 def master_port(job_id: int, generation: int) -> int:
     """The rendezvous port of a generation booked before ports were stored with its rank 0 (a
-    port of TOPOWEB_MASTER_PORTS from its job and generation); see `snapshot.assign_master_ports`."""
+    port of TOPOWEB_MASTER_PORTS from its job and generation); see `lifecycle.assign_master_ports`."""
     low, high = settings.TOPOWEB_MASTER_PORTS
     return low + (job_id * 64 + generation) % (high - low + 1)
 
@@ -146,42 +146,59 @@ def _agent_sql() -> str:
 
 @functools.cache
 def _work_sql() -> str:
-    """The node's live, current-generation allocations of placing or running jobs whose rank has
-    not exited: (job, generation, rank, GPU index, NIC name) by job and rank."""
+    """One statement for both halves of the node's desired state: the node's live, current-generation
+    allocations of placing or running jobs whose rank has not exited (stop 0: job, generation,
+    rank, GPU index, NIC name), then the ranks still counted as running on it whose generation is
+    no longer wanted (stop 1: job, generation, rank)."""
     qn = connection.ops.quote_name
     alloc, job, gpu, nic, run = (qn(m._meta.db_table) for m in (Allocation, Job, Gpu, Nic, RankRun))
     rank, index = qn("rank"), qn("index")
     return (
-        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name FROM {alloc} a"
+        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name, 0 FROM {alloc} a"
         f" JOIN {job} j ON j.id = a.job_id JOIN {gpu} g ON g.id = a.gpu_id"
         f" LEFT JOIN {nic} n ON n.id = g.nic_id"
         " WHERE g.node_id = %s AND a.live = %s AND a.generation = j.generation AND j.status IN (%s, %s)"
         f" AND NOT EXISTS (SELECT 1 FROM {run} r WHERE r.job_id = a.job_id"
         f" AND r.generation = a.generation AND r.{rank} = a.{rank} AND r.state = %s)"
-        f" ORDER BY a.job_id, a.{rank}"
+        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, NULL, NULL, 1 FROM {run} r"
+        f" JOIN {job} j ON j.id = r.job_id WHERE r.node_id = %s AND r.state = %s"
+        " AND NOT (j.status IN (%s, %s) AND r.generation = j.generation)"
+        " ORDER BY 1, 2, 3"
     )
 
 
-def node_work(*, node: Node) -> list[dict[str, Any]]:
-    """Every job generation the node should run now, each with this node's ranks: entries of
-    `job`, `generation`, `name`, `command`, `env`, `workdir`, `account` (the Unix account of the
-    job's owner: its UnixAccount, else its username), `stop_grace_s`, `world_size`,
+def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """The node's desired state: (work, stops).
+
+    `work`: every job generation the node should run now, each with this node's ranks: entries
+    of `job`, `generation`, `name`, `command`, `env`, `workdir`, `account` (the Unix account of
+    the job's owner: its UnixAccount, else its username), `stop_grace_s`, `world_size`,
     `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
     "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
-    launcher runs those)."""
+    launcher runs those).
+
+    `stops`: [job, generation, rank] of every rank the server still counts as running on the node
+    (its GPU stays booked) although its generation is no longer wanted: its job ended, was
+    requeued or is migrating. The agent stops each, or reports it gone when it has no trace of
+    it; the GPU is released once the exit is reported."""
     # Every agent asks this every poll: one statement written once, not an ORM query built each time.
+    placing, running, started = JobStatus.PLACING.value, JobStatus.RUNNING.value, RankState.STARTED.value
     with connection.cursor() as cursor:
         cursor.execute(
             _work_sql(),
-            [node.pk, True, JobStatus.PLACING.value, JobStatus.RUNNING.value, RankState.EXITED.value],
+            [node.pk, True, placing, running, RankState.EXITED.value, node.pk, started, placing, running],
         )
         rows = cursor.fetchall()
     grouped: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
-    for job_id, generation, rank, index, nic in rows:
-        grouped.setdefault((job_id, generation), []).append((rank, index, nic or ""))
+    stops: list[list[int]] = []
+    for job_id, generation, rank, index, nic, stop in rows:
+        if stop:
+            stops.append([job_id, generation, rank])
+        else:
+            grouped.setdefault((job_id, generation), []).append((rank, index, nic or ""))
     if not grouped:
-        return []
-    started = set(
+        return [], stops
+    started_ranks = set(
         RankRun.objects.filter(node=node, state=RankState.STARTED).values_list("job_id", "generation", "rank")
     )
     work = []
@@ -202,7 +219,7 @@ def node_work(*, node: Node) -> list[dict[str, Any]]:
                         "node": node.name,
                         "gpu": index,
                         "nic": nic,
-                        "started": (job_id, generation, rank) in started,
+                        "started": (job_id, generation, rank) in started_ranks,
                     }
                     for rank, index, nic in ranks
                 ],
@@ -216,7 +233,7 @@ def node_work(*, node: Node) -> list[dict[str, Any]]:
     for entry in work:
         master = entry.pop("master_node")
         entry["master_addr"] = addrs.get(master, master)
-    return work
+    return work, stops
 
 
 def job_generations(*, job: Job) -> list[dict[str, Any]]:

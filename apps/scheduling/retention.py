@@ -4,8 +4,10 @@ Run daily by Celery beat (`scheduling.retention`) and by `manage.py retention`. 
 has its own age limit (settings from TOPOWEB_RETAIN_*_DAYS; 0 keeps it forever):
 
 - metrics reports (`JobReport`) older than RETAIN_REPORTS_DAYS;
-- rank records (`RankRun`) whose process exited before RETAIN_RANK_RECORDS_DAYS, and before that
-  the output tails they carry, emptied after RETAIN_OUTPUT_DAYS;
+- rank records (`RankRun`) whose process exited before RETAIN_RANK_RECORDS_DAYS, unless their job
+  has not finished and they are of its current generation (the job completes only once every
+  rank of it exited 0), and before that the output tails they carry, emptied after
+  RETAIN_OUTPUT_DAYS;
 - finished jobs' launch fields (`command`, `env`, `workdir`) dropped from their stored spec after
   RETAIN_JOB_SPECS_DAYS: the rest of the spec (shape, comm, model) stays for the job's page;
 - audit rows: scheduling cycles and the admin's log entries older than RETAIN_AUDIT_DAYS.
@@ -21,6 +23,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .choices import FINISHED_STATUSES
@@ -68,7 +71,10 @@ def retention_apply(*, now: datetime | None = None) -> dict[str, int]:
             done["output_tails"] += RankRun.objects.filter(pk__in=ids).update(log_tail="")
     cut = _cutoff(settings.RETAIN_RANK_RECORDS_DAYS, now)
     if cut:
-        done["rank_records"] = _delete_in_batches(RankRun.objects.filter(exited_at__lt=cut))
+        # Only records no job still counts on: a job that has not finished needs every exit of
+        # its current generation to complete (an early exit 0 is one of them).
+        needed = Q(job__generation=F("generation")) & ~Q(job__status__in=FINISHED_STATUSES)
+        done["rank_records"] = _delete_in_batches(RankRun.objects.filter(exited_at__lt=cut).exclude(needed))
     cut = _cutoff(settings.RETAIN_JOB_SPECS_DAYS, now)
     if cut:
         done["job_specs"] = _trim_specs(cut)

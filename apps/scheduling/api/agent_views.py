@@ -99,7 +99,8 @@ class AgentSyncView(APIView):
     )
     def post(self, request: Request) -> Response:
         """Record the heartbeat and the valid reports (the answer's `refused` lists the others and
-        why), then answer the node's work; when nothing changed for the agent (no reports, it
+        why), then answer the node's work and `stop`, the ranks it must stop (or report gone)
+        although no work lists them; when nothing changed for the agent (no reports, it
         runs exactly its work) wait up to `wait_s` for a change. The credential's node is the
         only node this answers for: another `node` in the body, or a report about a rank placed
         on another node, is refused with 403 and nothing is recorded."""
@@ -162,16 +163,24 @@ class AgentSyncView(APIView):
                 lambda: agents.agent_logs(node=node, chunks=chunks), what="agent logs"
             )
             refused_logs += [{**_chunk_key(c), "reason": why} for c, why in not_stored]
-        work = node_work(node=node)
+        work, stops = node_work(node=node)
         # The server bounds the wait (its own poll interval), whatever the agent asks for.
         wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
-        if wait_s > 0 and not data["reports"] and not data["logs"] and running == _keys(work):
+        # Ranks to stop that the agent is not stopping yet (or has no trace of): answer at once.
+        unheeded = {tuple(k) for k in stops} - {tuple(k) for k in data["stopping"]}
+        if (
+            wait_s > 0
+            and not data["reports"]
+            and not data["logs"]
+            and running == _keys(work)
+            and not unheeded
+        ):
             if not connection.in_atomic_block:
                 # A waiting poll holds no database connection: thousands of agents wait at once.
                 connection.close()
             if wait_for_change(node.cluster_id, node.name, since, wait_s):
-                work = node_work(node=node)
+                work, stops = node_work(node=node)
         return Response(
             {
                 "node": node.name,
@@ -184,6 +193,7 @@ class AgentSyncView(APIView):
                 "logs": logs,
                 "refused_logs": refused_logs,
                 "work": work,
+                "stop": stops,
             }
         )
 

@@ -130,3 +130,58 @@ def test_a_rank_stopped_the_moment_it_was_started_does_not_run_on(tmp_path: Path
                 local.cgroup.remove()
         for parent in cgroups.parents:
             parent.rmdir()
+
+
+def test_a_rank_the_server_asks_to_stop_that_the_agent_has_no_trace_of_is_reported_gone(tmp_path: Path):
+    """The server still counts a rank running (its GPU booked) that this agent never had, or lost
+    with its state: the agent reports it gone, so the GPU is not booked for good."""
+    agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path)
+
+    async def answer():
+        agent._wake = asyncio.Event()
+        await agent._reconcile([], [[5, 1, 3]])
+
+    run_loop(answer)
+    report = agent.outbox[(5, 1, 3, "exited")]
+    assert report["exit_code"] == 255 and "no record" in report["log_tail"]
+
+
+def test_a_rank_without_a_record_whose_cgroup_holds_processes_is_stopped_before_it_is_reported(
+    tmp_path: Path, monkeypatch
+):
+    """A rank the server asks to stop, with no record but processes still in its cgroup (its record
+    was lost while it ran): they are stopped first, and only then is the rank reported gone."""
+    from apps.agent import runner
+
+    cgroups = _cgroups(f"topoweb-unit-orphan-{os.getpid()}")
+    if cgroups is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root with a writable cgroup hierarchy")
+        pytest.skip("needs root and a writable cgroup hierarchy")
+    monkeypatch.setattr(runner, "ORPHAN_GRACE_S", 0.5)
+    agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, cgroups=cgroups)
+    group = cgroups.create("job-5-gen-1-rank-3")
+    # A rank that ignores SIGTERM: only the kill after the grace period ends it.
+    orphan = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    try:
+        for procs in group.procs_files():
+            Path(procs).write_text(str(orphan.pid))
+
+        async def answer():
+            agent._wake = asyncio.Event()
+            await agent._reconcile([], [[5, 1, 3]])
+            assert (5, 1, 3, "exited") not in agent.outbox, "reported gone while its processes ran"
+            await asyncio.wait_for(agent.orphans[(5, 1, 3)], timeout=10.0)
+
+        run_loop(answer)
+        assert orphan.wait(timeout=2) == -9
+        assert not Path(f"/proc/{orphan.pid}").exists() or orphan.returncode is not None
+        assert agent.outbox[(5, 1, 3, "exited")]["exit_code"] == 255
+        assert not group.exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+        group.kill()
+        group.remove()
+        for parent in cgroups.parents:
+            parent.rmdir()
