@@ -15,7 +15,7 @@ from django.db.models import Count, Min, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.dashboard.selectors import can_see_details, job_label
+from apps.dashboard.selectors import can_see_details, job_label, stopping_ranks
 from apps.metrics import selectors as metrics
 from apps.metrics.choices import ScrapeState
 from apps.metrics.models import NodeScrape
@@ -252,6 +252,7 @@ def now_overview(*, user) -> dict:
         "hotspots": hotspot_rows(user=user),
         "proposals": open_proposals(user=user),
         "agents": agents_behind(),
+        "stopping": stopping_ranks(user=user),
         "metrics": metrics_behind(),
         "queues": queue_pressure(),
     }

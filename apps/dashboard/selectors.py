@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import Count, F, Max, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 from django.urls import reverse
 from django.utils import timezone
 
@@ -25,8 +25,8 @@ from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
 from apps.scheduling.agent_models import NodeAgent
 from apps.scheduling.agent_selectors import node_state_map, shown_state
-from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState
-from apps.scheduling.models import Allocation, Job, MigrationProposal
+from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState, RankState
+from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
 from apps.topology.models import Cluster, Link, Nic, Node, Switch
@@ -258,6 +258,42 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
 RECENT_JOBS_ON_NODE = 10
 
 
+STOPPING_LISTED = 50
+
+
+def stopping_ranks(*, user, node: Node | None = None) -> list[dict]:
+    """Ranks told to stop that still run (their GPUs stay booked until their exits are
+    confirmed), one row per job generation and node, the longest stopping first: the job (as
+    `user` may see it), node, ranks, and since when."""
+    rows = (
+        RankRun.objects.filter(state=RankState.STARTED, stop_requested_at__isnull=False)
+        .filter(**({"node": node} if node is not None else {}))
+        .values("job_id", "generation", "node__name", "node__cluster__name")
+        .annotate(since=Min("stop_requested_at"), ranks=Count("id"))
+        .order_by("since", "job_id")[:STOPPING_LISTED]
+    )
+    rows = list(rows)
+    jobs = Job.objects.select_related("owner").in_bulk({r["job_id"] for r in rows})
+    out = []
+    for r in rows:
+        job = jobs.get(r["job_id"])
+        if job is None:
+            continue
+        out.append(
+            {
+                "job": job,
+                "label": job_label(user, job),
+                "url": reverse("dashboard:job", args=[job.pk]) if can_see_details(user, job) else None,
+                "generation": r["generation"],
+                "node": r["node__name"],
+                "cluster": r["node__cluster__name"],
+                "ranks": r["ranks"],
+                "since": r["since"],
+            }
+        )
+    return out
+
+
 def node_overview(*, node: Node, user) -> dict:
     """Everything the node page shows: each GPU (NVLink domain, NIC, job and rank, health, latest
     measurement), each NIC (speed, leaf, the GPUs using it, measured rates), the jobs on it now and
@@ -338,6 +374,7 @@ def node_overview(*, node: Node, user) -> dict:
         "nics": nics,
         "leaves": sorted({n["nic"].leaf.name for n in nics}),
         "jobs": sorted(jobs.values(), key=lambda e: e["job"].pk),
+        "stopping": stopping_ranks(user=user, node=node),
         "recent": [
             {
                 "job": job,

@@ -90,3 +90,28 @@ def test_refresh_is_the_pages_default_or_the_asked_seconds_within_2_to_300(clien
     assert "refresh every 2 s" in every["/now/?refresh=1"]
     assert '<span id="refresh-seconds">10</span>' in every["/queue/"]
     assert '<span id="refresh-seconds">300</span>' in every["/queue/?refresh=900"]
+
+
+def test_ranks_stopping_show_on_the_now_page_and_their_node_page_with_since_when(
+    client, people, naive_case44
+):
+    from apps.scheduling import services
+
+    node = Node.objects.get(cluster=naive_case44.cluster, name="node-a")
+    for rank in (0, 1, 2):
+        RankRun.objects.create(job=naive_case44, generation=naive_case44.generation, rank=rank, node=node)
+    services.job_cancel(job=naive_case44)
+    RankRun.objects.update(stop_requested_at=timezone.now() - timedelta(minutes=5))
+    client.force_login(people["alice"])
+    html = client.get("/now/").content.decode()
+    section = html[html.index('id="now-stopping"') :]
+    section = section[: section.index("</section>")]
+    assert f'href="/jobs/{naive_case44.pk}/"' in section and "cancelled" in section
+    assert 'href="/clusters/case-4-4/nodes/node-a/">node-a</a>' in section
+    assert '<td class="num">3</td><td>5 min ago</td>' in section
+    page = client.get("/clusters/case-4-4/nodes/node-a/").content.decode()
+    assert 'id="node-stopping"' in page and "Ranks stopping here" in page
+    # Once the ranks' exits are confirmed, neither lists them.
+    RankRun.objects.filter(job=naive_case44).update(state="exited", exit_code=-15, exited_at=timezone.now())
+    assert "No rank is stopping" in client.get("/now/").content.decode()
+    assert 'id="node-stopping"' not in client.get("/clusters/case-4-4/nodes/node-a/").content.decode()
