@@ -89,7 +89,11 @@ if mode == "fork":
     with open(os.path.join(out, "tmp-children-" + tag), "w") as fh:
         fh.write(f"{{child.pid}} {{pid}}")
     os.replace(os.path.join(out, "tmp-children-" + tag), os.path.join(out, "children-" + tag))
-if mode in ("sleep", "fail", "stubborn", "deaf", "spy"):
+if mode == "early" and rank == 0:
+    # Done with its part at once; the other ranks go on.
+    print("rank", rank, "done early", flush=True)
+    sys.exit(0)
+if mode in ("sleep", "fail", "stubborn", "deaf", "spy", "early"):
     time.sleep(float(os.environ.get("SLEEP_S", "60")))
 print("rank", rank, "done", flush=True)
 """
@@ -333,12 +337,15 @@ def kill_groups(pids) -> None:
 
 @dataclass
 class GpuUse:
-    """What a `gpu_use_watch` saw: (node, GPU) used by two jobs' live processes at once, and the
-    wall time each job's processes were last seen alive."""
+    """What a `gpu_use_watch` saw: (node, GPU) used by two jobs' live processes at once, the wall
+    time each job's processes were last seen alive, jobs with live processes of two generations
+    at once (`generation_violations`) and every generation seen alive per job."""
 
     violations: list[str] = field(default_factory=list)
     last_seen: dict[int, float] = field(default_factory=dict)
     samples: int = 0
+    generation_violations: list[str] = field(default_factory=list)
+    generations: dict[int, set[int]] = field(default_factory=dict)
 
 
 def _live_rank_envs(marker: str) -> list[dict[str, str]]:
@@ -366,23 +373,32 @@ def _live_rank_envs(marker: str) -> list[dict[str, str]]:
 def gpu_use_watch(marker: Path, period_s: float = 0.2) -> Iterator[GpuUse]:
     """While the block runs, a thread reads every process's /proc/PID/environ each `period_s`
     and records each (TOPOWEB_NODE, GPU in CUDA_VISIBLE_DEVICES) used by live processes of two
-    jobs (TOPOWEB_JOB_ID) at once: the processes' truth, not the database's."""
+    jobs (TOPOWEB_JOB_ID) at once, and each job with live processes of two generations
+    (TOPOWEB_GENERATION) at once: the processes' truth, not the database's."""
     use = GpuUse()
     stop = threading.Event()
 
     def watch():
         while not stop.is_set():
             holders: dict[tuple[str, str], set[str]] = {}
+            alive: dict[int, set[int]] = {}
             now = time.time()
             for env in _live_rank_envs(str(marker)):
                 job = env["TOPOWEB_JOB_ID"]
                 use.last_seen[int(job)] = now
+                alive.setdefault(int(job), set()).add(int(env.get("TOPOWEB_GENERATION", 0)))
                 for gpu in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
                     if gpu:
                         holders.setdefault((env.get("TOPOWEB_NODE", "?"), gpu), set()).add(job)
             for where, jobs in holders.items():
                 if len(jobs) > 1:
                     use.violations.append(f"{where} used by jobs {sorted(jobs)} at {now:.1f}")
+            for job, generations in alive.items():
+                use.generations.setdefault(job, set()).update(generations)
+                if len(generations) > 1:
+                    use.generation_violations.append(
+                        f"job {job} runs generations {sorted(generations)} at {now:.1f}"
+                    )
             use.samples += 1
             stop.wait(period_s)
 

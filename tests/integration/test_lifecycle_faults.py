@@ -1,0 +1,178 @@
+"""The job lifecycle under the faults nobody planned for, on real agent and rank processes
+(Postgres, the live server): a node whose agent lost its ranks and its state, retention while a
+job runs, a requeue while the old generation is still stopping behind a frozen agent. Each ends
+with 0 GPUs booked without a live rank and 0 moments where one job's two generations ran."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from apps.scheduling import agents as agent_services
+from apps.scheduling import services
+from apps.scheduling.choices import JobStatus, NodeState, RankState
+from apps.scheduling.models import Allocation, NodeAgent, RankRun
+from apps.scheduling.retention import retention_apply
+from apps.scheduling.selectors import job_ranks
+
+from .agents import gpu_use_watch, kill_cgroups, kill_groups
+from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
+from .test_scheduling_postgres import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def reconcile_clean() -> None:
+    out = StringIO()
+    try:
+        call_command("reconcile", "--check", stdout=out)
+    except SystemExit as exc:
+        pytest.fail(f"reconcile --check exited {exc.code}:\n{out.getvalue()}")
+    assert out.getvalue().endswith("0 findings\n")
+
+
+def test_a_restarted_agent_that_lost_its_ranks_and_state_frees_a_failed_jobs_gpus(
+    agents,  # noqa: F811
+    user,  # noqa: F811
+    tmp_path,
+):
+    """A 2-node job; node-b's agent dies with its ranks and its state directory; a rank on node-a
+    then fails. Restarted, node-b's agent has no trace of its ranks: the server lists them to stop,
+    the agent reports them gone, and every GPU of the job is free within a few syncs."""
+    for node in ("node-a", "node-b"):
+        agents.start(node, poll_s=1.0)
+    job = services.job_submit(
+        user=user, spec=spec(tmp_path, "two-nodes", 16, BEHAVIOUR="sleep", SLEEP_S="120")
+    )
+    wait_for(status_is(job, JobStatus.RUNNING), what="running")
+    on_b = [r for r in job_ranks(job=job) if r["node"] == "node-b"]
+    assert len(on_b) == 8
+    # node-b goes away whole: its agent, every rank process, and its state directory.
+    agents.kill("node-b")
+    kill_cgroups([d / "node-b" for d in agents.cgroup_dirs()])
+    kill_groups(RankRun.objects.filter(job=job, node__name="node-b").values_list("pid", flat=True))
+    shutil.rmtree(tmp_path / "state-node-b")
+    # A rank on node-a dies: the job fails, node-a's agent stops its other ranks.
+    victim = RankRun.objects.filter(job=job, node__name="node-a").order_by("rank").first()
+    os.killpg(victim.pid, signal.SIGKILL)
+    wait_for(status_is(job, JobStatus.FAILED), what="the job to fail")
+    wait_for(
+        lambda: not Allocation.objects.filter(job=job, live=True, node_name="node-a").exists(),
+        what="node-a's GPUs freed as its agent stopped the ranks",
+    )
+    # node-b's ranks are still counted running: their GPUs stay booked while nobody says otherwise.
+    time.sleep(2.0)
+    assert Allocation.objects.filter(job=job, live=True, node_name="node-b").count() == 8
+    agents.start("node-b", poll_s=1.0)
+    wait_for(
+        lambda: not Allocation.objects.filter(job=job, live=True).exists(),
+        timeout_s=15,
+        what="node-b's GPUs freed once its restarted agent reported the ranks gone",
+    )
+    lost = RankRun.objects.filter(job=job, node__name="node-b")
+    assert {r.state for r in lost} == {RankState.EXITED}
+    assert all("no record" in r.log_tail for r in lost)
+    # A job needing both whole nodes now runs.
+    both = services.job_submit(user=user, spec=spec(tmp_path, "both-nodes", 16, BEHAVIOUR="exit"))
+    wait_for(status_is(both, JobStatus.COMPLETED), timeout_s=30, what="the 16-GPU job to run")
+    reconcile_clean()
+
+
+def test_retention_while_a_job_with_an_early_exited_rank_runs_lets_it_complete(
+    agents,  # noqa: F811
+    user,  # noqa: F811
+    tmp_path,
+    settings,
+):
+    settings.RETAIN_RANK_RECORDS_DAYS = 1
+    agents.start("node-a")
+    agents.start("node-b")
+    job = services.job_submit(user=user, spec=spec(tmp_path, "early", 8, BEHAVIOUR="early", SLEEP_S="4"))
+    wait_for(
+        lambda: RankRun.objects.filter(job=job, rank=0, state=RankState.EXITED, exit_code=0).exists(),
+        what="rank 0 to be done early",
+    )
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    # Its record is old enough for retention; the job still needs it to complete.
+    RankRun.objects.filter(job=job, rank=0).update(exited_at=timezone.now() - timedelta(days=2))
+    retention_apply()
+    assert RankRun.objects.filter(job=job, rank=0).exists()
+    wait_for(status_is(job, JobStatus.COMPLETED), timeout_s=30, what="the job to complete")
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+    reconcile_clean()
+
+
+def test_a_requeued_job_never_runs_beside_its_old_generation_behind_a_frozen_agent(
+    agents,  # noqa: F811
+    user,  # noqa: F811
+    tmp_path,
+    settings,
+):
+    """node-a's agent is frozen (SIGSTOP) under a `requeue: true` job whose ranks ignore SIGTERM:
+    the node is declared down and the job requeued, but not placed on node-b while its old ranks
+    may live. Thawed, the agent fences them (SIGTERM ignored, SIGKILL after the grace) and reports
+    the exits; only then does generation 2 start. A /proc watcher checks every 0.1 s that no job
+    ever has live processes of two generations."""
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    for node in ("node-a", "node-b"):
+        agents.start(node, poll_s=1.0)
+    body = {**spec(tmp_path, "deaf", 8, BEHAVIOUR="deaf", SLEEP_S="300"), "requeue": True, "stop_grace_s": 3}
+    marker = tmp_path / "out"
+    with gpu_use_watch(marker, period_s=0.1) as seen:
+        job = services.job_submit(user=user, spec=body)
+        wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        node = job_ranks(job=job)[0]["node"]
+        other = "node-b" if node == "node-a" else "node-a"
+        agents.procs[node].send_signal(signal.SIGSTOP)
+        try:
+            cluster = job.cluster
+            wait_for(
+                lambda: node in agent_services.nodes_check(cluster=cluster)["down"] or None,
+                timeout_s=20,
+                what="the frozen node to be declared down",
+            )
+            job.refresh_from_db()
+            assert job.status == JobStatus.QUEUED and job.generation == 1
+            # Its ranks may still run (the frozen agent never fenced them): it waits for them.
+            for _ in range(10):
+                agent_services.nodes_check(cluster=cluster)
+                job.refresh_from_db()
+                assert job.generation == 1, "placed again while its old ranks could still run"
+                time.sleep(0.2)
+            assert "waiting for its previous placement to stop" in job.pending_reason
+        finally:
+            agents.procs[node].send_signal(signal.SIGCONT)
+        # Thawed: the agent fences its ranks (grace 3 s, then SIGKILL) and reports their exits.
+
+        def placed_again():
+            agent_services.nodes_check(cluster=job.cluster)
+            job.refresh_from_db()
+            return job.generation == 2 and job.status == JobStatus.RUNNING
+
+        wait_for(placed_again, timeout_s=40, what="generation 2 to run")
+    assert seen.samples > 50
+    assert seen.generation_violations == []
+    assert seen.violations == []
+    assert seen.generations[job.pk] == {1, 2}
+    old = RankRun.objects.filter(job=job, generation=1)
+    assert {r.state for r in old} == {RankState.EXITED}
+    # Killed by the agent after its grace (-9), not counted gone by the server's deadline.
+    assert {r.exit_code for r in old} == {-9}
+    assert {r["node"] for r in job_ranks(job=job)} <= {node, other}
+    wait_for(
+        lambda: NodeAgent.objects.get(node__name=node, node__cluster=job.cluster).state == NodeState.UP,
+        what="the node back up once its old ranks are gone",
+    )
+    services.job_cancel(job=job)
+    wait_for(lambda: not Allocation.objects.filter(job=job, live=True).exists(), what="GPUs freed")
+    reconcile_clean()
