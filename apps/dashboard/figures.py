@@ -200,10 +200,14 @@ def node_state_traces(lay: geo.ClusterLayout, shown: dict) -> list[dict]:
 
 
 def cluster_figure(
-    lay: geo.ClusterLayout, jobs: Sequence[JobView], node_states: dict | None = None
+    lay: geo.ClusterLayout,
+    jobs: Sequence[JobView],
+    node_states: dict | None = None,
+    stopping: np.ndarray | None = None,
 ) -> ClusterFigure:
     """The layered cluster graph with placement, predicted metrics, link loads, the zoomed-out
-    bars, node states (`node_states` by node name, see `node_marks`) and empty highlight layers
+    bars, node states (`node_states` by node name, see `node_marks`), GPUs still held by ranks
+    that are stopping (`stopping`, a mask over gids: not free) and empty highlight layers
     (filled by the client script)."""
     topo = lay.topology
     n = topo.n_gpus
@@ -214,6 +218,7 @@ def cluster_figure(
         gpu_job[g] = j
         gpu_rank[g] = np.arange(g.size)
     out_gpus, bad_gpus, shown = node_marks(lay, node_states)
+    held = np.zeros(n, dtype=bool) if stopping is None else (stopping & (gpu_job < 0))
     data: list[dict] = []
 
     loads = link_loads(lay, jobs)
@@ -226,7 +231,7 @@ def cluster_figure(
     data += nic_and_node_traces(lay)
     data.append(link_hover_trace())
 
-    data += gpu_traces(lay, jobs, gpu_job, looks, out_gpus, bad_gpus)
+    data += gpu_traces(lay, jobs, gpu_job, looks, out_gpus, bad_gpus, held)
     busy = np.flatnonzero(gpu_job >= 0)
     metrics = {
         k: _metric_values(jobs, gpu_job[busy], attr)
@@ -234,7 +239,7 @@ def cluster_figure(
     }
     data.append(_metric_trace(lay, busy, metrics["mfu"]))
     data += outline_traces(lay, jobs, looks)
-    bars, bar_data = bar_trace(lay, jobs, gpu_job, looks, out_gpus | bad_gpus)
+    bars, bar_data = bar_trace(lay, jobs, gpu_job, looks, out_gpus | bad_gpus | held)
     data += bars
     data += node_state_traces(lay, shown)
     # Highlight and path layers, filled by the client script.
@@ -277,16 +282,19 @@ def gpu_traces(
     looks,
     out_gpus: np.ndarray | None = None,
     bad_gpus: np.ndarray | None = None,
+    held_gpus: np.ndarray | None = None,
 ) -> list[dict]:
-    """Free GPUs in grey; idle GPUs of nodes that take no placements (`out_gpus`) and idle GPUs
-    reported unhealthy (`bad_gpus`) apart, not counted free; then one trace per job in its
+    """Free GPUs in grey; idle GPUs of nodes that take no placements (`out_gpus`), idle GPUs
+    reported unhealthy (`bad_gpus`) and GPUs still held by ranks that are stopping (`held_gpus`)
+    apart, not counted free; then one trace per job in its
     colour and mark (the legend lists the jobs) and, past MAX_JOB_TRACES, one trace for the rest.
     `customdata` holds each point's gid; the client places the points and builds their hover
     text from the per-GPU data."""
     idle = gpu_job < 0
-    bad = idle & (bad_gpus if bad_gpus is not None else False)
-    out_of_service = idle & (out_gpus if out_gpus is not None else False) & ~bad
-    free = np.flatnonzero(idle & ~bad & ~out_of_service)
+    held = idle & (held_gpus if held_gpus is not None else False)
+    bad = idle & (bad_gpus if bad_gpus is not None else False) & ~held
+    out_of_service = idle & (out_gpus if out_gpus is not None else False) & ~bad & ~held
+    free = np.flatnonzero(idle & ~bad & ~out_of_service & ~held)
     out = [
         markers(
             f"free ({free.size})",
@@ -302,6 +310,7 @@ def gpu_traces(
     for mask, name, color, symbol in (
         (out_of_service, "not schedulable (down, drained or draining node)", OUT_COLOR, "square-x"),
         (bad, "unhealthy", UNHEALTHY_COLOR, "x"),
+        (held, "stopping (a rank that has not exited yet holds it)", OUT_COLOR, "hourglass"),
     ):
         if mask.any():
             t = markers(
@@ -430,7 +439,8 @@ def bar_trace(
     per job (largest first, in the job's colour and hatch), then the free GPUs on partly busy
     nodes and on top the free GPUs on wholly free nodes (the largest block a whole-node job can
     take there), with each group's free count above its bar; idle GPUs that take no placements
-    (`unavailable`: down, drained or draining nodes, unhealthy GPUs) are a dark segment of their
+    (`unavailable`: down, drained or draining nodes, unhealthy GPUs, GPUs whose ranks are still
+    stopping) are a dark segment of their
     own, not free. Returns the two traces and the segments (group, job or -1/-2/-3, GPUs) for
     the client."""
     topo = lay.topology
@@ -490,7 +500,9 @@ def bar_trace(
             elif j == -3:
                 colors.append(OUT_COLOR)
                 hatch.append("x")
-                text.append(f"{head}<br>not schedulable (down, drained, draining or unhealthy): {c} GPUs")
+                text.append(
+                    f"{head}<br>not schedulable (down, drained, draining, unhealthy or still stopping): {c} GPUs"
+                )
             else:
                 colors.append(FREE_COLOR if j == -1 else FREE_WHOLE_COLOR)
                 hatch.append("")

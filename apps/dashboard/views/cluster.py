@@ -143,7 +143,7 @@ def graph_context(cluster: Cluster, user) -> dict:
             _GRAPHS.move_to_end(key)
             return dict(hit)
     data = cluster_graph_data(cluster=cluster, user=user)
-    fig = cluster_figure(data.layout, data.jobs, data.node_states)
+    fig = cluster_figure(data.layout, data.jobs, data.node_states, data.snapshot.stopping)
     topo = data.snapshot.topology
     tiers = [s.tier for s in topo.switches]
     context = {

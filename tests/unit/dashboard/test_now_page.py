@@ -111,6 +111,10 @@ def test_ranks_stopping_show_on_the_now_page_and_their_node_page_with_since_when
     assert '<td class="num">3</td><td>5 min ago</td>' in section
     page = client.get("/clusters/case-4-4/nodes/node-a/").content.decode()
     assert 'id="node-stopping"' in page and "Ranks stopping here" in page
+    # The cluster's free count and its graph agree: the 3 GPUs still held are not free in either.
+    graph = client.get("/clusters/case-4-4/").content.decode()
+    assert "16 GPUs (13 free)" in graph
+    assert "free (13)" in graph and "stopping (a rank that has not exited yet holds it) (3)" in graph
     # Once the ranks' exits are confirmed, neither lists them.
     RankRun.objects.filter(job=naive_case44).update(state="exited", exit_code=-15, exited_at=timezone.now())
     assert "No rank is stopping" in client.get("/now/").content.decode()
