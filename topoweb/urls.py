@@ -15,6 +15,7 @@ urlpatterns = [
     path("api/v1/", include("apps.topology.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.metrics.api.urls")),
+    path("api/v1/", include("apps.executors.agents.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),

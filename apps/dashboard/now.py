@@ -16,10 +16,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.dashboard.selectors import can_see_details, job_label, stopping_ranks
+from apps.executors.agents.services import down_after_s
 from apps.metrics import selectors as metrics
 from apps.metrics.choices import ScrapeState
 from apps.metrics.models import NodeScrape
-from apps.scheduling.agents import down_after_s
 from apps.scheduling.choices import (
     ACTIVE_STATUSES,
     WAITING_STATUSES,

@@ -24,9 +24,9 @@ from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
 from apps.scheduling.agent_models import NodeAgent
-from apps.scheduling.agent_selectors import node_state_map, shown_state
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState, RankState
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
+from apps.scheduling.nodes import node_state_map, shown_state
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
 from apps.topology.models import Cluster, Link, Nic, Node, Switch

@@ -1,10 +1,15 @@
 """Admin pages of the executors: which clusters Slurm runs and how TopoWeb reaches it, the Slurm
-job of each TopoWeb job generation, and the GPUs jobs submitted straight to Slurm hold."""
+job of each TopoWeb job generation, the GPUs jobs submitted straight to Slurm hold, and the node
+agents' credentials."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from apps.api.authentication import node_tokens_forget
+from apps.scheduling.models import NodeToken
+
+from .agents.services import node_tokens_revoke
 from .models import ClusterExecutor, ForeignAllocation, SlurmSubmission
 
 
@@ -48,3 +53,25 @@ class ForeignAllocationAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(NodeToken)
+class NodeTokenAdmin(admin.ModelAdmin):
+    """Node agent credentials: only the key's hash is stored, so none is created here (manage.py
+    create_node_token prints the key once); revoke one that leaked or whose node left."""
+
+    list_display = ["prefix", "node", "created_at", "last_used", "revoked_at"]
+    list_filter = ["node__cluster", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["node__name", "prefix"]
+    list_select_related = ["node"]
+    readonly_fields = ["node", "prefix", "created_at", "last_used", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected node tokens", permissions=["change"])
+    def revoke(self, request, queryset) -> None:
+        count = node_tokens_revoke(tokens=queryset)
+        node_tokens_forget()
+        self.message_user(request, f"{count} node token(s) revoked.", messages.SUCCESS)

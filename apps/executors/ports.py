@@ -11,35 +11,10 @@ from typing import Any
 from django.db import transaction
 
 from apps.scheduling import executor as port
-from apps.scheduling.agents import nodes_check, notify_job_nodes
-from apps.scheduling.wakeups import notify_cluster
+
+from .agents.port import AgentsExecutor
 
 log = logging.getLogger(__name__)
-
-
-class AgentsExecutor:
-    """TopoWeb's node agents: each long-polls its node's work (`agent_selectors.node_work`) and
-    starts or stops ranks to match it; a wake ends the long-polls of the nodes concerned."""
-
-    name = "agents"
-
-    def runs(self, cluster_id: int) -> bool:
-        return True
-
-    def wake(self, cluster_id: int, nodes: Iterable[str] | None) -> None:
-        notify_cluster(cluster_id, nodes)
-
-    def stop(self, cluster_id: int, job_id: int) -> None:
-        notify_job_nodes(cluster_id, job_id)
-
-    def can_migrate(self, cluster_id: int) -> bool:
-        return True
-
-    def reconcile(self, cluster: Any) -> dict[str, Any]:
-        return nodes_check(cluster=cluster)
-
-    def check(self, cluster: Any) -> list[port.Finding]:
-        return []
 
 
 class SlurmExecutor:
@@ -83,6 +58,14 @@ class SlurmExecutor:
         ex = ClusterExecutor.objects.filter(cluster=cluster, kind=ExecutorKind.SLURM).first()
         result = None if ex is None else locked_sync(executor=ex)
         return {} if result is None else result.as_dict()
+
+    def foreign(self, cluster: Any) -> list[port.ForeignHold]:
+        from .models import ForeignAllocation
+
+        rows = ForeignAllocation.objects.filter(cluster=cluster).values_list(
+            "node__name", "gpu_index", "slurm_job_id", "cluster__executor__foreign_gbps_per_gpu"
+        )
+        return [port.ForeignHold(n, g, j, float(r or 0.0)) for n, g, j, r in rows]
 
     def check(self, cluster: Any) -> list[port.Finding]:
         return []

@@ -34,10 +34,10 @@ from django.utils import timezone
 from apps.placement.jobs import load_job
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.agent_selectors import master_port
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
+from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Node
 
 from .models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission

@@ -10,9 +10,7 @@ import json
 
 from django.contrib import admin, messages
 
-from apps.api.authentication import node_tokens_forget
-
-from . import agents, services
+from . import nodes, services
 from .models import (
     Account,
     AccountLimit,
@@ -22,7 +20,6 @@ from .models import (
     LauncherToken,
     MigrationProposal,
     NodeAgent,
-    NodeToken,
     SchedulingCycle,
     UnixAccount,
 )
@@ -175,28 +172,6 @@ class LauncherTokenAdmin(admin.ModelAdmin):
     readonly_fields = ["key", "created_at"]
 
 
-@admin.register(NodeToken)
-class NodeTokenAdmin(admin.ModelAdmin):
-    """Node agent credentials: only the key's hash is stored, so none is created here (manage.py
-    create_node_token prints the key once); revoke one that leaked or whose node left."""
-
-    list_display = ["prefix", "node", "created_at", "last_used", "revoked_at"]
-    list_filter = ["node__cluster", ("revoked_at", admin.EmptyFieldListFilter)]
-    search_fields = ["node__name", "prefix"]
-    list_select_related = ["node"]
-    readonly_fields = ["node", "prefix", "created_at", "last_used", "revoked_at"]
-    actions = ["revoke"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    @admin.action(description="Revoke the selected node tokens", permissions=["change"])
-    def revoke(self, request, queryset) -> None:
-        count = agents.node_tokens_revoke(tokens=queryset)
-        node_tokens_forget()
-        self.message_user(request, f"{count} node token(s) revoked.", messages.SUCCESS)
-
-
 @admin.register(NodeAgent)
 class NodeAgentAdmin(admin.ModelAdmin):
     """Node health: drain (the reason field says why) and resume through the services."""
@@ -225,13 +200,13 @@ class NodeAgentAdmin(admin.ModelAdmin):
     @admin.action(description="Drain the selected nodes (reason: the node's reason field, else 'admin')")
     def drain(self, request, queryset):
         for agent in queryset.select_related("node"):
-            agents.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
+            nodes.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
         self.message_user(request, f"{queryset.count()} nodes draining or drained", messages.SUCCESS)
 
     @admin.action(description="Resume the selected nodes")
     def resume(self, request, queryset):
         for agent in queryset.select_related("node"):
-            agents.node_resume(node=agent.node)
+            nodes.node_resume(node=agent.node)
         self.message_user(request, f"{queryset.count()} nodes resumed", messages.SUCCESS)
 
 

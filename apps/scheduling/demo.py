@@ -319,7 +319,7 @@ MAINTENANCE_REASON = "demo: firmware update, back after the maintenance window"
 def demo_maintenance() -> str | None:
     """Drain the last idle node of su-h100 for maintenance, once, so that the node states, the
     node list and the now page have something to show; returns its name (None: nothing done)."""
-    from .agents import node_drain
+    from .nodes import node_drain
 
     cluster = Cluster.objects.filter(name=SU).first()
     if cluster is None or NodeAgent.objects.filter(node__cluster=cluster, reason=MAINTENANCE_REASON).exists():

@@ -13,6 +13,8 @@ transaction commits.
     can_migrate(cluster_id)   may a running job be moved to other GPUs (a new generation)?
     reconcile(cluster)        converge actual on desired state; run by beat and the embedded
                               scheduler every few seconds
+    foreign(cluster)          GPUs its other work holds (jobs TopoWeb did not submit), out of
+                              the free set
     check(cluster)            what does not converge, for `manage.py reconcile --check`: a list
                               of `Finding`s, each naming what is wrong
 """
@@ -25,6 +27,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignHold:
+    """A GPU that work the executor runs but TopoWeb did not place holds (a job submitted straight
+    to Slurm): `holder` tells such jobs apart, `gbps_per_gpu` is its assumed traffic per GPU on
+    the leaf uplinks when it spans leaves (0: none assumed)."""
+
+    node: str
+    gpu_index: int
+    holder: int
+    gbps_per_gpu: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +63,8 @@ class Executor(Protocol):
     def reconcile(self, cluster: Any) -> dict[str, Any]: ...
 
     def check(self, cluster: Any) -> list[Finding]: ...
+
+    def foreign(self, cluster: Any) -> list[ForeignHold]: ...
 
 
 # Asked in order: the first whose `runs` says yes runs the cluster; the last is the default.
@@ -97,3 +113,8 @@ def can_migrate(cluster_id: int) -> bool:
 def reconcile(*, cluster: Any) -> dict[str, Any]:
     """Let the cluster's executor converge on what the lifecycle wants (see `Executor.reconcile`)."""
     return executor_for(cluster.pk).reconcile(cluster)
+
+
+def foreign_holds(cluster: Any) -> list[ForeignHold]:
+    """Every GPU of `cluster` that work TopoWeb did not place holds, as its executors see it."""
+    return [h for e in _REGISTRY for h in e.foreign(cluster)]

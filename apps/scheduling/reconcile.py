@@ -4,27 +4,23 @@ prints it and exits non-zero, and beat logs it (`scheduling.reconcile_check`).
 
 - booked-without-rank: a live allocation whose rank is not counted running although its job no
   longer runs that generation (nothing will ever release it);
-- stop-overdue: a rank told to stop longer ago than its stop grace plus the time a cut-off node
-  takes to be declared down, on a node that is not down (its executor does not stop it);
-- fenced-not-freed: ranks still counted running on a down node past its fence deadline (the
-  periodic reconcile is not running);
-- two-generations: one job with ranks of two generations running at once.
+- two-generations: one job with ranks of two generations running at once;
+- the executor's own (the node agents: ranks that do not stop, down nodes past their fence
+  deadline; Slurm: its jobs that TopoWeb no longer holds live).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from apps.topology.models import Cluster
 
-from . import snapshot as snap
-from .agents import down_after_s, fence_deadline
-from .choices import JobStatus, NodeState, RankState
+from .choices import JobStatus, RankState
 from .executor import Finding, executor_for
-from .models import Allocation, Job, NodeAgent, RankRun
+from .models import Allocation, RankRun
 
 
 def findings(*, cluster: Cluster, now: datetime | None = None) -> list[Finding]:
@@ -54,36 +50,6 @@ def findings(*, cluster: Cluster, now: datetime | None = None) -> list[Finding]:
         )
         for job, gen, rank, node, gpu in stray
     ]
-    stopping = (
-        RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED, stop_requested_at__isnull=False)
-        .exclude(node__agent__state=NodeState.DOWN)
-        .select_related("node", "job")
-        .order_by("stop_requested_at")
-    )
-    for run in stopping:
-        overdue = timedelta(seconds=snap.job_spec(run.job).launch.stop_grace_s + down_after_s())
-        if run.stop_requested_at + overdue < now:
-            out.append(
-                Finding(
-                    "stop-overdue",
-                    f"rank {run.rank} of job {run.job_id} generation {run.generation} on {run.node.name}"
-                    f" was told to stop at {run.stop_requested_at:%Y-%m-%d %H:%M:%S} and still runs",
-                )
-            )
-    down = NodeAgent.objects.filter(
-        node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
-    ).distinct()
-    for agent in down.select_related("node"):
-        jobs = Job.objects.filter(rank_runs__node=agent.node, rank_runs__state=RankState.STARTED).distinct()
-        grace = max((snap.job_spec(j).launch.stop_grace_s for j in jobs.only("pk", "spec")), default=0.0)
-        deadline = fence_deadline(last_seen=agent.last_seen, grace_s=grace)
-        if deadline is None or deadline < now - timedelta(seconds=down_after_s()):
-            out.append(
-                Finding(
-                    "fenced-not-freed",
-                    f"{agent.node.name} is down past its fence deadline and still holds ranks counted running",
-                )
-            )
     doubled = (
         RankRun.objects.filter(job__cluster=cluster, state=RankState.STARTED)
         .values("job_id")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db import models
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
 
 from apps.api import roles
 from apps.placement.topology import SpecError
@@ -13,8 +16,8 @@ from apps.topology.models import Cluster, Gpu
 from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus
-from .models import Allocation, Job, LauncherToken, MigrationProposal, SchedulingCycle
+from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus, RankState
+from .models import Allocation, Job, LauncherToken, MigrationProposal, RankLogChunk, RankRun, SchedulingCycle
 
 
 def jobs_visible_to(
@@ -179,3 +182,116 @@ def proposals_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[
     if not getattr(user, "is_authenticated", False):
         return qs.none()
     return qs.filter(job__owner=user)
+
+
+def master_port(job_id: int, generation: int) -> int:
+    """The rendezvous port of a generation booked before ports were stored with its rank 0 (a
+    port of TOPOWEB_MASTER_PORTS from its job and generation); see `lifecycle.assign_master_ports`."""
+    low, high = settings.TOPOWEB_MASTER_PORTS
+    return low + (job_id * 64 + generation) % (high - low + 1)
+
+
+def generation_master_port(job_id: int, generation: int) -> int:
+    """The MASTER_PORT of a job generation, as its agents give it to the ranks."""
+    port = (
+        Allocation.objects.filter(job_id=job_id, generation=generation, rank=0)
+        .values_list("master_port", flat=True)
+        .first()
+    )
+    return port or master_port(job_id, generation)
+
+
+def job_generations(*, job: Job) -> list[dict[str, Any]]:
+    """Per generation of the job, newest first: how many ranks started, run, exited 0 and failed."""
+    rows = (
+        RankRun.objects.filter(job=job)
+        .values("generation")
+        .annotate(
+            started=Count("id"),
+            running=Count("id", filter=Q(state=RankState.STARTED)),
+            ok=Count("id", filter=Q(state=RankState.EXITED, exit_code=0)),
+        )
+        .order_by("-generation")
+    )
+    return [
+        {
+            **row,
+            "failed": row["started"] - row["running"] - row["ok"],
+            "current": row["generation"] == job.generation,
+        }
+        for row in rows
+    ]
+
+
+@dataclass(frozen=True)
+class RankLogPage:
+    """One page of a job's rank logs: `runs` in reading order, out of `total`, page `page` of
+    `pages`, and every rank the picker offers."""
+
+    runs: list
+    total: int
+    page: int
+    pages: int
+    per_page: int
+    ranks: list[int]
+    rank: int | None
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * self.per_page + 1 if self.total else 0
+
+    @property
+    def last(self) -> int:
+        return min(self.total, self.page * self.per_page)
+
+
+def job_rank_logs(*, job: Job, page: int = 1, per_page: int = 16, rank: int | None = None) -> RankLogPage:
+    """Every rank's output, a page at a time: failures of any generation first (newest
+    generation first), then the current generation's ranks by rank, output or not; `rank` keeps
+    one rank's runs only. A page past the last is the last."""
+    failed = Q(state=RankState.EXITED) & ~Q(exit_code=0)
+    runs = RankRun.objects.filter(job=job).filter(Q(generation=job.generation) | failed)
+    ranks = sorted(set(runs.values_list("rank", flat=True)))
+    if rank is not None:
+        runs = runs.filter(rank=rank)
+    runs = runs.annotate(failed_first=Case(When(failed, then=Value(0)), default=Value(1))).order_by(
+        "failed_first", "-generation", "rank"
+    )
+    total = runs.count()
+    pages = max(1, -(-total // per_page))
+    page = min(max(1, page), pages)
+    start = (page - 1) * per_page
+    items = list(runs.select_related("node")[start : start + per_page])
+    return RankLogPage(items, total, page, pages, per_page, ranks, rank)
+
+
+def rank_log_page(*, run: RankRun, offset: int, limit: int) -> dict[str, Any]:
+    """A page of a rank run's stored log: the chunks from byte `offset` on (a chunk starting
+    before it is left out: pass a `next_offset` back), at least one and about `limit` bytes."""
+    chunks = RankLogChunk.objects.filter(run=run, offset__gte=offset).order_by("offset")
+    size = RankLogChunk.objects.filter(run=run).aggregate(end=models.Max(F("offset") + F("size")))["end"] or 0
+    texts: list[str] = []
+    taken = 0
+    first = None
+    next_offset = offset
+    for chunk in chunks.iterator(chunk_size=64):
+        if texts and taken + chunk.size > limit:
+            break
+        if first is None:
+            first = chunk.offset
+        texts.append(chunk.text)
+        taken += chunk.size
+        next_offset = chunk.offset + chunk.size
+    return {
+        "offset": offset if first is None else first,
+        "next_offset": max(next_offset, offset),
+        "size": int(size),
+        "more": int(size) > max(next_offset, offset),
+        "cut": int(size) >= rank_log_max_bytes(),
+        "text": "".join(texts),
+    }
+
+
+def rank_log_max_bytes() -> int:
+    """The output the server keeps per rank run."""
+    return int(float(getattr(settings, "TOPOWEB_RANK_LOG_MAX_MB", 64)) * 1024 * 1024)

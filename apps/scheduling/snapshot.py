@@ -30,6 +30,7 @@ from apps.topology.models import Cluster, Gpu
 from apps.topology.services import cluster_topology
 
 from .choices import ACTIVE_STATUSES, UNSCHEDULABLE_NODE_STATES, WAITING_STATUSES, JobStatus, RankState
+from .executor import foreign_holds
 from .models import Allocation, Job, NodeAgent, RankRun
 
 log = logging.getLogger(__name__)
@@ -214,14 +215,10 @@ def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) 
     )
     by_name = topology.node_by_name
     # GPUs that jobs submitted straight to Slurm hold (clusters run by the Slurm executor).
-    from apps.executors.models import ForeignAllocation
-
-    held = ForeignAllocation.objects.filter(cluster=cluster).values_list(
-        "node__name", "gpu_index", "slurm_job_id", "cluster__executor__foreign_gbps_per_gpu"
-    )
     leaves: dict[int, dict[str, int]] = {}
     rate = 0.0
-    for name, gpu, slurm_job, gbps in held:
+    for hold in foreign_holds(cluster):
+        name, gpu, slurm_job, gbps = hold.node, hold.gpu_index, hold.holder, hold.gbps_per_gpu
         n = by_name.get(name)
         if n is not None and 0 <= gpu < int(topology.node_gpu_count[n]):
             free[int(topology.node_first_gid[n]) + gpu] = False

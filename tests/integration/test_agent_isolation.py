@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.scheduling import agents as agent_services
-from apps.scheduling import services
+from apps.executors.agents import services as agent_services
+from apps.scheduling import nodes, services
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import NodeAgent, RankRun, UnixAccount
 from apps.scheduling.selectors import job_ranks
@@ -55,7 +55,7 @@ def _alive(pid: int) -> bool:
 def _drain_other(cluster, keep: str) -> None:
     """Only node `keep` takes placements (the others drained)."""
     for node in Node.objects.filter(cluster=cluster).exclude(name=keep):
-        agent_services.node_drain(node=node, reason="test: one node only")
+        nodes.node_drain(node=node, reason="test: one node only")
 
 
 def _v2_writable() -> bool:

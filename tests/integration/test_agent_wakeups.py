@@ -9,7 +9,7 @@ import time
 
 import redis
 
-from apps.scheduling import wakeups
+from apps.executors.agents import wakeups
 
 
 def test_a_wakeup_published_by_another_process_ends_a_waiting_poll(require_redis, settings):

@@ -15,9 +15,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Count
 
+from apps.executors.agents import services as agent_services
 from apps.placement.topology import read_spec_file
-from apps.scheduling import agents as agent_services
-from apps.scheduling import services
+from apps.scheduling import nodes, services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, Job, MigrationProposal, NodeAgent, RankRun
 from apps.scheduling.selectors import job_ranks
@@ -253,14 +253,14 @@ def test_drain_then_resume_with_a_running_job(agents, user, tmp_path):
     job = services.job_submit(user=user, spec=body)
     wait_for(status_is(job, JobStatus.RUNNING), what="running")
     node = Node.objects.get(cluster=job.cluster, name=job_ranks(job=job)[0]["node"])
-    assert agent_services.node_drain(node=node, reason="firmware").state == NodeState.DRAINING
+    assert nodes.node_drain(node=node, reason="firmware").state == NodeState.DRAINING
     waiting = services.job_submit(user=user, spec=spec(tmp_path, "next", 16, BEHAVIOUR="exit"))
     wait_for(status_is(job, JobStatus.COMPLETED), what="the running job to finish")
     agent_services.nodes_check(cluster=job.cluster)
     assert NodeAgent.objects.get(node=node).state == NodeState.DRAINED
     waiting.refresh_from_db()
     assert waiting.status == JobStatus.QUEUED
-    agent_services.node_resume(node=node)
+    nodes.node_resume(node=node)
     wait_for(status_is(waiting, JobStatus.COMPLETED), what="the 16-GPU job to run after resume")
 
 
@@ -343,7 +343,7 @@ def test_preemption_of_an_agent_run_job_holds_its_gpus_until_every_rank_exited(
 
 
 def test_the_demo_agents_run_the_demo_job_to_completed(live_server, cluster, user, tmp_path):
-    from apps.scheduling.demo_agents import start_demo_agents
+    from apps.executors.agents.demo import start_demo_agents
 
     job = services.job_submit(user=user, spec=spec(tmp_path, "demo-like", 16, BEHAVIOUR="sleep", SLEEP_S="1"))
     started = start_demo_agents(server=live_server.url, poll_s=1.0, log_dir=str(tmp_path / "agent-logs"))

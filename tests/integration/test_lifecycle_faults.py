@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from apps.scheduling import agents as agent_services
+from apps.executors.agents import services as agent_services
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, NodeAgent, RankRun

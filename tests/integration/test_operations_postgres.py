@@ -13,8 +13,8 @@ from django.utils import timezone
 from apps.dashboard.selectors import graph_signature
 from apps.dashboard.usage import usage_by_user
 from apps.placement.topology import read_spec_file
-from apps.scheduling.agent_selectors import cluster_health, node_rows
 from apps.scheduling.models import Job, NodeAgent
+from apps.scheduling.nodes import cluster_health, node_rows
 from apps.topology.models import Node
 from apps.topology.services import cluster_import
 

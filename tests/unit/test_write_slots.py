@@ -15,7 +15,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.scheduling.api.agent_views import AgentSyncView
+from apps.executors.agents.api.views import AgentSyncView
 
 entered: queue.Queue = queue.Queue()
 go = threading.Event()

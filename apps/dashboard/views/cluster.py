@@ -20,8 +20,8 @@ from apps.dashboard.overview import hatch_defs, legend_rows, overview_svg
 from apps.dashboard.paths import EndpointError, endpoints_path, leaf_matrix, parse_endpoint
 from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for, slurm_executor
 from apps.metrics.selectors import open_hotspots
-from apps.scheduling.agent_selectors import cluster_health
 from apps.scheduling.choices import ACTIVE_STATUSES
+from apps.scheduling.nodes import cluster_health
 from apps.topology.models import Cluster
 from apps.topology.services import cluster_topology
 

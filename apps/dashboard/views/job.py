@@ -20,13 +20,12 @@ from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
 from apps.scheduling.accounts import job_priority
 from apps.scheduling.accounts import weights as priority_weights
-from apps.scheduling.agent_selectors import job_generations, job_rank_logs
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, ProposalStatus
 from apps.scheduling.models import MigrationProposal
 from apps.scheduling.proposals import ProposalStateError
 from apps.scheduling.rankmaps import USAGE as RANKMAP_USAGE
 from apps.scheduling.rankmaps import nodes_in_rank_order
-from apps.scheduling.selectors import job_ranks
+from apps.scheduling.selectors import job_generations, job_rank_logs, job_ranks
 from apps.scheduling.services import migration_apply, migration_reject
 from apps.scheduling.snapshot import cluster_snapshot
 

@@ -10,9 +10,8 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.api import roles
 from apps.dashboard.hotlinks import MAX_LIMIT, SORTS, hot_links, leaf_history, oversubscription
 from apps.dashboard.selectors import node_overview, switch_overview
-from apps.scheduling.agent_selectors import cluster_health, node_rows
-from apps.scheduling.agents import node_drain, node_resume
 from apps.scheduling.choices import NODE_STATE_FILTERS
+from apps.scheduling.nodes import cluster_health, node_drain, node_resume, node_rows
 from apps.topology.models import Cluster, Node, Switch
 
 from .common import perm_required

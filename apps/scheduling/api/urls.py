@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .agent_views import AgentSyncView, JobLogsView, NodeHealthViewSet, RankLogView
+from .node_views import JobLogsView, NodeHealthViewSet, RankLogView
 from .views import (
     AccountListView,
     JobViewSet,
@@ -21,7 +21,6 @@ router.register("node-health", NodeHealthViewSet, basename="node-health")
 urlpatterns = [
     path("placements/preview/", PlacementPreviewView.as_view(), name="placement-preview"),
     path("accounts/", AccountListView.as_view(), name="account-list"),
-    path("agents/sync/", AgentSyncView.as_view(), name="agent-sync"),
     path("jobs/<int:pk>/logs/", JobLogsView.as_view(), name="job-logs"),
     path("jobs/<int:pk>/logs/<int:rank>/", RankLogView.as_view(), name="rank-log"),
     *router.urls,

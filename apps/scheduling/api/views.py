@@ -37,11 +37,11 @@ from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 
 from .. import accounts, rankmaps, selectors, services
-from ..agent_selectors import generation_master_port
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
+from ..selectors import generation_master_port
 from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (

@@ -8,10 +8,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.scheduling import agents
-from apps.scheduling.agent_selectors import cluster_health, node_state_map
+from apps.executors.agents import services as agents
+from apps.scheduling import nodes
 from apps.scheduling.choices import NodeState
 from apps.scheduling.models import NodeAgent
+from apps.scheduling.nodes import cluster_health, node_state_map
 from apps.topology.models import Node
 from apps.topology.services import cluster_import
 
@@ -91,12 +92,12 @@ def test_state_since_follows_drain_resume_down_and_return(four):
     t0 = timezone.now() - timedelta(minutes=10)
     agent = agents.agent_heartbeat(node=node, beat=agents.Heartbeat(version="1"), now=t0)
     assert agent.state_since == t0
-    drained = agents.node_drain(node=node, reason="cables")
+    drained = nodes.node_drain(node=node, reason="cables")
     assert drained.state == NodeState.DRAINED and drained.state_since > t0
     first = drained.state_since
-    assert agents.node_drain(node=node, reason="cables, again").state_since == first
+    assert nodes.node_drain(node=node, reason="cables, again").state_since == first
     t1 = timezone.now()
-    agents.node_down(node=node, reason="no heartbeat", now=t1)
+    nodes.node_down(node=node, reason="no heartbeat", now=t1)
     assert NodeAgent.objects.get(node=node).state_since == t1
     t2 = t1 + timedelta(seconds=5)
     agents.agent_heartbeat(node=node, beat=agents.Heartbeat(version="1"), now=t2)

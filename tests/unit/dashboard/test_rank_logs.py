@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from apps.scheduling.agent_selectors import job_rank_logs
 from apps.scheduling.models import RankRun
+from apps.scheduling.selectors import job_rank_logs
 from apps.topology.models import Node
 
 pytestmark = pytest.mark.django_db

@@ -143,7 +143,7 @@ def test_an_operator_report_in_the_owners_place_is_audited(measured):
 
 
 def test_the_node_running_the_job_may_report_and_other_nodes_may_not(measured):
-    from apps.scheduling.agents import node_token_create
+    from apps.executors.agents.services import node_token_create
     from apps.scheduling.models import Allocation
 
     url = f"/api/v1/jobs/{measured.pk}/report/"

@@ -15,7 +15,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.api.authentication import node_tokens_forget
-from apps.scheduling import agent_selectors, agents, services, wakeups
+from apps.executors.agents import selectors as agent_selectors
+from apps.executors.agents import services as agents
+from apps.executors.agents import wakeups
+from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks

@@ -10,10 +10,11 @@ import yaml
 from django.core.management import call_command
 
 from apps.api.examples import EXAMPLES
+from apps.executors.agents.api.serializers import AgentSyncSerializer
 from apps.metrics.api.serializers import JobReportSerializer
 from apps.placement.jobs import load_job
 from apps.placement.topology import load_topology
-from apps.scheduling.api.agent_serializers import AgentSyncSerializer, DrainSerializer
+from apps.scheduling.api.node_serializers import DrainSerializer
 from apps.scheduling.api.serializers import JobFailSerializer
 from apps.topology.api.serializers import ClusterSerializer
 

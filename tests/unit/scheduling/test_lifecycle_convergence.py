@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.scheduling import agents, services
+from apps.executors.agents import services as agents
+from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, NodeAgent, RankRun
 from apps.scheduling.retention import retention_apply

@@ -12,7 +12,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.scheduling import agent_selectors, agents, services
+from apps.executors.agents import selectors as agent_selectors
+from apps.executors.agents import services as agents
+from apps.scheduling import services
 from apps.scheduling.lifecycle import assign_master_ports
 from apps.scheduling.models import Allocation
 from apps.topology.models import Gpu, Node

@@ -7,7 +7,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from apps.api.throttling import NodeSyncThrottle
-from apps.scheduling import agents
+from apps.executors.agents import services as agents
 from apps.topology.models import Node
 
 pytestmark = pytest.mark.django_db

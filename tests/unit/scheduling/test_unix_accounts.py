@@ -37,7 +37,7 @@ def test_a_bad_account_name_or_user_is_refused(alice, name):
 
 
 def test_the_demo_agents_are_refused_in_a_production_configuration(db):
-    from apps.scheduling.demo_agents import start_demo_agents
+    from apps.executors.agents.demo import start_demo_agents
 
     with (
         override_settings(EMBEDDED=False, TESTING=False),

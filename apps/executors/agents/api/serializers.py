@@ -1,21 +1,15 @@
-"""Serializers of the launch loop: the agent sync body (every field bounded; each rank report
-validated on its own), node health, drain and rank runs (job logs)."""
+"""Serializers of the node agents' sync body (every field bounded; each rank report validated
+on its own)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.topology.models import Node
+from apps.scheduling.agent_models import LOG_TAIL_CHARS
 
-from ..agent_models import LOG_TAIL_CHARS
-from ..agent_selectors import shown_state
-from ..agents import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
-from ..choices import SHOWN_NODE_STATES
-from ..models import NodeAgent, RankRun
+from ..services import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
@@ -191,94 +185,3 @@ def split_logs(items: list[Any]) -> tuple[list[LogChunk], list[dict[str, Any]]]:
             key["offset"] = item["offset"]
         refused.append({**key, "index": index, "reason": reason})
     return good, refused
-
-
-class DrainSerializer(serializers.Serializer):
-    """Why the node is drained."""
-
-    reason = serializers.CharField(max_length=500)
-
-
-class NodeHealthSerializer(serializers.ModelSerializer):
-    """A node and its agent's health: state up, draining, drained, down, or no_agent (no agent ever
-    reported from it), since when, and why."""
-
-    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
-    state = serializers.SerializerMethodField()
-    reason = serializers.SerializerMethodField()
-    since = serializers.SerializerMethodField(help_text="When the state last changed (null: never).")
-    last_seen = serializers.SerializerMethodField()
-    version = serializers.SerializerMethodField()
-    unhealthy_gpus = serializers.SerializerMethodField()
-    running = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Node
-        fields = [
-            "id",
-            "name",
-            "cluster",
-            "cluster_name",
-            "state",
-            "reason",
-            "since",
-            "last_seen",
-            "version",
-            "unhealthy_gpus",
-            "running",
-        ]
-
-    @staticmethod
-    def _agent(node: Node) -> NodeAgent | None:
-        try:
-            return node.agent
-        except NodeAgent.DoesNotExist:
-            return None
-
-    @extend_schema_field(serializers.ChoiceField(choices=SHOWN_NODE_STATES))
-    def get_state(self, node: Node) -> str:
-        return shown_state(self._agent(node))
-
-    def get_since(self, node: Node) -> datetime | None:
-        agent = self._agent(node)
-        return agent.state_since if agent else None
-
-    def get_reason(self, node: Node) -> str:
-        agent = self._agent(node)
-        return agent.reason if agent else ""
-
-    def get_last_seen(self, node: Node) -> datetime | None:
-        agent = self._agent(node)
-        return agent.last_seen if agent else None
-
-    def get_version(self, node: Node) -> str:
-        agent = self._agent(node)
-        return agent.version if agent else ""
-
-    def get_unhealthy_gpus(self, node: Node) -> list:
-        agent = self._agent(node)
-        return agent.unhealthy_gpus if agent else []
-
-    def get_running(self, node: Node) -> int:
-        agent = self._agent(node)
-        return agent.running if agent else 0
-
-
-class RankRunSerializer(serializers.ModelSerializer):
-    """A rank process: where it ran, its state, exit code and output tail."""
-
-    node = serializers.CharField(source="node.name", read_only=True)
-
-    class Meta:
-        model = RankRun
-        fields = [
-            "generation",
-            "rank",
-            "node",
-            "state",
-            "pid",
-            "exit_code",
-            "started_at",
-            "exited_at",
-            "log_tail",
-        ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.scheduling.agents import node_token_create
+from apps.executors.agents.services import node_token_create
 from apps.topology.models import Cluster, Node
 
 

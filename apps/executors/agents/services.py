@@ -22,22 +22,21 @@ from django.db import DataError, IntegrityError, models, transaction
 from django.db.models import Case, CharField, DateTimeField, F, TextField, Value, When
 from django.utils import timezone
 
+from apps.scheduling import lifecycle
+from apps.scheduling import snapshot as snap
+from apps.scheduling.agent_models import new_node_key, node_key_hash
+from apps.scheduling.choices import JobStatus, NodeState, RankState
+from apps.scheduling.cycle import queue_cycle
+from apps.scheduling.lifecycle import RankEvent as RankReport
+from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankLogChunk, RankRun
+from apps.scheduling.nodes import node_down
+from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Node
 
-from . import lifecycle
-from . import snapshot as snap
-from .agent_models import new_node_key, node_key_hash
-from .agent_selectors import node_gpu_indexes
-from .choices import ACTIVE_STATUSES, JobStatus, NodeState, RankState
-from .cycle import queue_cycle
-from .lifecycle import RankEvent as RankReport
-from .models import Allocation, Job, NodeAgent, NodeToken, RankLogChunk, RankRun
+from .selectors import node_gpu_indexes
 from .wakeups import notify_cluster
 
 log = logging.getLogger(__name__)
-
-LOG_TAIL_CHARS = 8192
-REASON_TAIL_CHARS = 1500
 
 
 def down_after_s() -> float:
@@ -272,58 +271,6 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
         return lifecycle.requeue(job_id=job.pk, why=why, now=now)
 
 
-def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[int]:
-    """The node is down: its GPUs leave the free set and every job with a rank there fails (or
-    goes back to the queue when its spec says `requeue: true`). Its ranks still count as running
-    until its fence deadline passes (`nodes_check`) or its agent reports them: a cut-off agent
-    may still be stopping them, so a requeued job waits for them. Returns the ids of the jobs it
-    touched."""
-    now = now or timezone.now()
-    touched: list[int] = []
-    with transaction.atomic():
-        NodeAgent.objects.update_or_create(
-            node=node, defaults={"state": NodeState.DOWN, "reason": reason, "state_since": now}
-        )
-        job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
-        for job in Job.objects.select_for_update().filter(pk__in=job_ids, status__in=ACTIVE_STATUSES):
-            touched.append(job.pk)
-            lifecycle.interrupted(job=job, why=f"node {node.name} went down ({reason})", now=now)
-        queue_cycle(node.cluster_id)
-        notify_cluster(node.cluster_id)
-    return touched
-
-
-def node_drain(*, node: Node, reason: str) -> NodeAgent:
-    """Take no new placements on the node; running jobs finish, then it is drained."""
-    with transaction.atomic():
-        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
-        before = agent.state
-        if agent.state != NodeState.DOWN:
-            busy = Allocation.objects.filter(live=True, gpu__node=node).exists()
-            agent.state = NodeState.DRAINING if busy else NodeState.DRAINED
-        if agent.state != before or agent.state_since is None:
-            agent.state_since = timezone.now()
-        agent.reason = reason
-        agent.save(update_fields=["state", "reason", "state_since"])
-        return agent
-
-
-def node_resume(*, node: Node) -> NodeAgent:
-    """Return a drained or draining node to service and clear its unhealthy GPUs (a down node
-    comes back by itself at its next heartbeat)."""
-    with transaction.atomic():
-        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
-        if agent.state in (NodeState.DRAINING, NodeState.DRAINED) or agent.state_since is None:
-            agent.state_since = timezone.now()
-        if agent.state in (NodeState.DRAINING, NodeState.DRAINED):
-            agent.state = NodeState.UP
-        agent.reason = ""
-        agent.unhealthy_gpus = []
-        agent.save(update_fields=["state", "reason", "unhealthy_gpus", "state_since"])
-        queue_cycle(node.cluster_id)
-        return agent
-
-
 def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:
     """RankReports from validated report dicts."""
     return [
@@ -405,11 +352,6 @@ class LogChunk:
     data: str
 
 
-def rank_log_max_bytes() -> int:
-    """The output the server keeps per rank run."""
-    return int(float(getattr(settings, "TOPOWEB_RANK_LOG_MAX_MB", 64)) * 1024 * 1024)
-
-
 def agent_logs(
     *, node: Node, chunks: Iterable[LogChunk]
 ) -> tuple[dict[str, int], list[tuple[LogChunk, str]]]:
@@ -458,30 +400,3 @@ def agent_logs(
     if rows:
         RankLogChunk.objects.bulk_create(rows, ignore_conflicts=True)
     return reached, refused
-
-
-def rank_log_page(*, run: RankRun, offset: int, limit: int) -> dict[str, Any]:
-    """A page of a rank run's stored log: the chunks from byte `offset` on (a chunk starting
-    before it is left out: pass a `next_offset` back), at least one and about `limit` bytes."""
-    chunks = RankLogChunk.objects.filter(run=run, offset__gte=offset).order_by("offset")
-    size = RankLogChunk.objects.filter(run=run).aggregate(end=models.Max(F("offset") + F("size")))["end"] or 0
-    texts: list[str] = []
-    taken = 0
-    first = None
-    next_offset = offset
-    for chunk in chunks.iterator(chunk_size=64):
-        if texts and taken + chunk.size > limit:
-            break
-        if first is None:
-            first = chunk.offset
-        texts.append(chunk.text)
-        taken += chunk.size
-        next_offset = chunk.offset + chunk.size
-    return {
-        "offset": offset if first is None else first,
-        "next_offset": max(next_offset, offset),
-        "size": int(size),
-        "more": int(size) > max(next_offset, offset),
-        "cut": int(size) >= rank_log_max_bytes(),
-        "text": "".join(texts),
-    }

@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from apps.agent.runner import DEFAULT_POLL_S, Agent, run_in_thread
 from apps.topology.models import Cluster, Node
 
-from .agents import node_token_create
+from .services import node_token_create
 
 log = logging.getLogger(__name__)
 
