@@ -3,8 +3,15 @@ TopoWeb job generation and the GPUs that jobs submitted straight to Slurm hold."
 
 from __future__ import annotations
 
+import secrets
+
 from django.db import models
 from django.utils import timezone
+
+
+def new_server_id() -> str:
+    """A random name for one TopoWeb server's executor of one cluster (8 hex digits)."""
+    return secrets.token_hex(4)
 
 
 class ExecutorKind(models.TextChoices):
@@ -44,6 +51,12 @@ class ClusterExecutor(models.Model):
         default=0.0,
         help_text="Network rate (GB/s per GPU) assumed for a job run in Slurm without TopoWeb that spans "
         "leaf switches: priced as load on those leaves' uplinks (0: their traffic is not priced).",
+    )
+    server_id = models.CharField(
+        max_length=16,
+        default=new_server_id,
+        help_text="Names this TopoWeb in the comment of every Slurm job it submits: it stops only Slurm "
+        "jobs with its own name, so TopoWeb servers sharing a Slurm never stop each other's jobs.",
     )
     last_sync_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")

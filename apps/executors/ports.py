@@ -46,7 +46,20 @@ class SlurmExecutor:
         self._sync_soon(cluster_id)
 
     def stop(self, cluster_id: int, job_id: int) -> None:
-        self._sync_soon(cluster_id)
+        """Cancel the job's Slurm jobs once the transaction commits (`sync.stop_job`, in a task:
+        a web request does not wait for slurmrestd); the next sync's orphan pass catches what
+        this misses."""
+        from kombu.exceptions import OperationalError
+
+        from .tasks import slurm_stop_task
+
+        def later() -> None:
+            try:
+                slurm_stop_task.delay(job_id)
+            except OperationalError as exc:
+                log.warning("could not queue the Slurm cancel of job %s, the next sync will: %s", job_id, exc)
+
+        transaction.on_commit(later, robust=True)
 
     def can_migrate(self, cluster_id: int) -> bool:
         return False
@@ -68,7 +81,29 @@ class SlurmExecutor:
         return [port.ForeignHold(n, g, j, float(r or 0.0)) for n, g, j, r in rows]
 
     def check(self, cluster: Any) -> list[port.Finding]:
-        return []
+        """slurm-orphan: a live Slurm job tagged as this TopoWeb's that no active job holds (the
+        next sync cancels it); slurm-unreachable: slurmrestd did not list the jobs. A Slurm job
+        whose id a live job never saved is no finding: the next sync records it."""
+        from .models import ClusterExecutor, ExecutorKind
+        from .slurmrest import SlurmError
+        from .sync import slurm_orphans
+
+        ex = ClusterExecutor.objects.filter(cluster=cluster, kind=ExecutorKind.SLURM).first()
+        if ex is None:
+            return []
+        try:
+            found = slurm_orphans(ex)
+        except SlurmError as exc:
+            return [port.Finding("slurm-unreachable", f"slurmrestd did not list the jobs: {exc}")]
+        return [
+            port.Finding(
+                "slurm-orphan",
+                f"Slurm job {o['slurm_id']} ({o['state']}) of job {o['job_id']} generation"
+                f" {o['generation']}: {o['why']}",
+            )
+            for o in found
+            if o["action"] == "cancel"
+        ]
 
 
 def register() -> None:

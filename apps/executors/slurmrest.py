@@ -267,6 +267,24 @@ _IDX = re.compile(r"IDX:([0-9,\-]+)")
 ACTIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 )
+# States of a job record that will never run again; any other (pending, running, requeued, held,
+# suspended, completing, resizing, ...) is live.
+FINISHED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+    }
+)
+# States of a job Slurm has put back in its queue.
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
 
 
 def gres_indexes(detail: str) -> list[int]:
@@ -283,8 +301,9 @@ def gres_indexes(detail: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class SlurmJob:
-    """One job record (or one heterogeneous job component): state, reason, exit code, and the
-    GPU indexes it holds per node (`gpus`, from the detailed record's GRES IDX)."""
+    """One job record (or one heterogeneous job component): state, reason, exit code, the GPU
+    indexes it holds per node (`gpus`, from the detailed record's GRES IDX), and how many times
+    Slurm restarted it (`restarts`: it requeued the job after it had started)."""
 
     job_id: int
     het_job_id: int
@@ -297,6 +316,7 @@ class SlurmJob:
     nodes: tuple[str, ...]
     gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
     comment: str = ""
+    restarts: int = 0
 
     @property
     def group_id(self) -> int:
@@ -306,6 +326,16 @@ class SlurmJob:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def live(self) -> bool:
+        """Not finished: it may still run (or runs, or is cleaning up)."""
+        return bool(self.state) and self.state not in FINISHED_STATES
+
+    @property
+    def requeued(self) -> bool:
+        """Slurm put it back in its queue after it had started."""
+        return self.state in REQUEUE_STATES or self.restarts > 0
 
     @property
     def holds_gpus(self) -> bool:
@@ -350,7 +380,15 @@ def parse_job(data: Mapping[str, Any]) -> SlurmJob:
         nodes=nodes,
         gpus=gpus,
         comment=str(data.get("comment") or ""),
+        restarts=_int(data.get("restart_cnt")),
     )
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def group(jobs: Sequence[SlurmJob]) -> dict[int, list[SlurmJob]]:

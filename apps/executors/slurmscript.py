@@ -19,7 +19,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from apps.agent.env import nccl_ib_hca
 from apps.placement.convert.hostlist import compress
@@ -38,18 +38,30 @@ class RankSlot:
     nic: str = ""
 
 
-def comment(cluster: str, job_id: int, generation: int) -> str:
-    """The Slurm job comment that marks a job as TopoWeb's: "topoweb:CLUSTER:JOB:GENERATION"."""
-    return f"{COMMENT_PREFIX}:{cluster}:{job_id}:{generation}"
+class Tag(NamedTuple):
+    """What a TopoWeb comment says: which cluster, job and generation, and which TopoWeb server
+    (its executor's `server_id`; "" in a comment written before servers were named)."""
+
+    cluster: str
+    job_id: int
+    generation: int
+    server: str = ""
 
 
-def parse_comment(text: str) -> tuple[str, int, int] | None:
-    """(cluster, job id, generation) of a TopoWeb comment, None for any other."""
+def comment(cluster: str, job_id: int, generation: int, server: str = "") -> str:
+    """The Slurm job comment that marks a job as TopoWeb's:
+    "topoweb:CLUSTER:JOB:GENERATION:SERVER" (without ":SERVER" when `server` is empty)."""
+    tag = f"{COMMENT_PREFIX}:{cluster}:{job_id}:{generation}"
+    return f"{tag}:{server}" if server else tag
+
+
+def parse_comment(text: str) -> Tag | None:
+    """The Tag of a TopoWeb comment, None for any other."""
     parts = (text or "").split(":")
-    if len(parts) != 4 or parts[0] != COMMENT_PREFIX:
+    if len(parts) not in (4, 5) or parts[0] != COMMENT_PREFIX or (len(parts) == 5 and not parts[4]):
         return None
     try:
-        return parts[1], int(parts[2]), int(parts[3])
+        return Tag(parts[1], int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
     except ValueError:
         return None
 
@@ -158,8 +170,14 @@ def submission(
     partition: str = "",
     output: str = "",
     time_limit_min: int | None = None,
+    server: str = "",
 ) -> dict[str, Any]:
-    """The slurmrestd v0.0.38 submission body for one job generation (see the module doc)."""
+    """The slurmrestd v0.0.38 submission body for one job generation (see the module doc).
+
+    Every component carries the comment (so any record of the job says whose it is) and
+    `no_requeue`: v0.0.38 reads `"requeue": false` as `--requeue` (its option parser sets the
+    flag whatever the value), and only the undocumented `no_requeue` key turns Slurm's requeue
+    off. TopoWeb requeues its jobs itself (`launch.requeue`)."""
     if not slots:
         raise ValueError("a job needs at least one rank")
     if not command:
@@ -179,7 +197,7 @@ def submission(
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", **{str(k): str(v) for k, v in env.items()}}
     environment["TOPOWEB_JOB_ID"] = str(job_id)
     environment["TOPOWEB_GENERATION"] = str(generation)
-    tag = comment(cluster, job_id, generation)
+    tag = comment(cluster, job_id, generation, server)
     out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}.out"
     components = []
     for i, node in enumerate(nodes):
@@ -189,6 +207,8 @@ def submission(
             "tasks": counts[node],
             "gres": f"gpu:{counts[node]}",
             "environment": environment,
+            "comment": tag,
+            "no_requeue": True,
         }
         if others:
             comp["exclude_nodes"] = compress(others)
@@ -198,11 +218,9 @@ def submission(
             comp.update(
                 {
                     "name": name,
-                    "comment": tag,
                     "current_working_directory": workdir,
                     "standard_output": out,
                     "standard_error": out,
-                    "requeue": False,
                 }
             )
             if time_limit_min:

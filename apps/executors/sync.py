@@ -9,9 +9,16 @@ demand) reads slurmrestd's nodes and jobs and then:
    foreign allocations, out of the free set and shown on the graph;
 3. TopoWeb's own Slurm jobs: their state comes back (pending with Slurm's reason, running,
    completed, failed with exit code, cancelled, node failure); on start, the GPU indexes Slurm
-   granted replace the planned ones when they differ, and the placement is re-priced; a job
-   TopoWeb cancelled or requeued is cancelled in Slurm;
-4. placed jobs not yet in Slurm are submitted (one heterogeneous job pinned to the planned nodes).
+   granted replace the planned ones when they differ, and the placement is re-priced. Requeueing
+   is TopoWeb's: a Slurm job Slurm put back in its queue (a component requeued, restarted, or
+   pending again under a running job), or whose components ended apart (one failed, others run
+   or wait), is cancelled whole in Slurm and its job requeued (`launch.requeue`) or failed, as
+   for a node failure;
+4. orphans: every live Slurm job tagged as this TopoWeb's (apps/executors/orphans.py) that is not
+   the recorded Slurm job of a TopoWeb job active in that generation is cancelled (the job was
+   cancelled, failed, requeued or deleted, or Slurm kept a component of it); one whose id TopoWeb
+   never saved, of a job still active in that generation, is recorded instead;
+5. placed jobs not yet in Slurm are submitted (one heterogeneous job pinned to the planned nodes).
 
 Races: when a Slurm job took GPUs a placed job planned, or Slurm refuses the submission or holds
 it for a reason that will not pass, the job is released and re-placed in the same sync. A job is
@@ -34,20 +41,24 @@ from django.utils import timezone
 from apps.placement.jobs import load_job
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus, NodeState
+from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
 from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Node
 
 from .models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
-from .slurmrest import SlurmError, SlurmJob, SlurmNode, SlurmRest, group
-from .slurmscript import RankSlot, bind_granted, parse_comment, submission
+from .orphans import CANCEL, Verdict, claims, judge, owner
+from .slurmrest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
+from .slurmscript import RankSlot, bind_granted, submission
 
 log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 3  # submissions of one job Slurm refused before the job fails
 LOCK_TTL_S = 60.0  # a sync that died holding the lock blocks the next ones this long at most
+STOP_TIMEOUT_S = 5.0  # slurmrestd's answer to a cancel made while a user waits
+# Submission states after which `_sync_submissions` looks at a submission no more.
+CLOSED_STATES = (*sorted(FINISHED_STATES), "GONE", "REFUSED")
 
 VERSION = "slurm"
 # Pending reasons after which a job will not start on its planned nodes without help.
@@ -80,16 +91,22 @@ class SyncResult:
     finished: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
+    orphans_cancelled: list[int] = field(default_factory=list)  # Slurm job ids
+    recorded: list[int] = field(default_factory=list)  # Slurm job ids TopoWeb had not saved
     error: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def client_for(executor: ClusterExecutor) -> SlurmRest:
+def client_for(executor: ClusterExecutor, *, timeout: float = 15.0) -> SlurmRest:
     key = base64.b64decode(executor.jwt_key) if executor.jwt_key else b""
     return SlurmRest(
-        executor.slurmrestd_url, user=executor.slurm_user, token=executor.slurm_token, jwt_key=key
+        executor.slurmrestd_url,
+        user=executor.slurm_user,
+        token=executor.slurm_token,
+        jwt_key=key,
+        timeout=timeout,
     )
 
 
@@ -143,9 +160,12 @@ def slurm_sync(
     now = now or timezone.now()
     result.nodes = _sync_nodes(cluster, nodes, now)
     groups = group(jobs)
-    ours = _our_groups(cluster, groups)
+    known = _known(cluster, groups)
+    ours = _our_groups(executor, groups, known)
     result.foreign_jobs = _sync_foreign(cluster, {g: c for g, c in groups.items() if g not in ours}, now)
-    _sync_submissions(executor, client, groups, result, now)
+    stopped: set[int] = set()
+    _sync_submissions(executor, client, groups, result, now, stopped)
+    _stop_orphans(executor, client, groups, known, result, now, stopped)
     _submit_placed(executor, client, nodes, result, now)
     if result.requeued:
         # Re-plan at once: the released jobs are placed again and submitted in this same sync.
@@ -207,18 +227,24 @@ def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> 
 # -- foreign jobs ----------------------------------------------------------------------------------
 
 
-def _our_groups(cluster: Cluster, groups: dict[int, list[SlurmJob]]) -> set[int]:
-    known = set(
-        SlurmSubmission.objects.filter(job__cluster=cluster, slurm_job_id__isnull=False).values_list(
-            "slurm_job_id", flat=True
-        )
+def _known(cluster: Cluster, groups: dict[int, list[SlurmJob]]) -> dict[int, tuple[int, int]]:
+    """Slurm job id -> (TopoWeb job, generation) recorded for the Slurm jobs listed now."""
+    rows = SlurmSubmission.objects.filter(job__cluster=cluster, slurm_job_id__in=list(groups)).values_list(
+        "slurm_job_id", "job_id", "generation"
     )
-    ours = set()
-    for gid, comps in groups.items():
-        tag = next((parse_comment(c.comment) for c in comps if parse_comment(c.comment)), None)
-        if gid in known or (tag is not None and tag[0] == cluster.name):
-            ours.add(gid)
-    return ours
+    return {sid: (job, gen) for sid, job, gen in rows}
+
+
+def _our_groups(
+    executor: ClusterExecutor, groups: dict[int, list[SlurmJob]], known: dict[int, tuple[int, int]]
+) -> set[int]:
+    """The Slurm jobs this TopoWeb submitted: recorded, or tagged with its cluster and server."""
+    name, server = executor.cluster.name, executor.server_id
+    return {
+        gid
+        for gid, comps in groups.items()
+        if gid in known or owner(comps, cluster=name, server=server, known=known) is not None
+    }
 
 
 def _sync_foreign(cluster: Cluster, groups: dict[int, list[SlurmJob]], now: datetime) -> int:
@@ -278,30 +304,32 @@ def _requeue(job: Job, why: str, now: datetime) -> None:
             lifecycle.requeue(job_id=job.pk, why=why, now=now)
 
 
+def _cancel(client: SlurmRest, slurm_id: int, user: str | None, stopped: set[int]) -> bool:
+    """Cancel Slurm job `slurm_id` (every component) as `user`; a failure is logged. True if done."""
+    stopped.add(slurm_id)
+    try:
+        client.cancel(slurm_id, user=user or None)
+        return True
+    except SlurmError as exc:
+        log.warning("cancel of slurm job %s failed: %s", slurm_id, exc)
+        return False
+
+
 def _sync_submissions(
     executor: ClusterExecutor,
     client: SlurmRest,
     groups: dict[int, list[SlurmJob]],
     result: SyncResult,
     now: datetime,
+    stopped: set[int],
 ) -> None:
+    """Bring back the state of each open submission's Slurm job; `stopped` gets the Slurm jobs
+    cancelled. A submission TopoWeb no longer runs only has its state updated: the orphan pass
+    cancels its Slurm job."""
     cluster = executor.cluster
     open_subs = (
         SlurmSubmission.objects.filter(job__cluster=cluster, slurm_job_id__isnull=False)
-        .exclude(
-            state__in=(
-                "COMPLETED",
-                "FAILED",
-                "CANCELLED",
-                "NODE_FAIL",
-                "TIMEOUT",
-                "OUT_OF_MEMORY",
-                "BOOT_FAIL",
-                "DEADLINE",
-                "PREEMPTED",
-                "GONE",
-            )
-        )
+        .exclude(state__in=CLOSED_STATES)
         .select_related("job")
     )
     foreign = foreign_gpus(cluster.pk)
@@ -321,28 +349,41 @@ def _sync_submissions(
         reason = comps[0].reason
         SlurmSubmission.objects.filter(pk=sub.pk).update(state=state, reason=reason, updated_at=now)
         if not current:
-            # Cancelled, requeued or re-placed in TopoWeb: Slurm must stop it too.
-            if state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"):
-                try:
-                    client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
-                    result.cancelled.append(job.pk)
-                except SlurmError as exc:
-                    log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
             continue
-        if state in ("PENDING", "REQUEUED") and job.status == JobStatus.RUNNING:
-            # Slurm put it back in its queue (its node failed): it would restart elsewhere than
-            # planned. Stop it there; TopoWeb fails or requeues it as for a node failure.
-            try:
-                client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
-            except SlurmError as exc:
-                log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
-            _ended(job, sub, comps, "NODE_FAIL", result, now)
+        requeued, broken = _broken(comps, job.status)
+        if broken:
+            # Slurm put (part of) it back in its queue, or its components ended apart: it would
+            # run again elsewhere than planned, or never. Stop every component; TopoWeb requeues
+            # or fails the job. Any part Slurm keeps is an orphan to the next syncs.
+            if any(c.live for c in comps):
+                _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
+            SlurmSubmission.objects.filter(pk=sub.pk).update(state="CANCELLED", reason=broken)
+            _ended(job, sub, comps, "NODE_FAIL" if requeued else state, result, now, why=broken)
         elif state == "PENDING":
-            _pending(job, sub, comps, foreign, client, result, now)
+            _pending(job, sub, comps, foreign, client, result, now, stopped)
         elif state in ("RUNNING", "CONFIGURING", "COMPLETING"):
             _running(job, sub, comps, result, now)
         else:
+            if state != "COMPLETED" and any(c.live for c in comps):
+                # A component still completing may yet be requeued by Slurm: end it now.
+                _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
             _ended(job, sub, comps, state, result, now)
+
+
+def _broken(comps: list[SlurmJob], status: str) -> tuple[bool, str]:
+    """(requeued, why) when a TopoWeb job's Slurm job can no longer run as planned, (False, "")
+    while it can. Requeued: Slurm put a component back in its queue (requeue state, restart
+    count, or pending again under a job TopoWeb saw run). Otherwise broken when a component
+    ended other than completed while another still waits or runs."""
+    requeued = [c for c in comps if c.requeued or (c.state == "PENDING" and status == JobStatus.RUNNING)]
+    if requeued:
+        parts = ", ".join(f"{c.job_id} {c.state.lower()}" for c in requeued)
+        return True, f"Slurm requeued it ({parts})"
+    bad = [c for c in comps if c.state in FINISHED_STATES and c.state != "COMPLETED"]
+    if bad and any(c.live and c.state != "COMPLETING" for c in comps):
+        parts = ", ".join(f"{c.job_id} {c.state.lower()}" for c in bad)
+        return False, f"its components ended apart ({parts})"
+    return False, ""
 
 
 def _group_state(comps: list[SlurmJob]) -> str:
@@ -373,7 +414,7 @@ def _planned(job: Job) -> list[tuple[int, str, int]]:
     )
 
 
-def _pending(job, sub, comps, foreign, client, result, now) -> None:
+def _pending(job, sub, comps, foreign, client, result, now, stopped) -> None:
     planned = _planned(job)
     taken = [(n, g) for _, n, g in planned if (n, g) in foreign]
     why = ""
@@ -383,10 +424,7 @@ def _pending(job, sub, comps, foreign, client, result, now) -> None:
     elif comps[0].reason in HOPELESS_REASONS:
         why = f"Slurm holds job {sub.slurm_job_id} pending ({comps[0].reason}); re-placing"
     if why:
-        try:
-            client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
-        except SlurmError as exc:
-            log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
+        _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
         SlurmSubmission.objects.filter(pk=sub.pk).update(state="CANCELLED", reason=why)
         _requeue(job, why, now)
         result.requeued.append(job.pk)
@@ -458,15 +496,17 @@ def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
     return True
 
 
-def _ended(job, sub, comps, state, result, now) -> None:
+def _ended(job, sub, comps, state, result, now, why: str = "") -> None:
+    """The job ended in Slurm in `state` (`why`: TopoWeb stopped it there, and why)."""
     jid = sub.slurm_job_id
+    stop = f"; cancelled in Slurm: {why}" if why else ""
     if state == "COMPLETED":
         status, why = JobStatus.COMPLETED, ""
     elif state == "CANCELLED":
-        status, why = JobStatus.CANCELLED, f"slurm job {jid} was cancelled in Slurm"
+        status, why = JobStatus.CANCELLED, f"slurm job {jid} was cancelled in Slurm{stop}"
     elif state == "NODE_FAIL":
         down = ", ".join(sorted({n for c in comps for n in c.nodes}))
-        why = f"slurm job {jid}: node failure ({down})"
+        why = f"slurm job {jid}: node failure ({down}){stop}"
         if load_job(job.spec).launch.requeue:
             _requeue(job, why, now)
             result.requeued.append(job.pk)
@@ -476,12 +516,108 @@ def _ended(job, sub, comps, state, result, now) -> None:
         code = next((c.exit_code for c in comps if c.exit_code), None)
         sig = next((c.signal for c in comps if c.signal), None)
         how = f"exit code {code}" if code is not None else (f"signal {sig}" if sig else "no exit code")
-        status, why = JobStatus.FAILED, f"slurm job {jid} {state.lower()}: {how} ({comps[0].reason})"
+        status, why = JobStatus.FAILED, f"slurm job {jid} {state.lower()}: {how} ({comps[0].reason}){stop}"
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.status in ACTIVE_STATUSES:
             lifecycle.finish(job=job, status=status, reason=why, now=now)
             result.finished.append(job.pk)
+
+
+# -- orphans ---------------------------------------------------------------------------------------
+
+
+def _verdicts(
+    executor: ClusterExecutor,
+    groups: dict[int, list[SlurmJob]],
+    known: dict[int, tuple[int, int]],
+    skip: set[int] | frozenset[int] = frozenset(),
+) -> list[Verdict]:
+    """The orphan verdicts on the listed Slurm jobs (apps/executors/orphans.py); two queries
+    when TopoWeb has a live Slurm job, none otherwise."""
+    claimed = claims(groups, cluster=executor.cluster.name, server=executor.server_id, known=known, skip=skip)
+    if not claimed:
+        return []
+    ids = {c.job_id for c in claimed}
+    jobs = {
+        pk: (status, gen)
+        for pk, status, gen in Job.objects.filter(cluster_id=executor.cluster_id, pk__in=ids).values_list(
+            "pk", "status", "generation"
+        )
+    }
+    subs = {
+        (job, gen): sid
+        for job, gen, sid in SlurmSubmission.objects.filter(job_id__in=ids).values_list(
+            "job_id", "generation", "slurm_job_id"
+        )
+    }
+    return judge(claimed, jobs=jobs, subs=subs, active=ACTIVE_STATUSES)
+
+
+def slurm_orphans(executor: ClusterExecutor, client: SlurmRest | None = None) -> list[dict]:
+    """This TopoWeb's live Slurm jobs on the executor's cluster that no active TopoWeb job holds,
+    without acting: one dict each with `slurm_id`, `job_id` (the TopoWeb job its tag names),
+    `generation`, `state` (its components' Slurm states), `action` ("cancel": an orphan the next
+    sync cancels; "record": an active job's Slurm job whose id TopoWeb never saved, which the
+    next sync records), `why` and `user`. SlurmError when slurmrestd cannot list the jobs."""
+    client = client or client_for(executor)
+    groups = group(client.jobs())
+    return [v.as_dict() for v in _verdicts(executor, groups, _known(executor.cluster, groups))]
+
+
+def _stop_orphans(
+    executor: ClusterExecutor,
+    client: SlurmRest,
+    groups: dict[int, list[SlurmJob]],
+    known: dict[int, tuple[int, int]],
+    result: SyncResult,
+    now: datetime,
+    stopped: set[int],
+) -> None:
+    """Cancel the orphans among the listed Slurm jobs (not those this sync already cancelled) and
+    record the Slurm jobs of active jobs TopoWeb had not saved."""
+    for v in _verdicts(executor, groups, known, skip=stopped):
+        what = f"slurm job {v.slurm_id} (TopoWeb job {v.job_id} generation {v.generation}, {v.state})"
+        if v.action != CANCEL:
+            _record(executor, v, now)
+            log.warning("recorded %s: %s", what, v.why)
+            result.recorded.append(v.slurm_id)
+            continue
+        # As the user it was submitted as: recorded, else the one Slurm names when TopoWeb submits
+        # as owners (otherwise TopoWeb's own Slurm user submitted it).
+        user = (
+            SlurmSubmission.objects.filter(slurm_job_id=v.slurm_id, job_id=v.job_id)
+            .values_list("slurm_user", flat=True)
+            .first()
+        ) or (v.user if executor.submit_as_owner else "")
+        if _cancel(client, v.slurm_id, user, stopped):
+            log.warning("cancelled orphan %s: %s", what, v.why)
+            result.orphans_cancelled.append(v.slurm_id)
+            if v.job_id is not None and v.job_id not in result.cancelled:
+                result.cancelled.append(v.job_id)
+
+
+def _record(executor: ClusterExecutor, v: Verdict, now: datetime) -> None:
+    """Save the Slurm job id of an active job's generation that TopoWeb never saved."""
+    user = v.user if executor.submit_as_owner else ""
+    sub, created = SlurmSubmission.objects.get_or_create(
+        job_id=v.job_id,
+        generation=v.generation,
+        defaults={
+            "slurm_job_id": v.slurm_id,
+            "slurm_user": user,
+            "state": "PENDING",
+            "submitted_at": now,
+            "updated_at": now,
+        },
+    )
+    if not created:
+        SlurmSubmission.objects.filter(pk=sub.pk, slurm_job_id__isnull=True).update(
+            slurm_job_id=v.slurm_id, slurm_user=user, state="PENDING", reason="", updated_at=now
+        )
+    Job.objects.filter(pk=v.job_id, status=JobStatus.PLACING, generation=v.generation).update(
+        pending_reason=f"submitted to Slurm as job {v.slurm_id}"
+    )
 
 
 # -- submission ------------------------------------------------------------------------------------
@@ -545,6 +681,7 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
             partition=executor.partition,
             output=output,
             time_limit_min=_minutes(spec.estimated_runtime_s),
+            server=executor.server_id,
         )
         slurm_id = client.submit(body, user=user)
     except (SlurmError, ValueError) as exc:
@@ -609,19 +746,26 @@ def _minutes(runtime_s: float | None) -> int | None:
     return max(1, int(runtime_s * 3 / 60) + 1)
 
 
-def cancel_in_slurm(job: Job) -> bool:
-    """Cancel the Slurm jobs of `job` now (the next sync would otherwise); True if one was cancelled."""
-    ex = ClusterExecutor.objects.filter(cluster_id=job.cluster_id, kind=ExecutorKind.SLURM).first()
-    if ex is None:
-        return False
-    client = client_for(ex)
-    done = False
-    for sub in SlurmSubmission.objects.filter(job=job, slurm_job_id__isnull=False).exclude(
-        state__in=[*FINISHED_STATUSES, "GONE"]
-    ):
-        try:
-            client.cancel(sub.slurm_job_id, user=sub.slurm_user or None)
-            done = True
-        except SlurmError as exc:
-            log.warning("cancel of slurm job %s failed: %s", sub.slurm_job_id, exc)
-    return done
+def stop_job(job: Job) -> list[int]:
+    """Cancel `job`'s Slurm jobs now, once TopoWeb has stopped the job (the next sync's orphan
+    pass would otherwise): each of its recorded Slurm jobs not known to have ended. Errors are
+    logged, never raised (the orphan pass stops whatever this misses). Returns the Slurm job ids
+    cancelled; [] for a job not on a Slurm cluster. Costs one slurmrestd call per Slurm job, at
+    most STOP_TIMEOUT_S each."""
+    try:
+        ex = ClusterExecutor.objects.filter(cluster_id=job.cluster_id, kind=ExecutorKind.SLURM).first()
+        if ex is None:
+            return []
+        subs = list(
+            SlurmSubmission.objects.filter(job_id=job.pk, slurm_job_id__isnull=False)
+            .exclude(state__in=("COMPLETED", "GONE"))
+            .values_list("slurm_job_id", "slurm_user")
+        )
+        if not subs:
+            return []
+        client = client_for(ex, timeout=STOP_TIMEOUT_S)
+    except Exception:
+        log.exception("stopping the Slurm jobs of job %s failed", job.pk)
+        return []
+    stopped: set[int] = set()
+    return [sid for sid, user in subs if _cancel(client, sid, user, stopped)]

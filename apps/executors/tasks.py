@@ -32,3 +32,14 @@ def slurm_sync_all_task() -> int:
     from .sync import slurm_sync_all
 
     return slurm_sync_all()
+
+
+@shared_task(name="executors.slurm_stop", ignore_result=True)
+def slurm_stop_task(job_id: int) -> list[int]:
+    """Cancel a job's Slurm jobs now (TopoWeb stopped it); the Slurm job ids cancelled."""
+    from apps.scheduling.models import Job
+
+    from .sync import stop_job
+
+    job = Job.objects.filter(pk=job_id).first()
+    return [] if job is None else stop_job(job)

@@ -16,15 +16,20 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
 
+from apps.executors import sync as sync_module
 from apps.executors.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
 from apps.executors.models import ForeignAllocation, SlurmSubmission
-from apps.executors.slurmrest import SlurmRest
+from apps.executors.slurmrest import SlurmRest, group
+from apps.executors.slurmscript import RankSlot, submission
 from apps.executors.sync import slurm_sync
+from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.choices import JobStatus, NodeState
+from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.scheduling.reconcile import findings
 from apps.scheduling.services import job_cancel, job_submit
 from apps.topology.models import Cluster
 
@@ -282,3 +287,222 @@ def test_slurm_connect_imports_the_live_cluster_and_slurm_sync_reports(slurm_clu
     assert json.loads(out.getvalue().splitlines()[0])["nodes"] == 16
     with pytest.raises(CommandError, match="not run by Slurm"):
         call_command("slurm_sync", "--cluster", "nope")
+
+
+# -- TopoWeb's Slurm jobs never outlive its jobs ----------------------------------------------------
+
+# Slurm states after which a job record will not run again (any other is live).
+ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+ENDED |= {"OUT_OF_MEMORY", "REVOKED"}
+
+
+def live_unheld(client: SlurmRest) -> dict[int, str]:
+    """Live Slurm jobs (some component not ended) that are not the recorded Slurm job of an
+    active TopoWeb job's current generation: Slurm job id -> its components' states."""
+    held = {
+        sid
+        for sid, status, gen, current in SlurmSubmission.objects.values_list(
+            "slurm_job_id", "job__status", "generation", "job__generation"
+        )
+        if status in ACTIVE_STATUSES and gen == current
+    }
+    return {
+        gid: ",".join(c.state for c in comps)
+        for gid, comps in group(client.jobs()).items()
+        if gid not in held and any(c.state not in ENDED for c in comps)
+    }
+
+
+def settled(client: SlurmRest, timeout: float = 20.0) -> dict[int, str]:
+    """`live_unheld` once it is empty (Slurm finishes cleaning up what was cancelled; no sync
+    runs meanwhile) or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := live_unheld(client)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def resume(node: str) -> None:
+    sh("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    for _ in range(100):
+        if sh("sinfo", "-h", "-n", node, "-o", "%t", check=False).strip() == "idle":
+            return
+        time.sleep(0.2)
+
+
+def test_slurm_never_requeues_a_topoweb_job_and_every_component_is_tagged(cluster, user):
+    job = place(cluster, user, spec("pair", 16, ["sleep", "300"], tp=8))
+    slurm_sync(executor=cluster.executor)
+    sid = SlurmSubmission.objects.get(job=job).slurm_job_id
+    text = sh("scontrol", "show", "job", str(sid))
+    tag = f"Comment=topoweb:slurm-it:{job.pk}:{job.generation}:{cluster.executor.server_id}"
+    assert text.count("HetJobOffset=") == 2
+    assert text.count("Requeue=0") == 2, text
+    assert text.count(tag) == 2, text
+
+
+@pytest.fixture
+def slurm_requeues(monkeypatch):
+    """Slurm requeues the jobs TopoWeb submits, as on a Slurm whose `JobRequeue=1` default (or a
+    job_submit plugin) wins over TopoWeb's `no_requeue`: the worst case for TopoWeb."""
+    real = sync_module.submission
+
+    def requeueing(**kwargs):
+        body = real(**kwargs)
+        for comp in body.get("jobs") or [body["job"]]:
+            comp.pop("no_requeue", None)
+            comp["requeue"] = True
+        return body
+
+    monkeypatch.setattr(sync_module, "submission", requeueing)
+
+
+@pytest.mark.parametrize("requeue", [True, False], ids=["requeue", "no-requeue"])
+def test_node_down_under_a_multi_node_job_leaves_nothing_in_slurm(
+    cluster, user, slurm_cluster, slurm_requeues, requeue
+):
+    job = place(cluster, user, {**spec("wide", 32, ["sleep", "300"], tp=8), "requeue": requeue})
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    gen = job.generation
+    sid = SlurmSubmission.objects.get(job=job, generation=gen).slurm_job_id
+    nodes = list(
+        dict.fromkeys(
+            Allocation.objects.filter(job=job, generation=gen)
+            .order_by("rank")
+            .values_list("node_name", flat=True)
+        )
+    )
+    assert len(nodes) == 4
+    victim = nodes[2]
+    sh("scontrol", "update", f"nodename={victim}", "state=down", "reason=test")
+    try:
+        # Slurm requeues the components (the leader and two others pending again after a run).
+        for _ in range(50):
+            if any(c.restarts or c.state == "PENDING" for c in slurm_cluster.job(sid)):
+                break
+            time.sleep(0.2)
+        first = slurm_sync(executor=cluster.executor)
+        slurm_sync(executor=cluster.executor)
+        job.refresh_from_db()
+        if requeue:
+            # Back in the queue and placed again at once, away from the down node.
+            assert job.pk in first.requeued
+            assert job.generation > gen and job.status in ACTIVE_STATUSES
+            assert "Slurm requeued it" in job.requeue_reason
+            assert victim not in set(
+                Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True)
+            )
+        else:
+            assert job.status == JobStatus.FAILED, job.pending_reason
+            assert "Slurm requeued it" in job.pending_reason
+        # Within those two syncs every component of the old Slurm job was cancelled: what is
+        # left finishes cleaning up by itself.
+        assert settled(slurm_cluster) == {}
+        states = {c.state for c in slurm_cluster.job(sid)}
+        assert states <= ENDED, states
+    finally:
+        resume(victim)
+
+
+class Crash(Exception):
+    """TopoWeb dies right after Slurm accepted a job, before it saved the job's id."""
+
+
+class CrashAfterSubmit:
+    def __init__(self, client: SlurmRest):
+        self.client = client
+        self.ids: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def submit(self, body, *, user=None):
+        self.ids.append(self.client.submit(body, user=user))
+        raise Crash
+
+
+@pytest.mark.parametrize("then", ["cancelled", "still-placing"])
+def test_a_job_slurm_accepted_but_topoweb_never_saved(cluster, user, slurm_cluster, then):
+    job = place(cluster, user, spec("crash", 8, ["sleep", "300"]))
+    crashing = CrashAfterSubmit(slurm_cluster)
+    with pytest.raises(Crash):
+        slurm_sync(executor=cluster.executor, client=crashing)
+    (sid,) = crashing.ids
+    assert not SlurmSubmission.objects.filter(job=job).exists()
+    assert sid in live_unheld(slurm_cluster)
+    if then == "cancelled":
+        # Cancelled in TopoWeb before anyone saw its Slurm job: the next sync cancels it there.
+        job_cancel(job=job)
+        result = slurm_sync(executor=cluster.executor)
+        assert sid in result.orphans_cancelled
+        assert settled(slurm_cluster) == {}
+    else:
+        # Still placed in that generation: its Slurm job is recorded, not submitted a second time.
+        result = slurm_sync(executor=cluster.executor)
+        assert sid in result.recorded and job.pk not in result.submitted
+        assert SlurmSubmission.objects.get(job=job, generation=job.generation).slurm_job_id == sid
+        job = sync_until(cluster, job, (JobStatus.RUNNING,))
+        assert live_unheld(slurm_cluster) == {}
+        tag = f"topoweb:slurm-it:{job.pk}:{job.generation}:{cluster.executor.server_id}"
+        tagged = {j.group_id for j in slurm_cluster.jobs() if j.comment == tag and j.state not in ENDED}
+        assert tagged == {sid}
+
+
+def test_a_job_topoweb_ended_whose_slurm_job_lives_on_is_cancelled(cluster, user, slurm_cluster):
+    """What bug 1 left: TopoWeb failed the job and closed its submission while Slurm kept it."""
+    job = place(cluster, user, spec("closed", 8, ["sleep", "300"]))
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    sub = SlurmSubmission.objects.get(job=job)
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        lifecycle.finish(
+            job=locked, status=JobStatus.FAILED, reason="failed by the test", now=locked.started_at
+        )
+    SlurmSubmission.objects.filter(pk=sub.pk).update(state="FAILED")
+    assert sub.slurm_job_id in live_unheld(slurm_cluster)
+    # `manage.py reconcile --check` names it (through the executor port) ...
+    found = [f for f in findings(cluster=cluster) if f.kind == "slurm-orphan"]
+    assert len(found) == 1 and f"Slurm job {sub.slurm_job_id} " in found[0].text
+    result = slurm_sync(executor=cluster.executor)
+    assert result.orphans_cancelled == [sub.slurm_job_id]
+    assert settled(slurm_cluster) == {}
+    # ... and no longer once the sync cancelled it.
+    assert not [f for f in findings(cluster=cluster) if f.kind.startswith("slurm-")]
+
+
+def test_other_servers_jobs_and_foreign_jobs_are_left_alone(cluster, user, slurm_cluster):
+    # A TopoWeb job TopoWeb cancelled: a live Slurm job tagged with it would be an orphan if ours.
+    job = place(cluster, user, spec("gone", 8, ["sleep", "300"]))
+    job_cancel(job=job)
+    all_nodes = [f"gpu{n:02d}" for n in range(1, 17)]
+
+    def tagged(node: str, server: str) -> int:
+        body = submission(
+            cluster="slurm-it",
+            job_id=job.pk,
+            generation=job.generation,
+            name="elsewhere",
+            slots=[RankSlot(0, node, 0)],
+            command=["sleep", "120"],
+            env={},
+            workdir="/tmp",
+            master_addr=node,
+            master_port=29500,
+            all_nodes=all_nodes,
+            output="/dev/null",
+            server=server,
+        )
+        return slurm_cluster.submit(body)
+
+    other = tagged("gpu05", "another")  # another TopoWeb server's, same cluster name and job id
+    legacy = tagged("gpu06", "")  # a tag from before servers were named, its id never recorded here
+    foreign = sbatch("-w", "gpu07", "--gres=gpu:1", "--wrap", "sleep 120")
+    for sid in (other, legacy, foreign):
+        wait_running(sid)
+    for _ in range(2):
+        result = slurm_sync(executor=cluster.executor)
+        assert result.orphans_cancelled == [] and result.recorded == []
+    assert {other, legacy, foreign} <= set(live_unheld(slurm_cluster))
+    # All three hold GPUs TopoWeb does not place on.
+    held = set(ForeignAllocation.objects.filter(cluster=cluster).values_list("slurm_job_id", flat=True))
+    assert {other, legacy, foreign} <= held

@@ -143,9 +143,24 @@ def test_bind_granted_keeps_plan_or_maps_in_planned_order():
 
 
 def test_comment_round_trip():
-    assert parse_comment(comment("pod", 12, 3)) == ("pod", 12, 3)
+    assert parse_comment(comment("pod", 12, 3, "9f3a")) == ("pod", 12, 3, "9f3a")
+    assert comment("pod", 12, 3, "9f3a") == "topoweb:pod:12:3:9f3a"
+    # A comment written before servers were named.
+    assert parse_comment("topoweb:pod:12:3") == ("pod", 12, 3, "")
     assert parse_comment("something else") is None
     assert parse_comment("topoweb:pod:x:1") is None
+    assert parse_comment("topoweb:pod:1:1:") is None
+    assert parse_comment("topoweb:pod:1:1:a:b") is None
+
+
+def test_job_record_gives_restarts_and_liveness():
+    base = {"job_id": 7, "het_job_id": 6, "job_state": "PENDING", "nodes": "", "comment": ""}
+    pending = parse_job({**base, "restart_cnt": 1})
+    assert pending.restarts == 1 and pending.requeued and pending.live
+    assert not parse_job(base).requeued
+    assert parse_job({**base, "job_state": "REQUEUE_HOLD"}).requeued
+    assert parse_job({**base, "job_state": "COMPLETING"}).live
+    assert not parse_job({**base, "job_state": "NODE_FAIL"}).live
 
 
 def test_topology_conf_from_scontrol_output():
@@ -175,6 +190,7 @@ def _body(slots, command=("python", "train.py", "--name", "it's $HOME; `x`"), en
         master_addr="10.0.0.1",
         master_port=20001,
         all_nodes=NODES,
+        server="a1b2",
     )
 
 
@@ -189,7 +205,10 @@ def test_submission_pins_one_component_per_node_with_its_gpu_count():
     first, second = body["jobs"]
     assert (first["tasks"], first["gres"], first["nodes"]) == (3, "gpu:3", "1")
     assert first["exclude_nodes"] == "gpu[01-02,04-08]"
-    assert first["comment"] == "topoweb:pod:5:2"
+    assert first["comment"] == second["comment"] == "topoweb:pod:5:2:a1b2"
+    # v0.0.38 reads "requeue": false as --requeue; only no_requeue turns it off.
+    assert first["no_requeue"] is second["no_requeue"] is True
+    assert "requeue" not in first and "requeue" not in second
     assert (second["tasks"], second["gres"], second["exclude_nodes"]) == (1, "gpu:1", "gpu[01-06,08]")
     assert "--het-group=0" in body["script"] and "--het-group=1" in body["script"]
     single = _body([RankSlot(0, "gpu02", 1), RankSlot(1, "gpu02", 0)])

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from apps.executors.connect import slurm_connect
 from apps.executors.models import ForeignAllocation, SlurmSubmission
 from apps.executors.slurmrest import SlurmError, SlurmJob, SlurmNode
-from apps.executors.sync import slurm_sync
+from apps.executors.sync import slurm_orphans, slurm_sync, stop_job
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
 from apps.scheduling.models import Allocation, NodeAgent
@@ -51,9 +51,19 @@ class FakeSlurm:
         comps = body.get("jobs") or [body["job"]]
         self.records[self.next_id] = [
             SlurmJob(
-                self.next_id + i, self.next_id, "", "slurm", "PENDING", "Priority", None, None, (), {}, ""
+                self.next_id + i,
+                self.next_id,
+                "",
+                "slurm",
+                "PENDING",
+                "Priority",
+                None,
+                None,
+                (),
+                {},
+                c.get("comment", ""),
             )
-            for i in range(len(comps))
+            for i, c in enumerate(comps)
         ]
         return self.next_id
 
@@ -213,6 +223,111 @@ def test_a_requeue_by_slurm_is_never_shown_running(cluster, fake, user):
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED
     assert sub.slurm_job_id in fake.cancelled
+
+
+def running_pair(cluster, fake, user, **extra):
+    """A 16-GPU job Slurm runs as two components, one per planned node."""
+    job = placed(cluster, user, 16, **extra)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    nodes = list(
+        dict.fromkeys(Allocation.objects.filter(job=job).order_by("rank").values_list("node_name", flat=True))
+    )
+    fake.run(sub.slurm_job_id, {n: list(range(8)) for n in nodes})
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    return job, sub
+
+
+@pytest.mark.parametrize("requeue", [True, False])
+def test_a_component_slurm_requeued_ends_the_whole_slurm_job(cluster, fake, user, requeue):
+    job, sub = running_pair(cluster, fake, user, requeue=requeue)
+    leader, other = fake.records[sub.slurm_job_id]
+    # Slurm requeued the leader (restart count 1, pending again) and failed the other component.
+    fake.records[sub.slurm_job_id] = [
+        _with(leader, state="PENDING", reason="BeginTime", restarts=1),
+        _with(other, state="NODE_FAIL"),
+    ]
+    result = sync(cluster, fake)
+    assert fake.cancelled == [sub.slurm_job_id]
+    job.refresh_from_db()
+    if requeue:
+        assert job.pk in result.requeued and job.pk in result.submitted
+        assert "Slurm requeued it (101 pending)" in job.requeue_reason
+    else:
+        assert job.status == JobStatus.FAILED
+        assert "node failure" in job.pending_reason and "Slurm requeued it" in job.pending_reason
+    # Had the cancel missed a component, the next syncs' orphan pass would cancel it.
+    fake.records[sub.slurm_job_id] = [
+        _with(leader, state="PENDING", restarts=1),
+        _with(other, state="NODE_FAIL"),
+    ]
+    result = sync(cluster, fake)
+    assert result.orphans_cancelled == [sub.slurm_job_id]
+
+
+def test_components_ending_apart_end_the_whole_slurm_job_with_the_exit_code(cluster, fake, user):
+    job, sub = running_pair(cluster, fake, user)
+    leader, other = fake.records[sub.slurm_job_id]
+    fake.records[sub.slurm_job_id] = [leader, _with(other, state="FAILED", exit_code=3)]
+    sync(cluster, fake)
+    assert fake.cancelled == [sub.slurm_job_id]
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "exit code 3" in job.pending_reason
+    assert "ended apart" in job.pending_reason
+
+
+def test_a_closed_submission_whose_slurm_job_lives_on_is_an_orphan(cluster, fake, user):
+    job, sub = running_pair(cluster, fake, user)
+    # What bug 1 left: the job failed, its submission closed, Slurm kept the job.
+    job_cancel(job=job)
+    SlurmSubmission.objects.filter(pk=sub.pk).update(state="FAILED")
+    (orphan,) = slurm_orphans(cluster.executor, fake)
+    assert orphan["slurm_id"] == sub.slurm_job_id and orphan["action"] == "cancel"
+    assert orphan["why"] == f"TopoWeb job {job.pk} is cancelled" and orphan["state"] == "RUNNING"
+    assert fake.cancelled == []  # listing cancels nothing
+    result = sync(cluster, fake)
+    assert result.orphans_cancelled == [sub.slurm_job_id] and result.cancelled == [job.pk]
+    assert slurm_orphans(cluster.executor, fake) == []
+
+
+def test_a_slurm_job_topoweb_never_saved_is_recorded_not_submitted_again(cluster, fake, user):
+    job = placed(cluster, user, 8)
+
+    class Crash(Exception):
+        pass
+
+    real = fake.submit
+
+    def crash(body, *, user=None):
+        real(body, user=user)
+        raise Crash
+
+    fake.submit = crash
+    with pytest.raises(Crash):
+        sync(cluster, fake)
+    fake.submit = real
+    (sid,) = fake.records
+    assert [o["action"] for o in slurm_orphans(cluster.executor, fake)] == ["record"]
+    result = sync(cluster, fake)
+    assert result.recorded == [sid] and result.submitted == [] and len(fake.submitted) == 1
+    assert SlurmSubmission.objects.get(job=job).slurm_job_id == sid
+
+
+def test_stop_job_cancels_now_and_never_raises(cluster, fake, user, monkeypatch):
+    job, sub = running_pair(cluster, fake, user)
+    monkeypatch.setattr("apps.executors.sync.client_for", lambda ex, timeout: fake)
+    job_cancel(job=job)
+    assert stop_job(job) == [sub.slurm_job_id] and fake.cancelled == [sub.slurm_job_id]
+
+    def down(job_id, *, user=None):
+        raise SlurmError("slurmrestd at unix:/x unreachable")
+
+    fake.cancel = down
+    assert stop_job(job) == []
+    other = placed(cluster, user, 8)
+    assert stop_job(other) == []  # nothing in Slurm yet
 
 
 def test_cancel_in_topoweb_cancels_in_slurm(cluster, fake, user):
