@@ -147,7 +147,7 @@ def slurm_alone(client, topology, spec, shared: Path) -> tuple[int, ...]:
 
 
 def through_topoweb(cluster, user, spec_dict: dict) -> tuple[tuple[int, ...], object]:
-    from apps.executors.sync import slurm_sync
+    from apps.executors.slurm.sync import slurm_sync
     from apps.scheduling import snapshot as snap
     from apps.scheduling.choices import JobStatus
     from apps.scheduling.cycle import schedule_cluster
@@ -203,9 +203,9 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         from django.contrib.auth import get_user_model
 
-        from apps.executors.connect import LOCAL_SOCKET, slurm_connect
-        from apps.executors.slurmrest import SlurmRest
-        from apps.executors.sync import slurm_sync
+        from apps.executors.slurm.connect import LOCAL_SOCKET, slurm_connect
+        from apps.executors.slurm.rest import SlurmRest
+        from apps.executors.slurm.sync import slurm_sync
         from apps.placement.costmodel import evaluate
         from apps.placement.jobs import job_to_spec
         from apps.placement.sim.profiles import assign_profiles

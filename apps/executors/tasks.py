@@ -13,7 +13,7 @@ BEAT_SCHEDULE: dict = {}
 def slurm_sync_task(cluster_id: int) -> dict | None:
     """Sync one Slurm cluster now; None when it is gone or not run by Slurm."""
     from .models import ClusterExecutor, ExecutorKind
-    from .sync import locked_sync
+    from .slurm.sync import locked_sync
 
     ex = (
         ClusterExecutor.objects.select_related("cluster")
@@ -29,7 +29,7 @@ def slurm_sync_task(cluster_id: int) -> dict | None:
 @shared_task(name="executors.slurm_sync_all", ignore_result=True)
 def slurm_sync_all_task() -> int:
     """Sync every Slurm cluster; returns how many were synced."""
-    from .sync import slurm_sync_all
+    from .slurm.sync import slurm_sync_all
 
     return slurm_sync_all()
 
@@ -39,7 +39,7 @@ def slurm_stop_task(job_id: int) -> list[int]:
     """Cancel a job's Slurm jobs now (TopoWeb stopped it); the Slurm job ids cancelled."""
     from apps.scheduling.models import Job
 
-    from .sync import stop_job
+    from .slurm.sync import stop_job
 
     job = Job.objects.filter(pk=job_id).first()
     return [] if job is None else stop_job(job)

@@ -19,11 +19,11 @@ from django.core.management.base import CommandError
 from django.db import transaction
 
 from apps.executors import sync as sync_module
-from apps.executors.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
 from apps.executors.models import ForeignAllocation, SlurmSubmission
-from apps.executors.slurmrest import SlurmRest, group
-from apps.executors.slurmscript import RankSlot, submission
-from apps.executors.sync import slurm_sync
+from apps.executors.slurm.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
+from apps.executors.slurm.rest import SlurmRest, group
+from apps.executors.slurm.script import RankSlot, submission
+from apps.executors.slurm.sync import slurm_sync
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState

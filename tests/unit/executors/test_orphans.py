@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from apps.executors.orphans import CANCEL, RECORD, claims, judge, owner, stoppable
-from apps.executors.slurmrest import SlurmJob
-from apps.executors.slurmscript import comment
+from apps.executors.slurm.orphans import CANCEL, RECORD, claims, judge, owner, stoppable
+from apps.executors.slurm.rest import SlurmJob
+from apps.executors.slurm.script import comment
 
 ACTIVE = ("placing", "running", "migrating")
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from apps.executors.slurmrest import (
+from apps.executors.slurm.rest import (
     SlurmError,
     SlurmRest,
     gres_gpu_count,
@@ -23,7 +23,7 @@ from apps.executors.slurmrest import (
     parse_node,
     topology_conf,
 )
-from apps.executors.slurmscript import RankSlot, bind_granted, comment, parse_comment, submission
+from apps.executors.slurm.script import RankSlot, bind_granted, comment, parse_comment, submission
 
 
 @pytest.mark.parametrize(

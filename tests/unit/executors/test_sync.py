@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from apps.executors.connect import slurm_connect
 from apps.executors.models import ForeignAllocation, SlurmSubmission
-from apps.executors.slurmrest import SlurmError, SlurmJob, SlurmNode
-from apps.executors.sync import slurm_orphans, slurm_sync, stop_job
+from apps.executors.slurm.connect import slurm_connect
+from apps.executors.slurm.rest import SlurmError, SlurmJob, SlurmNode
+from apps.executors.slurm.sync import slurm_orphans, slurm_sync, stop_job
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
 from apps.scheduling.models import Allocation, NodeAgent
@@ -317,7 +317,7 @@ def test_a_slurm_job_topoweb_never_saved_is_recorded_not_submitted_again(cluster
 
 def test_stop_job_cancels_now_and_never_raises(cluster, fake, user, monkeypatch):
     job, sub = running_pair(cluster, fake, user)
-    monkeypatch.setattr("apps.executors.sync.client_for", lambda ex, timeout: fake)
+    monkeypatch.setattr("apps.executors.slurm.sync.client_for", lambda ex, timeout: fake)
     job_cancel(job=job)
     assert stop_job(job) == [sub.slurm_job_id] and fake.cancelled == [sub.slurm_job_id]
 
@@ -460,7 +460,7 @@ def test_foreign_jobs_across_leaves_load_their_uplinks_at_the_assumed_rate(clust
 def test_overlapping_syncs_of_one_cluster_are_skipped(cluster, fake):
     from django.core.cache import cache
 
-    from apps.executors.sync import locked_sync
+    from apps.executors.slurm.sync import locked_sync
 
     key = f"executors:slurm-sync:{cluster.pk}"
     cache.add(key, 1, timeout=60)

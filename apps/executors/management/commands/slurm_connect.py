@@ -9,10 +9,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from apps.placement.topology import SpecError
 
-from ...connect import LOCAL_SOCKET, slurm_connect
 from ...models import ClusterExecutor, ExecutorKind
-from ...slurmrest import SlurmError
-from ...sync import slurm_sync
+from ...slurm.connect import LOCAL_SOCKET, slurm_connect
+from ...slurm.rest import SlurmError
+from ...slurm.sync import slurm_sync
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import ClusterExecutor, ExecutorKind
-from ...sync import slurm_sync
+from ...slurm.sync import slurm_sync
 
 
 class Command(BaseCommand):

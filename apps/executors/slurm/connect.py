@@ -16,8 +16,8 @@ from apps.topology.conversion import spec_from_format
 from apps.topology.models import Cluster
 from apps.topology.services import cluster_import
 
-from .models import ClusterExecutor, ExecutorKind
-from .slurmrest import SlurmRest, node_conf, topology_conf
+from ..models import ClusterExecutor, ExecutorKind
+from .rest import SlurmRest, node_conf, topology_conf
 
 LOCAL_SOCKET = "unix:/tmp/topoweb-slurm/rest/slurmrestd.sock"
 LOCAL_CONF = "/tmp/topoweb-slurm/etc/slurm.conf"  # scripts/slurm-local.sh

@@ -1,6 +1,7 @@
-"""The two executors behind scheduling's port (`apps.scheduling.executor`), registered when Django
-starts: Slurm for the clusters a `ClusterExecutor` of kind slurm names, the node agents for every
-other cluster."""
+"""Slurm behind scheduling's executor port (`apps.scheduling.executor`): a wake asks for a sync
+of the cluster (it submits what was placed), a stop cancels the job's Slurm jobs at once, the
+periodic reconcile is the sync, and the check lists the Slurm jobs of this TopoWeb's that no live
+job holds."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from typing import Any
 from django.db import transaction
 
 from apps.scheduling import executor as port
-
-from .agents.port import AgentsExecutor
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ class SlurmExecutor:
     def _sync_soon(self, cluster_id: int) -> None:
         from kombu.exceptions import OperationalError
 
-        from .tasks import slurm_sync_task
+        from ..tasks import slurm_sync_task
 
         def later() -> None:
             try:
@@ -51,7 +50,7 @@ class SlurmExecutor:
         this misses."""
         from kombu.exceptions import OperationalError
 
-        from .tasks import slurm_stop_task
+        from ..tasks import slurm_stop_task
 
         def later() -> None:
             try:
@@ -65,7 +64,7 @@ class SlurmExecutor:
         return False
 
     def reconcile(self, cluster: Any) -> dict[str, Any]:
-        from .models import ClusterExecutor, ExecutorKind
+        from ..models import ClusterExecutor, ExecutorKind
         from .sync import locked_sync
 
         ex = ClusterExecutor.objects.filter(cluster=cluster, kind=ExecutorKind.SLURM).first()
@@ -73,7 +72,7 @@ class SlurmExecutor:
         return {} if result is None else result.as_dict()
 
     def foreign(self, cluster: Any) -> list[port.ForeignHold]:
-        from .models import ForeignAllocation
+        from ..models import ForeignAllocation
 
         rows = ForeignAllocation.objects.filter(cluster=cluster).values_list(
             "node__name", "gpu_index", "slurm_job_id", "cluster__executor__foreign_gbps_per_gpu"
@@ -84,8 +83,8 @@ class SlurmExecutor:
         """slurm-orphan: a live Slurm job tagged as this TopoWeb's that no active job holds (the
         next sync cancels it); slurm-unreachable: slurmrestd did not list the jobs. A Slurm job
         whose id a live job never saved is no finding: the next sync records it."""
-        from .models import ClusterExecutor, ExecutorKind
-        from .slurmrest import SlurmError
+        from ..models import ClusterExecutor, ExecutorKind
+        from .rest import SlurmError
         from .sync import slurm_orphans
 
         ex = ClusterExecutor.objects.filter(cluster=cluster, kind=ExecutorKind.SLURM).first()
@@ -104,8 +103,3 @@ class SlurmExecutor:
             for o in found
             if o["action"] == "cancel"
         ]
-
-
-def register() -> None:
-    port.register(AgentsExecutor(), default=True)
-    port.register(SlurmExecutor())

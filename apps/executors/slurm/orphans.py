@@ -1,5 +1,5 @@
 """Which of a Slurm cluster's jobs are TopoWeb's, and which of those TopoWeb no longer runs (no
-Django: plain data in, verdicts out; apps/executors/sync.py reads the data and acts).
+Django: plain data in, verdicts out; apps/executors/slurm/sync.py reads the data and acts).
 
 A Slurm job is this TopoWeb's when its comment's tag (`slurmscript.comment`) names this cluster
 and this server (`ClusterExecutor.server_id`), or names this cluster without a server (a job
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from .slurmrest import SlurmJob
-from .slurmscript import parse_comment
+from .rest import SlurmJob
+from .script import parse_comment
 
 CANCEL = "cancel"
 RECORD = "record"

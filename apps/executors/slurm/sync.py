@@ -14,7 +14,7 @@ demand) reads slurmrestd's nodes and jobs and then:
    pending again under a running job), or whose components ended apart (one failed, others run
    or wait), is cancelled whole in Slurm and its job requeued (`launch.requeue`) or failed, as
    for a node failure;
-4. orphans: every live Slurm job tagged as this TopoWeb's (apps/executors/orphans.py) that is not
+4. orphans: every live Slurm job tagged as this TopoWeb's (apps/executors/slurm/orphans.py) that is not
    the recorded Slurm job of a TopoWeb job active in that generation is cancelled (the job was
    cancelled, failed, requeued or deleted, or Slurm kept a component of it); one whose id TopoWeb
    never saved, of a job still active in that generation, is recorded instead;
@@ -47,10 +47,10 @@ from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
 from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Node
 
-from .models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
+from ..models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
 from .orphans import CANCEL, Verdict, claims, judge, owner
-from .slurmrest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
-from .slurmscript import RankSlot, bind_granted, submission
+from .rest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
+from .script import RankSlot, bind_granted, submission
 
 log = logging.getLogger(__name__)
 
@@ -533,7 +533,7 @@ def _verdicts(
     known: dict[int, tuple[int, int]],
     skip: set[int] | frozenset[int] = frozenset(),
 ) -> list[Verdict]:
-    """The orphan verdicts on the listed Slurm jobs (apps/executors/orphans.py); two queries
+    """The orphan verdicts on the listed Slurm jobs (apps/executors/slurm/orphans.py); two queries
     when TopoWeb has a live Slurm job, none otherwise."""
     claimed = claims(groups, cluster=executor.cluster.name, server=executor.server_id, known=known, skip=skip)
     if not claimed:
