@@ -20,7 +20,7 @@ fence deadline passed), never earlier: a GPU is not handed to another job while 
 one may still use it. A job that leaves its generation (finished, requeued, migrated) keeps the
 allocations of its ranks still running; those ranks are "stopping" (`RankRun.stop_requested_at`)
 and the executor is told to stop them. A waiting job whose previous generation still has ranks
-is not placed again until they are gone (`previous_generations`), so two generations of one job
+is not placed again until they are gone (the cycle holds it back, `place` checks again), so two generations of one job
 never run at once.
 """
 
@@ -136,7 +136,7 @@ def place(*, snapshot: ClusterSnapshot, bookings: Sequence[Booking], now: dateti
     """Place waiting jobs: each goes to placing in its next generation with its GPUs booked (one
     locked read, one batched UPDATE, one DELETE and one multi-row INSERT for all). A job no
     longer waiting (cancelled since the snapshot) gets nothing; neither does one whose previous
-    generation still has ranks (`previous_generations`). Returns the ids placed; the executor is
+    generation still holds GPUs. Returns the ids placed; the executor is
     woken on their nodes."""
     if not bookings:
         return []
@@ -330,20 +330,6 @@ def rebind(*, job: Job, snapshot: ClusterSnapshot, gids: Sequence[int], fields: 
 
 
 # -- previous generations ----------------------------------------------------------------------------
-
-
-def previous_generations(*, job_ids: Iterable[int]) -> dict[int, str]:
-    """Of `job_ids` (waiting jobs), those whose earlier generations still hold GPUs (ranks not
-    confirmed gone), with why they wait for them."""
-    ids = list(job_ids)
-    if not ids:
-        return {}
-    held: dict[int, dict[str, int]] = {}
-    rows = Allocation.objects.filter(job_id__in=ids, live=True).values_list("job_id", "node_name")
-    for job_id, node in rows:
-        per = held.setdefault(job_id, {})
-        per[node] = per.get(node, 0) + 1
-    return {job_id: still_stopping(per) for job_id, per in held.items()}
 
 
 def still_stopping(per_node: Mapping[str, int]) -> str:
