@@ -263,7 +263,7 @@ PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
 BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
 
-# Retention in days, 0 keeps forever (apps/scheduling/retention.py, a daily beat task).
+# Retention in days, 0 keeps forever (apps/metrics/retention.py, a daily beat task).
 RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)
 RETAIN_RANK_RECORDS_DAYS = float(_env("TOPOWEB_RETAIN_RANK_RECORDS_DAYS") or 30)
 RETAIN_OUTPUT_DAYS = float(_env("TOPOWEB_RETAIN_OUTPUT_DAYS") or 7)
