@@ -1,11 +1,12 @@
-"""Topology REST views: clusters (import, export, settings) and read-only switches, links,
-nodes and GPUs. Writes go through apps.topology.services."""
+"""Topology REST views: clusters (import, export, settings) and read-only switches, links and
+nodes. Writes go through apps.topology.services. GPUs, listed with the job and rank holding each,
+are scheduling's (apps/scheduling/api/views.py: GpuViewSet), as the allocations are."""
 
 from __future__ import annotations
 
 import re
 
-from django.db.models import Count, OuterRef, Prefetch, Subquery
+from django.db.models import Count, Prefetch
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -30,16 +31,14 @@ from apps.api.validation import check_body, field_error, object_body, shown
 from apps.placement.convert import IMPORTERS, MEDIA_TYPES, Source
 from apps.placement.convert.base import MAX_SOURCE_BYTES
 from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
-from apps.scheduling.models import Allocation
 
 from .. import conversion, selectors, services
-from ..models import Cluster, ClusterImport, Gpu, Link, Nic, Node, Switch
-from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
+from ..models import Cluster, ClusterImport, Link, Nic, Node, Switch
+from .filters import LinkFilter, NodeFilter, SwitchFilter
 from .renderers import CONVERTED_FORMATS, CONVERTED_RENDERERS
 from .schemas import IMPORT_BODY, TOPOLOGY_SPEC
 from .serializers import (
     ClusterSerializer,
-    GpuSerializer,
     LinkSerializer,
     NodeSerializer,
     SwitchSerializer,
@@ -252,21 +251,6 @@ class NodeViewSet(_ReadOnly):
         .annotate(gpu_count=Count("gpus"))
         .order_by("cluster_id", "position", "id")
     )
-
-
-class GpuViewSet(_ReadOnly):
-    """GPUs with the job and rank holding each (?cluster=, ?node=, ?free=true)."""
-
-    serializer_class = GpuSerializer
-    filterset_class = GpuFilter
-
-    def get_queryset(self):
-        live = Allocation.objects.filter(gpu=OuterRef("pk"), live=True)
-        return (
-            Gpu.objects.select_related("node", "domain", "nic")
-            .annotate(job=Subquery(live.values("job_id")[:1]), rank=Subquery(live.values("rank")[:1]))
-            .order_by("node__cluster_id", "node__position", "node_id", "index")
-        )
 
 
 def import_url(job: ClusterImport) -> str:

@@ -49,7 +49,7 @@ class Command(BaseCommand):
         agents = []
         if not no_agents:
             # The demo's nodes run their agents here: jobs run real (dummy) rank processes.
-            from apps.scheduling.demo_agents import start_demo_agents
+            from apps.executors.agents.demo import start_demo_agents
 
             try:
                 agents = start_demo_agents(server=f"http://{addr}")
