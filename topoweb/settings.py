@@ -271,9 +271,12 @@ RETAIN_JOB_SPECS_DAYS = float(_env("TOPOWEB_RETAIN_JOB_SPECS_DAYS") or 30)
 RETAIN_AUDIT_DAYS = float(_env("TOPOWEB_RETAIN_AUDIT_DAYS") or 90)
 
 REST_FRAMEWORK = {
+    # The API's standard list, in order (apps.scheduling.api.authentication.AUTHENTICATION): the
+    # views that name none, as the topology API, authenticate with it.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "apps.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "apps.scheduling.api.authentication.LauncherAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.JSONParser"],
@@ -311,7 +314,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.api.schemas.error_responses",
         "apps.api.schemas.examples_attach",
-        "apps.api.schemas.status_descriptions",
+        "apps.scheduling.api.schemas.status_descriptions",
     ],
     # Request bodies get their own components (JobSpecV1 in, Job out), as generated clients expect.
     "COMPONENT_SPLIT_REQUEST": True,

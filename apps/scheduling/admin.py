@@ -10,9 +10,8 @@ import json
 
 from django.contrib import admin, messages
 
-from apps.api.authentication import node_tokens_forget
-
 from . import agents, services
+from .api.authentication import node_tokens_forget
 from .models import (
     Account,
     AccountLimit,

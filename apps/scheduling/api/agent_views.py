@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION, NodeAuthentication, node_token_of
+from apps.api.authentication import node_token_of
 from apps.api.parsers import parse_spec_body
 from apps.api.permissions import holds
 from apps.api.throttling import NodeSyncThrottle
@@ -42,6 +42,7 @@ from .agent_serializers import (
     split_logs,
     split_reports,
 )
+from .authentication import AUTHENTICATION, NodeAuthentication
 
 MAX_WAIT_S = 60.0
 # A sync body: at most MAX_REPORTS reports of a few kB of output each (see topoweb/bodylimits.py).

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION, launcher_of
+from apps.api.authentication import launcher_of
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import JOB_PARSERS, SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
@@ -46,6 +46,7 @@ from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
 from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Allocation, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
+from .authentication import AUTHENTICATION
 from .filters import GpuFilter, JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (

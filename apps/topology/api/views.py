@@ -1,6 +1,10 @@
 """Topology REST views: clusters (import, export, settings) and read-only switches, links and
 nodes. Writes go through apps.topology.services. GPUs, listed with the job and rank holding each,
-are scheduling's (apps/scheduling/api/views.py: GpuViewSet), as the allocations are."""
+are scheduling's (apps/scheduling/api/views.py: GpuViewSet), as the allocations are.
+
+The views name no authentication classes: they take the project's default (settings REST_FRAMEWORK
+DEFAULT_AUTHENTICATION_CLASSES: user tokens, sessions, launcher tokens), which is the scheduling
+API's AUTHENTICATION; topology does not import the scheduling app that owns the launcher tokens."""
 
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ModelPermissions
@@ -76,7 +79,6 @@ class ClusterViewSet(
 ):
     """Clusters: read for every signed-in user; writes by Django model permission, as in the admin."""
 
-    authentication_classes = AUTHENTICATION
     permission_classes = [ModelPermissions]
     serializer_class = ClusterSerializer
     pagination_class = StandardPagination
@@ -218,7 +220,6 @@ def _converted_from_request(request: Request, fmt: str) -> tuple[dict, list[str]
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):
-    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     pagination_class = StandardPagination
     filter_backends = [DjangoFilterBackend]
@@ -277,7 +278,6 @@ def import_body(job: ClusterImport) -> dict:
 class ClusterImportView(APIView):
     """A background import's progress (`?background=true` on the import): who may import may read it."""
 
-    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
 
     @extend_schema(

@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.api.authentication import node_tokens_forget
 from apps.scheduling import agent_selectors, agents, services, wakeups
+from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks
