@@ -263,7 +263,7 @@ PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
 BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
 
-# Retention in days, 0 keeps forever (apps/scheduling/retention.py, a daily beat task).
+# Retention in days, 0 keeps forever (apps/metrics/retention.py, a daily beat task).
 RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)
 RETAIN_RANK_RECORDS_DAYS = float(_env("TOPOWEB_RETAIN_RANK_RECORDS_DAYS") or 30)
 RETAIN_OUTPUT_DAYS = float(_env("TOPOWEB_RETAIN_OUTPUT_DAYS") or 7)
@@ -271,9 +271,12 @@ RETAIN_JOB_SPECS_DAYS = float(_env("TOPOWEB_RETAIN_JOB_SPECS_DAYS") or 30)
 RETAIN_AUDIT_DAYS = float(_env("TOPOWEB_RETAIN_AUDIT_DAYS") or 90)
 
 REST_FRAMEWORK = {
+    # The API's standard list, in order (apps.scheduling.api.authentication.AUTHENTICATION): the
+    # views that name none, as the topology API, authenticate with it.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "apps.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "apps.scheduling.api.authentication.LauncherAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.JSONParser"],
@@ -311,7 +314,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.api.schemas.error_responses",
         "apps.api.schemas.examples_attach",
-        "apps.api.schemas.status_descriptions",
+        "apps.scheduling.api.schemas.status_descriptions",
     ],
     # Request bodies get their own components (JobSpecV1 in, Job out), as generated clients expect.
     "COMPONENT_SPLIT_REQUEST": True,

@@ -3,7 +3,8 @@
 A rank starts from a clean environment: the job's `env`, the launch contract (RANK,
 CUDA_VISIBLE_DEVICES, ...), a default PATH, a locale and its account's HOME, USER and LOGNAME;
 nothing of the agent's. Variables that could redirect code or devices are denied in the job's
-`env` (`denied_env`): the server refuses them at submission and the agent drops them.
+`env` (`apps.launch_contract.denied_env`): the server refuses them at submission and the agent
+drops them.
 """
 
 from __future__ import annotations
@@ -12,45 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from apps.launch_contract import denied_env, nccl_ib_hca
+
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_LOCALE = "C.UTF-8"
-# The launch contract: what the agent sets for each rank (plan_env), besides TOPOWEB_JOB_ID,
-# TOPOWEB_NODE and TOPOWEB_GENERATION under LAUNCH_CONTRACT_PREFIX. A job's env may not set them.
-LAUNCH_CONTRACT = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "NODE_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        "NCCL_IB_HCA",
-    }
-)
-LAUNCH_CONTRACT_PREFIX = "TOPOWEB_"
-# Names a job's env may not set: the launch contract, the account's identity, and those that
-# redirect the code run (loader, PATH, Python path) or the devices used.
-DENIED_ENV = LAUNCH_CONTRACT | {
-    "PATH",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "GPU_DEVICE_ORDINAL",
-    "HOME",
-    "USER",
-    "LOGNAME",
-}
-DENIED_ENV_PREFIXES = (LAUNCH_CONTRACT_PREFIX, "LD_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_")
-
-
-def denied_env(name: str) -> str | None:
-    """Why a job's env may not set `name` (None: it may)."""
-    if name in DENIED_ENV or name.startswith(DENIED_ENV_PREFIXES):
-        return "is set by the node agent or could redirect the code or devices a rank uses"
-    return None
 
 
 def clean_env(plan_env: Mapping[str, str], *, home: str, user: str) -> dict[str, str]:
@@ -70,12 +36,6 @@ class RankPlan:
     local_rank: int
     gpu: int
     env: dict[str, str]
-
-
-def nccl_ib_hca(nic: str) -> str:
-    """NCCL_IB_HCA selecting exactly one HCA ('=' turns off prefix matching, so mlx5_1 does not
-    also pick mlx5_10); empty for a GPU without a NIC."""
-    return f"={nic}" if nic else ""
 
 
 def plan_env(work: Mapping[str, Any], node: str) -> list[RankPlan]:

@@ -16,19 +16,18 @@ class ApiConfig(AppConfig):
 
     @staticmethod
     def _forget_user_tokens_on_change() -> None:
-        """Remembered user tokens (authentication.py) are dropped when a token, user, membership,
-        account, group or permission is saved or deleted in this process, or a user's groups or
-        permissions or a group's permissions change."""
+        """Remembered user tokens (authentication.py) are dropped when a token, user, group or
+        permission is saved or deleted in this process, or a user's groups or permissions or a
+        group's permissions change (the scheduling app adds its accounts and memberships, which
+        a remembered user carries: apps/scheduling/apps.py)."""
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Group, Permission
         from rest_framework.authtoken.models import Token
 
-        from apps.scheduling.account_models import Account, AccountMembership
-
         from .authentication import user_tokens_forget
 
         user = get_user_model()
-        for model in (Token, user, AccountMembership, Account, Group, Permission):
+        for model in (Token, user, Group, Permission):
             for signal in (post_save, post_delete):
                 signal.connect(user_tokens_forget, sender=model, dispatch_uid=f"api.tokens.{model.__name__}")
         for through in (user.groups.through, user.user_permissions.through, Group.permissions.through):

@@ -1,7 +1,11 @@
-"""API authentication: user tokens (`Authorization: Token <key>`), sessions, per-cluster
-launcher tokens (`Authorization: Launcher <key>`) and per-node agent tokens (`Authorization:
-Node <key>`). Failed token attempts count against the caller's address like failed sign-ins
-(see logins.py)."""
+"""API authentication plumbing: user tokens (`Authorization: Token <key>`), the base of the key
+credentials that are not users (`Authorization: <keyword> <key>`: the scheduling app's launcher and
+node tokens, apps/scheduling/api/authentication.py) and how a permission or throttle tells them
+apart (`launcher_of`, `node_token_of`, by the kind of caller their authentication declares). Failed
+token attempts count against the caller's address like failed sign-ins (see logins.py).
+
+Every API view authenticates with the project's default (settings REST_FRAMEWORK
+DEFAULT_AUTHENTICATION_CLASSES: user tokens, sessions, launcher tokens) unless it names its own."""
 
 from __future__ import annotations
 
@@ -10,14 +14,10 @@ import time
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
-from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
-from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed, Throttled
-
-from apps.scheduling.agent_models import node_key_hash
-from apps.scheduling.models import LauncherToken, NodeToken
 
 from .logins import failure_record, failures_exceeded, token_failure_keys
 
@@ -95,17 +95,17 @@ class TokenAuthentication(authentication.TokenAuthentication):
 # agents authenticate every poll): a deleted or revoked token stops working within that time, and
 # at once in the process that revoked it (node_tokens_forget).
 KEY_CACHE_S = 30.0
-# A node token's `last_used` is written at most every NODE_LAST_USED_S seconds.
-NODE_LAST_USED_S = 300.0
 
 
 class KeyAuthentication(BaseAuthentication):
     """`Authorization: <keyword> <key>` for a credential that is not a user: `request.auth` is the
     token row and `request.user` stays anonymous, so only the permissions that know it let it in.
-    A subclass names its keyword, the longest key read (`key_max`), the message for an unknown
-    key, its own cache (at most `cache_size` entries) and `_lookup`."""
+    A subclass names its keyword, the kind of caller it authenticates (`caller`: "launcher",
+    "node"; see `key_of`), the longest key read (`key_max`), the message for an unknown key, its
+    own cache (at most `cache_size` entries) and `_lookup`."""
 
     keyword = ""
+    caller = ""
     key_max = 0
     unknown = ""
     cache_size = 0
@@ -151,83 +151,30 @@ class KeyAuthentication(BaseAuthentication):
         return self.keyword
 
 
-class LauncherAuthentication(KeyAuthentication):
-    """Authenticates a launcher by its per-cluster token; `request.auth` is the LauncherToken."""
-
-    keyword = "Launcher"
-    key_max = 100
-    unknown = "Invalid launcher token."
-    cache_size = 1024
-    cache: dict[str, tuple[LauncherToken, float]] = {}
-
-    def _lookup(self, ident: str) -> LauncherToken | None:
-        return LauncherToken.objects.select_related("cluster").filter(key=ident).first()
+def key_of(request, caller: str) -> Any:
+    """The request's key credential (`request.auth`: a token row) if a KeyAuthentication of kind
+    `caller` authenticated it, else None."""
+    authenticator = getattr(request, "successful_authenticator", None)
+    return (
+        request.auth if authenticator is not None and getattr(authenticator, "caller", "") == caller else None
+    )
 
 
-class NodeAuthentication(KeyAuthentication):
-    """Authenticates a node agent by its node token; `request.auth` is the NodeToken (with its
-    node and cluster): only the agent views let it in. Keys are known by their hash."""
-
-    keyword = "Node"
-    key_max = 200
-    unknown = "Invalid or revoked node token."
-    cache_size = 65536
-    cache: dict[str, tuple[NodeToken, float]] = {}
-
-    def _ident(self, key: str) -> str:
-        return node_key_hash(key)
-
-    def _lookup(self, ident: str) -> NodeToken | None:
-        token = (
-            NodeToken.objects.select_related("node__cluster")
-            .filter(key_hash=ident, revoked_at__isnull=True)
-            .first()
-        )
-        if token is not None:
-            wall = timezone.now()
-            if token.last_used is None or (wall - token.last_used).total_seconds() >= NODE_LAST_USED_S:
-                NodeToken.objects.filter(pk=token.pk).update(last_used=wall)
-                token.last_used = wall
-        return token
+def launcher_of(request) -> Any:
+    """The request's launcher token (scheduling's LauncherToken), if it authenticated as a launcher."""
+    return key_of(request, "launcher")
 
 
-def node_tokens_forget() -> None:
-    """Drop every remembered node token (after a revocation)."""
-    NodeAuthentication.cache.clear()
-
-
-# Every API view authenticates with these, in this order.
-AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
-
-
-def launcher_of(request) -> LauncherToken | None:
-    """The request's launcher token, if it authenticated as a launcher."""
-    auth = getattr(request, "auth", None)
-    return auth if isinstance(auth, LauncherToken) else None
-
-
-def node_token_of(request) -> NodeToken | None:
-    """The request's node token, if it authenticated as a node agent."""
-    auth = getattr(request, "auth", None)
-    return auth if isinstance(auth, NodeToken) else None
+def node_token_of(request) -> Any:
+    """The request's node token (scheduling's NodeToken), if it authenticated as a node agent."""
+    return key_of(request, "node")
 
 
 class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
-    """OpenAPI security scheme of a KeyAuthentication: a key in the Authorization header."""
+    """OpenAPI security scheme of a KeyAuthentication: a key in the Authorization header. A
+    subclass names its `target_class`, `name` and `description`."""
 
     description = ""
 
     def get_security_definition(self, auto_schema):
         return {"type": "apiKey", "in": "header", "name": "Authorization", "description": self.description}
-
-
-class NodeAuthenticationScheme(KeyAuthenticationScheme):
-    target_class = NodeAuthentication
-    name = "nodeAuth"
-    description = "Per-node agent token: `Node <key>` (manage.py create_node_token)"
-
-
-class LauncherAuthenticationScheme(KeyAuthenticationScheme):
-    target_class = LauncherAuthentication
-    name = "launcherAuth"
-    description = "Per-cluster launcher token: `Launcher <key>` (manage.py create_launcher_token)"

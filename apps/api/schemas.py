@@ -1,12 +1,11 @@
 """OpenAPI pieces every endpoint shares: the error body shapes, a postprocessing hook that
-documents the error responses DRF and the exception handler give on every operation, one that
-attaches the example bodies of `apps.api.examples`, and one that explains each status."""
+documents the error responses DRF and the exception handler give on every operation and one that
+attaches the example bodies of `apps.api.examples` (the one explaining each status of the
+scheduling API's enums: apps.scheduling.api.schemas.status_descriptions)."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse
-
-from apps.scheduling.choices import STATUS_HELP
 
 from .examples import EXAMPLES
 
@@ -104,20 +103,4 @@ def examples_attach(result, generator, request, public):
                 code, named = found["response"]
                 for body in operation.get("responses", {}).get(code, {}).get("content", {}).values():
                     body["examples"] = _examples(named)
-    return result
-
-
-# Status enum components and the kind of status each lists (the texts: apps.scheduling.choices).
-STATUS_ENUMS = {"JobStatusEnum": "job", "NodeStateEnum": "node", "ProposalStatusEnum": "proposal"}
-
-
-def status_descriptions(result, generator, request, public):
-    """drf-spectacular postprocessing hook: each status enum's description says what every
-    status means, from the same table as the dashboard's tooltips and glossary."""
-    schemas = result.get("components", {}).get("schemas", {})
-    for name, kind in STATUS_ENUMS.items():
-        if name in schemas:
-            help_ = STATUS_HELP[kind]
-            lines = [f"* `{value}`: {help_.get(value, '')}" for value in schemas[name].get("enum", [])]
-            schemas[name]["description"] = "\n".join(lines)
     return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from apps.api.authentication import node_tokens_forget
+from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.models import NodeToken
 
 from .agents.services import node_tokens_revoke

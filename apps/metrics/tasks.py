@@ -10,10 +10,12 @@ from celery import shared_task
 # Models are imported inside the tasks: settings import BEAT_SCHEDULE before apps are ready.
 COLLECT_INTERVAL_S = 15.0
 ROLLUP_INTERVAL_S = 60.0
+RETENTION_INTERVAL_S = 24 * 3600.0
 
 BEAT_SCHEDULE = {
     "metrics-collect-all-clusters": {"task": "metrics.collect_all_clusters", "schedule": COLLECT_INTERVAL_S},
     "metrics-rollup-and-retain": {"task": "metrics.rollup_and_retain", "schedule": ROLLUP_INTERVAL_S},
+    "metrics-retention": {"task": "metrics.retention", "schedule": RETENTION_INTERVAL_S},
 }
 
 
@@ -63,3 +65,12 @@ def rollup_and_retain_task() -> int:
     written = metrics_rollup()
     metrics_retain()
     return written
+
+
+@shared_task(name="metrics.retention", ignore_result=True)
+def retention_task() -> dict[str, int]:
+    """Delete or trim what is past its retention, metrics reports and scheduling rows alike (see
+    apps/metrics/retention.py)."""
+    from .retention import retention_apply
+
+    return retention_apply()

@@ -4,7 +4,7 @@
 queue instead of failing when a node goes down) and `stop_grace_s` (SIGTERM to SIGKILL, the
 checkpoint grace period of a migration or cancel). Every field is bounded; the variables the
 agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) and those that could redirect the code or
-devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.agent.env.denied_env`) cannot be set.
+devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.launch_contract.denied_env`) cannot be set.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from apps.agent.env import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied_env
+from apps.launch_contract import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied_env
 
 from .topology.checks import _Errors
 
@@ -30,7 +30,7 @@ MAX_WORKDIR_CHARS = 1024
 MAX_STOP_GRACE_S = 3600.0
 DEFAULT_STOP_GRACE_S = 30.0
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Set per rank by the agent (its launch contract): a job may not replace them.
+# Set per rank by every launcher (the launch contract): a job may not replace them.
 RESERVED_ENV = LAUNCH_CONTRACT
 RESERVED_ENV_PREFIX = LAUNCH_CONTRACT_PREFIX
 

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from apps.agent.env import nccl_ib_hca
+from apps.launch_contract import nccl_ib_hca
 
 FORMATS = ("openmpi", "slurm", "slurm-hostfile", "torchrun", "json")
 # How to use each file (the job page shows these).

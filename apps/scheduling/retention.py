@@ -1,9 +1,10 @@
-"""Retention: what the control plane keeps, and for how long.
+"""Retention of the scheduling app's rows: what it keeps, and for how long.
 
-Run daily by Celery beat (`scheduling.retention`) and by `manage.py retention`. Each kind of row
-has its own age limit (settings from TOPOWEB_RETAIN_*_DAYS; 0 keeps it forever):
+Part of the control plane's retention (`apps.metrics.retention.retention_apply`, run daily by the
+beat task `metrics.retention` and by `manage.py retention`), which also deletes old metrics
+reports. Each kind of row has its own age limit (settings from TOPOWEB_RETAIN_*_DAYS; 0 keeps it
+forever):
 
-- metrics reports (`JobReport`) older than RETAIN_REPORTS_DAYS;
 - rank records (`RankRun`) whose process exited before RETAIN_RANK_RECORDS_DAYS, unless their job
   has not finished and they are of its current generation (the job completes only once every
   rank of it exited 0), and before that the output tails they carry, emptied after
@@ -33,11 +34,14 @@ BATCH = 5000
 LAUNCH_KEYS = ("command", "env", "workdir")
 
 
-def _cutoff(days: float, now: datetime) -> datetime | None:
+def cutoff(days: float, now: datetime) -> datetime | None:
+    """The oldest time kept under a limit of `days` (None: 0 keeps forever)."""
     return None if days <= 0 else now - timedelta(days=days)
 
 
-def _delete_in_batches(queryset) -> int:
+def delete_in_batches(queryset) -> int:
+    """Delete the rows of `queryset`, BATCH at a time, each batch in its own transaction; returns
+    how many."""
     model = queryset.model
     total = 0
     while True:
@@ -49,16 +53,11 @@ def _delete_in_batches(queryset) -> int:
         total += len(ids)
 
 
-def retention_apply(*, now: datetime | None = None) -> dict[str, int]:
-    """Delete or trim what is past its retention; returns how many rows of each kind."""
-    from apps.metrics.models import JobReport
-
+def scheduling_retain(*, now: datetime | None = None) -> dict[str, int]:
+    """Delete or trim the scheduling rows past their retention; returns how many of each kind."""
     now = now or timezone.now()
-    done = dict.fromkeys(("reports", "output_tails", "rank_records", "job_specs", "cycles", "log_entries"), 0)
-    cut = _cutoff(settings.RETAIN_REPORTS_DAYS, now)
-    if cut:
-        done["reports"] = _delete_in_batches(JobReport.objects.filter(at__lt=cut))
-    cut = _cutoff(settings.RETAIN_OUTPUT_DAYS, now)
+    done = dict.fromkeys(("output_tails", "rank_records", "job_specs", "cycles", "log_entries"), 0)
+    cut = cutoff(settings.RETAIN_OUTPUT_DAYS, now)
     if cut:
         while True:
             ids = list(
@@ -69,19 +68,19 @@ def retention_apply(*, now: datetime | None = None) -> dict[str, int]:
             if not ids:
                 break
             done["output_tails"] += RankRun.objects.filter(pk__in=ids).update(log_tail="")
-    cut = _cutoff(settings.RETAIN_RANK_RECORDS_DAYS, now)
+    cut = cutoff(settings.RETAIN_RANK_RECORDS_DAYS, now)
     if cut:
         # Only records no job still counts on: a job that has not finished needs every exit of
         # its current generation to complete (an early exit 0 is one of them).
         needed = Q(job__generation=F("generation")) & ~Q(job__status__in=FINISHED_STATUSES)
-        done["rank_records"] = _delete_in_batches(RankRun.objects.filter(exited_at__lt=cut).exclude(needed))
-    cut = _cutoff(settings.RETAIN_JOB_SPECS_DAYS, now)
+        done["rank_records"] = delete_in_batches(RankRun.objects.filter(exited_at__lt=cut).exclude(needed))
+    cut = cutoff(settings.RETAIN_JOB_SPECS_DAYS, now)
     if cut:
         done["job_specs"] = _trim_specs(cut)
-    cut = _cutoff(settings.RETAIN_AUDIT_DAYS, now)
+    cut = cutoff(settings.RETAIN_AUDIT_DAYS, now)
     if cut:
-        done["cycles"] = _delete_in_batches(SchedulingCycle.objects.filter(started_at__lt=cut))
-        done["log_entries"] = _delete_in_batches(LogEntry.objects.filter(action_time__lt=cut))
+        done["cycles"] = delete_in_batches(SchedulingCycle.objects.filter(started_at__lt=cut))
+        done["log_entries"] = delete_in_batches(LogEntry.objects.filter(action_time__lt=cut))
     return done
 
 

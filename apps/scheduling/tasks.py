@@ -13,7 +13,6 @@ SCHEDULE_INTERVAL_S = 10.0
 PROPOSE_INTERVAL_S = 60.0
 RECONCILE_INTERVAL_S = 3.0
 RECONCILE_CHECK_INTERVAL_S = 60.0
-RETENTION_INTERVAL_S = 24 * 3600.0
 
 BEAT_SCHEDULE = {
     "scheduling-cycle-all-clusters": {
@@ -36,19 +35,7 @@ BEAT_SCHEDULE = {
         "task": "scheduling.propose_all_migrations",
         "schedule": PROPOSE_INTERVAL_S,
     },
-    "scheduling-retention": {
-        "task": "scheduling.retention",
-        "schedule": RETENTION_INTERVAL_S,
-    },
 }
-
-
-@shared_task(name="scheduling.retention", ignore_result=True)
-def retention_task() -> dict[str, int]:
-    """Delete or trim what is past its retention (see apps/scheduling/retention.py)."""
-    from .retention import retention_apply
-
-    return retention_apply()
 
 
 @shared_task(name="scheduling.schedule_cluster", ignore_result=True, bind=True)

@@ -20,7 +20,7 @@ from apps.executors.agents import services as agent_services
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, NodeAgent, RankRun
-from apps.scheduling.retention import retention_apply
+from apps.scheduling.retention import scheduling_retain
 from apps.scheduling.selectors import job_ranks
 
 from .agents import gpu_use_watch, kill_cgroups, kill_groups
@@ -104,7 +104,7 @@ def test_retention_while_a_job_with_an_early_exited_rank_runs_lets_it_complete(
     assert job.status == JobStatus.RUNNING
     # Its record is old enough for retention; the job still needs it to complete.
     RankRun.objects.filter(job=job, rank=0).update(exited_at=timezone.now() - timedelta(days=2))
-    retention_apply()
+    scheduling_retain()
     assert RankRun.objects.filter(job=job, rank=0).exists()
     wait_for(status_is(job, JobStatus.COMPLETED), timeout_s=30, what="the job to complete")
     assert not Allocation.objects.filter(job=job, live=True).exists()

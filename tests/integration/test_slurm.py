@@ -18,8 +18,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
 
-from apps.executors.slurm import sync as sync_module
 from apps.executors.models import ForeignAllocation, SlurmSubmission
+from apps.executors.slurm import sync as sync_module
 from apps.executors.slurm.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
 from apps.executors.slurm.rest import SlurmRest, group
 from apps.executors.slurm.script import RankSlot, submission

@@ -156,6 +156,12 @@ def test_rest_framework_defaults_match_the_api_contract():
         "agent_sync": "300/min",
     }
     assert "apps.api.throttling.ScopedCallerThrottle" in rf["DEFAULT_THROTTLE_CLASSES"]
+    # Views naming no authentication (the topology API) authenticate as the others do.
+    from rest_framework.settings import api_settings
+
+    from apps.scheduling.api.authentication import AUTHENTICATION
+
+    assert api_settings.DEFAULT_AUTHENTICATION_CLASSES == AUTHENTICATION
     assert rf["EXCEPTION_HANDLER"] == "apps.api.exceptions.exception_handler"
 
 

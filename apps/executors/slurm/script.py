@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from apps.agent.env import nccl_ib_hca
+from apps.launch_contract import nccl_ib_hca
 from apps.placement.convert.hostlist import compress
 
 COMMENT_PREFIX = "topoweb"

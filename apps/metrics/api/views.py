@@ -21,9 +21,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION, NodeAuthentication, launcher_of, node_token_of
+from apps.api.authentication import launcher_of, node_token_of
 from apps.api.pagination import StandardPagination
 from apps.scheduling import selectors as scheduling
+from apps.scheduling.api.authentication import AUTHENTICATION, NodeAuthentication
 from apps.scheduling.api.filters import NamedFilterBackend
 from apps.scheduling.choices import JobStatus
 

@@ -6,6 +6,7 @@ import django_filters
 from django_filters.rest_framework import DjangoFilterBackend
 
 from apps.api.filters import FilterSet, IdOrNameFilter, IntegerFilter
+from apps.topology.models import Gpu
 
 from ..choices import JobStatus, ProposalStatus
 from ..models import Job, MigrationProposal, SchedulingCycle
@@ -67,4 +68,19 @@ class SchedulingCycleFilter(FilterSet):
         fields = ["cluster", "placed_min", "status"]
 
 
-__all__ = ["JobFilter", "MigrationProposalFilter", "NamedFilterBackend", "SchedulingCycleFilter"]
+class GpuFilter(FilterSet):
+    """?cluster=<name or id>, ?node=<name>, ?index=, ?free=true (no live allocation)."""
+
+    cluster = IdOrNameFilter(path="node__cluster")
+    node = django_filters.CharFilter(field_name="node__name", label="node name")
+    free = django_filters.BooleanFilter(method="filter_free", label="true: no live allocation")
+
+    class Meta:
+        model = Gpu
+        fields = ["cluster", "node", "index", "free"]
+
+    def filter_free(self, queryset, name, value):
+        return queryset.filter(job__isnull=value)
+
+
+__all__ = ["GpuFilter", "JobFilter", "MigrationProposalFilter", "NamedFilterBackend", "SchedulingCycleFilter"]

@@ -14,7 +14,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION
 from apps.api.permissions import holds
 from apps.api.validation import int_param
 from apps.topology.models import Node
@@ -23,6 +22,7 @@ from .. import nodes, selectors
 from ..choices import NODE_STATE_FILTERS
 from ..models import RankRun
 from ..nodes import node_state_q
+from .authentication import AUTHENTICATION
 from .node_serializers import (
     DrainSerializer,
     NodeHealthSerializer,

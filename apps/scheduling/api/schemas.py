@@ -1,12 +1,15 @@
 """OpenAPI descriptions of the scheduling API's free-form bodies: the job spec v1 (request) and
 the placement and preview outputs (responses). These serializers only describe; the placement
-core's loader (`apps.placement.jobs.load_job`) validates."""
+core's loader (`apps.placement.jobs.load_job`) validates. And the postprocessing hook that
+explains each status of its enums (settings SPECTACULAR_SETTINGS POSTPROCESSING_HOOKS)."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
 from apps.placement.jobs import COLLECTIVES, GROUP_KINDS, POLICY_NAMES
+
+from ..choices import STATUS_HELP
 
 
 class ParallelismSchema(serializers.Serializer):
@@ -117,3 +120,19 @@ class PlacementPreviewSchema(serializers.Serializer):
 def spec_body(schema) -> dict:
     """The request body of a spec endpoint: `schema` in JSON and in YAML."""
     return {"application/json": schema, "application/yaml": schema, "text/yaml": schema}
+
+
+# Status enum components and the kind of status each lists (the texts: ..choices.STATUS_HELP).
+STATUS_ENUMS = {"JobStatusEnum": "job", "NodeStateEnum": "node", "ProposalStatusEnum": "proposal"}
+
+
+def status_descriptions(result, generator, request, public):
+    """drf-spectacular postprocessing hook: each status enum's description says what every
+    status means, from the same table as the dashboard's tooltips and glossary."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for name, kind in STATUS_ENUMS.items():
+        if name in schemas:
+            help_ = STATUS_HELP[kind]
+            lines = [f"* `{value}`: {help_.get(value, '')}" for value in schemas[name].get("enum", [])]
+            schemas[name]["description"] = "\n".join(lines)
+    return result

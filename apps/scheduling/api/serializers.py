@@ -8,6 +8,8 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
+from apps.topology.models import Gpu
+
 from ..models import Job, MigrationProposal, SchedulingCycle
 from ..selectors import spec_shown
 
@@ -177,4 +179,20 @@ class SchedulingCycleSerializer(serializers.ModelSerializer):
             "status",
             "error",
         ]
+        read_only_fields = fields
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    """A GPU: node, index, NVLink domain, NIC, and the job and rank holding it (null if free)."""
+
+    cluster = serializers.IntegerField(source="node.cluster_id", read_only=True)
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    domain = serializers.CharField(source="domain.name", read_only=True)
+    nic = serializers.CharField(source="nic.name", read_only=True, allow_null=True, default=None)
+    job = serializers.IntegerField(read_only=True, allow_null=True)
+    rank = serializers.IntegerField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Gpu
+        fields = ["id", "cluster", "node", "node_name", "index", "domain", "nic", "job", "rank"]
         read_only_fields = fields

@@ -6,6 +6,7 @@ from rest_framework.routers import SimpleRouter
 from .node_views import JobLogsView, NodeHealthViewSet, RankLogView
 from .views import (
     AccountListView,
+    GpuViewSet,
     JobViewSet,
     MigrationProposalViewSet,
     PlacementPreviewView,
@@ -16,6 +17,7 @@ router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("migrations", MigrationProposalViewSet, basename="migration")
 router.register("cycles", SchedulingCycleViewSet, basename="cycle")
+router.register("gpus", GpuViewSet, basename="gpu")
 router.register("node-health", NodeHealthViewSet, basename="node-health")
 
 urlpatterns = [

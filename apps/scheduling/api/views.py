@@ -1,4 +1,5 @@
-"""Scheduling REST views: jobs, lifecycle, placement, rank maps, preview, migrations, cycles.
+"""Scheduling REST views: jobs, lifecycle, placement, rank maps, preview, migrations, cycles, and
+GPUs with the job and rank holding each.
 
 Views validate and translate; every write is a service call.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -20,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION, launcher_of
+from apps.api.authentication import launcher_of
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import JOB_PARSERS, SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
@@ -35,17 +38,20 @@ from apps.api.schemas import STATE_ERROR as STATE_ERROR_BODY
 from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
+from apps.topology.models import Gpu
 
 from .. import accounts, rankmaps, selectors, services
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
-from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Job, MigrationProposal, SchedulingCycle
+from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Allocation, Job, MigrationProposal, SchedulingCycle
 from ..proposals import ProposalStateError
 from ..selectors import generation_master_port
-from .filters import JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
+from .authentication import AUTHENTICATION
+from .filters import GpuFilter, JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (
     LIST_COLUMNS,
+    GpuSerializer,
     JobFailSerializer,
     JobListSerializer,
     JobSerializer,
@@ -439,6 +445,26 @@ class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = SchedulingCycleFilter
     pagination_class = StandardPagination
     queryset = SchedulingCycle.objects.order_by("-started_at", "-id")
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPUs with the job and rank holding each (?cluster=, ?node=, ?free=true). Here rather than
+    with the topology API: who holds a GPU is a live allocation, which scheduling owns."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [IsAuthenticated]
+    pagination_class = StandardPagination
+    filter_backends = [DjangoFilterBackend]
+    serializer_class = GpuSerializer
+    filterset_class = GpuFilter
+
+    def get_queryset(self):
+        live = Allocation.objects.filter(gpu=OuterRef("pk"), live=True)
+        return (
+            Gpu.objects.select_related("node", "domain", "nic")
+            .annotate(job=Subquery(live.values("job_id")[:1]), rank=Subquery(live.values("rank")[:1]))
+            .order_by("node__cluster_id", "node__position", "node_id", "index")
+        )
 
 
 def priority_body(job: Job) -> dict:

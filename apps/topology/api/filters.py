@@ -7,7 +7,7 @@ import django_filters
 from apps.api.filters import FilterSet, IdOrNameFilter
 
 from ..choices import SwitchTier
-from ..models import Gpu, Link, Node, Switch
+from ..models import Link, Node, Switch
 
 
 class _ByCluster(FilterSet):
@@ -39,16 +39,3 @@ class NodeFilter(_ByCluster):
     class Meta:
         model = Node
         fields = ["cluster", "leaf", "name", "standalone"]
-
-
-class GpuFilter(_ByCluster):
-    cluster = IdOrNameFilter(path="node__cluster")
-    node = django_filters.CharFilter(field_name="node__name", label="node name")
-    free = django_filters.BooleanFilter(method="filter_free", label="true: no live allocation")
-
-    class Meta:
-        model = Gpu
-        fields = ["cluster", "node", "index", "free"]
-
-    def filter_free(self, queryset, name, value):
-        return queryset.filter(job__isnull=value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Cluster, Gpu, Link, Node, Switch
+from ..models import Cluster, Link, Node, Switch
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -87,20 +87,4 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpu_count",
             "nics",
         ]
-        read_only_fields = fields
-
-
-class GpuSerializer(serializers.ModelSerializer):
-    """A GPU: node, index, NVLink domain, NIC, and the job and rank holding it (null if free)."""
-
-    cluster = serializers.IntegerField(source="node.cluster_id", read_only=True)
-    node_name = serializers.CharField(source="node.name", read_only=True)
-    domain = serializers.CharField(source="domain.name", read_only=True)
-    nic = serializers.CharField(source="nic.name", read_only=True, allow_null=True, default=None)
-    job = serializers.IntegerField(read_only=True, allow_null=True)
-    rank = serializers.IntegerField(read_only=True, allow_null=True)
-
-    class Meta:
-        model = Gpu
-        fields = ["id", "cluster", "node", "node_name", "index", "domain", "nic", "job", "rank"]
         read_only_fields = fields

@@ -3,14 +3,13 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import ClusterImportView, ClusterViewSet, GpuViewSet, LinkViewSet, NodeViewSet, SwitchViewSet
+from .views import ClusterImportView, ClusterViewSet, LinkViewSet, NodeViewSet, SwitchViewSet
 
 router = SimpleRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("switches", SwitchViewSet, basename="switch")
 router.register("links", LinkViewSet, basename="link")
 router.register("nodes", NodeViewSet, basename="node")
-router.register("gpus", GpuViewSet, basename="gpu")
 
 urlpatterns = [
     path("imports/<int:pk>/", ClusterImportView.as_view(), name="cluster-import-status"),

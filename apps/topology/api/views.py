@@ -1,11 +1,16 @@
-"""Topology REST views: clusters (import, export, settings) and read-only switches, links,
-nodes and GPUs. Writes go through apps.topology.services."""
+"""Topology REST views: clusters (import, export, settings) and read-only switches, links and
+nodes. Writes go through apps.topology.services. GPUs, listed with the job and rank holding each,
+are scheduling's (apps/scheduling/api/views.py: GpuViewSet), as the allocations are.
+
+The views name no authentication classes: they take the project's default (settings REST_FRAMEWORK
+DEFAULT_AUTHENTICATION_CLASSES: user tokens, sessions, launcher tokens), which is the scheduling
+API's AUTHENTICATION; topology does not import the scheduling app that owns the launcher tokens."""
 
 from __future__ import annotations
 
 import re
 
-from django.db.models import Count, OuterRef, Prefetch, Subquery
+from django.db.models import Count, Prefetch
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -20,7 +25,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api import roles
-from apps.api.authentication import AUTHENTICATION
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import SPEC_PARSERS
 from apps.api.permissions import ModelPermissions
@@ -30,16 +34,14 @@ from apps.api.validation import check_body, field_error, object_body, shown
 from apps.placement.convert import IMPORTERS, MEDIA_TYPES, Source
 from apps.placement.convert.base import MAX_SOURCE_BYTES
 from apps.placement.topology import TOPOLOGY_LIMITS, SpecError, parse_spec_text
-from apps.scheduling.models import Allocation
 
 from .. import conversion, selectors, services
-from ..models import Cluster, ClusterImport, Gpu, Link, Nic, Node, Switch
-from .filters import GpuFilter, LinkFilter, NodeFilter, SwitchFilter
+from ..models import Cluster, ClusterImport, Link, Nic, Node, Switch
+from .filters import LinkFilter, NodeFilter, SwitchFilter
 from .renderers import CONVERTED_FORMATS, CONVERTED_RENDERERS
 from .schemas import IMPORT_BODY, TOPOLOGY_SPEC
 from .serializers import (
     ClusterSerializer,
-    GpuSerializer,
     LinkSerializer,
     NodeSerializer,
     SwitchSerializer,
@@ -77,7 +79,6 @@ class ClusterViewSet(
 ):
     """Clusters: read for every signed-in user; writes by Django model permission, as in the admin."""
 
-    authentication_classes = AUTHENTICATION
     permission_classes = [ModelPermissions]
     serializer_class = ClusterSerializer
     pagination_class = StandardPagination
@@ -219,7 +220,6 @@ def _converted_from_request(request: Request, fmt: str) -> tuple[dict, list[str]
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):
-    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
     pagination_class = StandardPagination
     filter_backends = [DjangoFilterBackend]
@@ -254,21 +254,6 @@ class NodeViewSet(_ReadOnly):
     )
 
 
-class GpuViewSet(_ReadOnly):
-    """GPUs with the job and rank holding each (?cluster=, ?node=, ?free=true)."""
-
-    serializer_class = GpuSerializer
-    filterset_class = GpuFilter
-
-    def get_queryset(self):
-        live = Allocation.objects.filter(gpu=OuterRef("pk"), live=True)
-        return (
-            Gpu.objects.select_related("node", "domain", "nic")
-            .annotate(job=Subquery(live.values("job_id")[:1]), rank=Subquery(live.values("rank")[:1]))
-            .order_by("node__cluster_id", "node__position", "node_id", "index")
-        )
-
-
 def import_url(job: ClusterImport) -> str:
     return f"/api/v1/imports/{job.pk}/"
 
@@ -293,7 +278,6 @@ def import_body(job: ClusterImport) -> dict:
 class ClusterImportView(APIView):
     """A background import's progress (`?background=true` on the import): who may import may read it."""
 
-    authentication_classes = AUTHENTICATION
     permission_classes = [IsAuthenticated]
 
     @extend_schema(

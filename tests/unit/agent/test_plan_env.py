@@ -104,7 +104,7 @@ def test_a_ranks_environment_is_clean_and_keeps_the_contract():
 
 
 def test_the_launch_contract_is_what_the_agent_sets_and_what_a_job_spec_is_refused():
-    from apps.agent.env import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX
+    from apps.launch_contract import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX
     from apps.placement.jobs import load_job
     from apps.placement.topology import SpecError
 

@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.api.authentication import node_tokens_forget
 from apps.executors.agents import selectors as agent_selectors
 from apps.executors.agents import services as agents
 from apps.executors.agents import wakeups
 from apps.scheduling import services
+from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks

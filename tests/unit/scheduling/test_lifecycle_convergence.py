@@ -13,7 +13,7 @@ from apps.executors.agents import services as agents
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Allocation, NodeAgent, RankRun
-from apps.scheduling.retention import retention_apply
+from apps.scheduling.retention import scheduling_retain
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 
@@ -128,7 +128,7 @@ def test_retention_keeps_the_early_exit_of_a_running_job_so_it_completes(
     )
     # Rank 0 finished its part long ago; the others still run.
     RankRun.objects.filter(job=job, rank=0).update(exited_at=timezone.now() - timedelta(days=3))
-    retention_apply()
+    scheduling_retain()
     assert RankRun.objects.filter(job=job, rank=0).exists()
     rest = [
         {"job": job.pk, "generation": 1, "rank": r, "event": "exited", "exit_code": 0}
@@ -141,7 +141,7 @@ def test_retention_keeps_the_early_exit_of_a_running_job_so_it_completes(
     assert free(case44) == 16
     # Once the job finished, its old records are retention's again.
     RankRun.objects.filter(job=job).update(exited_at=timezone.now() - timedelta(days=3))
-    assert retention_apply()["rank_records"] == 8
+    assert scheduling_retain()["rank_records"] == 8
 
 
 def test_a_requeued_job_of_a_down_node_waits_for_its_fence_deadline_before_it_is_placed_again(

@@ -16,10 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api.authentication import NodeAuthentication, node_token_of
+from apps.api.authentication import node_token_of
 from apps.api.parsers import parse_spec_body
 from apps.api.throttling import NodeSyncThrottle
 from apps.placement.topology import SpecLimits
+from apps.scheduling.api.authentication import NodeAuthentication
 from apps.topology.retry import retry_when_locked
 
 from .. import services as agents

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from apps.scheduling.retention import retention_apply
+from apps.metrics.retention import retention_apply
 
 
 class Command(BaseCommand):

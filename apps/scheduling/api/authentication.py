@@ -1,0 +1,84 @@
+"""Authentication of the scheduling app's key credentials: per-cluster launcher tokens
+(`Authorization: Launcher <key>`) and per-node agent tokens (`Authorization: Node <key>`), on
+the API's KeyAuthentication (apps/api/authentication.py), next to the models they look up.
+
+AUTHENTICATION is the API's standard list, in order: user tokens, sessions, launcher tokens; the
+project's default (settings REST_FRAMEWORK DEFAULT_AUTHENTICATION_CLASSES) names the same classes,
+so views that name none (the topology API) authenticate alike.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework.authentication import SessionAuthentication
+
+from apps.api.authentication import KeyAuthentication, KeyAuthenticationScheme, TokenAuthentication
+
+from ..agent_models import node_key_hash
+from ..models import LauncherToken, NodeToken
+
+# A node token's `last_used` is written at most every NODE_LAST_USED_S seconds.
+NODE_LAST_USED_S = 300.0
+
+
+class LauncherAuthentication(KeyAuthentication):
+    """Authenticates a launcher by its per-cluster token; `request.auth` is the LauncherToken."""
+
+    keyword = "Launcher"
+    caller = "launcher"
+    key_max = 100
+    unknown = "Invalid launcher token."
+    cache_size = 1024
+    cache: dict[str, tuple[LauncherToken, float]] = {}
+
+    def _lookup(self, ident: str) -> LauncherToken | None:
+        return LauncherToken.objects.select_related("cluster").filter(key=ident).first()
+
+
+class NodeAuthentication(KeyAuthentication):
+    """Authenticates a node agent by its node token; `request.auth` is the NodeToken (with its
+    node and cluster): only the agent views let it in. Keys are known by their hash."""
+
+    keyword = "Node"
+    caller = "node"
+    key_max = 200
+    unknown = "Invalid or revoked node token."
+    cache_size = 65536
+    cache: dict[str, tuple[NodeToken, float]] = {}
+
+    def _ident(self, key: str) -> str:
+        return node_key_hash(key)
+
+    def _lookup(self, ident: str) -> NodeToken | None:
+        token = (
+            NodeToken.objects.select_related("node__cluster")
+            .filter(key_hash=ident, revoked_at__isnull=True)
+            .first()
+        )
+        if token is not None:
+            wall = timezone.now()
+            if token.last_used is None or (wall - token.last_used).total_seconds() >= NODE_LAST_USED_S:
+                NodeToken.objects.filter(pk=token.pk).update(last_used=wall)
+                token.last_used = wall
+        return token
+
+
+def node_tokens_forget() -> None:
+    """Drop every remembered node token (after a revocation)."""
+    NodeAuthentication.cache.clear()
+
+
+# Every API view authenticates with these, in this order (the project's default names the same).
+AUTHENTICATION = [TokenAuthentication, SessionAuthentication, LauncherAuthentication]
+
+
+class NodeAuthenticationScheme(KeyAuthenticationScheme):
+    target_class = NodeAuthentication
+    name = "nodeAuth"
+    description = "Per-node agent token: `Node <key>` (manage.py create_node_token)"
+
+
+class LauncherAuthenticationScheme(KeyAuthenticationScheme):
+    target_class = LauncherAuthentication
+    name = "launcherAuth"
+    description = "Per-cluster launcher token: `Launcher <key>` (manage.py create_launcher_token)"

@@ -1,0 +1,62 @@
+"""`serve_embedded`: the embedded default's web server (the dashboard's command, the top app: it
+starts scheduling's, metrics' and the executors' in-process background work)."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """GET url, retrying until the server answers or timeout_s passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_serve_embedded_serves_health_and_static_files_with_debug_off(tmp_path):
+    port = free_port()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONUNBUFFERED": "1",
+        "TOPOWEB_TESTING": "1",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_embedded", "--addr", f"127.0.0.1:{port}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert (status, json.loads(body)) == (200, {"status": "ok", "database": "sqlite"})
+        status, body = get(f"http://127.0.0.1:{port}/static/admin/css/base.css")
+        assert status == 200 and b"{" in body
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=10)[0].decode()
+    assert "TopoWeb on http://127.0.0.1:" in output
+    assert "Watching for file changes" not in output
+    assert "No directory at" not in output
