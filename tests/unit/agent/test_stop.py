@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -162,10 +163,14 @@ def test_a_rank_without_a_record_whose_cgroup_holds_processes_is_stopped_before_
     agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, cgroups=cgroups)
     group = cgroups.create("job-5-gen-1-rank-3")
     # A rank that ignores SIGTERM: only the kill after the grace period ends it.
-    orphan = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    ready = tmp_path / "ready"
+    orphan = subprocess.Popen(["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.1; done"])
     try:
         for procs in group.procs_files():
             Path(procs).write_text(str(orphan.pid))
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
         async def answer():
             agent._wake = asyncio.Event()
