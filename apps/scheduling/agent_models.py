@@ -20,12 +20,13 @@ from .choices import NodeState, RankState
 LOG_TAIL_CHARS = 8192
 
 
-class NodeAgent(models.Model):
-    """A node's agent and health: `state` up | draining | drained | down, when it was last heard
-    from, what it runs, and the GPUs it reported unhealthy (`unhealthy_gpus`: list of
-    {"gpu": index, "reason": text}); `state_since` is when `state` last changed. A node without a
-    row has never had an agent: it takes placements (an outside launcher may run its jobs), and
-    the pages show it as "no agent", not as up."""
+class NodeHealth(models.Model):
+    """A node's health, whoever reports it (its node agent's heartbeats, or a Slurm sync): `state`
+    up | draining | drained | down, when it was last heard from, what it runs, and the GPUs
+    reported unhealthy (`unhealthy_gpus`: list of {"gpu": index, "reason": text}); `state_since`
+    is when `state` last changed. A node without a row has never had an agent: it takes
+    placements (an outside launcher may run its jobs), and the pages show it as "no agent", not
+    as up. Its table keeps the name it had as NodeAgent; `node.agent` reaches it."""
 
     node = models.OneToOneField("topology.Node", on_delete=models.CASCADE, related_name="agent")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.UP)
@@ -47,6 +48,7 @@ class NodeAgent(models.Model):
     )
 
     class Meta:
+        db_table = "scheduling_nodeagent"
         ordering = ["node_id"]
         indexes = [models.Index(fields=["state", "last_seen"], name="nodeagent_state_seen")]
 
