@@ -23,9 +23,9 @@ from apps.metrics import selectors as metrics
 from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
-from apps.scheduling.agent_models import NodeHealth
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState, RankState
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
+from apps.scheduling.node_models import NodeHealth
 from apps.scheduling.nodes import node_state_map, shown_state
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER

@@ -279,7 +279,7 @@ class LauncherToken(models.Model):
 
 
 from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
-from .agent_models import (  # noqa: E402  (models of the launch loop)
+from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeHealth,
     NodeToken,
     RankLogChunk,

@@ -24,11 +24,11 @@ from django.utils import timezone
 
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.agent_models import new_node_key, node_key_hash
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.cycle import queue_cycle
 from apps.scheduling.lifecycle import RankEvent as RankReport
 from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankLogChunk, RankRun
+from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.nodes import node_down
 from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Node

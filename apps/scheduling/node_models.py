@@ -1,7 +1,8 @@
-"""What the node agents tell the server: each node's health and each rank process's life.
-
-Imported by `models.py` (Django finds models there); kept apart so the launch loop's rows live
-in their own module and migration.
+"""The nodes and the ranks, whichever executor runs them: each node's health (`NodeHealth`), each
+rank process's life (`RankRun`) and output (`RankLogChunk`), the nodes' credentials (`NodeToken`:
+the node agent's sync and a node's metrics push) and the Unix account each user's ranks run as
+(`UnixAccount`: the node agents and Slurm alike). Imported by `models.py` (Django finds models
+there). The agents' server code that writes most of them is in `apps/executors/agents/`.
 """
 
 from __future__ import annotations
