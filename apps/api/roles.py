@@ -31,7 +31,7 @@ VIEW_ALL = (
     "topology.view_gpu",
     "topology.view_gpumodel",
     "topology.view_nvlinkdomain",
-    "scheduling.view_nodeagent",
+    "scheduling.view_nodehealth",
     "scheduling.view_rankrun",
 )
 ROLES: dict[str, tuple[str, ...]] = {
@@ -43,7 +43,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "scheduling.change_job",
         "scheduling.change_migrationproposal",
         "topology.change_cluster",
-        "scheduling.change_nodeagent",
+        "scheduling.change_nodehealth",
     ),
     # Every permission of APPS (see roles_ensure).
     "admin": (),
@@ -56,7 +56,7 @@ DECIDE_MIGRATIONS = "scheduling.change_migrationproposal"
 SEE_CYCLES = "scheduling.view_schedulingcycle"
 IMPORT_CLUSTERS = "topology.add_cluster"
 CHANGE_CLUSTERS = "topology.change_cluster"
-MANAGE_NODES = "scheduling.change_nodeagent"
+MANAGE_NODES = "scheduling.change_nodehealth"
 
 
 def can(user: AbstractBaseUser | AnonymousUser | None, perm: str) -> bool:

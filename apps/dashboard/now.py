@@ -28,7 +28,7 @@ from apps.scheduling.choices import (
     ProposalStatus,
     RankState,
 )
-from apps.scheduling.models import Job, MigrationProposal, NodeAgent, RankRun
+from apps.scheduling.models import Job, MigrationProposal, NodeHealth, RankRun
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Cluster
 
@@ -49,7 +49,7 @@ def broken_nodes() -> list[dict]:
     within a state the longest in it first."""
     order = {NodeState.DOWN: 0, NodeState.DRAINED: 1, NodeState.DRAINING: 2}
     rows = (
-        NodeAgent.objects.exclude(state=NodeState.UP)
+        NodeHealth.objects.exclude(state=NodeState.UP)
         .select_related("node__cluster")
         .only("state", "reason", "state_since", "last_seen", "node__name", "node__cluster__name")
     )
@@ -72,7 +72,7 @@ def broken_nodes() -> list[dict]:
 def unhealthy_gpus() -> list[dict]:
     """GPUs the agents reported unhealthy (XID errors, missing from nvidia-smi), by node."""
     rows = (
-        NodeAgent.objects.exclude(unhealthy_gpus=[])
+        NodeHealth.objects.exclude(unhealthy_gpus=[])
         .select_related("node__cluster")
         .order_by("node__cluster__name", "node__position", "node_id")
     )
@@ -152,7 +152,7 @@ def agents_behind() -> list[dict]:
     now = timezone.now()
     late = now - timedelta(seconds=AGENT_LATE_FRACTION * down_after_s())
     rows = (
-        NodeAgent.objects.exclude(state=NodeState.DOWN)
+        NodeHealth.objects.exclude(state=NodeState.DOWN)
         .filter(last_seen__lt=late)
         .select_related("node__cluster")
         .order_by("last_seen")[:LISTED]

@@ -23,9 +23,9 @@ from apps.metrics import selectors as metrics
 from apps.metrics.models import GpuLatest, NicLatest, NodeScrape
 from apps.placement.jobs import load_job
 from apps.placement.topology import Topology
-from apps.scheduling.agent_models import NodeAgent
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, NodeState, RankState
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
+from apps.scheduling.node_models import NodeHealth
 from apps.scheduling.nodes import node_state_map, shown_state
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
@@ -234,7 +234,7 @@ def graph_signature(*, cluster: Cluster, user) -> tuple:
     )
     stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
     viewer = "all" if roles.sees_all_jobs(user) else user.pk
-    agents = NodeAgent.objects.filter(node__cluster=cluster)
+    agents = NodeHealth.objects.filter(node__cluster=cluster)
     marked = tuple(
         agents.filter(~Q(state=NodeState.UP) | ~Q(unhealthy_gpus=[]) | Q(last_seen__isnull=True))
         .order_by("node_id")
@@ -298,7 +298,7 @@ def node_overview(*, node: Node, user) -> dict:
     """Everything the node page shows: each GPU (NVLink domain, NIC, job and rank, health, latest
     measurement), each NIC (speed, leaf, the GPUs using it, measured rates), the jobs on it now and
     the last finished ones, and the agent's health. Jobs are labelled as `user` may see them."""
-    agent = NodeAgent.objects.filter(node=node).first()
+    agent = NodeHealth.objects.filter(node=node).first()
     unhealthy = {
         int(g.get("gpu", -1)): str(g.get("reason", "")) for g in (agent.unhealthy_gpus if agent else ())
     }

@@ -19,7 +19,7 @@ from .models import (
     Job,
     LauncherToken,
     MigrationProposal,
-    NodeAgent,
+    NodeHealth,
     SchedulingCycle,
     UnixAccount,
 )
@@ -172,8 +172,8 @@ class LauncherTokenAdmin(admin.ModelAdmin):
     readonly_fields = ["key", "created_at"]
 
 
-@admin.register(NodeAgent)
-class NodeAgentAdmin(admin.ModelAdmin):
+@admin.register(NodeHealth)
+class NodeHealthAdmin(admin.ModelAdmin):
     """Node health: drain (the reason field says why) and resume through the services."""
 
     list_display = ["node", "state", "reason", "last_seen", "version", "running"]

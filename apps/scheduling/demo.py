@@ -24,7 +24,7 @@ from apps.topology.retry import retry_when_locked
 
 from . import services
 from .choices import FINISHED_STATUSES, JobStatus
-from .models import Account, AccountLimit, AccountMembership, Allocation, Job, NodeAgent
+from .models import Account, AccountLimit, AccountMembership, Allocation, Job, NodeHealth
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +322,10 @@ def demo_maintenance() -> str | None:
     from .nodes import node_drain
 
     cluster = Cluster.objects.filter(name=SU).first()
-    if cluster is None or NodeAgent.objects.filter(node__cluster=cluster, reason=MAINTENANCE_REASON).exists():
+    if (
+        cluster is None
+        or NodeHealth.objects.filter(node__cluster=cluster, reason=MAINTENANCE_REASON).exists()
+    ):
         return None
     busy = Allocation.objects.filter(live=True, gpu__node__cluster=cluster).values("gpu__node_id")
     node = Node.objects.filter(cluster=cluster).exclude(pk__in=busy).order_by("-position", "-id").first()

@@ -279,8 +279,8 @@ class LauncherToken(models.Model):
 
 
 from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
-from .agent_models import (  # noqa: E402  (models of the launch loop)
-    NodeAgent,
+from .node_models import (  # noqa: E402  (nodes and ranks)
+    NodeHealth,
     NodeToken,
     RankLogChunk,
     RankRun,
@@ -297,7 +297,7 @@ __all__ = [
     "Job",
     "LauncherToken",
     "MigrationProposal",
-    "NodeAgent",
+    "NodeHealth",
     "NodeToken",
     "OccupancyChange",
     "RankLogChunk",

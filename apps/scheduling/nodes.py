@@ -16,7 +16,7 @@ from apps.topology.models import Node
 from . import executor, lifecycle
 from .choices import ACTIVE_STATUSES, NO_AGENT, SHOWN_NODE_STATES, UNHEALTHY, NodeState
 from .cycle import queue_cycle
-from .models import Allocation, Job, NodeAgent
+from .models import Allocation, Job, NodeHealth
 
 
 def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[int]:
@@ -28,7 +28,7 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
     now = now or timezone.now()
     touched: list[int] = []
     with transaction.atomic():
-        NodeAgent.objects.update_or_create(
+        NodeHealth.objects.update_or_create(
             node=node, defaults={"state": NodeState.DOWN, "reason": reason, "state_since": now}
         )
         job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
@@ -40,10 +40,10 @@ def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[i
     return touched
 
 
-def node_drain(*, node: Node, reason: str) -> NodeAgent:
+def node_drain(*, node: Node, reason: str) -> NodeHealth:
     """Take no new placements on the node; running jobs finish, then it is drained."""
     with transaction.atomic():
-        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        agent, _ = NodeHealth.objects.select_for_update().get_or_create(node=node)
         before = agent.state
         if agent.state != NodeState.DOWN:
             busy = Allocation.objects.filter(live=True, gpu__node=node).exists()
@@ -55,11 +55,11 @@ def node_drain(*, node: Node, reason: str) -> NodeAgent:
         return agent
 
 
-def node_resume(*, node: Node) -> NodeAgent:
+def node_resume(*, node: Node) -> NodeHealth:
     """Return a drained or draining node to service and clear its unhealthy GPUs (a down node
     comes back by itself at its next heartbeat)."""
     with transaction.atomic():
-        agent, _ = NodeAgent.objects.select_for_update().get_or_create(node=node)
+        agent, _ = NodeHealth.objects.select_for_update().get_or_create(node=node)
         if agent.state in (NodeState.DRAINING, NodeState.DRAINED) or agent.state_since is None:
             agent.state_since = timezone.now()
         if agent.state in (NodeState.DRAINING, NodeState.DRAINED):
@@ -71,7 +71,7 @@ def node_resume(*, node: Node) -> NodeAgent:
         return agent
 
 
-def shown_state(agent: NodeAgent | None) -> str:
+def shown_state(agent: NodeHealth | None) -> str:
     """The node's state as the pages show it: its agent's state, or "no_agent" when no agent ever
     reported (no row, or an up row without a heartbeat)."""
     if agent is None or (agent.state == NodeState.UP and agent.last_seen is None):
@@ -127,7 +127,7 @@ def node_state_map(*, cluster_id: int) -> dict[str, dict[str, Any]]:
     """Nodes not simply up, by name: {"state", "reason", "since", "unhealthy": [GPU index]}; a
     node with no agent row at all is "no_agent" too."""
     out: dict[str, dict[str, Any]] = {}
-    rows = NodeAgent.objects.filter(node__cluster_id=cluster_id).values_list(
+    rows = NodeHealth.objects.filter(node__cluster_id=cluster_id).values_list(
         "node__name", "state", "reason", "state_since", "last_seen", "unhealthy_gpus"
     )
     seen = set()
@@ -150,7 +150,7 @@ def cluster_health(*, cluster_id: int) -> dict[str, Any]:
     reported from counts as "no_agent", not up), nodes not up with their reasons and since when,
     and unhealthy GPUs as "node:index (reason)"."""
     rows = list(
-        NodeAgent.objects.filter(node__cluster_id=cluster_id)
+        NodeHealth.objects.filter(node__cluster_id=cluster_id)
         .order_by("node__position", "node_id")
         .values_list("node__name", "state", "reason", "unhealthy_gpus", "last_seen", "state_since")
     )

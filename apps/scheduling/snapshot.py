@@ -31,7 +31,7 @@ from apps.topology.services import cluster_topology
 
 from .choices import ACTIVE_STATUSES, UNSCHEDULABLE_NODE_STATES, WAITING_STATUSES, JobStatus, RankState
 from .executor import foreign_holds
-from .models import Allocation, Job, NodeAgent, RankRun
+from .models import Allocation, Job, NodeHealth, RankRun
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) 
     uplinks (GB/s by leaf name): the cluster executor's `foreign_gbps_per_gpu` for each GPU of a
     job that spans leaf switches (their traffic is otherwise unknown)."""
     rows = (
-        NodeAgent.objects.filter(node__cluster=cluster)
+        NodeHealth.objects.filter(node__cluster=cluster)
         .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]))
         .values_list("node__name", "state", "unhealthy_gpus")
     )

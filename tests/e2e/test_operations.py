@@ -30,22 +30,22 @@ def both_themes(page, name: str, selector: str | None = None) -> None:
 
 def _break_nodes(cluster):
     """The last node of pod-256 down, the one before drained, one GPU of the third-last unhealthy."""
-    from apps.scheduling.models import NodeAgent
+    from apps.scheduling.models import NodeHealth
     from apps.topology.models import Node
 
     nodes = list(Node.objects.filter(cluster=cluster).order_by("-position")[:3])
     now = timezone.now()
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=nodes[0], state="down", reason="no heartbeat for 180 s", last_seen=now, state_since=now
     )
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=nodes[1],
         state="drained",
         reason="IB cable swap",
         last_seen=now,
         state_since=now - timedelta(hours=2),
     )
-    NodeAgent.objects.create(node=nodes[2], last_seen=now, unhealthy_gpus=[{"gpu": 1, "reason": "XID 79"}])
+    NodeHealth.objects.create(node=nodes[2], last_seen=now, unhealthy_gpus=[{"gpu": 1, "reason": "XID 79"}])
     return [n.name for n in nodes]
 
 
@@ -79,7 +79,7 @@ def test_node_states_show_on_the_graph_and_leave_the_free_count(laptop, live_ser
 
 
 def test_now_page_lists_the_broken_and_refreshes_itself(laptop, live_server, scenario):
-    from apps.scheduling.models import Job, NodeAgent, RankRun
+    from apps.scheduling.models import Job, NodeHealth, RankRun
     from apps.topology.models import Node
 
     names = _break_nodes(scenario["pod"])
@@ -109,7 +109,7 @@ def test_now_page_lists_the_broken_and_refreshes_itself(laptop, live_server, sce
     page.go_back()
     # A node goes down while the page is open: it shows without a reload.
     node = Node.objects.get(cluster=scenario["case"], name="node-a")
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=node, state="down", reason="power", last_seen=timezone.now(), state_since=timezone.now()
     )
     expect(page.locator("#now-nodes tbody tr")).to_have_count(3)

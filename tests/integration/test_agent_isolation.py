@@ -21,7 +21,7 @@ import pytest
 from apps.executors.agents import services as agent_services
 from apps.scheduling import nodes, services
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import NodeAgent, RankRun, UnixAccount
+from apps.scheduling.models import NodeHealth, RankRun, UnixAccount
 from apps.scheduling.selectors import job_ranks
 from apps.topology.models import Node
 
@@ -183,7 +183,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
     # The fenced ranks took their 2 s checkpoint first: the next job came after their end.
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
     assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
-    assert NodeAgent.objects.get(node__name="node-a", node__cluster=cluster).state == NodeState.UP
+    assert NodeHealth.objects.get(node__name="node-a", node__cluster=cluster).state == NodeState.UP
 
 
 def test_a_partition_by_a_cut_connection_fences_the_ranks(

@@ -19,7 +19,7 @@ from apps.executors.agents import services as agent_services
 from apps.placement.topology import read_spec_file
 from apps.scheduling import nodes, services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
-from apps.scheduling.models import Allocation, Job, MigrationProposal, NodeAgent, RankRun
+from apps.scheduling.models import Allocation, Job, MigrationProposal, NodeHealth, RankRun
 from apps.scheduling.selectors import job_ranks
 from apps.topology import services as topology_services
 from apps.topology.models import Node
@@ -228,7 +228,7 @@ def test_a_killed_agent_makes_its_node_down_and_its_jobs_fail_or_requeue(agents,
         timeout_s=15,
         what="the node to be marked down",
     )
-    assert NodeAgent.objects.get(node__name=victim, node__cluster=cluster).state == NodeState.DOWN
+    assert NodeHealth.objects.get(node__name=victim, node__cluster=cluster).state == NodeState.DOWN
     plain.refresh_from_db()
     again.refresh_from_db()
     assert plain.status == JobStatus.FAILED and victim in plain.pending_reason
@@ -257,7 +257,7 @@ def test_drain_then_resume_with_a_running_job(agents, user, tmp_path):
     waiting = services.job_submit(user=user, spec=spec(tmp_path, "next", 16, BEHAVIOUR="exit"))
     wait_for(status_is(job, JobStatus.COMPLETED), what="the running job to finish")
     agent_services.nodes_check(cluster=job.cluster)
-    assert NodeAgent.objects.get(node=node).state == NodeState.DRAINED
+    assert NodeHealth.objects.get(node=node).state == NodeState.DRAINED
     waiting.refresh_from_db()
     assert waiting.status == JobStatus.QUEUED
     nodes.node_resume(node=node)
@@ -385,7 +385,7 @@ def test_nul_and_invalid_utf8_output_keeps_the_node_up_and_every_log_whole(agent
     )
     text = "".join(RankLogChunk.objects.filter(run=run).order_by("offset").values_list("text", flat=True))
     assert text == expected.decode("utf-8", "replace").replace("\x00", "\ufffd")
-    assert set(NodeAgent.objects.values_list("state", flat=True)) == {NodeState.UP}
+    assert set(NodeHealth.objects.values_list("state", flat=True)) == {NodeState.UP}
     second = services.job_submit(user=user, spec=spec(tmp_path, "after", 16))
     wait_for(status_is(second, JobStatus.COMPLETED, JobStatus.FAILED), what="the next job to finish")
     assert second.status == JobStatus.COMPLETED, second.pending_reason

@@ -19,7 +19,7 @@ from django.utils import timezone
 from apps.executors.agents import services as agent_services
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
-from apps.scheduling.models import Allocation, NodeAgent, RankRun
+from apps.scheduling.models import Allocation, NodeHealth, RankRun
 from apps.scheduling.retention import scheduling_retain
 from apps.scheduling.selectors import job_ranks
 
@@ -171,7 +171,7 @@ def test_a_requeued_job_never_runs_beside_its_old_generation_behind_a_frozen_age
     assert {r.exit_code for r in old} == {-9}
     assert {r["node"] for r in job_ranks(job=job)} <= {node, other}
     wait_for(
-        lambda: NodeAgent.objects.get(node__name=node, node__cluster=job.cluster).state == NodeState.UP,
+        lambda: NodeHealth.objects.get(node__name=node, node__cluster=job.cluster).state == NodeState.UP,
         what="the node back up once its old ranks are gone",
     )
     services.job_cancel(job=job)

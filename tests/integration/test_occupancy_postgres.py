@@ -15,7 +15,7 @@ from apps.placement.topology import read_spec_file
 from apps.scheduling import cycle, lifecycle, occupancy, services
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import JobStatus, NodeState, RankState
-from apps.scheduling.models import Allocation, ClusterOccupancy, Job, NodeAgent, OccupancyChange, RankRun
+from apps.scheduling.models import Allocation, ClusterOccupancy, Job, NodeHealth, OccupancyChange, RankRun
 from apps.topology import services as topology_services
 from apps.topology.models import Cluster, Gpu
 from tests.integration.test_scheduling_postgres import EXAMPLES
@@ -167,7 +167,7 @@ def test_rank_starts_node_states_and_the_job_s_own_fields_reach_the_kept_occupan
     )
     services.job_start(job=job)
     Job.objects.filter(pk=job.pk).update(priority=7, flows={"leaf-x": 3.5})
-    NodeAgent.objects.create(node_id=rows[0].gpu.node_id, state=NodeState.DOWN)
+    NodeHealth.objects.create(node_id=rows[0].gpu.node_id, state=NodeState.DOWN)
     occ, whole = kept_snapshot(pod)
     assert not occ.read_whole
     assert_same(occ.snapshot, whole)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.dashboard.selectors import graph_signature
 from apps.dashboard.usage import usage_by_user
 from apps.placement.topology import read_spec_file
-from apps.scheduling.models import Job, NodeAgent
+from apps.scheduling.models import Job, NodeHealth
 from apps.scheduling.nodes import cluster_health, node_rows
 from apps.topology.models import Node
 from apps.topology.services import cluster_import
@@ -29,12 +29,12 @@ def test_node_state_filters_and_the_graph_signature_on_postgres():
     a, b = Node.objects.filter(cluster=cluster).order_by("position")
     before = graph_signature(cluster=cluster, user=staff)
     now = timezone.now()
-    NodeAgent.objects.create(node=a, last_seen=now, unhealthy_gpus=[{"gpu": 2, "reason": "XID 48"}])
+    NodeHealth.objects.create(node=a, last_seen=now, unhealthy_gpus=[{"gpu": 2, "reason": "XID 48"}])
     assert graph_signature(cluster=cluster, user=staff) != before
     assert [r["node"] for r in node_rows(cluster_id=cluster.pk, state="unhealthy")] == ["node-a"]
     assert [r["node"] for r in node_rows(cluster_id=cluster.pk, state="up")] == ["node-a"]
     assert [r["node"] for r in node_rows(cluster_id=cluster.pk, state="no_agent")] == ["node-b"]
-    NodeAgent.objects.create(node=b, state="down", reason="no heartbeat", last_seen=now, state_since=now)
+    NodeHealth.objects.create(node=b, state="down", reason="no heartbeat", last_seen=now, state_since=now)
     assert cluster_health(cluster_id=cluster.pk)["counts"] == {
         "up": 1,
         "draining": 0,

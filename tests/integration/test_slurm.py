@@ -28,7 +28,7 @@ from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
-from apps.scheduling.models import Allocation, Job, NodeAgent
+from apps.scheduling.models import Allocation, Job, NodeHealth
 from apps.scheduling.reconcile import findings
 from apps.scheduling.services import job_cancel, job_submit
 from apps.topology.models import Cluster
@@ -139,7 +139,7 @@ def wait_running(slurm_id: int) -> None:
 def test_nodes_gres_and_states_come_from_slurm(cluster):
     sh("scontrol", "update", "nodename=gpu16", "state=drain", "reason=bad fan")
     slurm_sync(executor=cluster.executor)
-    agents = {a.node.name: a for a in NodeAgent.objects.filter(node__cluster=cluster).select_related("node")}
+    agents = {a.node.name: a for a in NodeHealth.objects.filter(node__cluster=cluster).select_related("node")}
     assert len(agents) == 16
     assert agents["gpu16"].state == NodeState.DRAINED
     assert "bad fan" in agents["gpu16"].reason
@@ -152,7 +152,7 @@ def test_nodes_gres_and_states_come_from_slurm(cluster):
     # Resumed, Slurm pings it first (idle+NOT_RESPONDING: not schedulable), then it is idle.
     for _ in range(50):
         slurm_sync(executor=cluster.executor)
-        state = NodeAgent.objects.get(node__name="gpu16", node__cluster=cluster).state
+        state = NodeHealth.objects.get(node__name="gpu16", node__cluster=cluster).state
         if state == NodeState.UP:
             break
         time.sleep(0.2)
@@ -251,7 +251,7 @@ def test_node_down_mid_job_fails_it(cluster, user):
     )
     assert job.status == JobStatus.FAILED, job.pending_reason
     assert "node failure" in job.pending_reason or node in job.pending_reason
-    assert NodeAgent.objects.get(node__cluster=cluster, node__name=node).state == NodeState.DOWN
+    assert NodeHealth.objects.get(node__cluster=cluster, node__name=node).state == NodeState.DOWN
 
 
 def test_sbatch_taking_planned_gpus_first_replans_in_one_sync(cluster, user):

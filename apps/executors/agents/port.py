@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import NodeState, RankState
 from apps.scheduling.executor import Finding, ForeignHold
-from apps.scheduling.models import Job, NodeAgent, RankRun
+from apps.scheduling.models import Job, NodeHealth, RankRun
 
 from .services import down_after_s, fence_deadline, nodes_check, notify_job_nodes
 from .wakeups import notify_cluster
@@ -69,7 +69,7 @@ class AgentsExecutor:
                         f" was told to stop at {run.stop_requested_at:%Y-%m-%d %H:%M:%S} and still runs",
                     )
                 )
-        down = NodeAgent.objects.filter(
+        down = NodeHealth.objects.filter(
             node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
         ).distinct()
         for agent in down.select_related("node"):

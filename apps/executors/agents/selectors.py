@@ -15,7 +15,7 @@ from django.db import connection
 
 from apps.placement.jobs import load_job
 from apps.scheduling.choices import JobStatus, RankState
-from apps.scheduling.models import Allocation, Job, NodeAgent, RankRun
+from apps.scheduling.models import Allocation, Job, NodeHealth, RankRun
 from apps.scheduling.selectors import master_port
 from apps.topology.models import Gpu, Nic, Node
 
@@ -75,7 +75,7 @@ _NODES: dict[tuple[int, str], tuple[Node, float]] = {}
 _NODES_SIZE = 65536
 
 
-def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeAgent | None]:
+def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeHealth | None]:
     """The cluster's node `name` (None if there is none) and its agent row (None: never had one).
 
     Every agent asks this every poll: a node found once is remembered per process for
@@ -85,7 +85,7 @@ def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeAgent | N
     now = time.monotonic()
     hit = _NODES.get((cluster_id, name))
     if hit is not None and hit[1] > now:
-        agent = next(iter(NodeAgent.objects.raw(_agent_sql(), [hit[0].pk])), None)
+        agent = next(iter(NodeHealth.objects.raw(_agent_sql(), [hit[0].pk])), None)
         if agent is not None:
             return hit[0], agent
     node = Node.objects.select_related("agent").filter(cluster_id=cluster_id, name=name).first()
@@ -121,7 +121,7 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
 
 @functools.cache
 def _agent_sql() -> str:
-    return f"SELECT * FROM {connection.ops.quote_name(NodeAgent._meta.db_table)} WHERE node_id = %s"
+    return f"SELECT * FROM {connection.ops.quote_name(NodeHealth._meta.db_table)} WHERE node_id = %s"
 
 
 @functools.cache
@@ -206,7 +206,7 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
             }
         )
     addrs = dict(
-        NodeAgent.objects.filter(node__cluster_id=node.cluster_id, node__name__in=list(masters))
+        NodeHealth.objects.filter(node__cluster_id=node.cluster_id, node__name__in=list(masters))
         .exclude(addr="")
         .values_list("node__name", "addr")
     )

@@ -24,11 +24,11 @@ from django.utils import timezone
 
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.agent_models import new_node_key, node_key_hash
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.cycle import queue_cycle
 from apps.scheduling.lifecycle import RankEvent as RankReport
-from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankLogChunk, RankRun
+from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankLogChunk, RankRun
+from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.nodes import node_down
 from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Node
@@ -81,8 +81,8 @@ def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
 
 
 def agent_heartbeat(
-    *, node: Node, beat: Heartbeat, agent: NodeAgent | None = None, now: datetime | None = None
-) -> NodeAgent:
+    *, node: Node, beat: Heartbeat, agent: NodeHealth | None = None, now: datetime | None = None
+) -> NodeHealth:
     """Record a heartbeat in one UPDATE: the node is seen now; a node that was down is up again.
     Only the heartbeat's own columns are written, so a drain arriving meanwhile is never undone.
     A heartbeat that changes nothing writes nothing while `last_seen` is younger than half of
@@ -107,7 +107,7 @@ def agent_heartbeat(
     if beat.inventory is not None:
         fields["inventory"] = beat.inventory
     if agent is None:
-        agent, created = NodeAgent.objects.get_or_create(node=node, defaults={**fields, "state_since": now})
+        agent, created = NodeHealth.objects.get_or_create(node=node, defaults={**fields, "state_since": now})
         if created:
             if unhealthy:
                 queue_cycle(node.cluster_id)
@@ -118,7 +118,7 @@ def agent_heartbeat(
             f"back after being down, but {beat.running} rank processes of before still run; it takes"
             " work once they are gone"
         )
-        NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(**fields, reason=reason)
+        NodeHealth.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(**fields, reason=reason)
         for name, value in fields.items():
             setattr(agent, name, value)
         agent.reason = reason
@@ -128,7 +128,7 @@ def agent_heartbeat(
     if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):
         # Nothing new and seen recently: no write (thousands of agents poll, each once a minute).
         return agent
-    NodeAgent.objects.filter(pk=agent.pk).update(
+    NodeHealth.objects.filter(pk=agent.pk).update(
         **fields,
         state=Case(
             When(state=NodeState.DOWN, then=Value(NodeState.UP.value)),
@@ -220,7 +220,7 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     now = now or timezone.now()
     out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
     cutoff = now - timedelta(seconds=down_after_s())
-    stale = NodeAgent.objects.filter(
+    stale = NodeHealth.objects.filter(
         node__cluster=cluster,
         state__in=(NodeState.UP, NodeState.DRAINING, NodeState.DRAINED),
         last_seen__lt=cutoff,
@@ -228,7 +228,7 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     for agent in stale:
         node_down(node=agent.node, reason=f"no heartbeat for {down_after_s():.0f} s", now=now)
         out["down"].append(agent.node.name)
-    holding = NodeAgent.objects.filter(
+    holding = NodeHealth.objects.filter(
         node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
     ).distinct()
     for agent in holding.select_related("node"):
@@ -239,12 +239,12 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
                     node=agent.node, why=f"lost: node {agent.node.name} is down and fenced", now=now
                 )
             out["fenced"].append(agent.node.name)
-    draining = NodeAgent.objects.filter(node__cluster=cluster, state=NodeState.DRAINING).select_related(
+    draining = NodeHealth.objects.filter(node__cluster=cluster, state=NodeState.DRAINING).select_related(
         "node"
     )
     for agent in draining:
         if not Allocation.objects.filter(live=True, gpu__node=agent.node).exists():
-            NodeAgent.objects.filter(pk=agent.pk, state=NodeState.DRAINING).update(
+            NodeHealth.objects.filter(pk=agent.pk, state=NodeState.DRAINING).update(
                 state=NodeState.DRAINED, state_since=now
             )
             out["drained"].append(agent.node.name)

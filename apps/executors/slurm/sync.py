@@ -43,7 +43,7 @@ from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
-from apps.scheduling.models import Allocation, Job, NodeAgent, UnixAccount
+from apps.scheduling.models import Allocation, Job, NodeHealth, UnixAccount
 from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Node
 
@@ -179,11 +179,11 @@ def slurm_sync(
 
 
 def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> int:
-    """Slurm's node states onto the cluster's NodeAgent rows: rows that changed are written one by
+    """Slurm's node states onto the cluster's NodeHealth rows: rows that changed are written one by
     one, the rest only get `last_seen` (one UPDATE for all), so a sync of a quiet cluster costs
     a few queries whatever its size. Returns how many of the cluster's nodes Slurm knows."""
     by_name = {n.name: n for n in nodes}
-    agents = {a.node_id: a for a in NodeAgent.objects.filter(node__cluster=cluster)}
+    agents = {a.node_id: a for a in NodeHealth.objects.filter(node__cluster=cluster)}
     changed = False
     count = 0
     created = []
@@ -206,7 +206,7 @@ def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> 
         }
         agent = agents.get(node.pk)
         if agent is None:
-            created.append(NodeAgent(node=node, state_since=now, last_seen=now, **fields))
+            created.append(NodeHealth(node=node, state_since=now, last_seen=now, **fields))
             changed = changed or state != NodeState.UP or bool(unhealthy)
             continue
         if all(getattr(agent, k) == v for k, v in fields.items()):
@@ -215,10 +215,10 @@ def _sync_nodes(cluster: Cluster, nodes: Iterable[SlurmNode], now: datetime) -> 
             changed = True
         if agent.state != state or agent.state_since is None:
             fields["state_since"] = now
-        NodeAgent.objects.filter(pk=agent.pk).update(**fields)
+        NodeHealth.objects.filter(pk=agent.pk).update(**fields)
     if created:
-        NodeAgent.objects.bulk_create(created)
-    NodeAgent.objects.filter(node__cluster=cluster).update(last_seen=now)
+        NodeHealth.objects.bulk_create(created)
+    NodeHealth.objects.filter(node__cluster=cluster).update(last_seen=now)
     if changed:
         queue_cycle(cluster.pk)
     return count
@@ -637,7 +637,7 @@ def _submit_placed(
     if not placed:
         return
     foreign = foreign_gpus(cluster.pk)
-    addrs = dict(NodeAgent.objects.filter(node__cluster=cluster).values_list("node__name", "addr"))
+    addrs = dict(NodeHealth.objects.filter(node__cluster=cluster).values_list("node__name", "addr"))
     all_nodes = [n.name for n in nodes]
     for job in placed:
         _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now)

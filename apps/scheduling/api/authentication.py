@@ -14,8 +14,8 @@ from rest_framework.authentication import SessionAuthentication
 
 from apps.api.authentication import KeyAuthentication, KeyAuthenticationScheme, TokenAuthentication
 
-from ..agent_models import node_key_hash
 from ..models import LauncherToken, NodeToken
+from ..node_models import node_key_hash
 
 # A node token's `last_used` is written at most every NODE_LAST_USED_S seconds.
 NODE_LAST_USED_S = 300.0

@@ -10,7 +10,7 @@ from rest_framework import serializers
 from apps.topology.models import Node
 
 from ..choices import SHOWN_NODE_STATES
-from ..models import NodeAgent, RankRun
+from ..models import NodeHealth, RankRun
 from ..nodes import shown_state
 
 
@@ -50,10 +50,10 @@ class NodeHealthSerializer(serializers.ModelSerializer):
         ]
 
     @staticmethod
-    def _agent(node: Node) -> NodeAgent | None:
+    def _agent(node: Node) -> NodeHealth | None:
         try:
             return node.agent
-        except NodeAgent.DoesNotExist:
+        except NodeHealth.DoesNotExist:
             return None
 
     @extend_schema_field(serializers.ChoiceField(choices=SHOWN_NODE_STATES))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from apps.scheduling.choices import NodeState
-from apps.scheduling.models import NodeAgent, RankRun
+from apps.scheduling.models import NodeHealth, RankRun
 from apps.topology.models import Node
 
 
 def test_cluster_page_shows_down_draining_and_unhealthy_at_a_glance(client, people, case44_db):
     a, b = Node.objects.filter(cluster=case44_db).order_by("position")
-    NodeAgent.objects.create(node=a, state=NodeState.DOWN, reason="no heartbeat for 30 s")
-    NodeAgent.objects.create(node=b, unhealthy_gpus=[{"gpu": 2, "reason": "XID 79"}])
+    NodeHealth.objects.create(node=a, state=NodeState.DOWN, reason="no heartbeat for 30 s")
+    NodeHealth.objects.create(node=b, unhealthy_gpus=[{"gpu": 2, "reason": "XID 79"}])
     client.force_login(people["alice"])
     html = client.get("/clusters/case-4-4/").content.decode()
     assert "<strong>0</strong> up" not in html
@@ -23,14 +23,14 @@ def test_staff_drain_and_resume_from_the_cluster_page(client, people, case44_db)
     client.force_login(people["ops"])
     response = client.post("/clusters/case-4-4/node-health/drain/", {"node": "node-a", "reason": "firmware"})
     assert response.status_code == 302
-    assert NodeAgent.objects.get(node__name="node-a").state == NodeState.DRAINED
+    assert NodeHealth.objects.get(node__name="node-a").state == NodeState.DRAINED
     html = client.get("/clusters/case-4-4/").content.decode()
     assert "firmware" in html and "Resume" in html
     client.post("/clusters/case-4-4/node-health/resume/", {"node": "node-a"})
-    assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
+    assert NodeHealth.objects.get(node__name="node-a").state == NodeState.UP
     missing = client.post("/clusters/case-4-4/node-health/drain/", {"node": "node-a", "reason": ""})
     assert missing.status_code == 302
-    assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
+    assert NodeHealth.objects.get(node__name="node-a").state == NodeState.UP
 
 
 def test_users_cannot_drain(client, people, case44_db):

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from apps.metrics.models import GpuLatest, NicLatest
 from apps.scheduling.choices import NodeState
-from apps.scheduling.models import NodeAgent
+from apps.scheduling.models import NodeHealth
 from apps.topology.models import Gpu, Node
 
 
@@ -42,7 +42,7 @@ def test_unknown_node_or_cluster_is_404(client, people, case44_db):
 
 def test_node_page_shows_health_and_fresh_measurements(client, people, naive_case44):
     node = Node.objects.get(cluster=naive_case44.cluster, name="node-a")
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=node,
         state=NodeState.DRAINING,
         reason="firmware update",
@@ -70,7 +70,7 @@ def test_drain_from_the_node_page_comes_back_to_it(client, people, case44_db):
         {"node": "node-b", "reason": "cable check", "back": "node"},
     )
     assert response.status_code == 302 and response["Location"] == node_url("node-b")
-    assert NodeAgent.objects.get(node__name="node-b").state == NodeState.DRAINED
+    assert NodeHealth.objects.get(node__name="node-b").state == NodeState.DRAINED
     html = client.get(node_url("node-b")).content.decode()
     assert "cable check" in html and 'id="resume-form"' in html
 

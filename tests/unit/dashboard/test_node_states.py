@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from apps.executors.agents import services as agents
 from apps.scheduling import nodes
 from apps.scheduling.choices import NodeState
-from apps.scheduling.models import NodeAgent
+from apps.scheduling.models import NodeHealth
 from apps.scheduling.nodes import cluster_health, node_state_map
 from apps.topology.models import Node
 from apps.topology.services import cluster_import
@@ -29,17 +29,17 @@ def _states(cluster):
     """node-001 down, node-002 drained, node-003 up and unhealthy GPU 5, node-004 never had an agent."""
     a, b, c, d = Node.objects.filter(cluster=cluster).order_by("position")
     now = timezone.now()
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=a, state=NodeState.DOWN, reason="no heartbeat for 30 s", last_seen=now, state_since=now
     )
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=b,
         state=NodeState.DRAINED,
         reason="firmware",
         last_seen=now,
         state_since=now - timedelta(hours=3),
     )
-    NodeAgent.objects.create(node=c, last_seen=now, unhealthy_gpus=[{"gpu": 5, "reason": "XID 79"}])
+    NodeHealth.objects.create(node=c, last_seen=now, unhealthy_gpus=[{"gpu": 5, "reason": "XID 79"}])
     return a.name, b.name, c.name, d.name
 
 
@@ -98,10 +98,10 @@ def test_state_since_follows_drain_resume_down_and_return(four):
     assert nodes.node_drain(node=node, reason="cables, again").state_since == first
     t1 = timezone.now()
     nodes.node_down(node=node, reason="no heartbeat", now=t1)
-    assert NodeAgent.objects.get(node=node).state_since == t1
+    assert NodeHealth.objects.get(node=node).state_since == t1
     t2 = t1 + timedelta(seconds=5)
     agents.agent_heartbeat(node=node, beat=agents.Heartbeat(version="1"), now=t2)
-    back = NodeAgent.objects.get(node=node)
+    back = NodeHealth.objects.get(node=node)
     assert back.state == NodeState.UP and back.state_since == t2
 
 
@@ -152,6 +152,6 @@ def test_the_demo_drains_one_idle_node_for_maintenance_once(db):
 
     cluster = cluster_import(data=read_spec_file(str(EXAMPLES / "su-h100-rail.yaml")))
     name = demo_maintenance()
-    agent = NodeAgent.objects.get(node__cluster=cluster, node__name=name)
+    agent = NodeHealth.objects.get(node__cluster=cluster, node__name=name)
     assert agent.state == NodeState.DRAINED and agent.reason == MAINTENANCE_REASON
     assert demo_maintenance() is None

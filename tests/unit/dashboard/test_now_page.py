@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from apps.metrics.models import NodeScrape
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Job, NodeAgent, RankRun
+from apps.scheduling.models import Job, NodeHealth, RankRun
 from apps.topology.models import Node
 
 
@@ -16,10 +16,10 @@ def test_now_page_lists_what_is_broken_with_links(client, people, naive_case44):
     cluster = naive_case44.cluster
     a, b = Node.objects.filter(cluster=cluster).order_by("position")
     now = timezone.now()
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=a, state=NodeState.DOWN, reason="no heartbeat for 180 s", last_seen=now, state_since=now
     )
-    NodeAgent.objects.create(
+    NodeHealth.objects.create(
         node=b, last_seen=now - timedelta(seconds=170), unhealthy_gpus=[{"gpu": 3, "reason": "XID 79"}]
     )
     Job.objects.filter(pk=naive_case44.pk).update(

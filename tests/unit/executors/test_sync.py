@@ -11,7 +11,7 @@ from apps.executors.slurm.rest import SlurmError, SlurmJob, SlurmNode
 from apps.executors.slurm.sync import slurm_orphans, slurm_sync, stop_job
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.cycle import schedule_cluster
-from apps.scheduling.models import Allocation, NodeAgent
+from apps.scheduling.models import Allocation, NodeHealth
 from apps.scheduling.services import job_cancel, job_submit
 from tests.unit.scheduling.conftest import eager_celery  # noqa: F401  (autouse: tasks run in-process)
 
@@ -140,7 +140,7 @@ def test_node_states_and_foreign_gpus(cluster, fake):
     ]
     result = sync(cluster, fake)
     assert result.foreign_jobs == 1
-    agents = {a.node.name: a for a in NodeAgent.objects.select_related("node")}
+    agents = {a.node.name: a for a in NodeHealth.objects.select_related("node")}
     assert agents["n2"].state == NodeState.DRAINING and "fan" in agents["n2"].reason
     assert [g["gpu"] for g in agents["n3"].unhealthy_gpus] == [4, 5, 6, 7]
     assert sorted(ForeignAllocation.objects.values_list("gpu_index", flat=True)) == [0, 5]
@@ -435,7 +435,7 @@ def test_a_quiet_sync_costs_a_few_queries_whatever_the_cluster_size(cluster, fak
     # Agents, nodes, GPUs, last_seen; our Slurm ids, node names, foreign rows (twice); open
     # submissions; jobs to submit; the executor: none per node (this cluster has 4).
     assert len(ctx.captured_queries) <= 11, "\n".join(q["sql"][:90] for q in ctx.captured_queries)
-    assert NodeAgent.objects.filter(node__cluster=cluster, last_seen__isnull=True).count() == 0
+    assert NodeHealth.objects.filter(node__cluster=cluster, last_seen__isnull=True).count() == 0
 
 
 def test_foreign_jobs_across_leaves_load_their_uplinks_at_the_assumed_rate(cluster, fake):

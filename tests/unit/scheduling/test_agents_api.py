@@ -20,7 +20,7 @@ from apps.executors.agents import wakeups
 from apps.scheduling import services
 from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Allocation, Job, NodeAgent, NodeToken, RankRun
+from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Node
@@ -73,7 +73,7 @@ def test_sync_registers_the_node_and_hands_out_its_ranks(nodes, alice, committed
     assert work["job"] == job.pk and work["generation"] == 1 and work["world_size"] == 16
     assert work["command"] == COMMAND
     assert len(work["ranks"]) == 8 and all(r["node"] == "node-a" for r in work["ranks"])
-    assert NodeAgent.objects.get(node__name="node-a").last_seen is not None
+    assert NodeHealth.objects.get(node__name="node-a").last_seen is not None
 
 
 def test_reports_move_the_job_running_then_completed(nodes, alice, committed):
@@ -129,11 +129,11 @@ def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(nodes,
     assert statements == ["SELECT"] * 2, statements
     # Something new (an unhealthy GPU) is written at once, and so is a heartbeat due again.
     sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
-    assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [{"gpu": 1, "reason": "XID 79"}]
+    assert NodeHealth.objects.get(node__name="node-a").unhealthy_gpus == [{"gpu": 1, "reason": "XID 79"}]
     old = timezone.now() - timedelta(seconds=16)
-    NodeAgent.objects.filter(node__name="node-a").update(last_seen=old)
+    NodeHealth.objects.filter(node__name="node-a").update(last_seen=old)
     sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
-    assert NodeAgent.objects.get(node__name="node-a").last_seen > old
+    assert NodeHealth.objects.get(node__name="node-a").last_seen > old
 
 
 def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
@@ -141,7 +141,7 @@ def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
     Node.objects.filter(cluster=case44, name="node-b").delete()
     response = sync(nodes, "node-b")
     assert response.status_code in (401, 403)
-    assert NodeAgent.objects.filter(node__name="node-b").count() == 0
+    assert NodeHealth.objects.filter(node__name="node-b").count() == 0
 
 
 def test_only_a_node_token_may_sync(alice_api, case44):
@@ -150,7 +150,7 @@ def test_only_a_node_token_may_sync(alice_api, case44):
     launcher = APIClient()
     launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
     assert launcher.post("/api/v1/agents/sync/", body, format="json").status_code in (401, 403)
-    assert not NodeAgent.objects.exists()
+    assert not NodeHealth.objects.exists()
 
 
 def test_the_launcher_token_keeps_only_the_launcher_calls(case44, alice, committed):
@@ -169,7 +169,7 @@ def test_a_node_credential_cannot_sync_for_another_node(nodes, alice, committed)
         "/api/v1/agents/sync/", {"node": "node-a", "version": "1.0.0"}, format="json"
     )
     assert response.status_code == 403 and "node-b" in response.json()["detail"]
-    assert not NodeAgent.objects.filter(node__name="node-a").exists()
+    assert not NodeHealth.objects.filter(node__name="node-a").exists()
     # Without a node name the credential's own node is meant: node-b's ranks, never node-a's.
     body = nodes["node-b"].post("/api/v1/agents/sync/", {"version": "1.0.0"}, format="json").json()
     assert body["node"] == "node-b"
@@ -230,7 +230,7 @@ def test_a_bad_report_is_refused_alone_and_the_rest_is_stored(nodes, alice, comm
     assert stored.log_tail == "a\ufffdb \ufffd c" and stored.pid == 7
     assert RankRun.objects.filter(job=job, rank=ranks[2], state="started").exists()
     assert not RankRun.objects.filter(job=job, rank=ranks[1]).exists()
-    assert NodeAgent.objects.get(node__name="node-a").state == NodeState.UP
+    assert NodeHealth.objects.get(node__name="node-a").state == NodeState.UP
 
 
 def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(nodes, case44, staff_api):
@@ -248,7 +248,7 @@ def test_an_unhealthy_gpu_leaves_the_free_set_until_resumed(nodes, case44, staff
 def test_a_gpu_missing_from_nvidia_smi_is_unhealthy(nodes, case44):
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8) if i != 5]
     assert sync(nodes, gpus=gpus).status_code == 200
-    assert NodeAgent.objects.get(node__name="node-a").unhealthy_gpus == [
+    assert NodeHealth.objects.get(node__name="node-a").unhealthy_gpus == [
         {"gpu": 5, "reason": "not found by nvidia-smi"}
     ]
 
@@ -321,7 +321,7 @@ def test_a_requeued_job_of_a_down_node_says_why_after_it_is_placed_again(
     job = submit(alice, committed, "again", 8, requeue=True)
     node = job_ranks(job=job)[0]["node"]
     sync(nodes, node)
-    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     committed(agents.nodes_check, cluster=case44)
     job.refresh_from_db()
     # Placed again on the other node by the cycle the release queued: nothing waits any more.
@@ -417,13 +417,13 @@ def test_a_silent_node_goes_down_and_its_job_fails(case44, nodes, alice, committ
     job = submit(alice, committed, "j", 8)
     node = job_ranks(job=job)[0]["node"]
     sync(nodes, node)
-    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and f"node {node} went down" in job.pending_reason
     assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
     sync(nodes, node)
-    assert NodeAgent.objects.get(node__name=node).state == NodeState.UP
+    assert NodeHealth.objects.get(node__name=node).state == NodeState.UP
 
 
 def test_a_node_back_from_down_takes_work_only_once_its_old_ranks_are_gone(
@@ -434,7 +434,7 @@ def test_a_node_back_from_down_takes_work_only_once_its_old_ranks_are_gone(
     node = job_ranks(job=job)[0]["node"]
     body = sync(nodes, node).json()
     assert body["fence_after_s"] == settings.TOPOWEB_AGENT_FENCE_AFTER_S
-    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     # Its fenced ranks are still stopping: the node stays down and gets no work.
     answer = sync(nodes, node, running=[[job.pk, 1, r] for r in range(8)]).json()

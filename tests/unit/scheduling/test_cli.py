@@ -15,7 +15,7 @@ from apps.cli import client, commands
 from apps.cli.__main__ import main
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Job, NodeAgent
+from apps.scheduling.models import Job, NodeHealth
 
 from .conftest import EXAMPLES, small_spec
 
@@ -110,13 +110,13 @@ def test_nodes_and_drain_need_staff(cli, monkeypatch, staff, capsys):
     monkeypatch.setenv("TOPOWEB_TOKEN", Token.objects.create(user=staff).key)
     code, out, _ = cli("--json", "drain", "node-a", "--reason", "firmware")
     assert code == 0 and json.loads(out)["state"] == NodeState.DRAINED
-    assert NodeAgent.objects.get(node__name="node-a").reason == "firmware"
+    assert NodeHealth.objects.get(node__name="node-a").reason == "firmware"
     code, out, _ = cli("nodes", "--state", "drained")
     assert code == 0 and "node-a" in out and "firmware" in out and "node-b" not in out
     code, out, _ = cli("--json", "resume", "node-a")
     # Back in service, but no agent ever reported from it.
     assert code == 0 and json.loads(out)["state"] == "no_agent"
-    NodeAgent.objects.filter(node__name="node-a").update(last_seen=timezone.now())
+    NodeHealth.objects.filter(node__name="node-a").update(last_seen=timezone.now())
     code, out, _ = cli("--json", "nodes", "--state", "up")
     assert code == 0 and [n["name"] for n in json.loads(out)] == ["node-a"]
     with pytest.raises(SystemExit) as usage:

@@ -12,7 +12,7 @@ from django.utils import timezone
 from apps.executors.agents import services as agents
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
-from apps.scheduling.models import Allocation, NodeAgent, RankRun
+from apps.scheduling.models import Allocation, NodeHealth, RankRun
 from apps.scheduling.retention import scheduling_retain
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
@@ -158,7 +158,7 @@ def test_a_requeued_job_of_a_down_node_waits_for_its_fence_deadline_before_it_is
     node = next(iter(where.values()))
     other = ({"node-a", "node-b"} - {node}).pop()
     seen = timezone.now() - timedelta(seconds=31)
-    NodeAgent.objects.filter(node__name=node).update(last_seen=seen)
+    NodeHealth.objects.filter(node__name=node).update(last_seen=seen)
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     job.refresh_from_db()
     # Requeued, but its ranks on the cut-off node may still run until the agent fenced them:
@@ -192,7 +192,7 @@ def test_an_agent_back_before_its_fence_deadline_confirms_its_ranks_exits_itself
     job = submit(alice, committed, "j", 8, requeue=True)
     where = start_all(nodes, job, committed)
     node = next(iter(where.values()))
-    NodeAgent.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
     committed(agents.nodes_check, cluster=case44)
     keys = [[job.pk, 1, r] for r in sorted(where)]
     # The agent is back, still stopping its fenced ranks: the node stays down, the job waits.

@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from apps.scheduling.agent_models import node_key_hash
 from apps.scheduling.models import NodeToken
+from apps.scheduling.node_models import node_key_hash
 
 
 def sync_as(key: str, **body):

@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.scheduling.agent_models import LOG_TAIL_CHARS
+from apps.scheduling.node_models import LOG_TAIL_CHARS
 
 from ..services import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
 

@@ -4,8 +4,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.scheduling.agent_models import UNIX_NAME
 from apps.scheduling.models import UnixAccount
+from apps.scheduling.node_models import UNIX_NAME
 
 
 class Command(BaseCommand):

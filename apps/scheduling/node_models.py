@@ -1,7 +1,8 @@
-"""What the node agents tell the server: each node's health and each rank process's life.
-
-Imported by `models.py` (Django finds models there); kept apart so the launch loop's rows live
-in their own module and migration.
+"""The nodes and the ranks, whichever executor runs them: each node's health (`NodeHealth`), each
+rank process's life (`RankRun`) and output (`RankLogChunk`), the nodes' credentials (`NodeToken`:
+the node agent's sync and a node's metrics push) and the Unix account each user's ranks run as
+(`UnixAccount`: the node agents and Slurm alike). Imported by `models.py` (Django finds models
+there). The agents' server code that writes most of them is in `apps/executors/agents/`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from .choices import NodeState, RankState
 LOG_TAIL_CHARS = 8192
 
 
-class NodeAgent(models.Model):
-    """A node's agent and health: `state` up | draining | drained | down, when it was last heard
-    from, what it runs, and the GPUs it reported unhealthy (`unhealthy_gpus`: list of
-    {"gpu": index, "reason": text}); `state_since` is when `state` last changed. A node without a
-    row has never had an agent: it takes placements (an outside launcher may run its jobs), and
-    the pages show it as "no agent", not as up."""
+class NodeHealth(models.Model):
+    """A node's health, whoever reports it (its node agent's heartbeats, or a Slurm sync): `state`
+    up | draining | drained | down, when it was last heard from, what it runs, and the GPUs
+    reported unhealthy (`unhealthy_gpus`: list of {"gpu": index, "reason": text}); `state_since`
+    is when `state` last changed. A node without a row has never had an agent: it takes
+    placements (an outside launcher may run its jobs), and the pages show it as "no agent", not
+    as up. Its table keeps the name it had as NodeAgent; `node.agent` reaches it."""
 
     node = models.OneToOneField("topology.Node", on_delete=models.CASCADE, related_name="agent")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.UP)
@@ -47,6 +49,7 @@ class NodeAgent(models.Model):
     )
 
     class Meta:
+        db_table = "scheduling_nodeagent"
         ordering = ["node_id"]
         indexes = [models.Index(fields=["state", "last_seen"], name="nodeagent_state_seen")]
 
