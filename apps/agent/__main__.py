@@ -63,6 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--allow-root", action="store_true", help="allow ranks to run as uid 0")
     parser.add_argument(
+        "--min-uid",
+        type=int,
+        default=None,
+        help="the lowest uid a rank may run as (default: UID_MIN of /etc/login.defs, else 1000)",
+    )
+    parser.add_argument(
+        "--system-account",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a service account below --min-uid that may run ranks all the same (repeatable)",
+    )
+    parser.add_argument(
         "--stop-ranks-on-exit",
         action="store_true",
         help="stop every rank when the agent stops (by default ranks keep running and are re-adopted)",
@@ -142,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         cgroups=cgroups,
         single_user=args.single_user,
         allow_root=args.allow_root,
+        min_uid=args.min_uid,
+        system_accounts=tuple(args.system_account),
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,

@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from . import VERSION
+from .accounts import system_account_refusal, uid_min
 from .cgroups import Cgroups, RankCgroup, gpu_devices
 from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
@@ -247,6 +248,8 @@ class Agent:
         dev_dir: str | Path = "/dev",
         fence_after_s: float | None = None,
         log_max_bytes: int = 0,
+        min_uid: int | None = None,
+        system_accounts: tuple[str, ...] = (),
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -264,6 +267,9 @@ class Agent:
         self.workdir_roots = tuple(workdir_roots)
         self.dev_dir = Path(dev_dir)
         self.fence_after_s = fence_after_s
+        # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
+        self.min_uid = uid_min() if min_uid is None else int(min_uid)
+        self.system_accounts = frozenset(system_accounts)
         # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
         self.log_max_bytes = log_max_bytes
         self.logs: dict[Key, LogFile] = {}
@@ -569,6 +575,15 @@ class Agent:
             raise StartRefused(
                 f"the job would run as {account.name!r} (uid 0) and this node agent runs no rank as root"
                 " (--allow-root)"
+            )
+        if (
+            not self.single_user
+            and 0 < account.uid < self.min_uid
+            and account.name not in self.system_accounts
+        ):
+            raise StartRefused(
+                system_account_refusal(account.name, account.uid, self.min_uid)
+                + f" (node {self.node}; --system-account {account.name} allows this service account)"
             )
         return account
 

@@ -44,3 +44,17 @@ def test_the_demo_agents_are_refused_in_a_production_configuration(db):
         pytest.raises(ImproperlyConfigured, match="single-user"),
     ):
         start_demo_agents(server="http://127.0.0.1:1")
+
+
+def test_root_and_system_accounts_are_refused_at_mapping_time_unless_named_a_service_account(alice):
+    with pytest.raises(CommandError, match=r"NAME: Unix account 'root' is root \(uid 0\)"):
+        run("alice", "root")
+    with pytest.raises(CommandError, match="root"):
+        run("alice", "root", "--system-account")
+    # daemon (uid 1 on every Debian host) is the system's: refused, unless mapped on purpose.
+    with pytest.raises(
+        CommandError, match=r"'daemon' is a system account \(uid 1, below UID_MIN .*--system-account"
+    ):
+        run("alice", "daemon")
+    assert not UnixAccount.objects.filter(user=alice).exists()
+    assert run("alice", "daemon", "--system-account") == "alice runs as daemon"
