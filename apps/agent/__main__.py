@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cgroups import CgroupError, detect
-from .runner import DEFAULT_POLL_S, Agent
+from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, Agent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the lowest uid a rank may run as (default: UID_MIN of /etc/login.defs, else 1000)",
     )
     parser.add_argument(
+        "--pids-max",
+        type=int,
+        default=DEFAULT_PIDS_MAX,
+        help=f"processes and threads a rank may have at once (its cgroup's pids.max; 0: no limit;"
+        f" default {DEFAULT_PIDS_MAX})",
+    )
+    parser.add_argument(
         "--system-account",
         action="append",
         default=[],
@@ -114,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.poll_s <= 60:
         print("--poll-s: must be between 0 and 60 seconds", file=sys.stderr)
         return 2
+    if not 0 <= args.pids_max <= 4_194_304:
+        print("--pids-max: must be 0 (no limit) to 4194304 (the kernel's pid_max bound)", file=sys.stderr)
+        return 2
     if os.geteuid() != 0 and not args.single_user:
         print(
             "topoweb-agent: must run as root to start ranks as their owners (--single-user runs"
@@ -157,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_root=args.allow_root,
         min_uid=args.min_uid,
         system_accounts=tuple(args.system_account),
+        pids_max=args.pids_max,
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,

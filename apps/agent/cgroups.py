@@ -155,6 +155,18 @@ class RankCgroup:
         with contextlib.suppress(OSError):
             state.write_text("THAWED")
 
+    def limit_pids(self, limit: int) -> bool:
+        """At most `limit` processes and threads in the rank (a fork bomb stops there); False
+        where no hierarchy has the pids controller."""
+        done = False
+        for d in self.dirs:
+            path = d / "pids.max"
+            if path.exists():
+                with contextlib.suppress(OSError):
+                    path.write_text(str(int(limit)))
+                    done = True
+        return done
+
     def deny_devices(self, devices: list[tuple[int, int]]) -> None:
         """Deny read, write and mknod of character devices (major, minor) to the rank (v1
         `devices` only; a no-op elsewhere)."""
@@ -196,6 +208,10 @@ class Cgroups:
     def create(self, name: str) -> RankCgroup:
         """Create the rank cgroup `name` (fresh: left-overs of an earlier rank are removed)."""
         group = self.rank(name)
+        if self.version == 2:
+            # The pids controller for the ranks below (where the hierarchy delegates it).
+            with contextlib.suppress(OSError):
+                (self.parents[0] / "cgroup.subtree_control").write_text("+pids")
         for d in group.dirs:
             d.mkdir(parents=False, exist_ok=True)
         return group

@@ -68,6 +68,8 @@ SHIM = Path(__file__).with_name("shim.py")
 # A refused start: no such account, uid 0, a workdir outside the allowed roots.
 REFUSED_EXIT = 126
 LOST_EXIT = 255
+# Processes and threads a rank may have at once (generous for data loaders; a fork bomb stops).
+DEFAULT_PIDS_MAX = 16384
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
 Key = tuple[int, int, int]
@@ -250,6 +252,7 @@ class Agent:
         log_max_bytes: int = 0,
         min_uid: int | None = None,
         system_accounts: tuple[str, ...] = (),
+        pids_max: int = DEFAULT_PIDS_MAX,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -270,6 +273,8 @@ class Agent:
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
         self.system_accounts = frozenset(system_accounts)
+        # Processes and threads per rank (its cgroup's pids.max; 0: no limit).
+        self.pids_max = int(pids_max)
         # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
         self.log_max_bytes = log_max_bytes
         self.logs: dict[Key, LogFile] = {}
@@ -658,6 +663,8 @@ class Agent:
         try:
             if self.cgroups is not None:
                 local.cgroup = self.cgroups.create(local.name)
+                if self.pids_max:
+                    local.cgroup.limit_pids(self.pids_max)
                 planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
                 denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
                 local.cgroup.deny_devices(denied)

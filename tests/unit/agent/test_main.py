@@ -28,6 +28,15 @@ def test_a_poll_outside_the_protocols_bounds_exits_2(tmp_path, capsys, poll):
     assert "--poll-s" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("pids", ["-1", "4194305"])
+def test_a_pids_limit_outside_its_bounds_exits_2(tmp_path, capsys, pids):
+    token = tmp_path / "token"
+    token.write_text("tn_key\n")
+    code = main(["--server", "http://topoweb", "--token-file", str(token), "--pids-max", pids])
+    assert code == 2
+    assert "--pids-max" in capsys.readouterr().err
+
+
 def _token(tmp_path):
     token = tmp_path / "token"
     token.write_text("tn_key\n")

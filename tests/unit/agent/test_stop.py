@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -187,6 +188,47 @@ def test_a_rank_without_a_record_whose_cgroup_holds_processes_is_stopped_before_
         orphan.kill()
         orphan.wait()
         group.kill()
+        group.remove()
+        for parent in cgroups.parents:
+            parent.rmdir()
+
+
+def test_a_ranks_cgroup_caps_its_processes_so_a_fork_bomb_stops_there(tmp_path: Path):
+    """pids.max on the rank's cgroup: a rank that forks 60 children gets at most the limit."""
+    cgroups = _cgroups(f"topoweb-unit-pids-{os.getpid()}")
+    if cgroups is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root with a writable cgroup hierarchy")
+        pytest.skip("needs root and a writable cgroup hierarchy")
+    group = cgroups.create("job-7-gen-1-rank-0")
+    try:
+        assert group.limit_pids(20)
+        forker = (
+            "import os, sys, time\n"
+            "for procs in sys.argv[1:]:\n"
+            "    open(procs, 'w').write(str(os.getpid()))\n"
+            "made = 0\n"
+            "for _ in range(60):\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(5)\n"
+            "            os._exit(0)\n"
+            "        made += 1\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(made, flush=True)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", forker, *group.procs_files()], capture_output=True, text=True, timeout=30
+        )
+        made = int(out.stdout.strip())
+        assert 0 < made < 20, out.stderr
+    finally:
+        group.kill()
+        for _ in range(100):
+            if group.empty():
+                break
+            time.sleep(0.05)
         group.remove()
         for parent in cgroups.parents:
             parent.rmdir()
