@@ -43,10 +43,10 @@ from apps.topology.models import Gpu, Node
 from . import cycle, executor
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus, RankState
 from .models import Allocation, Job, RankRun
+from .node_models import LOG_TAIL_CHARS
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_CHARS = 8192
 REASON_TAIL_CHARS = 1500
 
 

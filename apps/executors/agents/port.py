@@ -13,9 +13,9 @@ from django.utils import timezone
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import NodeState, RankState
 from apps.scheduling.executor import Finding, ForeignHold
-from apps.scheduling.models import Job, NodeHealth, RankRun
+from apps.scheduling.models import NodeHealth, RankRun
 
-from .services import down_after_s, fence_deadline, nodes_check, notify_job_nodes
+from .services import down_after_s, fence_deadline, nodes_check, notify_job_nodes, stop_grace_on
 from .wakeups import notify_cluster
 
 
@@ -73,11 +73,7 @@ class AgentsExecutor:
             node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
         ).distinct()
         for agent in down.select_related("node"):
-            jobs = Job.objects.filter(
-                rank_runs__node=agent.node, rank_runs__state=RankState.STARTED
-            ).distinct()
-            grace = max((snap.job_spec(j).launch.stop_grace_s for j in jobs.only("pk", "spec")), default=0.0)
-            deadline = fence_deadline(last_seen=agent.last_seen, grace_s=grace)
+            deadline = fence_deadline(last_seen=agent.last_seen, grace_s=stop_grace_on(agent.node))
             if deadline is None or deadline < now - timedelta(seconds=down_after_s()):
                 out.append(
                     Finding(

@@ -205,7 +205,7 @@ def fence_deadline(*, last_seen: datetime | None, grace_s: float) -> datetime | 
     return last_seen + timedelta(seconds=down_after_s() / 2 + fence_after_s() + grace_s + FENCE_MARGIN_S)
 
 
-def _stop_grace_on(node: Node) -> float:
+def stop_grace_on(node: Node) -> float:
     """The longest stop grace of the ranks still counted as running on `node`."""
     jobs = Job.objects.filter(rank_runs__node=node, rank_runs__state=RankState.STARTED).distinct()
     return max((snap.job_spec(j).launch.stop_grace_s for j in jobs.only("pk", "spec")), default=0.0)
@@ -232,7 +232,7 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
         node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
     ).distinct()
     for agent in holding.select_related("node"):
-        deadline = fence_deadline(last_seen=agent.last_seen, grace_s=_stop_grace_on(agent.node))
+        deadline = fence_deadline(last_seen=agent.last_seen, grace_s=stop_grace_on(agent.node))
         if deadline is None or deadline <= now:
             with transaction.atomic():
                 lifecycle.ranks_lost(
