@@ -469,7 +469,13 @@ def test_output_flood(chaos, settings, live_server):
     assert flood.status == JobStatus.COMPLETED, flood.pending_reason
     chaos.extra.update(probe_max_s=round(max(latencies), 2), probes=len(latencies))
     assert latencies and max(latencies) < 5.0, f"the server answered /healthz in up to {max(latencies):.1f} s"
-    for run in RankRun.objects.filter(job=flood):
+    runs = list(RankRun.objects.filter(job=flood))
+    wait_until(
+        lambda: all(RankLogChunk.objects.filter(run=r).exists() for r in runs),
+        60,
+        "the server's copies of the logs",
+    )
+    for run in runs:
         chunks = RankLogChunk.objects.filter(run=run).order_by("offset")
         text = "".join(chunks.values_list("text", flat=True))
         assert "\x00" not in text and "\ufffd" in text

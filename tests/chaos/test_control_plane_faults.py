@@ -24,8 +24,9 @@ from .test_agent_faults import NODES, running, synced_since
 OUTAGE_S = float(os.environ.get("TOPOWEB_CHAOS_OUTAGE_S", "180"))
 
 
-def _terminate_backends(stop: threading.Event, every_s: float = 0.3) -> int:
-    """pg_terminate_backend every other session of the test database until `stop`; how many."""
+def _terminate_backends(stop: threading.Event, spare: int, every_s: float = 0.3) -> int:
+    """pg_terminate_backend every session of the test database but `spare` (the test's own) and
+    this one until `stop`; how many."""
     s = connection.settings_dict
     killed = 0
     with psycopg.connect(
@@ -39,7 +40,8 @@ def _terminate_backends(stop: threading.Event, every_s: float = 0.3) -> int:
         while not stop.is_set():
             rows = admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid <> %s",
+                (spare,),
             ).fetchall()
             killed += sum(1 for (ok,) in rows if ok)
             stop.wait(every_s)
@@ -73,7 +75,12 @@ def test_gunicorn_restart_and_dropped_db_connections(chaos, settings, tmp_path):
         wait_until(lambda: all(synced_since(chaos, n, 0) for n in NODES), 60, "both agents synced")
         stop = threading.Event()
         killed: list[int] = []
-        terminator = threading.Thread(target=lambda: killed.append(_terminate_backends(stop)), daemon=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            own = cursor.fetchone()[0]
+        terminator = threading.Thread(
+            target=lambda: killed.append(_terminate_backends(stop, own)), daemon=True
+        )
         first = chaos.submit(0, "alice-8", 8)
         second = chaos.submit(1, "bob-8", 8)
         chaos.fault()
