@@ -65,8 +65,8 @@ FENCE_SLACK_S = 30.0
 def fence_slack_s() -> float:
     """How much later than its lease an agent restarted after a long silence may still fence: it
     tries the server for up to this long before it stops re-adopted ranks (sent with every answer,
-    and part of the fence deadline). At most a quarter of the lease."""
-    return min(FENCE_SLACK_S, fence_after_s() / 4)
+    and part of the fence deadline). At most the lease itself."""
+    return min(FENCE_SLACK_S, fence_after_s())
 
 
 def poll_s() -> float:

@@ -170,7 +170,7 @@ def test_a_job_of_a_down_node_is_requeued_at_its_fence_deadline_and_placed_again
     # nothing moves.
     grace = 30.0  # the default stop grace of the job spec
     slack = agents.fence_slack_s()
-    assert slack == 5.0  # a quarter of the 20 s lease
+    assert slack == 20.0  # the 20 s lease (at most 30 s)
     deadline = seen + timedelta(seconds=15 + 20 + slack + grace + agents.FENCE_MARGIN_S)
     assert committed(agents.nodes_check, cluster=case44, now=deadline - timedelta(seconds=1))["fenced"] == []
     assert RankRun.objects.filter(job=job, state=RankState.STARTED).count() == 8
