@@ -181,7 +181,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
             os.kill(agent.pid, signal.SIGCONT)
         wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=30, what="the next job")
     assert not use.violations, use.violations
-    assert nxt.status == JobStatus.COMPLETED
+    assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
     # The fenced ranks took their 2 s checkpoint first: the next job came after their end.
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
     assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
@@ -219,7 +219,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
     finally:
         proxy.close()
     assert not use.violations, use.violations
-    assert nxt.status == JobStatus.COMPLETED
+    assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
 
 

@@ -155,7 +155,8 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
         def ended():
             agent_services.nodes_check(cluster=job.cluster)
             job.refresh_from_db()
-            return job.status not in (JobStatus.PLACING, JobStatus.RUNNING)
+            left = RankRun.objects.filter(job=job, generation=1, state=RankState.STARTED).exists()
+            return job.status not in (JobStatus.PLACING, JobStatus.RUNNING) and not left
 
         wait_for(ended, timeout_s=40, what="the fenced ranks' exits to end the job")
     # The watcher sampled throughout (each sample reads every process of the machine: slower under load).
