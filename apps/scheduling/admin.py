@@ -68,6 +68,7 @@ class JobAdmin(admin.ModelAdmin):
         "flows",
         "overdue",
         "preemptions",
+        "requeues",
         "requeue_reason",
         "requeued_at",
     ]
