@@ -16,7 +16,14 @@ from apps.topology.models import Cluster, Gpu
 from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, INFRA_EXIT_CAUSES, WAITING_STATUSES, ProposalStatus, RankState
+from .choices import (
+    ACTIVE_STATUSES,
+    FINISHED_STATUSES,
+    INFRA_EXIT_CAUSES,
+    WAITING_STATUSES,
+    ProposalStatus,
+    RankState,
+)
 from .models import Allocation, Job, LauncherToken, MigrationProposal, RankLogChunk, RankRun, SchedulingCycle
 
 
@@ -129,7 +136,9 @@ def job_ranks(*, job: Job) -> list[dict[str, Any]]:
     if not rows.exists():
         rows = Allocation.objects.filter(job=job)
     fields = ("rank", "gpu__node__name", "gpu__index", "gpu__nic__name")
-    if rows.filter(live=True).exists():
+    # A finished job whose ranks are still stopping holds some of its rows live: its placement
+    # is all of them, as booked.
+    if job.status not in FINISHED_STATUSES and rows.filter(live=True).exists():
         rows = rows.filter(live=True)
     else:
         fields = ("rank", "node_name", "gpu_index", "nic_name")
