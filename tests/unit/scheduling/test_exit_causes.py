@@ -210,3 +210,11 @@ def test_the_work_carries_the_jobs_limits(case44, nodes, alice, committed):
     other = submit(alice, committed, "k", 8)
     (work,) = [w for w in sync(nodes, job_ranks(job=other)[0]["node"]).json()["work"] if w["job"] == other.pk]
     assert work["pids_max"] is None and work["memory_mb"] is None
+
+
+def test_the_agent_and_the_server_name_the_same_causes():
+    """The agent (no Django) keeps its own copy of the causes it reports; the server knows each,
+    and one more of its own (node_down)."""
+    from apps.agent import runner
+
+    assert set(runner.CAUSES) | {ExitCause.NODE_DOWN} == set(ExitCause.values)
