@@ -23,6 +23,15 @@ def nodes(case44) -> NodeClients:
     return NodeClients(case44)
 
 
+@pytest.fixture(autouse=True)
+def fresh_work_cache():
+    """The work of a generation is cached per process by job id, which the next test's database
+    may give another job: none is left behind."""
+    agent_selectors._CACHE.clear()
+    yield
+    agent_selectors._CACHE.clear()
+
+
 def start_all(nodes, committed, job: Job) -> dict[str, list[int]]:
     """Every rank of the job reported started by its node; the ranks per node."""
     per_node: dict[str, list[int]] = {}
@@ -202,7 +211,6 @@ def test_the_job_page_shows_the_cause(case44, nodes, alice, committed, client):
 
 
 def test_the_work_carries_the_jobs_limits(case44, nodes, alice, committed):
-    agent_selectors._CACHE.clear()
     job = submit(alice, committed, "j", 8, pids_max=256, memory_mb=2048)
     node = job_ranks(job=job)[0]["node"]
     (work,) = sync(nodes, node).json()["work"]
