@@ -252,7 +252,6 @@ AUTHENTICATION_BACKENDS = ["apps.api.logins.ThrottledModelBackend"]
 LOGIN_FAILURE_LIMIT = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT") or 10)
 LOGIN_FAILURE_LIMIT_PER_IP = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT_PER_IP") or 50)
 LOGIN_FAILURE_WINDOW_S = 15 * 60
-LOGIN_DELAY_MAX_S = float(_env("TOPOWEB_LOGIN_DELAY_MAX_S") or 300)
 
 # Accounts, priority limits and fair share (apps/scheduling/accounts.py, apps/placement/priority.py).
 MAX_PRIORITY_USER = int(_env("TOPOWEB_MAX_PRIORITY_USER") or 100)
