@@ -26,7 +26,8 @@ from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
 from .cycle import schedule_cluster
 from .lifecycle import JobStateError
-from .models import Job, LauncherToken
+from .models import Job, LauncherToken, new_launcher_key
+from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
 
@@ -273,9 +274,9 @@ def job_preempt(*, job: Job, reason: str = "") -> Job:
         return job
 
 
-def launcher_token_create(*, cluster: Cluster) -> LauncherToken:
-    """A new launcher token for `cluster` (its `key` goes in `Authorization: Launcher <key>`)."""
-    token = LauncherToken(cluster=cluster)
-    token.full_clean()
-    token.save()
-    return token
+def launcher_token_create(*, cluster: Cluster) -> tuple[LauncherToken, str]:
+    """A new launcher token for `cluster`: the row (only the key's hash is stored) and the key,
+    which is shown once (`Authorization: Launcher <key>`)."""
+    key = new_launcher_key()
+    token = LauncherToken.objects.create(cluster=cluster, key_hash=node_key_hash(key), prefix=key[:10])
+    return token, key
