@@ -637,13 +637,12 @@ def _submit_placed(
     if not placed:
         return
     foreign = foreign_gpus(cluster.pk)
-    addrs = dict(NodeHealth.objects.filter(node__cluster=cluster).values_list("node__name", "addr"))
     all_nodes = [n.name for n in nodes]
     for job in placed:
-        _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now)
+        _submit_one(executor, client, job, foreign, all_nodes, result, now)
 
 
-def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -> None:
+def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
     rows = list(
         Allocation.objects.filter(job=job, generation=job.generation, live=True)
         .order_by("rank")
@@ -675,7 +674,8 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
             command=list(launch.command) or ["true"],
             env=dict(launch.env),
             workdir=workdir,
-            master_addr=addrs.get(rows[0][1]) or rows[0][1],
+            # The rank map's MASTER_ADDR (`rankmaps.rankmap_json`): rank 0's node, as Slurm names it.
+            master_addr=rows[0][1],
             master_port=master_port(job.pk, job.generation),
             all_nodes=all_nodes,
             partition=executor.partition,
