@@ -122,6 +122,11 @@ class SlurmRest:
         try:
             data = json.loads(raw or b"{}")
         except ValueError as exc:
+            if resp.status == 401:
+                raise SlurmError(
+                    f"slurmrestd at {self.url} refused the credentials (HTTP 401, {raw[:100].decode(errors='replace')}):"
+                    " under rest_auth/jwt TopoWeb needs a Slurm user with its token or the cluster's JWT key"
+                ) from exc
             raise SlurmError(f"slurmrestd answered HTTP {resp.status} without JSON: {raw[:200]!r}") from exc
         errors = [e for e in data.get("errors") or () if e.get("error_code") != 0 or e.get("error")]
         if errors and data.get("job_id") is None:

@@ -220,7 +220,7 @@ def submission(
     environment["TOPOWEB_JOB_ID"] = str(job_id)
     environment["TOPOWEB_GENERATION"] = str(generation)
     tag = comment(cluster, job_id, generation, server)
-    out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}.out"
+    out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}-%j.out"
     components = []
     for i, node in enumerate(nodes):
         others = [n for n in every if n != node]

@@ -676,7 +676,7 @@ def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
     workdir = launch.workdir or executor.output_dir or "/tmp"
     output = ""
     if executor.output_dir:
-        output = f"{executor.output_dir.rstrip('/')}/topoweb-{job.pk}-{job.generation}.out"
+        output = f"{executor.output_dir.rstrip('/')}/topoweb-{job.pk}-{job.generation}-%j.out"
     try:
         body = submission(
             cluster=job.cluster.name,
