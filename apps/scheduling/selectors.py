@@ -17,7 +17,16 @@ from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus, RankState
-from .models import Allocation, Job, LauncherToken, MigrationProposal, RankLogChunk, RankRun, SchedulingCycle
+from .models import (
+    Allocation,
+    Job,
+    LauncherToken,
+    MigrationProposal,
+    RankLogChunk,
+    RankRun,
+    SchedulingCycle,
+    UnixAccount,
+)
 
 
 def jobs_visible_to(
@@ -182,6 +191,12 @@ def proposals_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[
     if not getattr(user, "is_authenticated", False):
         return qs.none()
     return qs.filter(job__owner=user)
+
+
+def run_as(*, user_id: int, username: str) -> str:
+    """The Unix account a user's ranks run as, on every executor: their UnixAccount, else their
+    username."""
+    return UnixAccount.objects.filter(user_id=user_id).values_list("name", flat=True).first() or username
 
 
 def master_port(job_id: int, generation: int) -> int:

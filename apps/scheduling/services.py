@@ -25,11 +25,12 @@ from . import accounts, lifecycle
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
 from .cycle import schedule_cluster
+from .executor import owner_refusal
 from .lifecycle import JobStateError
 from .models import Job, LauncherToken, new_launcher_key
 from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
-from .selectors import cluster_for_spec
+from .selectors import cluster_for_spec, run_as
 
 __all__ = [
     "IdempotencyConflict",
@@ -162,6 +163,7 @@ def _submit(
     fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username(), fresh=fresh)
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
+    _check_owner(user, target)
     fields["account"] = accounts.account_of(user)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
     if fields["priority"] > limit:
@@ -173,6 +175,14 @@ def _submit(
     with transaction.atomic():
         _within_queued_caps(user, fields["account"], 1)
         return lifecycle.submit(job)
+
+
+def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
+    """SpecError naming `owner` when the cluster's executor cannot run the user's ranks as their
+    Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account)."""
+    why = owner_refusal(cluster.pk, run_as(user_id=user.pk, username=user.get_username()))
+    if why:
+        raise SpecError([("owner", why)])
 
 
 def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluster | None = None) -> list[Job]:
@@ -194,6 +204,7 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
                 target = clusters.get(str(named)) or cluster_for_spec(spec=spec)
                 clusters[target.name] = target
             fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+            _check_owner(user, target)
         except SpecError as exc:
             errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
             continue
