@@ -24,7 +24,16 @@ from .choices import (
     ProposalStatus,
     RankState,
 )
-from .models import Allocation, Job, LauncherToken, MigrationProposal, RankLogChunk, RankRun, SchedulingCycle
+from .models import (
+    Allocation,
+    Job,
+    LauncherToken,
+    MigrationProposal,
+    RankLogChunk,
+    RankRun,
+    SchedulingCycle,
+    UnixAccount,
+)
 
 
 def jobs_visible_to(
@@ -191,6 +200,12 @@ def proposals_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[
     if not getattr(user, "is_authenticated", False):
         return qs.none()
     return qs.filter(job__owner=user)
+
+
+def run_as(*, user_id: int, username: str) -> str:
+    """The Unix account a user's ranks run as, on every executor: their UnixAccount, else their
+    username."""
+    return UnixAccount.objects.filter(user_id=user_id).values_list("name", flat=True).first() or username
 
 
 def master_port(job_id: int, generation: int) -> int:

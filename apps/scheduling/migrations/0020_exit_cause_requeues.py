@@ -11,7 +11,7 @@ def exits_are_their_own(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0018_nodehealth"),
+        ("scheduling", "0019_launcher_key_hashes"),
     ]
 
     operations = [
