@@ -252,7 +252,6 @@ AUTHENTICATION_BACKENDS = ["apps.api.logins.ThrottledModelBackend"]
 LOGIN_FAILURE_LIMIT = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT") or 10)
 LOGIN_FAILURE_LIMIT_PER_IP = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT_PER_IP") or 50)
 LOGIN_FAILURE_WINDOW_S = 15 * 60
-LOGIN_DELAY_MAX_S = float(_env("TOPOWEB_LOGIN_DELAY_MAX_S") or 300)
 
 # Accounts, priority limits and fair share (apps/scheduling/accounts.py, apps/placement/priority.py).
 MAX_PRIORITY_USER = int(_env("TOPOWEB_MAX_PRIORITY_USER") or 100)
@@ -262,6 +261,13 @@ PRIORITY_WEIGHT_REQUESTED = float(_env("TOPOWEB_PRIORITY_WEIGHT_REQUESTED") or 1
 PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
 BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
+# Most jobs a user may have waiting (queued or preempted) across every cluster; a submission that
+# would go past it is refused whole (apps/scheduling/accounts.py queued_caps).
+MAX_QUEUED_PER_USER = int(_env("TOPOWEB_MAX_QUEUED_PER_USER") or 1000)
+if not 1 <= MAX_QUEUED_PER_USER <= 10_000_000:
+    raise ImproperlyConfigured(
+        f"TOPOWEB_MAX_QUEUED_PER_USER must be 1 .. 10,000,000, got {MAX_QUEUED_PER_USER}"
+    )
 
 # Retention in days, 0 keeps forever (apps/metrics/retention.py, a daily beat task).
 RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)

@@ -57,7 +57,7 @@ import httpx
 
 from . import VERSION
 from .accounts import system_account_refusal, uid_min
-from .cgroups import Cgroups, RankCgroup, gpu_devices
+from .cgroups import MEMORY_LIMIT, PIDS_LIMIT, Cgroups, RankCgroup, gpu_devices
 from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
@@ -86,8 +86,18 @@ REFUSED_EXIT = 126
 LOST_EXIT = 255
 # Processes and threads a rank may have at once (generous for data loaders; a fork bomb stops).
 DEFAULT_PIDS_MAX = 16384
+# The largest memory limit per rank, in MiB (4 TiB): --memory-max-mb and a job's memory_mb.
+MAX_MEMORY_MB = 4_194_304
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
+# Why a rank exited, as its exit report's `cause` says (the server's `ExitCause`): only EXITED,
+# a limit and REFUSED are the rank's own doing; the others are the node's or TopoWeb's.
+EXITED = "exited"
+LOST = "lost"
+FENCED = "fenced"
+STOPPED = "stopped"
+REFUSED = "refused"
+CAUSES = (EXITED, LOST, FENCED, STOPPED, PIDS_LIMIT, MEMORY_LIMIT, REFUSED)
 Key = tuple[int, int, int]
 
 
@@ -133,12 +143,23 @@ class LocalRank:
     exit_code: int | None = None
     tail_size: int = 0
     note: str = ""
+    # Why it exited or is being stopped (CAUSES); "" until the agent knows one.
+    cause: str = ""
+    # Its shim is gone without an exit file while the rank's cgroup still holds processes.
+    shim_lost: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         job, generation, rank = self.key
         return f"job-{job}-gen-{generation}-rank-{rank}"
+
+
+def _ceiling(asked: Any, bound: int) -> int:
+    """A job's per-rank limit under the operator's: the smaller of the two, either one when the
+    other is none (0 or absent)."""
+    asked = int(asked) if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+    return min(asked, bound) if asked and bound else asked or bound
 
 
 def _report_code(code: int | None) -> int:
@@ -263,6 +284,7 @@ class Agent:
         min_uid: int | None = None,
         system_accounts: tuple[str, ...] = (),
         pids_max: int = DEFAULT_PIDS_MAX,
+        memory_max_mb: int = 0,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -283,8 +305,10 @@ class Agent:
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
         self.system_accounts = frozenset(system_accounts)
-        # Processes and threads per rank (its cgroup's pids.max; 0: no limit).
+        # Processes and threads per rank (its cgroup's pids.max; 0: no limit), and memory per rank
+        # in MiB (0: none): each the ceiling of what a job asks (`pids_max`, `memory_mb`).
         self.pids_max = int(pids_max)
+        self.memory_max_mb = int(memory_max_mb)
         # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
         self.log_max_bytes = log_max_bytes
         self.logs: dict[Key, LogFile] = {}
@@ -514,6 +538,7 @@ class Agent:
         self.fenced += 1
         for local in running:
             local.note = f"fenced: the node agent had no contact with the server for {silent:.0f} s"
+            local.cause = FENCED
             self._begin_stop(local)
 
     # -- reconcile -----------------------------------------------------------------------------
@@ -531,7 +556,11 @@ class Agent:
                 if started.get(plan.rank):
                     # The server saw it start; this agent has no record of it (its state was lost).
                     self._report(
-                        key, "exited", exit_code=LOST_EXIT, log_tail="lost: the node agent lost its state"
+                        key,
+                        "exited",
+                        exit_code=LOST_EXIT,
+                        cause=LOST,
+                        log_tail="lost: the node agent lost its state",
                     )
                     continue
                 await self._start(key, plan, entry)
@@ -539,6 +568,7 @@ class Agent:
             if key in wanted:
                 continue
             if local.status is RankStatus.RUNNING:
+                local.cause = local.cause or STOPPED
                 self._begin_stop(local)
             elif local.status is RankStatus.EXITED and not any(k[:3] == key for k in self.outbox):
                 self._forget(local)
@@ -557,7 +587,13 @@ class Agent:
                 and not any(k[:3] == key for k in self.outbox)
             ):
                 # Its exit was sent but the server has not stored it: say it again.
-                self._report(key, "exited", exit_code=_report_code(local.exit_code), log_tail=local.note)
+                self._report(
+                    key,
+                    "exited",
+                    exit_code=_report_code(local.exit_code),
+                    cause=local.cause or EXITED,
+                    log_tail=local.note,
+                )
             return
         job, generation, rank = key
         group = None
@@ -572,6 +608,7 @@ class Agent:
             key,
             "exited",
             exit_code=LOST_EXIT,
+            cause=LOST,
             log_tail="lost: the node agent has no record of this rank and no process of it runs",
         )
 
@@ -588,7 +625,11 @@ class Agent:
         group.remove()
         self.orphans.pop(key, None)
         self._report(
-            key, "exited", exit_code=LOST_EXIT, log_tail="lost: stopped through its cgroup (no record of it)"
+            key,
+            "exited",
+            exit_code=LOST_EXIT,
+            cause=LOST,
+            log_tail="lost: stopped through its cgroup (no record of it)",
         )
 
     # -- starting ------------------------------------------------------------------------------
@@ -669,9 +710,11 @@ class Agent:
     def _refuse(self, local: LocalRank, code: int, reason: str) -> None:
         local.status = RankStatus.EXITED
         local.exit_code = code
+        local.cause = REFUSED
+        local.note = reason
         log.warning("rank %s not started: %s", local.name, reason)
         self._report(local.key, "started")
-        self._report(local.key, "exited", exit_code=code, log_tail=reason)
+        self._report(local.key, "exited", exit_code=code, cause=REFUSED, log_tail=reason)
 
     async def _start(self, key: Key, plan: RankPlan, entry: dict[str, Any]) -> None:
         job, generation, rank = key
@@ -695,8 +738,16 @@ class Agent:
         try:
             if self.cgroups is not None:
                 local.cgroup = self.cgroups.create(local.name)
-                if self.pids_max:
-                    local.cgroup.limit_pids(self.pids_max)
+                pids = _ceiling(entry.get("pids_max"), self.pids_max)
+                if pids:
+                    local.cgroup.limit_pids(pids)
+                memory_mb = _ceiling(entry.get("memory_mb"), self.memory_max_mb)
+                if memory_mb and not local.cgroup.limit_memory(memory_mb * 1024 * 1024):
+                    log.warning(
+                        "rank %s: no memory controller, its limit of %d MiB is not enforced",
+                        local.name,
+                        memory_mb,
+                    )
                 planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
                 denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
                 local.cgroup.deny_devices(denied)
@@ -780,23 +831,39 @@ class Agent:
             local.tasks.append(asyncio.ensure_future(self._watch(local)))
 
     # -- watching and stopping -----------------------------------------------------------------
-    def _main_exit(self, local: LocalRank) -> int | None:
-        """The rank's main process exit code once it exited (from the shim's exit file), else
-        None; LOST_EXIT when the shim is gone without writing one."""
+    def _exit_file(self, local: LocalRank) -> int | None:
         try:
             return int(json.loads((local.record / "exit").read_text())["exit_code"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            return None
+
+    def _main_exit(self, local: LocalRank) -> int | None:
+        """The rank's main process exit code once it exited (from the shim's exit file), else
+        None. When the shim is gone without writing one (it was killed), the rank is left
+        running while its cgroup holds processes (None), and is LOST_EXIT (cause LOST: its exit
+        status is unknowable) once the cgroup is empty, or at once without cgroups."""
+        code = self._exit_file(local)
+        if code is not None:
+            return code
         if local.proc is not None:
             if local.proc.returncode is None:
                 return None
-            return local.proc.returncode
-        if _alive(local.shim_pid):
+        elif _alive(local.shim_pid):
             return None
-        try:
-            return int(json.loads((local.record / "exit").read_text())["exit_code"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return LOST_EXIT
+        code = self._exit_file(local)
+        if code is not None:
+            return code
+        if local.cgroup is not None and not local.cgroup.empty():
+            if not local.shim_lost:
+                local.shim_lost = True
+                log.warning(
+                    "rank %s: its shim is gone; the rank runs on, watched through its cgroup", local.name
+                )
+            return None
+        local.cause = local.cause or LOST
+        if local.shim_lost or local.shim_pid:
+            local.note = local.note or "lost: its shim was killed; exit status unknown"
+        return LOST_EXIT
 
     def _gone(self, local: LocalRank) -> bool:
         """No process of the rank is left: its cgroup is empty (without cgroups: its process
@@ -819,10 +886,15 @@ class Agent:
             await asyncio.sleep(WATCH_S)
         local.status = RankStatus.EXITED
         local.exit_code = code
+        if not local.cause and code and local.cgroup is not None:
+            local.cause = local.cgroup.limit_hit() or ""
+        local.cause = local.cause or EXITED
         tail = read_tail(local.log_path)
         if local.note:
             tail = f"{tail}\n{local.note}" if tail else local.note
-        self._report(local.key, "exited", exit_code=_report_code(code), log_tail=tail[-TAIL_BYTES:])
+        self._report(
+            local.key, "exited", exit_code=_report_code(code), cause=local.cause, log_tail=tail[-TAIL_BYTES:]
+        )
 
     def _begin_stop(self, local: LocalRank) -> None:
         local.status = RankStatus.STOPPING
@@ -957,6 +1029,7 @@ class Agent:
         if self.stop_ranks_on_exit:
             for local in self.ranks.values():
                 if local.status is RankStatus.RUNNING:
+                    local.cause = local.cause or STOPPED
                     self._begin_stop(local)
             tasks = [t for local in self.ranks.values() for t in local.tasks]
             if tasks:

@@ -46,6 +46,12 @@ def test_check_deploy_is_clean_in_the_production_configuration():
     assert "WARNINGS" not in run.stderr + run.stdout
 
 
+def test_check_deploy_warns_without_num_proxies_in_production():
+    assert compose_env()["TOPOWEB_NUM_PROXIES"] == "1"
+    run = manage(["check", "--deploy"], compose_env(TOPOWEB_HTTPS="1", TOPOWEB_NUM_PROXIES="0"))
+    assert "api.W001" in run.stdout + run.stderr
+
+
 def test_without_https_check_deploy_names_the_missing_https_settings():
     run = manage(["check", "--deploy"], compose_env(TOPOWEB_HTTPS="0"))
     report = run.stdout + run.stderr

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.choices import JobStatus, NodeState, RankState
+from apps.scheduling.choices import ExitCause, JobStatus, NodeState, RankState
 from apps.scheduling.cycle import queue_cycle
 from apps.scheduling.lifecycle import RankEvent as RankReport
 from apps.scheduling.models import (
@@ -404,6 +404,7 @@ def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:
             event=str(i["event"]),
             pid=i.get("pid"),
             exit_code=i.get("exit_code"),
+            exit_cause=str(i.get("cause") or ExitCause.EXITED),
             log_tail=clean_text(str(i.get("log_tail") or "")),
         )
         for i in items

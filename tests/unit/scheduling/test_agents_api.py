@@ -162,7 +162,7 @@ def test_only_a_node_token_may_sync(alice_api, case44):
     body = {"node": "node-a", "version": "1"}
     assert alice_api.post("/api/v1/agents/sync/", body, format="json").status_code in (401, 403)
     launcher = APIClient()
-    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
+    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44)[1]}")
     assert launcher.post("/api/v1/agents/sync/", body, format="json").status_code in (401, 403)
     assert not NodeHealth.objects.exists()
 
@@ -170,7 +170,7 @@ def test_only_a_node_token_may_sync(alice_api, case44):
 def test_the_launcher_token_keeps_only_the_launcher_calls(case44, alice, committed):
     job = submit(alice, committed, "j", 2)
     launcher = APIClient()
-    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44).key}")
+    launcher.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=case44)[1]}")
     assert launcher.get(f"/api/v1/jobs/{job.pk}/logs/").status_code in (401, 403)
     assert launcher.get(f"/api/v1/jobs/{job.pk}/rankmap/").status_code == 200
     assert launcher.get(f"/api/v1/jobs/{job.pk}/placement/").status_code == 200
