@@ -121,7 +121,7 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
     the node is declared down (node-b's agent shows the server answering), but the job is neither
     requeued nor placed again while its ranks may live. Thawed, the agent finds its lease expired
     and fences them (SIGTERM ignored, SIGKILL after the grace) and reports the exits, which end
-    the job. A /proc watcher checks every 0.1 s that no job ever has live processes of two
+    the job back to the queue (fenced is not the job's own failure). A /proc watcher checks every 0.1 s that no job ever has live processes of two
     generations."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
     settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
@@ -156,9 +156,11 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
             agent_services.nodes_check(cluster=job.cluster)
             job.refresh_from_db()
             left = RankRun.objects.filter(job=job, generation=1, state=RankState.STARTED).exists()
-            return job.status not in (JobStatus.PLACING, JobStatus.RUNNING) and not left
+            return (
+                job.generation > 1 or job.status not in (JobStatus.PLACING, JobStatus.RUNNING)
+            ) and not left
 
-        wait_for(ended, timeout_s=40, what="the fenced ranks' exits to end the job")
+        wait_for(ended, timeout_s=40, what="the fenced ranks' exits to requeue the job")
     # The watcher sampled throughout (each sample reads every process of the machine: slower under load).
     assert seen.samples >= 10
     assert seen.generation_violations == []
@@ -168,6 +170,11 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
     # Killed by the agent after its grace (-9), not counted gone by the server's deadline.
     assert {r.exit_code for r in old} == {-9}
     assert all("fenced" in r.log_tail for r in old)
+    # Fenced is not the job's own failure: the `requeue: true` job went back to the queue.
+    assert {r.exit_cause for r in old} == {"fenced"}
+    job.refresh_from_db()
+    assert job.status != JobStatus.FAILED, job.pending_reason
+    assert job.requeues == 1
     assert {r["node"] for r in job_ranks(job=job)} <= {node, other}
     wait_for(
         lambda: NodeHealth.objects.get(node__name=node, node__cluster=job.cluster).state == NodeState.UP,
