@@ -15,9 +15,24 @@ Each rank runs under a shim (`shim.py`, its parent) in its own cgroup (`cgroups.
 owner's Unix account. A rank has exited when its main process exited and its cgroup is empty;
 processes left behind by a main process that exited are stopped like the rank. Every rank is
 recorded in the state directory, so an agent that crashed or restarted re-adopts its live ranks
-and learns the exits it missed. An agent that has not reached the server for `fence_after_s`
-stops its ranks (fencing): the server gives their GPUs to others only after the node reported
-them gone.
+and learns the exits it missed.
+
+Fencing. An agent whose syncs have not been answered for `fence_after_s` (its lease, counted
+from when its last answered request left) stops its ranks: the server gives their GPUs to
+others only after the node reported them gone or at the node's fence deadline. Every answer
+carries `fence_after_s` and `fence_slack_s`, and the agent records them with the contact's wall
+time in `lease.json`. An agent restarted with an old lease does not fence at once: it tries the
+server first, and fences at max(contact + fence_after_s, min(start + fence_slack_s, contact +
+fence_after_s + fence_slack_s)) unless a sync is answered before (which renews the lease). Why the
+server never frees a GPU a live rank may use: let c be the contact's time; the server saw that
+heartbeat at h >= c and its `last_seen` is > h - down_after_s / 2 (an unchanged heartbeat is
+written at most that often). A running agent begins stopping at c + fence_after_s, a restarted
+one at c + fence_after_s + fence_slack_s at the latest (both terms of the max are bounded so),
+and SIGKILLs what is left a stop grace later; the server's fence deadline is last_seen +
+down_after_s / 2 + fence_after_s + fence_slack_s + the longest stop grace + a margin (the watch
+period, clock skew), which is later. This holds while an agent runs on the node (a stopped agent
+fences nothing: run it under systemd with Restart=always) and while the node's clock does not
+jump (the lease survives a restart in wall time).
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ from .cgroups import MEMORY_LIMIT, PIDS_LIMIT, Cgroups, RankCgroup, gpu_devices
 from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
+from .logs import read_tail as log_tail
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -165,15 +181,9 @@ def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a file as text ('' if it is missing; see `safe_text`)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - limit, 0))
-            return safe_text(fh.read())
-    except OSError:
-        return ""
+    """The last `limit` bytes of a rank's output as text, across a rotation ('' if its log is
+    missing; see `safe_text`)."""
+    return safe_text(log_tail(path, limit))
 
 
 def _stat_fields(pid: int) -> list[bytes]:
@@ -312,6 +322,11 @@ class Agent:
         self.refused = 0
         self.fenced = 0
         self._last_ok = time.monotonic()
+        # How much later than the lease the server still lets a restarted agent fence (from its
+        # answers; 0 until one said) and, after a restart, the monotonic time before which this
+        # agent does not fence while it tries to reach the server (0: none).
+        self.fence_slack_s = 0.0
+        self._fence_not_before = 0.0
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -447,6 +462,8 @@ class Agent:
         self.refused += len(answer.get("refused") or ())
         if answer.get("fence_after_s"):
             self.fence_after_s = float(answer["fence_after_s"])
+        self.fence_slack_s = float(answer.get("fence_slack_s") or 0.0)
+        self._fence_not_before = 0.0
         self._save_lease(time.time() - (time.monotonic() - sent))
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
@@ -463,21 +480,35 @@ class Agent:
         path = self.state_dir / "lease.json"
         try:
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"contact": contact, "fence_after_s": self.fence_after_s}))
+            lease = {
+                "contact": contact,
+                "fence_after_s": self.fence_after_s,
+                "fence_slack_s": self.fence_slack_s,
+            }
+            tmp.write_text(json.dumps(lease))
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot record the lease in %s: %s", path, exc)
 
     def _load_lease(self) -> None:
+        """Count the lease from the recorded contact, and give a restarted agent until
+        min(start + slack, contact + lease + slack) to reach the server before it fences (see the
+        module's docstring): a crash late in a long-poll and a restart a minute later must not
+        stop ranks the server still counts running."""
         try:
             data = json.loads((self.state_dir / "lease.json").read_text())
             contact, fence = float(data["contact"]), data.get("fence_after_s")
+            slack = max(float(data.get("fence_slack_s") or 0.0), 0.0)
         except (OSError, ValueError, KeyError, TypeError):
             return
         if fence and not self.fence_after_s:
             self.fence_after_s = float(fence)
+        self.fence_slack_s = slack
+        now = time.monotonic()
         silent = max(time.time() - contact, 0.0)
-        self._last_ok = time.monotonic() - silent
+        self._last_ok = now - silent
+        if self.fence_after_s:
+            self._fence_not_before = min(now + slack, self._last_ok + self.fence_after_s + slack)
 
     async def _fence_watch(self) -> None:
         """Check the lease every quarter second, also while a sync hangs."""
@@ -490,8 +521,9 @@ class Agent:
         off for longer is declared down, and its GPUs must be free when it is."""
         if not self.fence_after_s:
             return
-        silent = time.monotonic() - self._last_ok
-        if silent < self.fence_after_s:
+        now = time.monotonic()
+        silent = now - self._last_ok
+        if silent < self.fence_after_s or now < self._fence_not_before:
             return
         running = [r for r in self.ranks.values() if r.status is RankStatus.RUNNING]
         if not running:
@@ -920,7 +952,8 @@ class Agent:
 
     def _log_chunks(self) -> list[dict[str, Any]]:
         """The next piece of every rank log with output the server lacks: every `log_every_s`
-        for running ranks, at once (and larger) for exited ones; within MAX_LOG_BYTES."""
+        for running ranks, at once (and larger) for exited ones and for output rotated to
+        `<log>.1` unshipped; within MAX_LOG_BYTES."""
         for key, local in self.ranks.items():
             self._log_file(key, local.log_path)
         due = time.monotonic() - self._logs_at >= self.log_every_s
@@ -933,9 +966,11 @@ class Agent:
                 if final:
                     del self.logs[key]
                 continue
-            if not (due or final) or len(chunks) >= MAX_LOG_CHUNKS:
+            # Output that rotated away unshipped goes at once, before the file rotates again.
+            urgent = final or logfile.backlog()
+            if not (due or urgent) or len(chunks) >= MAX_LOG_CHUNKS:
                 continue
-            piece = logfile.chunk(FINAL_CHUNK_BYTES if final else MAX_LOG_BYTES // 8, final=final)
+            piece = logfile.chunk(FINAL_CHUNK_BYTES if urgent else MAX_LOG_BYTES // 8, final=final)
             if piece is None:
                 continue
             job, generation, rank = key

@@ -138,7 +138,7 @@ NODE_STATE_HELP = {
     NodeState.UP: "Heartbeats arrive; its healthy GPUs take new placements.",
     NodeState.DRAINING: "An operator drained it: no new placements; the jobs on it run to their end.",
     NodeState.DRAINED: "Drained and empty: no job runs on it and none will be placed until it is resumed.",
-    NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set and its jobs failed or were requeued.",
+    NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set; its jobs run on until its fence deadline, then fail or requeue.",
     NO_AGENT: "No agent ever reported from it: it still takes placements (an outside launcher may run "
     "its jobs), but nothing says it is alive.",
     UNHEALTHY: "Its agent reported one or more GPUs unhealthy (an XID error, or missing from nvidia-smi): "

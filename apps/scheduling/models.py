@@ -301,6 +301,7 @@ from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeToken,
     RankLogChunk,
     RankRun,
+    SyncPulse,
     UnixAccount,
 )
 from .occupancy_models import ClusterOccupancy, OccupancyChange  # noqa: E402  (kept occupancy)
@@ -320,5 +321,6 @@ __all__ = [
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",
+    "SyncPulse",
     "UnixAccount",
 ]

@@ -57,6 +57,20 @@ class NodeHealth(models.Model):
         return f"agent of node {self.node_id}: {self.state}"
 
 
+class SyncPulse(models.Model):
+    """The agents' sync endpoint as the nodes saw it (one row): `answered_at`, when it last
+    answered any node (written at most every few seconds), and `back_at`, when it answered again
+    after its last outage (a gap between answers longer than a poll). A node is blamed for its
+    silence only over time the server was answering others: a web or database outage counts
+    against no node."""
+
+    answered_at = models.DateTimeField()
+    back_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"sync answered at {self.answered_at}, since {self.back_at}"
+
+
 class RankRun(models.Model):
     """One rank process of one job generation as its agent reported it: started, then exited with
     `exit_code` (negative: killed by that signal) for `exit_cause` (its own exit, or lost, fenced,

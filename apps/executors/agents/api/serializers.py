@@ -135,6 +135,7 @@ class AgentSyncSerializer(serializers.Serializer):
             inventory=None if gpus is None else [dict(g) for g in gpus],
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
             running=len(data["running"]) + len(data["stopping"]),
+            ranks=frozenset(tuple(k) for k in [*data["running"], *data["stopping"]]),
             isolation=data.get("isolation", ""),
         )
 
