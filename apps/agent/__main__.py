@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cgroups import CgroupError, detect
-from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, Agent
+from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, LOCKED_EXIT, Agent, StateDirBusy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad token file."""
+    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad argument or token file, 75
+    when another agent holds the state directory."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -173,6 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         dev_dir=args.dev_dir,
         log_max_bytes=int(args.log_max_mb * 1024 * 1024),
     )
+
+    try:
+        agent.lock_state_dir()
+    except StateDirBusy as exc:
+        print(f"topoweb-agent: {exc}", file=sys.stderr)
+        return LOCKED_EXIT
+    except OSError as exc:
+        print(f"topoweb-agent: cannot lock the state directory {agent.state_dir}: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
