@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " (default /var/lib/topoweb-agent/NODE)",
     )
     parser.add_argument(
+        "--lock-dir",
+        default="/var/lib/topoweb-agent",
+        help="where the agent locks its node (NODE.lock): one agent per node on a host, and the"
+        " last one's instance, so its successor on this host syncs at once",
+    )
+    parser.add_argument(
         "--cgroups",
         choices=["auto", "v1", "v2"],
         default="auto",
@@ -173,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,
         log_max_bytes=int(args.log_max_mb * 1024 * 1024),
+        lock_dir=args.lock_dir,
     )
 
     try:
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"topoweb-agent: {exc}", file=sys.stderr)
         return LOCKED_EXIT
     except OSError as exc:
-        print(f"topoweb-agent: cannot lock the state directory {agent.state_dir}: {exc}", file=sys.stderr)
+        print(f"topoweb-agent: cannot take the agent's locks: {exc}", file=sys.stderr)
         return 2
 
     async def run() -> None:

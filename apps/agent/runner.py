@@ -290,6 +290,7 @@ class Agent:
         min_uid: int | None = None,
         system_accounts: tuple[str, ...] = (),
         pids_max: int = DEFAULT_PIDS_MAX,
+        lock_dir: str | Path | None = None,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -341,30 +342,51 @@ class Agent:
         # Orphans of another server (or of an unknown one): stopped, never reported as ranks.
         self.foreign: dict[Key, str] = {}
         self._refused_logged: float | None = None
-        self._lock_fd: int | None = None
+        # The host's lock for this node (`lock_dir/NODE.lock`, outside the state directory): one
+        # agent per node per host, and the instance that held it last (its successor on this
+        # host takes over at once, even when the state directory was lost).
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self.host_previous = ""
+        self._lock_fds: list[int] = []
 
     # -- one agent per state directory ---------------------------------------------------------
     def lock_state_dir(self) -> None:
-        """Hold an exclusive lock on the state directory for this agent's life (StateDirBusy
-        when another agent holds it): two agents on one state directory would each take the
-        other's ranks for their own, or for orphans."""
-        if self._lock_fd is not None:
+        """Hold exclusive locks for this agent's life: on the state directory, and on this node
+        on this host (`lock_dir`, when given). StateDirBusy when another agent holds either: two
+        agents on one state directory or one node's cgroup tree would each take the other's
+        ranks for their own, or for orphans."""
+        if self._lock_fds:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self.state_dir / "agent.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        locks = [(self.state_dir / "agent.lock", f"the state directory {self.state_dir}")]
+        if self.lock_dir is not None:
+            if "/" in self.node or self.node in ("", ".", ".."):
+                raise StateDirBusy(f"node name {self.node!r} cannot name a lock file")
+            self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            locks.append((self.lock_dir / f"{self.node}.lock", f"node {self.node} on this host"))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise StateDirBusy(
-                f"another agent (pid {holder}) holds the state directory {self.state_dir}; one agent"
-                f" per node: stop that one first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+            for path, what in locks:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self._lock_fds.append(fd)
+                before = os.pread(fd, 128, 0).decode(errors="replace").split()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = before[0] if before else "unknown"
+                    raise StateDirBusy(
+                        f"another agent (pid {holder}) holds {what} ({path}); one agent per node:"
+                        " stop that one first"
+                    ) from None
+                if len(before) > 1 and path.parent == self.lock_dir:
+                    self.host_previous = before[1]
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {self.instance}\n".encode(), 0)
+                os.fsync(fd)
+        except BaseException:
+            for fd in self._lock_fds:
+                os.close(fd)
+            self._lock_fds.clear()
+            raise
 
     # -- control -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -586,9 +608,12 @@ class Agent:
         return {k: str(data.get(k) or "") for k in ("server", "cluster", "node", "instance")}
 
     def _previous(self) -> str:
-        """The agent instance this state directory last synced as: the server lets its successor
-        (this agent, holding the directory's lock, so that one is gone) take over at once."""
-        return self.identity.get("instance", "") if isinstance(self.identity, dict) else ""
+        """The agent instance this state directory last synced as (else the one that last held
+        this node's host lock): the server lets its successor (this agent, holding the locks, so
+        that one is gone) take over at once."""
+        if isinstance(self.identity, dict) and self.identity.get("instance"):
+            return self.identity["instance"]
+        return self.host_previous
 
     def _confirm(self, answer: dict[str, Any]) -> None:
         """At the first answered sync: the records are this server's when the state directory's
@@ -770,9 +795,15 @@ class Agent:
         """SIGTERM what the cgroup of a rank without a record holds, kill it after the default
         grace, then report the rank gone."""
         deadline = time.monotonic() + ORPHAN_GRACE_S
+        termed: set[int] = set()
         while not group.empty():
             if time.monotonic() < deadline:
-                group.terminate()
+                # Each process once, as a rank is stopped: a SIGTERM handler (a checkpoint) runs once.
+                with contextlib.suppress(OSError):
+                    for pid in group.pids() - termed:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGTERM)
+                        termed.add(pid)
             else:
                 group.kill()
             await asyncio.sleep(0.25)
