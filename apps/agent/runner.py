@@ -18,6 +18,13 @@ recorded in the state directory, so an agent that crashed or restarted re-adopts
 and learns the exits it missed. An agent that has not reached the server for `fence_after_s`
 stops its ranks (fencing): the server gives their GPUs to others only after the node reported
 them gone.
+
+The cgroup tree is the truth: a rank cgroup holding processes that no record of this server's
+names is an orphan, stopped and reported, and no rank starts until none is left. The state
+directory records the server it was made for (`identity.json`); until the first answer confirms
+it nothing recorded is reported, and records of another server are disowned. One agent runs per
+state directory and per node on a host (flock), and the server binds a node to one agent
+instance at a time (a second one gets 409).
 """
 
 from __future__ import annotations
