@@ -550,6 +550,8 @@ def _advance(job: Job, now: datetime) -> None:
             seen=Count("id"), exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0))
         )
         if counts["exited"] == job.gpus:
+            # Every rank started, even when their starts came with their exits: it ran.
+            start(job=job, now=now)
             finish(job=job, status=JobStatus.COMPLETED, now=now)
             return
         if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:
