@@ -545,8 +545,7 @@ class Agent:
                 del self.outbox[key]
         self._logs_shipped(chunks, answer)
         self.state = answer.get("state", "unknown")
-        if not self.confirmed:
-            self._confirm(answer)
+        self._confirm(answer)
         await self._reconcile(answer.get("work", []), answer.get("stop") or [])
 
     # -- fencing -------------------------------------------------------------------------------
@@ -627,13 +626,20 @@ class Agent:
         identity names this server, cluster and node (or names none: a first start, or records of
         an agent before identities). Otherwise every recorded rank is disowned (its processes are
         stopped as orphans, nothing of it reported). Then the identity is recorded, and the
-        cgroup tree read."""
+        cgroup tree read. At every later answer: a server that answers as another (its database
+        was replaced) has the ranks of the one before disowned the same way."""
         mine = {
             "server": str(answer.get("server_id") or ""),
             "cluster": str(answer.get("cluster") or ""),
             "node": str(answer.get("node") or self.node),
         }
         recorded = self.identity
+        if (
+            self.confirmed
+            and isinstance(recorded, dict)
+            and all(recorded.get(k) == v for k, v in mine.items())
+        ):
+            return
         if recorded is not None and (
             not isinstance(recorded, dict) or any(recorded.get(k) != v for k, v in mine.items())
         ):

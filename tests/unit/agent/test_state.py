@@ -233,3 +233,20 @@ def test_no_rank_starts_while_orphans_remain_and_an_orphan_is_not_reported_lost(
     run_loop(main)
     # Rank 0 runs as an orphan (not reported lost), rank 1 waits for the orphan to be gone.
     assert agent.ranks == {} and agent.outbox == {}
+
+
+def test_a_server_that_answers_as_another_later_has_the_ranks_of_the_one_before_disowned(tmp_path, sleeper):
+    """The database behind the server was replaced while the agent ran: its ranks are the old
+    server's, stopped and never reported to the new one again."""
+    from apps.agent.runner import process_start
+
+    agent = _agent(tmp_path)
+    _record(agent, sleeper.pid, process_start(sleeper.pid))
+    write_atomic(
+        agent.state_dir / "identity.json", json.dumps({"server": "5e7e1d01", "cluster": "c", "node": "n"})
+    )
+    _sync_twice(agent, [{**SERVER, "work": []}, {**SERVER, "server_id": "0new0001", "work": []}])
+    assert KEY not in agent.ranks and agent.foreign[KEY] == "5e7e1d01"
+    assert not any(k[:3] == KEY for k in agent.outbox)
+    assert json.loads((agent.state_dir / "identity.json").read_text())["server"] == "0new0001"
+    assert sleeper.wait(timeout=5) == -15
