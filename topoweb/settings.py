@@ -252,7 +252,6 @@ AUTHENTICATION_BACKENDS = ["apps.api.logins.ThrottledModelBackend"]
 LOGIN_FAILURE_LIMIT = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT") or 10)
 LOGIN_FAILURE_LIMIT_PER_IP = int(_env("TOPOWEB_LOGIN_FAILURE_LIMIT_PER_IP") or 50)
 LOGIN_FAILURE_WINDOW_S = 15 * 60
-LOGIN_DELAY_MAX_S = float(_env("TOPOWEB_LOGIN_DELAY_MAX_S") or 300)
 
 # Accounts, priority limits and fair share (apps/scheduling/accounts.py, apps/placement/priority.py).
 MAX_PRIORITY_USER = int(_env("TOPOWEB_MAX_PRIORITY_USER") or 100)
@@ -262,6 +261,13 @@ PRIORITY_WEIGHT_REQUESTED = float(_env("TOPOWEB_PRIORITY_WEIGHT_REQUESTED") or 1
 PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
 BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
+# Most jobs a user may have waiting (queued or preempted) across every cluster; a submission that
+# would go past it is refused whole (apps/scheduling/accounts.py queued_caps).
+MAX_QUEUED_PER_USER = int(_env("TOPOWEB_MAX_QUEUED_PER_USER") or 1000)
+if not 1 <= MAX_QUEUED_PER_USER <= 10_000_000:
+    raise ImproperlyConfigured(
+        f"TOPOWEB_MAX_QUEUED_PER_USER must be 1 .. 10,000,000, got {MAX_QUEUED_PER_USER}"
+    )
 
 # Retention in days, 0 keeps forever (apps/metrics/retention.py, a daily beat task).
 RETAIN_REPORTS_DAYS = float(_env("TOPOWEB_RETAIN_REPORTS_DAYS") or 30)
@@ -397,18 +403,19 @@ if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
         "TOPOWEB_AGENT_DOWN_AFTER_S must be at least three times TOPOWEB_AGENT_POLL_S "
         "(an idle node's heartbeat is written once half of it has passed)"
     )
-# The agents' lease: an agent that has not reached the server for this long stops its ranks, so
-# a node declared down (after TOPOWEB_AGENT_DOWN_AFTER_S) runs nothing by then.
+# The agents' lease: an agent whose syncs have not been answered this long stops its ranks. It
+# is what a control-plane outage (web or database) may last without stopping any rank: 12
+# minutes covers 10 minutes plus the long-poll in flight and the retry backoff. A node is down
+# after TOPOWEB_AGENT_DOWN_AFTER_S of silence while the server answered others (it takes no new
+# work); its jobs fail or requeue only at its fence deadline (about the lease plus half the down
+# time plus the stop grace after its last heartbeat): see docs/operations.md.
 try:
-    TOPOWEB_AGENT_FENCE_AFTER_S = float(
-        _env("TOPOWEB_AGENT_FENCE_AFTER_S", str(TOPOWEB_AGENT_DOWN_AFTER_S * 2 / 3))
-    )
+    TOPOWEB_AGENT_FENCE_AFTER_S = float(_env("TOPOWEB_AGENT_FENCE_AFTER_S", "720"))
 except ValueError:
     raise ImproperlyConfigured("TOPOWEB_AGENT_FENCE_AFTER_S must be seconds") from None
-if not TOPOWEB_AGENT_POLL_S < TOPOWEB_AGENT_FENCE_AFTER_S < TOPOWEB_AGENT_DOWN_AFTER_S:
+if not TOPOWEB_AGENT_POLL_S < TOPOWEB_AGENT_FENCE_AFTER_S <= 86400:
     raise ImproperlyConfigured(
-        "TOPOWEB_AGENT_FENCE_AFTER_S must be longer than TOPOWEB_AGENT_POLL_S and shorter than"
-        " TOPOWEB_AGENT_DOWN_AFTER_S"
+        "TOPOWEB_AGENT_FENCE_AFTER_S must be longer than TOPOWEB_AGENT_POLL_S and at most a day"
     )
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
 # The MASTER_PORT range of agent-run jobs, "LOW-HIGH": each generation gets a port unique among

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cgroups import CgroupError, detect
-from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, LOCKED_EXIT, Agent, StateDirBusy
+from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, LOCKED_EXIT, MAX_MEMORY_MB, Agent, StateDirBusy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,6 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f" default {DEFAULT_PIDS_MAX})",
     )
     parser.add_argument(
+        "--memory-max-mb",
+        type=int,
+        default=0,
+        help="the most memory a rank may use, in MiB (its cgroup's memory.max or"
+        " memory.limit_in_bytes; a job's memory_mb below it applies; 0: no ceiling)",
+    )
+    parser.add_argument(
         "--system-account",
         action="append",
         default=[],
@@ -131,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.pids_max <= 4_194_304:
         print("--pids-max: must be 0 (no limit) to 4194304 (the kernel's pid_max bound)", file=sys.stderr)
         return 2
+    if not 0 <= args.memory_max_mb <= MAX_MEMORY_MB:
+        print(f"--memory-max-mb: must be 0 (no ceiling) to {MAX_MEMORY_MB} MiB (4 TiB)", file=sys.stderr)
+        return 2
     if os.geteuid() != 0 and not args.single_user:
         print(
             "topoweb-agent: must run as root to start ranks as their owners (--single-user runs"
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         min_uid=args.min_uid,
         system_accounts=tuple(args.system_account),
         pids_max=args.pids_max,
+        memory_max_mb=args.memory_max_mb,
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,

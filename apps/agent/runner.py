@@ -15,9 +15,24 @@ Each rank runs under a shim (`shim.py`, its parent) in its own cgroup (`cgroups.
 owner's Unix account. A rank has exited when its main process exited and its cgroup is empty;
 processes left behind by a main process that exited are stopped like the rank. Every rank is
 recorded in the state directory, so an agent that crashed or restarted re-adopts its live ranks
-and learns the exits it missed. An agent that has not reached the server for `fence_after_s`
-stops its ranks (fencing): the server gives their GPUs to others only after the node reported
-them gone.
+and learns the exits it missed.
+
+Fencing. An agent whose syncs have not been answered for `fence_after_s` (its lease, counted
+from when its last answered request left) stops its ranks: the server gives their GPUs to
+others only after the node reported them gone or at the node's fence deadline. Every answer
+carries `fence_after_s` and `fence_slack_s`, and the agent records them with the contact's wall
+time in `lease.json`. An agent restarted with an old lease does not fence at once: it tries the
+server first, and fences at max(contact + fence_after_s, min(start + fence_slack_s, contact +
+fence_after_s + fence_slack_s)) unless a sync is answered before (which renews the lease). Why the
+server never frees a GPU a live rank may use: let c be the contact's time; the server saw that
+heartbeat at h >= c and its `last_seen` is > h - down_after_s / 2 (an unchanged heartbeat is
+written at most that often). A running agent begins stopping at c + fence_after_s, a restarted
+one at c + fence_after_s + fence_slack_s at the latest (both terms of the max are bounded so),
+and SIGKILLs what is left a stop grace later; the server's fence deadline is last_seen +
+down_after_s / 2 + fence_after_s + fence_slack_s + the longest stop grace + a margin (the watch
+period, clock skew), which is later. This holds while an agent runs on the node (a stopped agent
+fences nothing: run it under systemd with Restart=always) and while the node's clock does not
+jump (the lease survives a restart in wall time).
 
 The cgroup tree is the truth: a rank cgroup holding processes that no record of this server's
 names is an orphan, stopped and reported, and no rank starts until none is left. The state
@@ -53,10 +68,11 @@ import httpx
 
 from . import VERSION
 from .accounts import system_account_refusal, uid_min
-from .cgroups import Cgroups, RankCgroup, gpu_devices
+from .cgroups import MEMORY_LIMIT, PIDS_LIMIT, Cgroups, RankCgroup, gpu_devices
 from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
+from .logs import read_tail as log_tail
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -81,6 +97,8 @@ REFUSED_EXIT = 126
 LOST_EXIT = 255
 # Processes and threads a rank may have at once (generous for data loaders; a fork bomb stops).
 DEFAULT_PIDS_MAX = 16384
+# The largest memory limit per rank, in MiB (4 TiB): --memory-max-mb and a job's memory_mb.
+MAX_MEMORY_MB = 4_194_304
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
 # At most this many orphans (with at most ORPHAN_PIDS pids each) go in one sync.
@@ -91,6 +109,14 @@ REFUSED_LOG_S = 60.0
 # An agent that finds its state directory locked by another exits with this code (EX_TEMPFAIL).
 LOCKED_EXIT = 75
 RANK_CGROUP = re.compile(r"^job-([0-9]{1,10})-gen-([0-9]{1,10})-rank-([0-9]{1,10})$")
+# Why a rank exited, as its exit report's `cause` says (the server's `ExitCause`): only EXITED,
+# a limit and REFUSED are the rank's own doing; the others are the node's or TopoWeb's.
+EXITED = "exited"
+LOST = "lost"
+FENCED = "fenced"
+STOPPED = "stopped"
+REFUSED = "refused"
+CAUSES = (EXITED, LOST, FENCED, STOPPED, PIDS_LIMIT, MEMORY_LIMIT, REFUSED)
 Key = tuple[int, int, int]
 
 
@@ -161,12 +187,23 @@ class LocalRank:
     exit_code: int | None = None
     tail_size: int = 0
     note: str = ""
+    # Why it exited or is being stopped (CAUSES); "" until the agent knows one.
+    cause: str = ""
+    # Its shim is gone without an exit file while the rank's cgroup still holds processes.
+    shim_lost: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         job, generation, rank = self.key
         return f"job-{job}-gen-{generation}-rank-{rank}"
+
+
+def _ceiling(asked: Any, bound: int) -> int:
+    """A job's per-rank limit under the operator's: the smaller of the two, either one when the
+    other is none (0 or absent)."""
+    asked = int(asked) if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+    return min(asked, bound) if asked and bound else asked or bound
 
 
 def _report_code(code: int | None) -> int:
@@ -188,15 +225,9 @@ def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a file as text ('' if it is missing; see `safe_text`)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - limit, 0))
-            return safe_text(fh.read())
-    except OSError:
-        return ""
+    """The last `limit` bytes of a rank's output as text, across a rotation ('' if its log is
+    missing; see `safe_text`)."""
+    return safe_text(log_tail(path, limit))
 
 
 def _stat_fields(pid: int) -> list[bytes]:
@@ -298,6 +329,7 @@ class Agent:
         system_accounts: tuple[str, ...] = (),
         pids_max: int = DEFAULT_PIDS_MAX,
         lock_dir: str | Path | None = None,
+        memory_max_mb: int = 0,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -318,8 +350,10 @@ class Agent:
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
         self.system_accounts = frozenset(system_accounts)
-        # Processes and threads per rank (its cgroup's pids.max; 0: no limit).
+        # Processes and threads per rank (its cgroup's pids.max; 0: no limit), and memory per rank
+        # in MiB (0: none): each the ceiling of what a job asks (`pids_max`, `memory_mb`).
         self.pids_max = int(pids_max)
+        self.memory_max_mb = int(memory_max_mb)
         # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
         self.log_max_bytes = log_max_bytes
         self.logs: dict[Key, LogFile] = {}
@@ -333,6 +367,11 @@ class Agent:
         self.refused = 0
         self.fenced = 0
         self._last_ok = time.monotonic()
+        # How much later than the lease the server still lets a restarted agent fence (from its
+        # answers; 0 until one said) and, after a restart, the monotonic time before which this
+        # agent does not fence while it tries to reach the server (0: none).
+        self.fence_slack_s = 0.0
+        self._fence_not_before = 0.0
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -538,6 +577,8 @@ class Agent:
         self.refused += len(answer.get("refused") or ())
         if answer.get("fence_after_s"):
             self.fence_after_s = float(answer["fence_after_s"])
+        self.fence_slack_s = float(answer.get("fence_slack_s") or 0.0)
+        self._fence_not_before = 0.0
         self._save_lease(time.time() - (time.monotonic() - sent))
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
@@ -554,20 +595,34 @@ class Agent:
         off: it fences its re-adopted ranks on time, not a whole lease after its start."""
         path = self.state_dir / "lease.json"
         try:
-            write_atomic(path, json.dumps({"contact": contact, "fence_after_s": self.fence_after_s}))
+            lease = {
+                "contact": contact,
+                "fence_after_s": self.fence_after_s,
+                "fence_slack_s": self.fence_slack_s,
+            }
+            write_atomic(path, json.dumps(lease))
         except OSError as exc:
             log.warning("cannot record the lease in %s: %s", path, exc)
 
     def _load_lease(self) -> None:
+        """Count the lease from the recorded contact, and give a restarted agent until
+        min(start + slack, contact + lease + slack) to reach the server before it fences (see the
+        module's docstring): a crash late in a long-poll and a restart a minute later must not
+        stop ranks the server still counts running."""
         try:
             data = json.loads((self.state_dir / "lease.json").read_text())
             contact, fence = float(data["contact"]), data.get("fence_after_s")
+            slack = max(float(data.get("fence_slack_s") or 0.0), 0.0)
         except (OSError, ValueError, KeyError, TypeError):
             return
         if fence and not self.fence_after_s:
             self.fence_after_s = float(fence)
+        self.fence_slack_s = slack
+        now = time.monotonic()
         silent = max(time.time() - contact, 0.0)
-        self._last_ok = time.monotonic() - silent
+        self._last_ok = now - silent
+        if self.fence_after_s:
+            self._fence_not_before = min(now + slack, self._last_ok + self.fence_after_s + slack)
 
     async def _fence_watch(self) -> None:
         """Check the lease every quarter second, also while a sync hangs."""
@@ -580,8 +635,9 @@ class Agent:
         off for longer is declared down, and its GPUs must be free when it is."""
         if not self.fence_after_s:
             return
-        silent = time.monotonic() - self._last_ok
-        if silent < self.fence_after_s:
+        now = time.monotonic()
+        silent = now - self._last_ok
+        if silent < self.fence_after_s or now < self._fence_not_before:
             return
         running = [r for r in self.ranks.values() if r.status is RankStatus.RUNNING]
         if not running:
@@ -596,6 +652,7 @@ class Agent:
         self.fenced += 1
         for local in running:
             local.note = f"fenced: the node agent had no contact with the server for {silent:.0f} s"
+            local.cause = FENCED
             self._begin_stop(local)
 
     # -- identity and orphans ------------------------------------------------------------------
@@ -755,7 +812,11 @@ class Agent:
                 if started.get(plan.rank):
                     # The server saw it start; this agent has no record of it (its state was lost).
                     self._report(
-                        key, "exited", exit_code=LOST_EXIT, log_tail="lost: the node agent lost its state"
+                        key,
+                        "exited",
+                        exit_code=LOST_EXIT,
+                        cause=LOST,
+                        log_tail="lost: the node agent lost its state",
                     )
                     continue
                 if self.orphans:
@@ -768,6 +829,7 @@ class Agent:
             if key in wanted:
                 continue
             if local.status is RankStatus.RUNNING:
+                local.cause = local.cause or STOPPED
                 self._begin_stop(local)
             elif local.status is RankStatus.EXITED and not any(k[:3] == key for k in self.outbox):
                 self._forget(local)
@@ -786,7 +848,13 @@ class Agent:
                 and not any(k[:3] == key for k in self.outbox)
             ):
                 # Its exit was sent but the server has not stored it: say it again.
-                self._report(key, "exited", exit_code=_report_code(local.exit_code), log_tail=local.note)
+                self._report(
+                    key,
+                    "exited",
+                    exit_code=_report_code(local.exit_code),
+                    cause=local.cause or EXITED,
+                    log_tail=local.note,
+                )
             return
         job, generation, rank = key
         group = None
@@ -801,6 +869,7 @@ class Agent:
             key,
             "exited",
             exit_code=LOST_EXIT,
+            cause=LOST,
             log_tail="lost: the node agent has no record of this rank and no process of it runs",
         )
 
@@ -826,7 +895,11 @@ class Agent:
         if self.foreign.pop(key, None) is not None:
             return
         self._report(
-            key, "exited", exit_code=LOST_EXIT, log_tail="lost: stopped through its cgroup (no record of it)"
+            key,
+            "exited",
+            exit_code=LOST_EXIT,
+            cause=LOST,
+            log_tail="lost: stopped through its cgroup (no record of it)",
         )
 
     # -- starting ------------------------------------------------------------------------------
@@ -905,9 +978,11 @@ class Agent:
     def _refuse(self, local: LocalRank, code: int, reason: str) -> None:
         local.status = RankStatus.EXITED
         local.exit_code = code
+        local.cause = REFUSED
+        local.note = reason
         log.warning("rank %s not started: %s", local.name, reason)
         self._report(local.key, "started")
-        self._report(local.key, "exited", exit_code=code, log_tail=reason)
+        self._report(local.key, "exited", exit_code=code, cause=REFUSED, log_tail=reason)
 
     async def _start(self, key: Key, plan: RankPlan, entry: dict[str, Any]) -> None:
         job, generation, rank = key
@@ -932,8 +1007,16 @@ class Agent:
         try:
             if self.cgroups is not None:
                 local.cgroup = self.cgroups.create(local.name)
-                if self.pids_max:
-                    local.cgroup.limit_pids(self.pids_max)
+                pids = _ceiling(entry.get("pids_max"), self.pids_max)
+                if pids:
+                    local.cgroup.limit_pids(pids)
+                memory_mb = _ceiling(entry.get("memory_mb"), self.memory_max_mb)
+                if memory_mb and not local.cgroup.limit_memory(memory_mb * 1024 * 1024):
+                    log.warning(
+                        "rank %s: no memory controller, its limit of %d MiB is not enforced",
+                        local.name,
+                        memory_mb,
+                    )
                 planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
                 denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
                 local.cgroup.deny_devices(denied)
@@ -1037,26 +1120,39 @@ class Agent:
         return None
 
     # -- watching and stopping -----------------------------------------------------------------
-    def _main_exit(self, local: LocalRank) -> int | None:
-        """The rank's main process exit code once it exited (from the shim's exit file), else
-        None; LOST_EXIT when the shim is gone without writing one."""
+    def _exit_file(self, local: LocalRank) -> int | None:
         try:
             return int(json.loads((local.record / "exit").read_text())["exit_code"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            return None
+
+    def _main_exit(self, local: LocalRank) -> int | None:
+        """The rank's main process exit code once it exited (from the shim's exit file), else
+        None. When the shim is gone without writing one (it was killed), the rank is left
+        running while its cgroup holds processes (None), and is LOST_EXIT (cause LOST: its exit
+        status is unknowable) once the cgroup is empty, or at once without cgroups."""
+        code = self._exit_file(local)
+        if code is not None:
+            return code
         if local.proc is not None:
             if local.proc.returncode is None:
                 return None
-            return local.proc.returncode
-        if local.shim_pid is None and local.cgroup is not None and not local.cgroup.empty():
-            # Re-adopted through its cgroup, its shim unknown: it runs while the cgroup holds it.
+        elif _alive(local.shim_pid):
             return None
-        if _alive(local.shim_pid):
+        code = self._exit_file(local)
+        if code is not None:
+            return code
+        if local.cgroup is not None and not local.cgroup.empty():
+            if not local.shim_lost:
+                local.shim_lost = True
+                log.warning(
+                    "rank %s: its shim is gone; the rank runs on, watched through its cgroup", local.name
+                )
             return None
-        try:
-            return int(json.loads((local.record / "exit").read_text())["exit_code"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return LOST_EXIT
+        local.cause = local.cause or LOST
+        if local.shim_lost or local.shim_pid:
+            local.note = local.note or "lost: its shim was killed; exit status unknown"
+        return LOST_EXIT
 
     def _gone(self, local: LocalRank) -> bool:
         """No process of the rank is left: its cgroup is empty (without cgroups: its process
@@ -1079,10 +1175,15 @@ class Agent:
             await asyncio.sleep(WATCH_S)
         local.status = RankStatus.EXITED
         local.exit_code = code
+        if not local.cause and code and local.cgroup is not None:
+            local.cause = local.cgroup.limit_hit() or ""
+        local.cause = local.cause or EXITED
         tail = read_tail(local.log_path)
         if local.note:
             tail = f"{tail}\n{local.note}" if tail else local.note
-        self._report(local.key, "exited", exit_code=_report_code(code), log_tail=tail[-TAIL_BYTES:])
+        self._report(
+            local.key, "exited", exit_code=_report_code(code), cause=local.cause, log_tail=tail[-TAIL_BYTES:]
+        )
 
     def _begin_stop(self, local: LocalRank) -> None:
         local.status = RankStatus.STOPPING
@@ -1140,7 +1241,8 @@ class Agent:
 
     def _log_chunks(self) -> list[dict[str, Any]]:
         """The next piece of every rank log with output the server lacks: every `log_every_s`
-        for running ranks, at once (and larger) for exited ones; within MAX_LOG_BYTES."""
+        for running ranks, at once (and larger) for exited ones and for output rotated to
+        `<log>.1` unshipped; within MAX_LOG_BYTES."""
         for key, local in self.ranks.items():
             self._log_file(key, local.log_path)
         due = time.monotonic() - self._logs_at >= self.log_every_s
@@ -1153,9 +1255,11 @@ class Agent:
                 if final:
                     del self.logs[key]
                 continue
-            if not (due or final) or len(chunks) >= MAX_LOG_CHUNKS:
+            # Output that rotated away unshipped goes at once, before the file rotates again.
+            urgent = final or logfile.backlog()
+            if not (due or urgent) or len(chunks) >= MAX_LOG_CHUNKS:
                 continue
-            piece = logfile.chunk(FINAL_CHUNK_BYTES if final else MAX_LOG_BYTES // 8, final=final)
+            piece = logfile.chunk(FINAL_CHUNK_BYTES if urgent else MAX_LOG_BYTES // 8, final=final)
             if piece is None:
                 continue
             job, generation, rank = key
@@ -1214,6 +1318,7 @@ class Agent:
         if self.stop_ranks_on_exit:
             for local in self.ranks.values():
                 if local.status is RankStatus.RUNNING:
+                    local.cause = local.cause or STOPPED
                     self._begin_stop(local)
             tasks = [t for local in self.ranks.values() for t in local.tasks]
             if tasks:

@@ -9,8 +9,12 @@ class ApiConfig(AppConfig):
     label = "api"
 
     def ready(self):
+        from django.core import checks
+
+        from .logins import check_num_proxies
         from .roles import roles_ensure_after_migrate
 
+        checks.register(check_num_proxies, checks.Tags.security, deploy=True)
         post_migrate.connect(roles_ensure_after_migrate, dispatch_uid="apps.api.roles")
         self._forget_user_tokens_on_change()
 

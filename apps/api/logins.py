@@ -1,11 +1,14 @@
 """Failed sign-in and token throttling that cannot be turned on others.
 
-Sign-ins (the login page and the admin's, through the authentication backend): failures count per
-(username, client address) pair. After LOGIN_FAILURE_LIMIT failures within
-LOGIN_FAILURE_WINDOW_S, that pair must wait before its next attempt: 1 s after the limit, then
-twice as long after each further failure, at most LOGIN_DELAY_MAX_S; an attempt made sooner is
-refused without checking the password. The same username from another address, and other
-usernames from the same address, are not slowed: an attacker slows themself, not the owner.
+Sign-ins (the login page and the admin's, through the authentication backend): each
+(username, client address) pair gets at most LOGIN_FAILURE_LIMIT password checks within
+LOGIN_FAILURE_WINDOW_S of its first attempt. The attempt is counted (one atomic increment of the
+pair's counter, which expires with the window) before the password is hashed, and an attempt past
+the limit is refused without a check: however many arrive at once, no more than the limit are
+checked. A successful sign-in gives its count back, so the owner's own sign-ins never use up the
+pair's attempts. The same username from another address, and other usernames from the same
+address, are not slowed: an attacker slows themself, not the owner (as long as addresses are told
+apart: TOPOWEB_NUM_PROXIES behind a proxy, else every client has the proxy's address).
 
 API credentials (user, launcher and node tokens): a presented key is always checked, so a valid
 credential is never refused because of anyone else's failures. Failed keys count per client
@@ -13,12 +16,14 @@ address and per key prefix; past LOGIN_FAILURE_LIMIT_PER_IP (address) or LOGIN_F
 (prefix) within the window, a failed key is answered 429 instead of 401.
 
 The client address is the one DRF's throttles use: the socket's, or through TOPOWEB_NUM_PROXIES
-trusted proxies the matching entry of X-Forwarded-For.
+trusted proxies the matching entry of X-Forwarded-For. Counters live in the default cache: Redis
+in production (atomic across processes), the process's memory in the embedded demo (atomic within
+its one process).
 """
 
 from __future__ import annotations
 
-import time
+import logging
 
 from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
@@ -26,15 +31,65 @@ from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from rest_framework.throttling import BaseThrottle
 
+log = logging.getLogger(__name__)
+
 PREFIX = "login-failures:"
 TOKEN_PREFIX_CHARS = 8
+_warned_forwarded = False
 
 
 def client_address(request) -> str | None:
-    """The caller's address: the socket's, or through TOPOWEB_NUM_PROXIES proxies the client's."""
+    """The caller's address: the socket's, or through TOPOWEB_NUM_PROXIES proxies the client's.
+    A request forwarded by a proxy (X-Forwarded-For) while TOPOWEB_NUM_PROXIES is 0 is logged
+    once per process: every client then shares the proxy's address."""
+    global _warned_forwarded
     if request is None or not getattr(request, "META", None):
         return None
+    if not _warned_forwarded and "HTTP_X_FORWARDED_FOR" in request.META and not _num_proxies():
+        _warned_forwarded = True
+        log.warning(
+            "a request came through a proxy (X-Forwarded-For) but TOPOWEB_NUM_PROXIES is 0: every"
+            " client behind it shares the proxy's address for sign-in limits and throttles;"
+            " set TOPOWEB_NUM_PROXIES to the number of proxies in front of TopoWeb"
+        )
     return BaseThrottle().get_ident(request) or None
+
+
+def _num_proxies() -> int:
+    return settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0
+
+
+def check_num_proxies(app_configs=None, **kwargs) -> list:
+    """`manage.py check --deploy`: production (DEBUG off) with TOPOWEB_NUM_PROXIES 0 tells clients
+    apart by the socket's address, which behind the documented TLS proxy is the proxy's for all."""
+    from django.core.checks import Warning
+
+    if settings.DEBUG or _num_proxies():
+        return []
+    return [
+        Warning(
+            "TOPOWEB_NUM_PROXIES is 0: behind a proxy every client has the proxy's address, so one"
+            " client's failed sign-ins slow everyone's and the per-address limits count all clients"
+            " together.",
+            hint="Set TOPOWEB_NUM_PROXIES to the number of proxies in front of TopoWeb (1 behind the"
+            " TLS proxy of docs/operations.md); keep it 0 only when clients reach TopoWeb directly.",
+            id="api.W001",
+        )
+    ]
+
+
+def count(key: str, timeout: float) -> int:
+    """One more in the counter `key` (created expiring after `timeout` s), atomically: the new
+    count. Each cache operation used is atomic (Redis: INCRBY of an existing key in one script,
+    SET NX; in-memory: under the cache's lock), so concurrent callers get distinct counts."""
+    while True:
+        try:
+            return cache.incr(key)
+        except ValueError:  # absent (or just expired)
+            pass
+        if cache.add(key, 1, timeout=timeout):
+            return 1
+        # Another caller created it in between: count in it.
 
 
 def token_failure_keys(request, key: str | None) -> list[tuple[str, int]]:
@@ -57,37 +112,31 @@ def failures_exceeded(keys: list[tuple[str, int]]) -> bool:
 def failure_record(keys: list[tuple[str, int]]) -> None:
     """Count one failed attempt against each counter (the window starts at the first failure)."""
     for key, _ in keys:
-        if not cache.add(key, 1, timeout=settings.LOGIN_FAILURE_WINDOW_S):
-            try:
-                cache.incr(key)
-            except ValueError:
-                # Expired between add() and incr(): this failure starts a new window.
-                cache.add(key, 1, timeout=settings.LOGIN_FAILURE_WINDOW_S)
+        count(key, settings.LOGIN_FAILURE_WINDOW_S)
 
 
 def _pair_key(request, username: str) -> str:
     return f"{PREFIX}pair:{username[:150]}|{client_address(request) or '-'}"
 
 
-def sign_in_wait_s(request, username: str | None) -> float:
-    """Seconds this (username, address) pair must still wait before its next attempt (0: none)."""
+def sign_in_attempt(request, username: str | None) -> bool:
+    """Count a password check of the (username, address) pair before it is made: False when the
+    pair has had LOGIN_FAILURE_LIMIT checks in its window already (then none may be made)."""
     if not username:
-        return 0.0
-    state = cache.get(_pair_key(request, username))
-    if not state:
-        return 0.0
-    return max(0.0, state[1] - time.time())
+        return True
+    return (
+        count(_pair_key(request, username), settings.LOGIN_FAILURE_WINDOW_S) <= settings.LOGIN_FAILURE_LIMIT
+    )
 
 
-def sign_in_failed(request, username: str | None) -> None:
-    """Count a failed sign-in of the pair; past the limit, set when it may try again."""
+def sign_in_succeeded(request, username: str | None) -> None:
+    """Give a successful sign-in's count back to its pair."""
     if not username:
         return
-    key = _pair_key(request, username)
-    count = (cache.get(key) or (0, 0.0))[0] + 1
-    over = count - settings.LOGIN_FAILURE_LIMIT
-    delay = 0.0 if over < 0 else min(2.0**over, settings.LOGIN_DELAY_MAX_S)
-    cache.set(key, (count, time.time() + delay), timeout=settings.LOGIN_FAILURE_WINDOW_S)
+    try:
+        cache.decr(_pair_key(request, username))
+    except ValueError:  # the window ended meanwhile
+        pass
 
 
 class ThrottledModelBackend(ModelBackend):
@@ -111,11 +160,15 @@ class ThrottledModelBackend(ModelBackend):
 
     def authenticate(self, request, username=None, password=None, **kwargs):
         name = username if username is not None else kwargs.get("username")
-        wait_s = sign_in_wait_s(request, name)
-        if wait_s > 0:
+        if password is None:
+            return None  # no password check to make (ModelBackend makes none either)
+        if not sign_in_attempt(request, name):
             # PermissionDenied stops every backend: the attempt fails without a password check.
-            raise PermissionDenied(f"too many failed sign-ins; try again in {wait_s:.0f} s")
+            minutes = settings.LOGIN_FAILURE_WINDOW_S // 60
+            raise PermissionDenied(
+                f"too many failed sign-ins of this username from this address; try again within {minutes} minutes"
+            )
         user = super().authenticate(request, username=username, password=password, **kwargs)
-        if user is None:
-            sign_in_failed(request, name)
+        if user is not None:
+            sign_in_succeeded(request, name)
         return user

@@ -32,6 +32,10 @@ from .topology.ranges import (
     MAX_FLOPS_PER_STEP,
     MAX_PRIORITY,
     MAX_RUNTIME_S,
+    MIN_COMM_BYTES,
+    MIN_COMPUTE_MS,
+    MIN_FLOPS_PER_STEP,
+    MIN_RUNTIME_S,
     USER_HELP,
     USER_RE,
 )
@@ -142,13 +146,24 @@ def load_job(data: Any) -> JobSpec:
     flops = None
     model = data.get("model")
     if model is not None and _check_keys(errs, "model", model, {"flops_per_step"}):
-        flops = _positive(errs, "model.flops_per_step", model["flops_per_step"], maximum=MAX_FLOPS_PER_STEP)
+        flops = _positive(
+            errs,
+            "model.flops_per_step",
+            model["flops_per_step"],
+            minimum=MIN_FLOPS_PER_STEP,
+            maximum=MAX_FLOPS_PER_STEP,
+        )
 
     compute_ms, overlap, microbatches = 0.0, 0.0, None
     step = data["step"]
     if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap", "microbatches"}):
         compute_ms = _positive(
-            errs, "step.compute_ms", step["compute_ms"], allow_zero=True, maximum=MAX_COMPUTE_MS
+            errs,
+            "step.compute_ms",
+            step["compute_ms"],
+            allow_zero=True,
+            minimum=MIN_COMPUTE_MS,
+            maximum=MAX_COMPUTE_MS,
         )
         overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True, maximum=1.0)
         if step.get("microbatches") is not None:
@@ -167,7 +182,9 @@ def load_job(data: Any) -> JobSpec:
 
     runtime = data.get("estimated_runtime_s")
     if runtime is not None:
-        runtime = _positive(errs, "estimated_runtime_s", runtime, maximum=MAX_RUNTIME_S)
+        runtime = _positive(
+            errs, "estimated_runtime_s", runtime, minimum=MIN_RUNTIME_S, maximum=MAX_RUNTIME_S
+        )
     policy = data.get("policy")
     if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
         errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
@@ -239,7 +256,9 @@ def _comm_entry(errs: _Errors, p: str, c: Any) -> CommEntry | None:
         errs.add(f"{p}.collective", f"must be one of {', '.join(COLLECTIVES)}, got {cut(c['collective'])}")
         ok = False
     before = len(errs.items)
-    nbytes = _positive(errs, f"{p}.bytes", c["bytes"], allow_zero=True, maximum=MAX_COMM_BYTES)
+    nbytes = _positive(
+        errs, f"{p}.bytes", c["bytes"], allow_zero=True, minimum=MIN_COMM_BYTES, maximum=MAX_COMM_BYTES
+    )
     count = _count(errs, f"{p}.count", c.get("count", 1), maximum=MAX_COMM_COUNT)
     overlap = c.get("overlap")
     if overlap is not None:

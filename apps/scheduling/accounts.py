@@ -51,6 +51,25 @@ def account_of(user) -> Account | None:
     return membership.account
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedCap:
+    """A cap on waiting jobs: at most `value` jobs of those `jobs` selects (a filter on Job) may be
+    waiting (queued or preempted) at once. `limit` names it in refusals (a setting's name, later
+    a QOS's or an account's limit)."""
+
+    limit: str
+    value: int
+    jobs: Q
+
+
+def queued_caps(user, account: Account | None) -> list[QueuedCap]:
+    """Every cap on waiting jobs that holds for `user` submitting as `account`, each checked on
+    its own (the lowest binds first). Without any configuration: TOPOWEB_MAX_QUEUED_PER_USER over
+    the user's jobs on every cluster. QOS and account limits add their caps here (lower ones, or
+    over an account's jobs)."""
+    return [QueuedCap("TOPOWEB_MAX_QUEUED_PER_USER", settings.MAX_QUEUED_PER_USER, Q(owner_id=user.pk))]
+
+
 def priority_limit(user, account: Account | None, requested: int | None = None) -> int:
     """The highest priority `user` may request: their account's `max_priority` when set, else the
     users' role maximum; operators and admins may go up to theirs when that is higher. With

@@ -45,31 +45,12 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ["status", "cluster", "overdue", "policy"]
     search_fields = ["name", "owner__username"]
     list_select_related = ["cluster", "owner"]
+    # Every field read-only (new ones too): the scheduler alone sets status, generation, account,
+    # borrowed, the placement times and predictions; the API and the actions below change jobs
+    # through the services. The spec is shown with its env values masked.
     readonly_fields = [
-        "name",
-        "cluster",
-        "owner",
         "spec_masked",
-        "status",
-        "priority",
-        "policy",
-        "gpus",
-        "estimated_runtime_s",
-        "submitted_at",
-        "placed_at",
-        "started_at",
-        "finished_at",
-        "pending_reason",
-        "placed_policy",
-        "predicted_comm_ms",
-        "predicted_step_ms",
-        "predicted_mfu",
-        "predicted",
-        "flows",
-        "overdue",
-        "preemptions",
-        "requeue_reason",
-        "requeued_at",
+        *(f.name for f in Job._meta.concrete_fields if f.name not in ("id", "spec")),
     ]
     inlines = [AllocationInline]
     actions = ["cancel_jobs", "run_cycle"]
@@ -167,9 +148,16 @@ class MigrationProposalAdmin(admin.ModelAdmin):
 
 @admin.register(LauncherToken)
 class LauncherTokenAdmin(admin.ModelAdmin):
-    list_display = ["id", "cluster", "created_at"]
+    """Launcher tokens by their key's prefix (only its hash is stored); deleting one revokes it.
+    New ones come from `manage.py create_launcher_token`, which shows the key once."""
+
+    list_display = ["id", "prefix", "cluster", "created_at"]
     list_filter = ["cluster"]
-    readonly_fields = ["key", "created_at"]
+    fields = ["cluster", "prefix", "created_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
 
 @admin.register(NodeHealth)

@@ -51,6 +51,11 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    requeues = models.PositiveIntegerField(
+        default=0,
+        help_text="Times it went back to the queue other than by preemption (a node lost, ranks"
+        " fenced or lost, a start timeout); past its spec's max_requeues a fault fails it.",
+    )
     # Kept apart from `pending_reason`, which every later cycle rewrites with why the job waits.
     requeue_reason = models.TextField(
         blank=True,
@@ -260,22 +265,34 @@ class MigrationProposal(models.Model):
 
 
 def _new_launcher_key() -> str:
+    """The default of the key column before keys were hashed (migration 0001 names it)."""
     return secrets.token_hex(20)
+
+
+LAUNCHER_KEY_PREFIX = "tl_"
+
+
+def new_launcher_key() -> str:
+    """A fresh launcher token key: `tl_` and 43 URL-safe characters."""
+    return LAUNCHER_KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class LauncherToken(models.Model):
     """A per-cluster credential for the launcher (`Authorization: Launcher <key>`): it may report
-    job lifecycle events and write the topology of its own cluster only."""
+    job lifecycle events and write the topology of its own cluster only. As for node tokens, only
+    the key's hash is stored (`node_key_hash`); `prefix` (its first characters) tells tokens apart
+    in the admin, and the key itself is shown once, when it is created."""
 
     cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="launcher_tokens")
-    key = models.CharField(max_length=40, unique=True, default=_new_launcher_key)
-    created_at = models.DateTimeField(default=timezone.now)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["cluster", "created_at"]
 
     def __str__(self) -> str:
-        return f"launcher token for cluster {self.cluster_id}"
+        return f"launcher token {self.prefix}… for cluster {self.cluster_id}"
 
 
 from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
@@ -284,6 +301,7 @@ from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeToken,
     RankLogChunk,
     RankRun,
+    SyncPulse,
     UnixAccount,
 )
 from .occupancy_models import ClusterOccupancy, OccupancyChange  # noqa: E402  (kept occupancy)
@@ -303,5 +321,6 @@ __all__ = [
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",
+    "SyncPulse",
     "UnixAccount",
 ]

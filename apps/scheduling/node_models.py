@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .choices import NodeState, RankState
+from .choices import ExitCause, NodeState, RankState
 
 LOG_TAIL_CHARS = 8192
 
@@ -78,9 +78,24 @@ class NodeHealth(models.Model):
         return sum(len(o.get("pids") or ()) for o in self.orphans if isinstance(o, dict))
 
 
+class SyncPulse(models.Model):
+    """The agents' sync endpoint as the nodes saw it (one row): `answered_at`, when it last
+    answered any node (written at most every few seconds), and `back_at`, when it answered again
+    after its last outage (a gap between answers longer than a poll). A node is blamed for its
+    silence only over time the server was answering others: a web or database outage counts
+    against no node."""
+
+    answered_at = models.DateTimeField()
+    back_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"sync answered at {self.answered_at}, since {self.back_at}"
+
+
 class RankRun(models.Model):
     """One rank process of one job generation as its agent reported it: started, then exited with
-    `exit_code` (negative: killed by that signal). `log_tail` is the end of its output."""
+    `exit_code` (negative: killed by that signal) for `exit_cause` (its own exit, or lost, fenced,
+    stopped, a limit, refused, its node down). `log_tail` is the end of its output."""
 
     job = models.ForeignKey("scheduling.Job", on_delete=models.CASCADE, related_name="rank_runs")
     generation = models.PositiveIntegerField()
@@ -89,6 +104,13 @@ class RankRun(models.Model):
     state = models.CharField(max_length=16, choices=RankState.choices, default=RankState.STARTED)
     pid = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    exit_cause = models.CharField(
+        max_length=16,
+        choices=ExitCause.choices,
+        blank=True,
+        default="",
+        help_text="Why it exited, apart from its code ('' while it runs).",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     exited_at = models.DateTimeField(null=True, blank=True)
     log_tail = models.TextField(blank=True, default="")

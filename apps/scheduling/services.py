@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -22,15 +23,18 @@ from apps.topology.selectors import forget_recent_clusters
 
 from . import accounts, lifecycle
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
+from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
 from .cycle import schedule_cluster
+from .executor import owner_refusal
 from .lifecycle import JobStateError
-from .models import Job, LauncherToken
+from .models import Job, LauncherToken, new_launcher_key
+from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
-from .selectors import cluster_for_spec
+from .selectors import cluster_for_spec, run_as
 
 __all__ = [
     "IdempotencyConflict",
+    "QueuedCapExceeded",
     "JobStateError",
     "job_cancel",
     "job_complete",
@@ -56,6 +60,34 @@ class IdempotencyConflict(Exception):
             f"this Idempotency-Key was first used for job {job.pk} with another body or cluster;"
             " use a new key for a new submission"
         )
+
+
+class QueuedCapExceeded(Exception):
+    """A submission of `adding` jobs would take the waiting jobs a cap counts (`queued` now) past
+    its `value`: nothing of it was queued."""
+
+    def __init__(self, cap: accounts.QueuedCap, queued: int, adding: int):
+        self.limit, self.value, self.queued, self.adding = cap.limit, cap.value, queued, adding
+        jobs = "a job" if adding == 1 else f"{adding} jobs"
+        super().__init__(
+            f"{jobs} more would be over the limit of {cap.value} waiting jobs ({cap.limit});"
+            f" {queued} are queued now. Wait for some to start or cancel some."
+        )
+
+
+def _within_queued_caps(user: AbstractBaseUser, account: Any, adding: int) -> None:
+    """Raise QueuedCapExceeded when `adding` more waiting jobs would go past a cap of the user's.
+
+    Runs in the submission's transaction: the user's row is locked first (FOR NO KEY UPDATE, which
+    other rows' foreign keys to it do not wait for), so a concurrent submission of the same user
+    counts after this one commits or rolls back, and racing clients cannot pass a cap together."""
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
+    for cap in accounts.queued_caps(user, account):
+        # Counted up to the cap only: a user far over it (a lowered cap) costs no longer count.
+        waiting = Job.objects.filter(cap.jobs, status__in=WAITING_STATUSES).order_by()[: cap.value + 1]
+        queued = waiting.count()
+        if queued + adding > cap.value:
+            raise QueuedCapExceeded(cap, queued, adding)
 
 
 def submission_digest(*, spec: Any, cluster_name: str | None) -> str:
@@ -104,7 +136,8 @@ def job_submit(
     """Validate a job spec v1 and queue it on its cluster; a scheduling cycle follows on commit.
 
     Raises SpecError naming each bad field, including a job larger than the cluster or one no
-    placement could ever fit. A job that fits the cluster but not now is queued and the cycle
+    placement could ever fit, and QueuedCapExceeded when the user has as many waiting jobs as a
+    cap allows (`accounts.queued_caps`). A job that fits the cluster but not now is queued and the cycle
     records why it waits. `idempotency` is (key, digest), stored with the job (see
     `job_submit_once`).
     """
@@ -130,6 +163,7 @@ def _submit(
     fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username(), fresh=fresh)
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
+    _check_owner(user, target)
     fields["account"] = accounts.account_of(user)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
     if fields["priority"] > limit:
@@ -138,13 +172,24 @@ def _submit(
     job = Job(cluster=target, owner=user, **fields)
     # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
     job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
-    return lifecycle.submit(job)
+    with transaction.atomic():
+        _within_queued_caps(user, fields["account"], 1)
+        return lifecycle.submit(job)
+
+
+def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
+    """SpecError naming `owner` when the cluster's executor cannot run the user's ranks as their
+    Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account)."""
+    why = owner_refusal(cluster.pk, run_as(user_id=user.pk, username=user.get_username()))
+    if why:
+        raise SpecError([("owner", why)])
 
 
 def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluster | None = None) -> list[Job]:
     """Validate every job spec of a bulk submission and queue them all, or none: SpecError names
-    each bad field as `[i].field` (i: the spec's place in the list). A cycle follows on commit on
-    each cluster the jobs went to."""
+    each bad field as `[i].field` (i: the spec's place in the list); QueuedCapExceeded when the
+    list would take the user's waiting jobs past a cap. A cycle follows on commit on each cluster
+    the jobs went to."""
     account = accounts.account_of(user)
     limit: int | None = None
     errors: list[tuple[str, str]] = []
@@ -159,6 +204,7 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
                 target = clusters.get(str(named)) or cluster_for_spec(spec=spec)
                 clusters[target.name] = target
             fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+            _check_owner(user, target)
         except SpecError as exc:
             errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
             continue
@@ -175,7 +221,9 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
         rows.append(job)
     if errors:
         raise SpecError(errors)
-    return lifecycle.submit_many(rows)
+    with transaction.atomic():
+        _within_queued_caps(user, account, len(rows))
+        return lifecycle.submit_many(rows)
 
 
 def _locked(job: Job) -> Job:
@@ -237,9 +285,9 @@ def job_preempt(*, job: Job, reason: str = "") -> Job:
         return job
 
 
-def launcher_token_create(*, cluster: Cluster) -> LauncherToken:
-    """A new launcher token for `cluster` (its `key` goes in `Authorization: Launcher <key>`)."""
-    token = LauncherToken(cluster=cluster)
-    token.full_clean()
-    token.save()
-    return token
+def launcher_token_create(*, cluster: Cluster) -> tuple[LauncherToken, str]:
+    """A new launcher token for `cluster`: the row (only the key's hash is stored) and the key,
+    which is shown once (`Authorization: Launcher <key>`)."""
+    key = new_launcher_key()
+    token = LauncherToken.objects.create(cluster=cluster, key_hash=node_key_hash(key), prefix=key[:10])
+    return token, key

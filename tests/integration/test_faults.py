@@ -378,7 +378,7 @@ def test_intake_keeps_working_while_redis_is_down_and_jobs_are_placed_when_it_re
     cycles_settled()
     launcher = httpx.Client(
         base_url=stack.url,
-        headers={"Authorization": f"Launcher {services.launcher_token_create(cluster=world['cluster']).key}"},
+        headers={"Authorization": f"Launcher {services.launcher_token_create(cluster=world['cluster'])[1]}"},
         timeout=20,
     )
     stack.stop_redis()

@@ -60,6 +60,8 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         "workdir": launch.workdir,
         "account": job[4] or job[3],
         "stop_grace_s": launch.stop_grace_s,
+        "pids_max": launch.pids_max,
+        "memory_mb": launch.memory_mb,
         "world_size": job[2],
         "master_node": nodes[0],
         "master_port": rows[0][1] or master_port(job_id, generation),
@@ -164,7 +166,8 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
 
     `work`: every job generation the node should run now, each with this node's ranks: entries
     of `job`, `generation`, `name`, `command`, `env`, `workdir`, `account` (the Unix account of
-    the job's owner: its UnixAccount, else its username), `stop_grace_s`, `world_size`,
+    the job's owner: its UnixAccount, else its username), `stop_grace_s`, `pids_max` and
+    `memory_mb` (per-rank limits, null: the agent's own), `world_size`,
     `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
     "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
     launcher runs those).

@@ -71,6 +71,13 @@ class SlurmExecutor:
         result = None if ex is None else locked_sync(executor=ex)
         return {} if result is None else result.as_dict()
 
+    def owner_refusal(self, cluster_id: int, account: str) -> str:
+        from ..models import ClusterExecutor, ExecutorKind
+        from .sync import owner_refusal
+
+        ex = ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).first()
+        return "" if ex is None else owner_refusal(ex, account)
+
     def foreign(self, cluster: Any) -> list[port.ForeignHold]:
         from ..models import ForeignAllocation
 

@@ -73,7 +73,8 @@ def _positive(
         errs.add(path, f"must be {bound}, got {cut(value)}")
         return 1.0
     if 0 < value < minimum:
-        errs.add(path, f"must be at least {minimum:g}, got {cut(value)}")
+        bound = f"0 or at least {minimum:g}" if allow_zero else f"at least {minimum:g}"
+        errs.add(path, f"must be {bound}, got {cut(value)}")
         return 1.0
     return float(value)
 

@@ -20,6 +20,7 @@ from .ranges import (
     MAX_NVLINK_DOMAIN_NODES,
     MAX_PEAK_TFLOPS,
     MAX_SWITCHES,
+    MIN_PEAK_TFLOPS,
 )
 from .safeload import cut
 
@@ -65,7 +66,9 @@ def generate_spec(name: str, gen: Any) -> dict:
     per_leaf = _count(errs, "generate.nodes_per_leaf", gen["nodes_per_leaf"], maximum=MAX_GEN_NODES_PER_LEAF)
     gpn = _count(errs, "generate.gpus_per_node", gen["gpus_per_node"], maximum=MAX_NODE_GPUS)
     model = _name(errs, "generate.gpu_model", gen["gpu_model"], pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP)
-    peak = _positive(errs, "generate.peak_tflops", gen["peak_tflops"], maximum=MAX_PEAK_TFLOPS)
+    peak = _positive(
+        errs, "generate.peak_tflops", gen["peak_tflops"], minimum=MIN_PEAK_TFLOPS, maximum=MAX_PEAK_TFLOPS
+    )
     nvbw = _bw(errs, "generate.nvlink_bw_GBps", gen["nvlink_bw_GBps"])
     nicbw = _bw(errs, "generate.nic_bw_GBps", gen["nic_bw_GBps"])
     nics = _count(errs, "generate.nics_per_node", gen["nics_per_node"], maximum=MAX_NODE_NICS)

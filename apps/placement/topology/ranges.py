@@ -36,6 +36,7 @@ MAX_GPU_MODELS = 64
 
 # Hardware figures.
 MAX_PEAK_TFLOPS = 100_000.0  # dense per GPU; today's largest are below 10,000
+MIN_PEAK_TFLOPS = 1e-3  # one GFLOPS: below any accelerator, and keeps every MFU finite
 MIN_BW_GBps = 0.01  # 80 Mbit/s, a slow management network
 MAX_BW_GBps = 1_000_000.0  # per GPU in an NVLink domain, per NIC, per cable or bundle of cables
 MAX_LATENCY_US = 1_000_000.0  # one second
@@ -46,7 +47,13 @@ MAX_GEN_PODS = 1_024
 MAX_GEN_NODES_PER_LEAF = 1_024
 MAX_NVLINK_DOMAIN_NODES = 1_024
 
-# Job spec v1.
+# Job spec v1. Every float field has a physical lower bound above 0 (a field that may be 0 is 0 or
+# at least that bound): a subnormal (5e-324) divided into anything, or scaled by 1e-3, gives a
+# division by zero or an overflow in a derived quantity (MFU, needed TFLOPS, step time).
+MIN_FLOPS_PER_STEP = 1.0
+MIN_COMPUTE_MS = 1e-3  # one microsecond per step
+MIN_COMM_BYTES = 1.0  # a collective of less than one byte is none: write 0
+MIN_RUNTIME_S = 1e-3
 MAX_PRIORITY = 1_000_000  # priorities run from -MAX_PRIORITY to MAX_PRIORITY
 MAX_FLOPS_PER_STEP = 1e24
 MAX_COMPUTE_MS = 3_600_000.0  # one hour per step

@@ -22,6 +22,7 @@ from .ranges import (
     MAX_PEAK_TFLOPS,
     MAX_SWITCHES,
     MAX_URL_CHARS,
+    MIN_PEAK_TFLOPS,
 )
 from .safeload import cut
 
@@ -55,7 +56,13 @@ def load_topology(data: Any) -> Topology:
             p = f"gpu_models.{_key(mname)}"
             mname = _name(errs, p, mname, pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP)
             if _check_keys(errs, p, m, {"peak_tflops"}):
-                peak = _positive(errs, f"{p}.peak_tflops", m["peak_tflops"], maximum=MAX_PEAK_TFLOPS)
+                peak = _positive(
+                    errs,
+                    f"{p}.peak_tflops",
+                    m["peak_tflops"],
+                    minimum=MIN_PEAK_TFLOPS,
+                    maximum=MAX_PEAK_TFLOPS,
+                )
                 gpu_models[mname] = GpuModel(mname, peak)
 
     switches: list[Switch] = []

@@ -22,7 +22,8 @@ NODE_LAST_USED_S = 300.0
 
 
 class LauncherAuthentication(KeyAuthentication):
-    """Authenticates a launcher by its per-cluster token; `request.auth` is the LauncherToken."""
+    """Authenticates a launcher by its per-cluster token; `request.auth` is the LauncherToken.
+    Keys are known by their hash."""
 
     keyword = "Launcher"
     caller = "launcher"
@@ -31,8 +32,11 @@ class LauncherAuthentication(KeyAuthentication):
     cache_size = 1024
     cache: dict[str, tuple[LauncherToken, float]] = {}
 
+    def _ident(self, key: str) -> str:
+        return node_key_hash(key)
+
     def _lookup(self, ident: str) -> LauncherToken | None:
-        return LauncherToken.objects.select_related("cluster").filter(key=ident).first()
+        return LauncherToken.objects.select_related("cluster").filter(key_hash=ident).first()
 
 
 class NodeAuthentication(KeyAuthentication):

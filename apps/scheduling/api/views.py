@@ -80,6 +80,22 @@ IDEMPOTENCY_KEY_PARAM = OpenApiParameter(
 IDEMPOTENCY_CONFLICT = OpenApiResponse(
     OpenApiTypes.OBJECT, description="The Idempotency-Key was first used with another body or cluster."
 )
+QUEUED_CAP = OpenApiResponse(
+    {
+        "type": "object",
+        "properties": {
+            "detail": {"type": "string"},
+            "limit": {"type": "string", "description": "the cap's name, e.g. TOPOWEB_MAX_QUEUED_PER_USER"},
+            "value": {"type": "integer", "description": "most waiting (queued or preempted) jobs it allows"},
+            "queued": {"type": "integer", "description": "the jobs it counts waiting now"},
+        },
+        "required": ["detail", "limit", "value", "queued"],
+    },
+    description=(
+        "Over a cap on waiting jobs: nothing was queued. Not a 429: waiting does not help until"
+        " some of the jobs it counts start or are cancelled, so a client must not retry by itself."
+    ),
+)
 IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")
 
 
@@ -93,6 +109,12 @@ def idempotency_key(request: Request) -> str | None:
             "Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} printable ASCII characters"
         )
     return key
+
+
+def over_queued_cap(exc: services.QueuedCapExceeded) -> Response:
+    """A 409 naming the cap on waiting jobs, its value and how many it counts now."""
+    body = {"detail": str(exc), "limit": exc.limit, "value": exc.value, "queued": exc.queued}
+    return Response(body, status=status.HTTP_409_CONFLICT)
 
 
 def state_error(exc: Exception, current: str) -> Response:
@@ -146,7 +168,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         ),
         request=SPEC_BODY,
         parameters=[CLUSTER_PARAM, IDEMPOTENCY_KEY_PARAM],
-        responses={201: JobSerializer, 400: SPEC_ERRORS, 422: IDEMPOTENCY_CONFLICT},
+        responses={201: JobSerializer, 400: SPEC_ERRORS, 409: QUEUED_CAP, 422: IDEMPOTENCY_CONFLICT},
     )
     def create(self, request: Request) -> Response:
         """Validate and queue a job spec v1; 201 with the job (already placed when the cycle ran
@@ -158,18 +180,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         name = request.query_params.get("cluster")
         cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
         replayed = False
-        if key is None:
-            job = services.job_submit(user=request.user, spec=data, cluster=cluster)
-        else:
-            try:
+        try:
+            if key is None:
+                job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+            else:
                 job, replayed = services.job_submit_once(
                     user=request.user, spec=data, cluster=cluster, idempotency_key=key
                 )
-            except services.IdempotencyConflict as exc:
-                return Response(
-                    {"Idempotency-Key": [str(exc)], "job": exc.job.pk},
-                    status=status.HTTP_422_UNPROCESSABLE_ENTITY,
-                )
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {"Idempotency-Key": [str(exc)], "job": exc.job.pk},
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        except services.QueuedCapExceeded as exc:
+            return over_queued_cap(exc)
         if cycles_run_inline():
             # The cycle ran on commit in this process and may have placed it: re-read (one query).
             job = self.get_queryset().get(pk=job.pk)
@@ -191,7 +215,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             )
         name = request.query_params.get("cluster")
         cluster = selectors.cluster_for_spec(spec={}, name=name) if name else None
-        jobs = services.job_submit_many(user=request.user, specs=specs, cluster=cluster)
+        try:
+            jobs = services.job_submit_many(user=request.user, specs=specs, cluster=cluster)
+        except services.QueuedCapExceeded as exc:
+            return over_queued_cap(exc)
         if cycles_run_inline():
             jobs = list(self.get_queryset().filter(pk__in=[j.pk for j in jobs]).order_by("pk"))
         context = self.get_serializer_context()

@@ -148,3 +148,24 @@ def test_huge_integers_in_any_body_are_a_400(case44, alice_raw, digits, content_
     assert response.status_code == 400, response.content[:200]
     # The message names the field (or the parse error) without echoing thousands of digits.
     assert len(response.content) < 2000
+
+
+@pytest.mark.parametrize(
+    ("url", "bulk"),
+    [("/api/v1/jobs/", False), ("/api/v1/placements/preview/", False), ("/api/v1/jobs/", True)],
+)
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"step": {"compute_ms": 5e-324}, "model": {"flops_per_step": 1e12}}, "step.compute_ms"),
+        ({"model": {"flops_per_step": 5e-324}}, "model.flops_per_step"),
+        ({"comm": [{"group": "dp", "collective": "allreduce", "bytes": 5e-324}]}, "comm[0].bytes"),
+        ({"estimated_runtime_s": 5e-324}, "estimated_runtime_s"),
+    ],
+)
+def test_subnormal_floats_are_a_400_naming_the_field(case44, alice_raw, url, bulk, change, field):
+    spec = small_spec("tiny", 2) | change
+    body = [spec] if bulk else spec
+    response = alice_raw.post(url, body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert _named(response, field)

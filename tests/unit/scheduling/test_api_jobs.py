@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def launcher_client(cluster) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=cluster).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Launcher {services.launcher_token_create(cluster=cluster)[1]}")
     return client
 
 

@@ -13,6 +13,7 @@ from apps.scheduling.choices import JobStatus, ProposalStatus
 from apps.scheduling.demo import demo_workload_refill, load_demo_jobs
 from apps.scheduling.embedded import PeriodicScheduler, start_periodic_scheduler
 from apps.scheduling.models import Job, LauncherToken, MigrationProposal, SchedulingCycle
+from apps.scheduling.node_models import node_key_hash
 
 from .conftest import small_spec
 
@@ -137,7 +138,10 @@ def test_create_launcher_token_prints_a_working_key(case44):
     out = io.StringIO()
     call_command("create_launcher_token", "case-4-4", stdout=out)
     key = out.getvalue().strip()
-    assert LauncherToken.objects.get(key=key).cluster == case44
+    token = LauncherToken.objects.get(key_hash=node_key_hash(key))
+    assert token.cluster == case44 and token.prefix == key[:10] and key.startswith("tl_")
+    # Only the hash is stored: the key is in no column of the row.
+    assert key not in str(LauncherToken.objects.filter(pk=token.pk).values().get())
 
 
 def test_create_launcher_token_of_an_unknown_cluster_fails(db):

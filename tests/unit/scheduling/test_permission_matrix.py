@@ -205,14 +205,14 @@ def world(case44, committed):
         "spare-spec": spare_spec,
         "job-spec": small_spec("more", 1),
     }
-    launcher = services.launcher_token_create(cluster=case44)
+    _, launcher = services.launcher_token_create(cluster=case44)
     return people, ids, bodies, launcher
 
 
 def client_for(caller: str, people: dict, launcher, *, api: bool) -> APIClient:
     client = APIClient()
     if caller == "launcher":
-        client.credentials(HTTP_AUTHORIZATION=f"Launcher {launcher.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Launcher {launcher}")
     elif caller != "anonymous":
         if api:
             return token_client(people[caller])

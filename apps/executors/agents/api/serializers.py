@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.scheduling.choices import ExitCause
 from apps.scheduling.node_models import LOG_TAIL_CHARS
 
 from ..services import AgentClaim, Heartbeat, LogChunk, RankReport, clean_text, parse_reports
@@ -51,6 +52,13 @@ class RankReportSerializer(serializers.Serializer):
     event = serializers.ChoiceField(choices=["started", "exited"])
     pid = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False, allow_null=True)
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, required=False, allow_null=True)
+    cause = serializers.ChoiceField(
+        choices=[c for c in ExitCause.values if c != ExitCause.NODE_DOWN],
+        required=False,
+        default=ExitCause.EXITED,
+        help_text="Why it exited (exited: its own exit; lost, fenced, stopped: not its fault; "
+        "pids_limit, memory_limit: a limit of its cgroup; refused: never started). Absent: exited.",
+    )
     log_tail = serializers.CharField(
         max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, trim_whitespace=False
     )
@@ -167,6 +175,7 @@ class AgentSyncSerializer(serializers.Serializer):
             inventory=None if gpus is None else [dict(g) for g in gpus],
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
             running=len(data["running"]) + len(data["stopping"]),
+            ranks=frozenset(tuple(k) for k in [*data["running"], *data["stopping"]]),
             isolation=data.get("isolation", ""),
             orphans=tuple(
                 {**o, "pids": list(o["pids"]), "server": o.get("server", "")} for o in data.get("orphans", [])

@@ -205,6 +205,7 @@ class AgentSyncView(APIView):
                 "down_after_s": agents.down_after_s(),
                 "refused": refused,
                 "fence_after_s": agents.fence_after_s(),
+                "fence_slack_s": agents.fence_slack_s(),
                 "logs": logs,
                 "refused_logs": refused_logs,
                 "work": work,

@@ -19,5 +19,6 @@ class Command(BaseCommand):
         if found is None:
             names = ", ".join(Cluster.objects.values_list("name", flat=True)[:20]) or "none"
             raise CommandError(f"unknown cluster {cluster!r} (clusters: {names})")
-        token = launcher_token_create(cluster=found)
-        self.stdout.write(token.key)
+        _, key = launcher_token_create(cluster=found)
+        # Shown this once: only its hash is stored.
+        self.stdout.write(key)

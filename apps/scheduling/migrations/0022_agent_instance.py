@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0018_nodehealth'),
+        ('scheduling', '0021_syncpulse'),
     ]
 
     operations = [

@@ -1,0 +1,98 @@
+"""The cap on waiting jobs on the real Postgres under concurrency: racing clients of one user
+(single and bulk submissions, each in its own thread and connection) never take the user past
+TOPOWEB_MAX_QUEUED_PER_USER, and every refused submission queued nothing.
+
+The window between counting and inserting is widened (each check sleeps after it took the user's
+lock): without the lock every client would count the same queue and all of them would pass."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from apps.placement.topology import read_spec_file
+from apps.scheduling import accounts, cycle, services
+from apps.scheduling.choices import WAITING_STATUSES
+from apps.scheduling.models import Job
+from apps.topology import services as topology_services
+from tests.integration.test_scheduling_postgres import EXAMPLES
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_postgres")]
+
+CAP = 20
+CLIENTS = 20
+WAIT_S = 120.0
+
+
+def spec(name: str) -> dict:
+    return {
+        "version": 1,
+        "name": name,
+        "cluster": "case-4-4",
+        "gpus": 2,
+        "parallelism": {"tp": 1, "pp": 1, "dp": 2},
+        "step": {"compute_ms": 100},
+        "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+    }
+
+
+def test_racing_clients_of_one_user_stay_within_the_cap(transactional_db, settings, monkeypatch):
+    settings.MAX_QUEUED_PER_USER = CAP
+    topology_services.cluster_import(data=read_spec_file(EXAMPLES / "case-4-4.yaml"))
+    user = get_user_model().objects.create_user("racer")
+    other = get_user_model().objects.create_user("bystander")
+    # The jobs stay queued: no cycle places them while the clients race.
+    monkeypatch.setattr(cycle, "request_cycle", lambda *args, **kwargs: False)
+    for i in range(CAP - 8):
+        services.job_submit(user=user, spec=spec(f"before-{i}"))
+    original = accounts.queued_caps
+
+    def slow_caps(who, account):
+        time.sleep(0.05)
+        return original(who, account)
+
+    monkeypatch.setattr(accounts, "queued_caps", slow_caps)
+    start = threading.Barrier(CLIENTS + 1)
+    outcomes: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        size = 1 + i % 3  # single submissions and bulk lists of 2 and 3
+        try:
+            start.wait(WAIT_S)
+            if size == 1:
+                services.job_submit(user=user, spec=spec(f"race-{i}"))
+            else:
+                services.job_submit_many(user=user, specs=[spec(f"race-{i}-{k}") for k in range(size)])
+            result = "queued"
+        except services.QueuedCapExceeded as exc:
+            assert (exc.limit, exc.value) == ("TOPOWEB_MAX_QUEUED_PER_USER", CAP)
+            assert exc.queued + size > CAP
+            result = "refused"
+        except Exception as exc:  # reported below, not lost in the thread
+            result = repr(exc)
+        finally:
+            connection.close()
+        with lock:
+            outcomes.append((size, result))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    start.wait(WAIT_S)
+    # Another user's submission is not held up by the racing user's lock.
+    services.job_submit(user=other, spec=spec("bystander"))
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert {r for _, r in outcomes} <= {"queued", "refused"}, outcomes
+    queued = Job.objects.filter(owner=user, status__in=WAITING_STATUSES).count()
+    assert queued == CAP - 8 + sum(size for size, r in outcomes if r == "queued")
+    assert queued <= CAP
+    # The cap was reached, and by whole submissions only: every refused one would have gone past.
+    assert any(r == "refused" for _, r in outcomes)
+    assert all(queued + size > CAP for size, r in outcomes if r == "refused")
