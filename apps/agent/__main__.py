@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cgroups import CgroupError, detect
-from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, MAX_MEMORY_MB, Agent
+from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, LOCKED_EXIT, MAX_MEMORY_MB, Agent, StateDirBusy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="where the agent records its ranks, to re-adopt them after a restart"
         " (default /var/lib/topoweb-agent/NODE)",
+    )
+    parser.add_argument(
+        "--lock-dir",
+        default="/var/lib/topoweb-agent",
+        help="where the agent locks its node (NODE.lock): one agent per node on a host, and the"
+        " last one's instance, so its successor on this host syncs at once",
     )
     parser.add_argument(
         "--cgroups",
@@ -111,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad token file."""
+    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad argument or token file, 75
+    when another agent holds the state directory."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -183,7 +190,17 @@ def main(argv: list[str] | None = None) -> int:
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,
         log_max_bytes=int(args.log_max_mb * 1024 * 1024),
+        lock_dir=args.lock_dir,
     )
+
+    try:
+        agent.lock_state_dir()
+    except StateDirBusy as exc:
+        print(f"topoweb-agent: {exc}", file=sys.stderr)
+        return LOCKED_EXIT
+    except OSError as exc:
+        print(f"topoweb-agent: cannot take the agent's locks: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

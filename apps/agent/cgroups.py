@@ -146,10 +146,6 @@ class RankCgroup:
     def exists(self) -> bool:
         return self.tracker.is_dir()
 
-    def terminate(self) -> None:
-        """SIGTERM every process of the rank."""
-        _signal_all(self.pids(), signal.SIGTERM)
-
     def kill(self) -> None:
         """SIGKILL every process of the rank, including those forked meanwhile: `cgroup.kill` on
         v2, freeze then kill then thaw on v1."""

@@ -33,6 +33,13 @@ down_after_s / 2 + fence_after_s + fence_slack_s + the longest stop grace + a ma
 period, clock skew), which is later. This holds while an agent runs on the node (a stopped agent
 fences nothing: run it under systemd with Restart=always) and while the node's clock does not
 jump (the lease survives a restart in wall time).
+
+The cgroup tree is the truth: a rank cgroup holding processes that no record of this server's
+names is an orphan, stopped and reported, and no rank starts until none is left. The state
+directory records the server it was made for (`identity.json`); until the first answer confirms
+it nothing recorded is reported, and records of another server are disowned. One agent runs per
+state directory and per node on a host (flock), and the server binds a node to one agent
+instance at a time (a second one gets 409).
 """
 
 from __future__ import annotations
@@ -40,12 +47,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import fcntl
 import json
 import logging
 import os
 import pwd
+import re
+import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -90,6 +101,14 @@ DEFAULT_PIDS_MAX = 16384
 MAX_MEMORY_MB = 4_194_304
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
+# At most this many orphans (with at most ORPHAN_PIDS pids each) go in one sync.
+MAX_ORPHANS = 64
+ORPHAN_PIDS = 32
+# A refused sync (another agent holds the node) is logged at most once per this many seconds.
+REFUSED_LOG_S = 60.0
+# An agent that finds its state directory locked by another exits with this code (EX_TEMPFAIL).
+LOCKED_EXIT = 75
+RANK_CGROUP = re.compile(r"^job-([0-9]{1,10})-gen-([0-9]{1,10})-rank-([0-9]{1,10})$")
 # Why a rank exited, as its exit report's `cause` says (the server's `ExitCause`): only EXITED,
 # a limit and REFUSED are the rank's own doing; the others are the node's or TopoWeb's.
 EXITED = "exited"
@@ -111,6 +130,31 @@ class RankStatus(enum.Enum):
 
 class StartRefused(Exception):
     """A rank this agent will not start, and why."""
+
+
+class StateDirBusy(Exception):
+    """Another agent holds this state directory (its lock file names its pid)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `path` (0600, root's) so that a crash leaves the old content or the new, never a
+    part: a temporary file written and fsynced, renamed over `path`, the directory fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +328,7 @@ class Agent:
         min_uid: int | None = None,
         system_accounts: tuple[str, ...] = (),
         pids_max: int = DEFAULT_PIDS_MAX,
+        lock_dir: str | Path | None = None,
         memory_max_mb: int = 0,
     ):
         self.server = server.rstrip("/")
@@ -331,6 +376,63 @@ class Agent:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+        # This agent process: the server binds the node's syncs to one instance at a time.
+        self.instance = secrets.token_hex(16)
+        self.host = socket.gethostname()[:255]
+        self.started_at = time.time()
+        # Who the state directory's records were made for ({"server", "cluster", "node",
+        # "instance"}; None: no identity recorded, "unreadable": a corrupt one), and whether the
+        # server answered as that one yet: until then nothing recorded is reported.
+        self.identity: dict[str, Any] | str | None = None
+        self.confirmed = False
+        # Orphans of another server (or of an unknown one): stopped, never reported as ranks.
+        self.foreign: dict[Key, str] = {}
+        self._refused_logged: float | None = None
+        # The host's lock for this node (`lock_dir/NODE.lock`, outside the state directory): one
+        # agent per node per host, and the instance that held it last (its successor on this
+        # host takes over at once, even when the state directory was lost).
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self.host_previous = ""
+        self._lock_fds: list[int] = []
+
+    # -- one agent per state directory ---------------------------------------------------------
+    def lock_state_dir(self) -> None:
+        """Hold exclusive locks for this agent's life: on the state directory, and on this node
+        on this host (`lock_dir`, when given). StateDirBusy when another agent holds either: two
+        agents on one state directory or one node's cgroup tree would each take the other's
+        ranks for their own, or for orphans."""
+        if self._lock_fds:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        locks = [(self.state_dir / "agent.lock", f"the state directory {self.state_dir}")]
+        if self.lock_dir is not None:
+            if "/" in self.node or self.node in ("", ".", ".."):
+                raise StateDirBusy(f"node name {self.node!r} cannot name a lock file")
+            self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            locks.append((self.lock_dir / f"{self.node}.lock", f"node {self.node} on this host"))
+        try:
+            for path, what in locks:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self._lock_fds.append(fd)
+                before = os.pread(fd, 128, 0).decode(errors="replace").split()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = before[0] if before else "unknown"
+                    raise StateDirBusy(
+                        f"another agent (pid {holder}) holds {what} ({path}); one agent per node:"
+                        " stop that one first"
+                    ) from None
+                if len(before) > 1 and path.parent == self.lock_dir:
+                    self.host_previous = before[1]
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {self.instance}\n".encode(), 0)
+                os.fsync(fd)
+        except BaseException:
+            for fd in self._lock_fds:
+                os.close(fd)
+            self._lock_fds.clear()
+            raise
 
     # -- control -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -379,8 +481,9 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        log.info("node %s: %s", self.node, self.isolation())
+        self.lock_state_dir()
+        log.info("node %s: %s (agent instance %s)", self.node, self.isolation(), self.instance[:8])
+        self.identity = self._read_identity()
         self._adopt()
         self._last_ok = time.monotonic()
         self._load_lease()
@@ -432,13 +535,22 @@ class Agent:
             "logs": chunks or [],
             "isolation": self.isolation()[:200],
             "wait_s": wait_s,
+            "instance": self.instance,
+            "previous": self._previous(),
+            "host": self.host,
+            "started_at": self.started_at,
+            "orphans": self._orphan_list(),
         }
 
     async def _sync(self, client: httpx.AsyncClient) -> None:
         self._check_fence()
-        reports = report_batch(list(self.outbox.values()))
-        chunks = self._log_chunks()
-        body = self._body(reports, 0.0 if reports or chunks else self.poll_s, chunks)
+        if self.confirmed:
+            self._scan_tree()
+        # Until the server's first answer says this state directory is its own, nothing recorded
+        # is reported (the records may be another server's) and that answer comes at once.
+        reports = report_batch(list(self.outbox.values())) if self.confirmed else []
+        chunks = self._log_chunks() if self.confirmed else []
+        body = self._body(reports, 0.0 if reports or chunks or not self.confirmed else self.poll_s, chunks)
         self._wake.clear()
         sent = time.monotonic()
         request = asyncio.ensure_future(client.post("/api/v1/agents/sync/", json=body))
@@ -451,6 +563,9 @@ class Agent:
             return
         woken.cancel()
         response = request.result()
+        if response.status_code == 409:
+            await self._refused_sync(response)
+            return
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
         answer = response.json()
@@ -471,6 +586,7 @@ class Agent:
                 del self.outbox[key]
         self._logs_shipped(chunks, answer)
         self.state = answer.get("state", "unknown")
+        self._confirm(answer)
         await self._reconcile(answer.get("work", []), answer.get("stop") or [])
 
     # -- fencing -------------------------------------------------------------------------------
@@ -479,14 +595,12 @@ class Agent:
         off: it fences its re-adopted ranks on time, not a whole lease after its start."""
         path = self.state_dir / "lease.json"
         try:
-            tmp = path.with_suffix(".tmp")
             lease = {
                 "contact": contact,
                 "fence_after_s": self.fence_after_s,
                 "fence_slack_s": self.fence_slack_s,
             }
-            tmp.write_text(json.dumps(lease))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(lease))
         except OSError as exc:
             log.warning("cannot record the lease in %s: %s", path, exc)
 
@@ -541,17 +655,159 @@ class Agent:
             local.cause = FENCED
             self._begin_stop(local)
 
+    # -- identity and orphans ------------------------------------------------------------------
+    def _read_identity(self) -> dict[str, Any] | str | None:
+        try:
+            data = json.loads((self.state_dir / "identity.json").read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "the state directory's identity.json is unreadable (%s): its records are not adopted", exc
+            )
+            return "unreadable"
+        if not isinstance(data, dict):
+            return "unreadable"
+        return {k: str(data.get(k) or "") for k in ("server", "cluster", "node", "instance")}
+
+    def _previous(self) -> str:
+        """The agent instance this state directory last synced as (else the one that last held
+        this node's host lock): the server lets its successor (this agent, holding the locks, so
+        that one is gone) take over at once."""
+        if isinstance(self.identity, dict) and self.identity.get("instance"):
+            return self.identity["instance"]
+        return self.host_previous
+
+    def _confirm(self, answer: dict[str, Any]) -> None:
+        """At the first answered sync: the records are this server's when the state directory's
+        identity names this server, cluster and node (or names none: a first start, or records of
+        an agent before identities). Otherwise every recorded rank is disowned (its processes are
+        stopped as orphans, nothing of it reported). Then the identity is recorded, and the
+        cgroup tree read. At every later answer: a server that answers as another (its database
+        was replaced) has the ranks of the one before disowned the same way."""
+        mine = {
+            "server": str(answer.get("server_id") or ""),
+            "cluster": str(answer.get("cluster") or ""),
+            "node": str(answer.get("node") or self.node),
+        }
+        recorded = self.identity
+        if (
+            self.confirmed
+            and isinstance(recorded, dict)
+            and all(recorded.get(k) == v for k, v in mine.items())
+        ):
+            return
+        if recorded is not None and (
+            not isinstance(recorded, dict) or any(recorded.get(k) != v for k, v in mine.items())
+        ):
+            self._disown(recorded if isinstance(recorded, dict) else {"server": "unknown"})
+        self.identity = {**mine, "instance": self.instance}
+        try:
+            write_atomic(self.state_dir / "identity.json", json.dumps(self.identity))
+        except OSError as exc:
+            log.warning("cannot record the state directory's identity: %s", exc)
+        self.confirmed = True
+        self._scan_tree()
+
+    def _disown(self, recorded: dict[str, Any]) -> None:
+        other = recorded.get("server") or "unknown"
+        for key, local in list(self.ranks.items()):
+            log.warning(
+                "rank %s was recorded for server %s (cluster %r, node %r), not this one: its processes"
+                " are stopped as orphans, none of it is reported",
+                local.name,
+                other,
+                recorded.get("cluster", ""),
+                recorded.get("node", ""),
+            )
+            for task in local.tasks:
+                task.cancel()
+            del self.ranks[key]
+            self.logs.pop(key, None)
+            for event in ("started", "exited"):
+                self.outbox.pop((*key, event), None)
+            self.foreign[key] = other
+            if local.cgroup is None and _alive(local.shim_pid):
+                # No cgroup to stop it by: its process group (the shim ignores SIGTERM, the rank not).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(local.shim_pid, signal.SIGTERM)
+            shutil.rmtree(local.record, ignore_errors=True)
+
+    def _scan_tree(self) -> None:
+        """The cgroup tree is the truth: a rank cgroup under this agent's that holds processes but
+        is no rank of this agent's is an orphan, stopped (and reported while it lasts; the agent
+        starts no rank until none is left). An empty one is removed."""
+        if self.cgroups is None:
+            return
+        for name in self.cgroups.names():
+            found = RANK_CGROUP.match(name)
+            if found is None:
+                continue
+            key = (int(found[1]), int(found[2]), int(found[3]))
+            if key in self.ranks or key in self.orphans:
+                continue
+            group = self.cgroups.rank(name)
+            if group.empty():
+                group.remove()
+                continue
+            log.warning(
+                "orphan %s: its cgroup holds processes %s that no rank record of this server's names;"
+                " stopping them, and starting no rank until they are gone",
+                name,
+                sorted(group.pids())[:ORPHAN_PIDS],
+            )
+            self.orphans[key] = asyncio.ensure_future(self._stop_orphan(key, group))
+
+    def _orphan_list(self) -> list[dict[str, Any]]:
+        """The orphans being stopped, for the server (at most MAX_ORPHANS): `server` is the
+        server their record named when it was another's."""
+        out = []
+        for key in list(self.orphans)[:MAX_ORPHANS]:
+            job, generation, rank = key
+            pids: list[int] = []
+            if self.cgroups is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pids = sorted(self.cgroups.rank(f"job-{job}-gen-{generation}-rank-{rank}").pids())
+            out.append(
+                {
+                    "job": job,
+                    "generation": generation,
+                    "rank": rank,
+                    "pids": pids[:ORPHAN_PIDS],
+                    "server": self.foreign.get(key, "")[:16],
+                }
+            )
+        return out
+
+    async def _refused_sync(self, response: httpx.Response) -> None:
+        """The server binds the node to another agent instance (HTTP 409): start nothing, say so
+        (at most once a minute) and try again later; the other's lease may end."""
+        try:
+            detail = str(response.json().get("detail", ""))[:500]
+        except (ValueError, AttributeError):
+            detail = response.text[:300]
+        self.state = "refused"
+        now = time.monotonic()
+        if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_S:
+            self._refused_logged = now
+            log.error(
+                "the server refused this agent (instance %s on %s): %s", self.instance[:8], self.host, detail
+            )
+        await self._pause(RETRY_S[-1])
+
     # -- reconcile -----------------------------------------------------------------------------
     async def _reconcile(self, work: list[dict[str, Any]], stops: list[list[int]] = ()) -> None:
         """Start what the work lists and this agent lacks, stop what it runs that is not listed,
         and answer each rank the server asks to stop (`stops`: it still counts them running)."""
         wanted: set[Key] = set()
+        held = 0
         for entry in work:
             started = {int(r["rank"]): bool(r.get("started")) for r in entry["ranks"]}
             for plan in plan_env(entry, self.node):
                 key = (int(entry["job"]), int(entry["generation"]), plan.rank)
                 wanted.add(key)
-                if key in self.ranks:
+                if key in self.ranks or key in self.orphans:
+                    # An orphan: its cgroup holds processes this agent has no record of.
                     continue
                 if started.get(plan.rank):
                     # The server saw it start; this agent has no record of it (its state was lost).
@@ -563,7 +819,12 @@ class Agent:
                         log_tail="lost: the node agent lost its state",
                     )
                     continue
+                if self.orphans:
+                    held += 1
+                    continue
                 await self._start(key, plan, entry)
+        if held:
+            log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
         for key, local in list(self.ranks.items()):
             if key in wanted:
                 continue
@@ -616,14 +877,23 @@ class Agent:
         """SIGTERM what the cgroup of a rank without a record holds, kill it after the default
         grace, then report the rank gone."""
         deadline = time.monotonic() + ORPHAN_GRACE_S
+        termed: set[int] = set()
         while not group.empty():
             if time.monotonic() < deadline:
-                group.terminate()
+                # Each process once, as a rank is stopped: a SIGTERM handler (a checkpoint) runs once.
+                with contextlib.suppress(OSError):
+                    for pid in group.pids() - termed:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGTERM)
+                        termed.add(pid)
             else:
                 group.kill()
             await asyncio.sleep(0.25)
         group.remove()
         self.orphans.pop(key, None)
+        shutil.rmtree(self.state_dir / f"job-{key[0]}-gen-{key[1]}-rank-{key[2]}", ignore_errors=True)
+        if self.foreign.pop(key, None) is not None:
+            return
         self._report(
             key,
             "exited",
@@ -703,9 +973,7 @@ class Agent:
             "shim_pid": local.shim_pid,
             "shim_start": local.shim_start,
         }
-        tmp = local.record / "rank.json.tmp"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, local.record / "rank.json")
+        write_atomic(local.record / "rank.json", json.dumps(data))
 
     def _refuse(self, local: LocalRank, code: int, reason: str) -> None:
         local.status = RankStatus.EXITED
@@ -730,6 +998,7 @@ class Agent:
             return
         try:
             local.record.mkdir(mode=0o700, exist_ok=True)
+            _fsync_dir(self.state_dir)
             (local.record / "exit").unlink(missing_ok=True)
             fd = self._open_log(log_path, account)
         except OSError as exc:
@@ -763,9 +1032,7 @@ class Agent:
             }
             spec["env"] = clean_env(plan.env, home=account.home, user=account.name)
             spec_file = local.record / "spec.json"
-            spec_fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(spec_fd, "w") as fh:
-                json.dump(spec, fh)
+            write_atomic(spec_file, json.dumps(spec))
             local.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",
@@ -824,11 +1091,33 @@ class Agent:
                 # nothing of the rank is left under that pid or its process group.
                 log.info("rank %s: its shim's pid %s now names another process", local.name, local.shim_pid)
                 local.shim_pid = None
+            if local.shim_pid is None and cgroup is not None and not cgroup.empty():
+                # Its agent died between starting the shim and recording it: found by its cgroup.
+                local.shim_pid = self._find_shim(local)
+                local.shim_start = process_start(local.shim_pid)
+                log.info("rank %s: re-adopted through its cgroup (shim %s)", local.name, local.shim_pid)
+                with contextlib.suppress(OSError):
+                    self._save(local)
             self.ranks[key] = local
             live = (cgroup is not None and not cgroup.empty()) or _alive(local.shim_pid)
             log.info("re-adopted rank %s (%s)", local.name, "running" if live else "exited meanwhile")
             self._report(key, "started", **({"pid": local.shim_pid} if local.shim_pid else {}))
             local.tasks.append(asyncio.ensure_future(self._watch(local)))
+
+    def _find_shim(self, local: LocalRank) -> int | None:
+        """The shim of a rank recorded without one: the parent, outside the cgroup, of a process
+        in it, running this rank's spec file (None when it is gone)."""
+        pids = local.cgroup.pids() if local.cgroup is not None else set()
+        spec = str(local.record / "spec.json").encode()
+        for pid in sorted(pids):
+            try:
+                parent = int(_stat_fields(pid)[1])
+                argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent not in pids and parent > 1 and spec in argv and str(SHIM).encode() in argv:
+                return parent
+        return None
 
     # -- watching and stopping -----------------------------------------------------------------
     def _exit_file(self, local: LocalRank) -> int | None:
@@ -1041,7 +1330,7 @@ class Agent:
             for local in self.ranks.values():
                 for task in local.tasks:
                     task.cancel()
-        if self.outbox:
+        if self.outbox and self.confirmed:
             try:
                 await client.post(
                     "/api/v1/agents/sync/", json=self._body(report_batch(list(self.outbox.values())), 0.0)

@@ -607,6 +607,8 @@ def _advance(job: Job, now: datetime) -> None:
             exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0) & ~FAILED_RUN),
         )
         if counts["exited"] == job.gpus:
+            # Every rank started, even when their starts came with their exits: it ran.
+            start(job=job, now=now)
             finish(job=job, status=JobStatus.COMPLETED, now=now)
             return
         if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:

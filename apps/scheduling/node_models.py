@@ -47,6 +47,22 @@ class NodeHealth(models.Model):
         default="",
         help_text="What isolation the agent gives its ranks (accounts, cgroups), as it reported it.",
     )
+    # One agent process at a time syncs for a node: its instance (random per agent start), the
+    # host it runs on and when it started. `last_seen` is its last answered sync.
+    agent_instance = models.CharField(max_length=64, blank=True, default="")
+    agent_host = models.CharField(max_length=255, blank=True, default="")
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    agent_refused = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The last agent refused because another held the node: {instance, host, addr, started_at, at}.",
+    )
+    orphans = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Rank processes the agent found without a record of this server's and is stopping"
+        " ({job, generation, rank, pids, server}): the node takes no placements until none is left.",
+    )
 
     class Meta:
         db_table = "scheduling_nodeagent"
@@ -55,6 +71,11 @@ class NodeHealth(models.Model):
 
     def __str__(self) -> str:
         return f"agent of node {self.node_id}: {self.state}"
+
+    @property
+    def orphan_pids(self) -> int:
+        """How many orphan processes the agent reported (at most 32 per orphan are listed)."""
+        return sum(len(o.get("pids") or ()) for o in self.orphans if isinstance(o, dict))
 
 
 class SyncPulse(models.Model):

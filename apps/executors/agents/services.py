@@ -41,6 +41,7 @@ from apps.scheduling.nodes import node_down, node_fenced
 from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Node
 
+from ..models import ClusterExecutor
 from .selectors import node_gpu_indexes
 from .wakeups import notify_cluster
 
@@ -132,6 +133,8 @@ class Heartbeat:
     unhealthy: tuple[tuple[int, str], ...] = ()
     running: int = 0
     isolation: str = ""
+    # Rank processes without a record of this server's that the agent is stopping.
+    orphans: tuple[dict[str, Any], ...] = ()
     # [job, generation, rank] of the rank processes counted in `running` (None: not said).
     ranks: frozenset[tuple[int, int, int]] | None = None
 
@@ -175,6 +178,7 @@ def agent_heartbeat(
         "addr": beat.addr,
         "running": beat.running,
         "unhealthy_gpus": unhealthy,
+        "orphans": list(beat.orphans),
     }
     if beat.isolation:
         fields["isolation"] = beat.isolation
@@ -188,17 +192,18 @@ def agent_heartbeat(
             return agent
     was_down = agent.state == NodeState.DOWN
     gone = _counted_gone(node, beat) if was_down and beat.running else 0
-    if gone:
+    if gone or (was_down and beat.orphans):
+        still = gone + len(beat.orphans)
         reason = (
-            f"back after being down, but {gone} rank processes counted as gone still run; it takes"
-            " work once they are gone"
+            f"back after being down, but {still} rank processes counted as gone or orphaned still run;"
+            " it takes work once they are gone"
         )
         NodeHealth.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(**fields, reason=reason)
         for name, value in fields.items():
             setattr(agent, name, value)
         agent.reason = reason
         return agent
-    changed = was_down or agent.unhealthy_gpus != unhealthy
+    changed = was_down or agent.unhealthy_gpus != unhealthy or agent.orphans != fields["orphans"]
     fresh = agent.last_seen is not None and now - agent.last_seen < timedelta(seconds=down_after_s() / 2)
     if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):
         # Nothing new and seen recently: no write (thousands of agents poll, each once a minute).
@@ -226,6 +231,135 @@ def agent_heartbeat(
     if changed:
         queue_cycle(node.cluster_id)
     return agent
+
+
+def agent_lease_s() -> float:
+    """How long a node stays bound to its agent instance after that one's last answered sync:
+    `down_after_s()`. A live agent always holds it (its heartbeat is written at least every half
+    of that); past it, its node is due down anyway (`nodes_check` has the same cutoff)."""
+    return down_after_s()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentClaim:
+    """Which agent process a sync comes from: its `instance` (random per start), the instance
+    its state directory synced as before (`previous`: the agent it succeeds on that directory,
+    which is gone, since each agent holds the directory's lock), its host, address and start."""
+
+    instance: str
+    previous: str = ""
+    host: str = ""
+    addr: str = ""
+    started_at: datetime | None = None
+
+
+REFUSAL_LOG_S = 60.0
+
+
+def agent_claim(
+    *, node: Node, agent: NodeHealth | None, claim: AgentClaim, now: datetime | None = None
+) -> tuple[NodeHealth | None, dict[str, Any] | None]:
+    """Bind `node`'s syncs to the claiming agent instance, or refuse it: another instance holds
+    the node while its lease (`agent_lease_s()` from its last answered sync) runs, unless the
+    claim succeeds it on its own state directory. Returns the node's agent row and, when
+    refused, the holder ({"instance", "host", "addr", "started_at", "last_sync"}). The refusal is
+    recorded on the row and logged (once a minute per node). A claim without an instance (an
+    agent before instances) binds nothing."""
+    now = now or timezone.now()
+    if not claim.instance:
+        return agent, None
+    mine = {"agent_instance": claim.instance, "agent_host": claim.host, "agent_started_at": claim.started_at}
+    for _ in range(3):
+        if agent is None:
+            agent, created = NodeHealth.objects.get_or_create(
+                node=node, defaults={**mine, "state_since": now}
+            )
+            if created:
+                return agent, None
+        current = agent.agent_instance
+        if current == claim.instance:
+            return agent, None
+        silent = None if agent.last_seen is None else (now - agent.last_seen).total_seconds()
+        live = current and silent is not None and silent < agent_lease_s()
+        if live and claim.previous != current:
+            return agent, _refuse(node, agent, claim, silent, now)
+        # Conditional: of two instances taking over at once, one wins; the other reads again.
+        if NodeHealth.objects.filter(pk=agent.pk, agent_instance=current).update(**mine):
+            log.info(
+                "node %s: agent instance %s on %s takes over from %s",
+                node.name,
+                claim.instance[:8],
+                claim.host or claim.addr or "?",
+                f"its predecessor {current[:8]}"
+                if current and claim.previous == current
+                else current[:8] or "none",
+            )
+            for name, value in mine.items():
+                setattr(agent, name, value)
+            return agent, None
+        agent = NodeHealth.objects.filter(pk=agent.pk).first()
+    raise RuntimeError(f"node {node.name}: agent instances keep changing")
+
+
+def _refuse(node: Node, agent: NodeHealth, claim: AgentClaim, silent: float, now: datetime) -> dict[str, Any]:
+    holder = {
+        "instance": agent.agent_instance[:8],
+        "host": agent.agent_host,
+        "addr": agent.addr,
+        "started_at": agent.agent_started_at.isoformat() if agent.agent_started_at else None,
+        "last_sync": agent.last_seen.isoformat() if agent.last_seen else None,
+        "silent_s": round(silent, 1),
+    }
+    refused = {
+        "instance": claim.instance[:8],
+        "host": claim.host,
+        "addr": claim.addr,
+        "started_at": claim.started_at.isoformat() if claim.started_at else None,
+        "at": now.isoformat(),
+    }
+    before = agent.agent_refused or {}
+    try:
+        recent = (now - datetime.fromisoformat(before["at"])).total_seconds() < REFUSAL_LOG_S
+    except (KeyError, TypeError, ValueError):
+        recent = False
+    if before.get("instance") != refused["instance"] or not recent:
+        NodeHealth.objects.filter(pk=agent.pk).update(agent_refused=refused)
+        agent.agent_refused = refused
+        log.warning(
+            "node %s: refused a second agent on its credential (instance %s on %s, address %s, started"
+            " %s): instance %s on %s (address %s, started %s) synced %.0f s ago",
+            node.name,
+            refused["instance"],
+            claim.host or "?",
+            claim.addr or "?",
+            refused["started_at"],
+            holder["instance"],
+            holder["host"] or "?",
+            holder["addr"] or "?",
+            holder["started_at"],
+            silent,
+        )
+    return holder
+
+
+def server_identity(*, cluster_id: int, agent: NodeHealth | None = None) -> tuple[str, str]:
+    """This server's id for the cluster (its executor's `server_id`, made on first use; each
+    database names itself anew) and the cluster's name: an agent's state directory records
+    them and adopts no record made for another. `agent`: the node's row as `sync_node` read it
+    (it carries both once the executor row exists)."""
+    if getattr(agent, "server_id", None) and getattr(agent, "cluster_name", None):
+        return agent.server_id, agent.cluster_name
+    row = (
+        ClusterExecutor.objects.filter(cluster_id=cluster_id)
+        .values_list("server_id", "cluster__name")
+        .first()
+    )
+    if row is None:
+        executor, _ = ClusterExecutor.objects.get_or_create(cluster_id=cluster_id)
+        return executor.server_id, Cluster.objects.filter(pk=cluster_id).values_list(
+            "name", flat=True
+        ).first() or ""
+    return row
 
 
 def _counted_gone(node: Node, beat: Heartbeat) -> int:

@@ -3,6 +3,7 @@ on its own)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -10,7 +11,7 @@ from rest_framework import serializers
 from apps.scheduling.choices import ExitCause
 from apps.scheduling.node_models import LOG_TAIL_CHARS
 
-from ..services import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
+from ..services import AgentClaim, Heartbeat, LogChunk, RankReport, clean_text, parse_reports
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
@@ -20,6 +21,11 @@ MAX_LOG_CHUNKS = 64
 MAX_CHUNK_BYTES = 256 * 1024
 MAX_RANK = 1_048_575
 MAX_ID = 2**31 - 1
+MAX_ORPHANS = 64
+MAX_ORPHAN_PIDS = 32
+INSTANCE_PATTERN = r"^[0-9a-f]{16,64}$"
+# Epoch seconds up to the year 2242.
+MAX_EPOCH_S = 2.0**33
 
 
 class GpuInventorySerializer(serializers.Serializer):
@@ -74,6 +80,24 @@ class LogChunkSerializer(serializers.Serializer):
     data = serializers.CharField(max_length=MAX_CHUNK_BYTES, allow_blank=True, trim_whitespace=False)
 
 
+class OrphanSerializer(serializers.Serializer):
+    """A rank cgroup holding processes that no rank record of this server names: being stopped."""
+
+    job = serializers.IntegerField(min_value=0, max_value=MAX_ID)
+    generation = serializers.IntegerField(min_value=0, max_value=MAX_ID)
+    rank = serializers.IntegerField(min_value=0, max_value=MAX_RANK)
+    pids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID), max_length=MAX_ORPHAN_PIDS
+    )
+    server = serializers.RegexField(
+        r"^[A-Za-z0-9-]*$",
+        max_length=16,
+        required=False,
+        allow_blank=True,
+        help_text="The server its record named, when another (or 'unknown').",
+    )
+
+
 class AgentSyncSerializer(serializers.Serializer):
     """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
 
@@ -117,6 +141,22 @@ class AgentSyncSerializer(serializers.Serializer):
         help_text="Pieces of the ranks' log files, each validated on its own.",
     )
     wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
+    instance = serializers.RegexField(
+        INSTANCE_PATTERN,
+        required=False,
+        help_text="This agent process's random id: the node syncs with one instance at a time.",
+    )
+    previous = serializers.RegexField(
+        INSTANCE_PATTERN,
+        required=False,
+        allow_blank=True,
+        help_text="The instance the agent's state directory last synced as (the agent it succeeds).",
+    )
+    host = serializers.RegexField(ADDR_PATTERN, max_length=255, required=False, allow_blank=True)
+    started_at = serializers.FloatField(
+        min_value=0, max_value=MAX_EPOCH_S, required=False, help_text="When the agent started (epoch s)."
+    )
+    orphans = OrphanSerializer(many=True, required=False, max_length=MAX_ORPHANS)
 
     def validate(self, attrs):
         attrs.setdefault("running", [])
@@ -137,6 +177,21 @@ class AgentSyncSerializer(serializers.Serializer):
             running=len(data["running"]) + len(data["stopping"]),
             ranks=frozenset(tuple(k) for k in [*data["running"], *data["stopping"]]),
             isolation=data.get("isolation", ""),
+            orphans=tuple(
+                {**o, "pids": list(o["pids"]), "server": o.get("server", "")} for o in data.get("orphans", [])
+            ),
+        )
+
+    def claim(self) -> AgentClaim:
+        """Which agent process sent the body."""
+        data = self.validated_data
+        started = data.get("started_at")
+        return AgentClaim(
+            instance=data.get("instance", ""),
+            previous=data.get("previous", ""),
+            host=data.get("host", ""),
+            addr=data.get("addr", ""),
+            started_at=None if started is None else datetime.fromtimestamp(started, tz=UTC),
         )
 
 
