@@ -91,6 +91,8 @@ FINAL_CHUNK_BYTES = 256 * 1024
 DEFAULT_POLL_S = 60.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 WATCH_S = 0.1
+# How often a running rank's cgroup is read for a limit it ran into.
+LIMIT_CHECK_S = 1.0
 SHIM = Path(__file__).with_name("shim.py")
 # A refused start: no such account, uid 0, a workdir outside the allowed roots.
 REFUSED_EXIT = 126
@@ -1163,9 +1165,20 @@ class Agent:
 
     async def _watch(self, local: LocalRank) -> None:
         code = None
+        checked = 0.0
         while True:
             if code is None:
                 code = self._main_exit(local)
+            if code is None and local.status is RankStatus.RUNNING and local.cgroup is not None:
+                if time.monotonic() - checked >= LIMIT_CHECK_S:
+                    checked = time.monotonic()
+                    if local.cgroup.limit_hit() == PIDS_LIMIT:
+                        # A fork refused at pids.max: a rank that forks without end (it may retry
+                        # the fork for ever) is stopped there rather than left spinning.
+                        log.warning("rank %s: reached its pids limit, stopping it", local.name)
+                        local.cause = PIDS_LIMIT
+                        local.note = "stopped: the rank reached its pids limit (a fork was refused)"
+                        self._begin_stop(local)
             if code is not None:
                 if self._gone(local):
                     break

@@ -291,8 +291,40 @@ def test_a_rank_past_its_jobs_pids_max_ends_with_pids_limit(tmp_path: Path, cgro
         report = run_loop(main)
     finally:
         cleanup(agent)
-    assert report["cause"] == "pids_limit" and report["exit_code"] == 1, report
+    # It exits 1 at the refused fork, unless the agent's limit check stopped it first (SIGTERM).
+    assert report["cause"] == "pids_limit" and report["exit_code"] in (1, -signal.SIGTERM), report
     assert "fork refused" in report["log_tail"]
+
+
+SPINNER = (
+    "import os, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(60)\n"
+    "            os._exit(0)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.05)\n"
+)
+
+
+def test_a_rank_that_forks_for_ever_is_stopped_at_its_pids_limit(tmp_path: Path, cgroups):
+    """A fork bomb that retries refused forks never exits by itself: the agent stops it once its
+    cgroup refused a fork, and says why."""
+    agent = make_agent(tmp_path, cgroups)
+
+    async def main():
+        prepare(agent)
+        await agent._start(KEY, PLAN, {"command": [sys.executable, "-c", SPINNER], "pids_max": 64})
+        return await wait_exited(agent)
+
+    try:
+        report = run_loop(main)
+    finally:
+        cleanup(agent)
+    assert report["cause"] == "pids_limit", report
+    assert report["exit_code"] in (-signal.SIGTERM, -signal.SIGKILL), report
+    assert "pids limit" in report["log_tail"]
 
 
 def test_the_agents_pids_max_is_the_ceiling_of_the_jobs(tmp_path: Path, cgroups):
