@@ -793,7 +793,10 @@ class Agent:
         if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_S:
             self._refused_logged = now
             log.error(
-                "the server refused this agent (HTTP 409; instance %s on %s): %s", self.instance[:8], self.host, detail
+                "the server refused this agent (HTTP 409; instance %s on %s): %s",
+                self.instance[:8],
+                self.host,
+                detail,
             )
         await self._pause(RETRY_S[-1])
 

@@ -72,14 +72,15 @@ class JobStateError(Exception):
 # -- submit ------------------------------------------------------------------------------------------
 
 
-def submit(job: Job) -> Job:
+def submit(job: Job, *, savepoint: bool = True) -> Job:
     """Save a new job (queued) and request a cycle once it is committed. Under a caller's
     transaction the INSERT runs in a savepoint, so a refused one (a concurrent Idempotency-Key)
-    leaves that transaction usable; committed by itself it is one INSERT, no BEGIN or COMMIT."""
+    leaves that transaction usable (`savepoint` False: the caller's block is one already);
+    committed by itself it is one INSERT, no BEGIN or COMMIT."""
     if job.pk is not None or job.status != JobStatus.QUEUED:
         raise ValueError("submit takes a new, queued job")
     if transaction.get_connection().in_atomic_block:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=savepoint):
             job.save()
             cycle.queue_cycle(job.cluster_id)
     else:
