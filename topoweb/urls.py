@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from apps.dashboard.api import UsageView
 from topoweb.views import healthz
 
 admin.site.site_header = "TopoWeb topology editor"
@@ -12,6 +13,7 @@ admin.site.site_title = "TopoWeb admin"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/usage/", UsageView.as_view(), name="usage-api"),
     path("api/v1/", include("apps.topology.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.metrics.api.urls")),
