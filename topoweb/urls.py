@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.dashboard.api import UsageView
+from apps.metrics.ops import metrics_view
 from topoweb.views import healthz
 
 admin.site.site_header = "TopoWeb topology editor"
@@ -21,6 +22,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("simulations/", include("apps.simulations.urls")),
     path("", include("apps.dashboard.urls")),
 ]
