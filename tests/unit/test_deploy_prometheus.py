@@ -27,7 +27,9 @@ def promtool() -> str:
     return binary
 
 
-@pytest.mark.parametrize("args", [("check", "rules", RULES), ("test", "rules", RULE_TESTS)], ids=["check", "test"])
+@pytest.mark.parametrize(
+    "args", [("check", "rules", RULES), ("test", "rules", RULE_TESTS)], ids=["check", "test"]
+)
 def test_promtool_accepts_the_rules_and_their_tests(args):
     done = subprocess.run([promtool(), *map(str, args)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
