@@ -72,6 +72,8 @@ def _by_generation(topology: Topology, mask: np.ndarray, load, job: JobSpec, see
     free GPUs of each model alone and on those of each model or faster, fastest model first; the
     cheapest step wins, ties to the earlier (faster, then unmixed) set. A set whose compute alone,
     at its slowest model, is no cheaper than the best step so far is not tried."""
+    if len(topology.model_rates) == 1:
+        return topo.solve(topology, mask, load, job, seed)
     rates = topology.node_rate[topology.gpu_node]
     levels = np.unique(rates[mask])[::-1]
     if levels.size <= 1:
