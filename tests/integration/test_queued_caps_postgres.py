@@ -51,9 +51,9 @@ def test_racing_clients_of_one_user_stay_within_the_cap(transactional_db, settin
         services.job_submit(user=user, spec=spec(f"before-{i}"))
     original = accounts.queued_caps
 
-    def slow_caps(who, account):
+    def slow_caps(who, *args):
         time.sleep(0.05)
-        return original(who, account)
+        return original(who, *args)
 
     monkeypatch.setattr(accounts, "queued_caps", slow_caps)
     start = threading.Barrier(CLIENTS + 1)
