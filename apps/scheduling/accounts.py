@@ -57,7 +57,8 @@ def account_of(user, name: str | None = None) -> Account | None:
         if found is None:
             raise SpecError([("account", f"you are not a member of an account named {name!r}")])
         return found.account
-    found = rows.filter(is_default=True).first() or rows.order_by("account__name").first()
+    # Their default, else (none marked) the first by name: one query.
+    found = rows.order_by("-is_default", "account__name").first()
     if found is None and settings.REQUIRE_ACCOUNT:
         raise SpecError(
             [

@@ -243,7 +243,7 @@ def _users() -> dict:
 
 # Two teams with different fair-share weights; product may borrow research's idle GPUs on pod-256.
 DEMO_ACCOUNTS = (
-    ("research", 3, "alice", {POD: (None, 20000.0, False)}),
+    ("research", 3, "alice", {POD: (None, 60000.0, False)}),
     ("product", 1, "bob", {POD: (64, 2000.0, True)}),
 )
 

@@ -118,8 +118,8 @@ class JobSerializer(JobListSerializer):
     def to_representation(self, instance: Job) -> dict[str, Any]:
         out = super().to_representation(instance)
         out["account"] = instance.account_id
-        # Its QOS by name: the pending reason names the QOS limit that holds it back.
-        out["qos"] = instance.qos.name if instance.qos_id is not None else None
+        # By id, as its account (the priority endpoint and the pending reason name it).
+        out["qos"] = instance.qos_id
         out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows

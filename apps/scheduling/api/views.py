@@ -148,7 +148,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_queryset(self):
         jobs = selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
-        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs.select_related("qos")
+        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs
 
     serializer_class = JobSerializer
 
