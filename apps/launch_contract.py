@@ -1,6 +1,6 @@
 """The launch contract: the environment every launcher sets for each rank (stdlib only).
 
-The node agent (`apps.agent.env.plan_env`), the Slurm job script (`apps.executors.slurmscript`)
+The node agent (`apps.agent.env.plan_env`), the Slurm job script (`apps.executors.slurm.script`)
 and the rank maps shown to users (`apps.scheduling.rankmaps`) all set these names the same way;
 the job spec (`apps.placement.launch`) refuses them in a job's `env`, and with them the names that
 could redirect the code or devices a rank uses (`denied_env`). One module, imported by each, so

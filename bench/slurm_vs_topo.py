@@ -30,6 +30,7 @@ average (the machine may be shared).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -203,7 +204,7 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         from django.contrib.auth import get_user_model
 
-        from apps.executors.slurm.connect import LOCAL_SOCKET, slurm_connect
+        from apps.executors.slurm.connect import LOCAL_JWT_KEY, LOCAL_SOCKET, slurm_connect
         from apps.executors.slurm.rest import SlurmRest
         from apps.executors.slurm.sync import slurm_sync
         from apps.placement.costmodel import evaluate
@@ -211,9 +212,17 @@ def main() -> int:
         from apps.placement.sim.profiles import assign_profiles
         from apps.placement.sim.traces import TraceJob
 
-        client = SlurmRest(LOCAL_SOCKET)
+        key = Path(LOCAL_JWT_KEY).read_bytes()  # the local slurmrestd takes rest_auth/jwt
+        client = SlurmRest(LOCAL_SOCKET, user="slurm", jwt_key=key)
         defaults = {"nics_per_node": 8, "nic_bw_GBps": 50.0, "uplink_bw_GBps": 400.0}
-        cluster, _ = slurm_connect(name="slurm-bench", url=LOCAL_SOCKET, defaults=defaults, client=client)
+        cluster, _ = slurm_connect(
+            name="slurm-bench",
+            url=LOCAL_SOCKET,
+            defaults=defaults,
+            client=client,
+            slurm_user="slurm",
+            jwt_key=base64.b64encode(key).decode(),
+        )
         user = get_user_model().objects.create_user("bench")
         from apps.scheduling.snapshot import cluster_snapshot
 

@@ -4,12 +4,28 @@
 #   scripts/slurm-local.sh start    # munge, slurmctld, 16 slurmd (gpu01..gpu16, 8 GPUs each), slurmrestd
 #   scripts/slurm-local.sh stop     # stops what start started and removes the state directory
 #   scripts/slurm-local.sh status   # exit 0 when slurmctld answers and slurmrestd's socket is up
-#   scripts/slurm-local.sh env      # prints SLURM_CONF=... and TOPOWEB_SLURMRESTD=... lines to eval
+#   scripts/slurm-local.sh env      # prints SLURM_CONF=..., TOPOWEB_SLURMRESTD=... and
+#                                   # TOPOWEB_SLURM_JWT_KEY=... lines to eval
 #
-# Needs root and Debian's slurm-wlm, slurmrestd and munge (Slurm 22.05). Every node is a `slurmd -N`
-# on localhost with its own port; the GPUs are character devices made with mknod (Slurm refuses
-# regular files in gres.conf); topology/tree sees 4 leaf switches of 4 nodes under one spine.
-# Start is idempotent: it only starts what is not running.
+# Needs root and Debian's slurm-wlm, slurmrestd, slurm-wlm-jwt-plugin and munge (Slurm 22.05).
+# Every node is a `slurmd -N` on localhost with its own port; the GPUs are character devices made
+# with mknod (Slurm refuses regular files in gres.conf), each its own device number (195:N, the
+# NVIDIA major) so the devices cgroup tells them apart; topology/tree sees 4 leaf switches of 4
+# nodes under one spine. Start is idempotent: it only starts what is not running.
+#
+# Authentication: munge for the daemons and the commands, and auth/jwt beside it
+# (AuthAltTypes=auth/jwt with a generated HS256 key, $BASE/etc/jwt_hs256.key, owned by slurm,
+# mode 0600). TOPOWEB_SLURM_REST_AUTH picks how slurmrestd authenticates its clients:
+#   jwt (default)  rest_auth/jwt: every request names its user and token (X-SLURM-USER-NAME,
+#                  X-SLURM-USER-TOKEN), so TopoWeb submits each job as its owner. slurmrestd must
+#                  not run as root or SlurmUser: it starts as root and drops to nobody (-u/-g),
+#                  with SLURM_JWT=daemon so it loads auth/jwt without a token of its own.
+#   local          rest_auth/local, for single-user set-ups: slurmrestd runs as the `slurm` user
+#                  and every client of its socket acts as that user.
+# TOPOWEB_SLURM_CGROUP: 1 runs task/cgroup (cgroup/v1) with ConstrainDevices=yes, as production
+# clusters run GPUs (a step opens only its granted GPU device files, which CUDA_VISIBLE_DEVICES
+# renumbers from 0); 0 runs task/none. Default: 1 when the cgroup v1 devices controller is
+# mounted writable at /sys/fs/cgroup/devices, else 0.
 set -euo pipefail
 
 BASE=${TOPOWEB_SLURM_DIR:-/tmp/topoweb-slurm}
@@ -20,6 +36,13 @@ FIRST_NODE_PORT=17001
 SOCKET="$BASE/rest/slurmrestd.sock"
 CONF="$BASE/etc/slurm.conf"
 MUNGE_SOCKET="$BASE/munge/munge.socket"
+JWT_KEY="$BASE/etc/jwt_hs256.key"
+REST_AUTH=${TOPOWEB_SLURM_REST_AUTH:-jwt}
+if [ -z "${TOPOWEB_SLURM_CGROUP:-}" ]; then
+  TOPOWEB_SLURM_CGROUP=0
+  test -w /sys/fs/cgroup/devices/devices.allow && TOPOWEB_SLURM_CGROUP=1
+fi
+CGROUP=$TOPOWEB_SLURM_CGROUP
 
 node_name() { printf 'gpu%02d' "$1"; }
 
@@ -28,8 +51,27 @@ pid_alive() { test -f "$1" && kill -0 "$(cat "$1")" 2>/dev/null; }
 write_config() {
   mkdir -p "$BASE/etc" "$BASE/state" "$BASE/log" "$BASE/run" "$BASE/dev" "$BASE/munge"
   for i in $(seq 0 $((GPUS - 1))); do
-    test -c "$BASE/dev/nvidia$i" || { rm -f "$BASE/dev/nvidia$i"; mknod "$BASE/dev/nvidia$i" c 1 3; }
+    if [ "$(stat -c '%F %t:%T' "$BASE/dev/nvidia$i" 2>/dev/null)" != "character special file c3:$(printf '%x' "$i")" ]; then
+      rm -f "$BASE/dev/nvidia$i"
+      mknod -m 666 "$BASE/dev/nvidia$i" c 195 "$i"
+    fi
   done
+  test -s "$JWT_KEY" || dd if=/dev/urandom bs=32 count=1 of="$JWT_KEY" status=none
+  chown slurm:slurm "$JWT_KEY"
+  chmod 0600 "$JWT_KEY"
+  local task=task/none
+  if [ "$CGROUP" = 1 ]; then
+    task=task/cgroup
+    cat >"$BASE/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainDevices=yes
+ConstrainCores=no
+ConstrainRAMSpace=no
+EOF
+  else
+    rm -f "$BASE/etc/cgroup.conf"
+  fi
   local last
   last=$(node_name "$NODES")
   local last_port=$((FIRST_NODE_PORT + NODES - 1))
@@ -41,6 +83,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCKET
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$JWT_KEY
 CryptoType=crypto/munge
 StateSaveLocation=$BASE/state
 SlurmdSpoolDir=$BASE/spool/%n
@@ -51,7 +95,7 @@ SlurmdLogFile=$BASE/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/pgid
-TaskPlugin=task/none
+TaskPlugin=$task
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -128,12 +172,21 @@ start_slurm() {
 start_rest() {
   if pid_alive "$BASE/run/slurmrestd.pid" && test -S "$SOCKET"; then return; fi
   rm -f "$SOCKET"
-  # rest_auth/local refuses to run as root: slurmrestd runs as the slurm user and a client on the
-  # unix socket acts as that user.
   mkdir -p "$BASE/rest"
-  chown slurm:slurm "$BASE/rest"
-  runuser -u slurm -- env SLURM_CONF="$CONF" setsid /usr/sbin/slurmrestd -s openapi/v0.0.38 \
-    -a rest_auth/local "unix:$SOCKET" >>"$BASE/log/slurmrestd.log" 2>&1 </dev/null &
+  if [ "$REST_AUTH" = local ]; then
+    # rest_auth/local refuses to run as root: slurmrestd runs as the slurm user and a client on
+    # the unix socket acts as that user.
+    chown slurm:slurm "$BASE/rest"
+    runuser -u slurm -- env SLURM_CONF="$CONF" setsid /usr/sbin/slurmrestd -s openapi/v0.0.38 \
+      -a rest_auth/local "unix:$SOCKET" >>"$BASE/log/slurmrestd.log" 2>&1 </dev/null &
+  else
+    # rest_auth/jwt: started as root, slurmrestd drops to nobody before it serves a request (it
+    # refuses to serve as root or SlurmUser); the socket's folder is nobody's so it can bind there.
+    chown nobody:nogroup "$BASE/rest"
+    env SLURM_CONF="$CONF" SLURM_JWT=daemon setsid /usr/sbin/slurmrestd -s openapi/v0.0.38 \
+      -a rest_auth/jwt -u "$(id -u nobody)" -g "$(id -g nobody)" "unix:$SOCKET" \
+      >>"$BASE/log/slurmrestd.log" 2>&1 </dev/null &
+  fi
   echo $! >"$BASE/run/slurmrestd.pid"
   for _ in $(seq 50); do test -S "$SOCKET" && break; sleep 0.1; done
   test -S "$SOCKET" || { echo "slurmrestd did not start; see $BASE/log/slurmrestd.log" >&2; exit 1; }
@@ -142,9 +195,13 @@ start_rest() {
 
 do_start() {
   test "$(id -u)" = 0 || { echo "slurm-local.sh start needs root" >&2; exit 1; }
+  test -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so || ls /usr/lib/*/slurm-wlm/auth_jwt.so >/dev/null 2>&1 || {
+    echo "missing auth/jwt: apt-get install slurm-wlm-jwt-plugin" >&2
+    exit 1
+  }
   for b in slurmctld slurmd slurmrestd munged scontrol; do
     command -v "$b" >/dev/null || test -x "/usr/sbin/$b" || {
-      echo "missing $b: apt-get install slurm-wlm slurmrestd munge" >&2
+      echo "missing $b: apt-get install slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge" >&2
       exit 1
     }
   done
@@ -189,12 +246,13 @@ do_status() {
   scontrol ping | grep -q 'is UP' || { echo "slurmctld down"; return 1; }
   test -S "$SOCKET" || { echo "slurmrestd socket missing"; return 1; }
   sinfo -N -o '%N %t %G' | head -3
-  echo "... $(sinfo -h -N | wc -l) nodes; slurmrestd unix:$SOCKET"
+  echo "... $(sinfo -h -N | wc -l) nodes; slurmrestd unix:$SOCKET ($(tr '\0' ' ' </proc/"$(cat "$BASE/run/slurmrestd.pid")"/cmdline | grep -o 'rest_auth/[a-z]*' 2>/dev/null || echo '?')); $(grep '^TaskPlugin' "$CONF")"
 }
 
 do_env() {
   echo "export SLURM_CONF=$CONF"
   echo "export TOPOWEB_SLURMRESTD=unix:$SOCKET"
+  echo "export TOPOWEB_SLURM_JWT_KEY=$JWT_KEY"
 }
 
 case "${1:-}" in

@@ -4,6 +4,7 @@ agents' credentials."""
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 
 from apps.scheduling.api.authentication import node_tokens_forget
@@ -12,9 +13,51 @@ from apps.scheduling.models import NodeToken
 from .agents.services import node_tokens_revoke
 from .models import ClusterExecutor, ForeignAllocation, SlurmSubmission
 
+SECRETS = ("slurm_token", "jwt_key")
+
+
+class ClusterExecutorForm(forms.ModelForm):
+    """The Slurm credentials are write-only here: shown masked, never sent to the browser; left
+    empty, the stored value stays (`clear_secrets` empties them)."""
+
+    clear_secrets = forms.BooleanField(required=False, help_text="Forget the stored token and JWT key.")
+
+    class Meta:
+        model = ClusterExecutor
+        fields = [
+            "cluster",
+            "kind",
+            "slurmrestd_url",
+            "slurm_user",
+            "slurm_token",
+            "jwt_key",
+            "submit_as_owner",
+            "partition",
+            "output_dir",
+            "foreign_gbps_per_gpu",
+            "server_id",
+        ]
+        widgets = {name: forms.PasswordInput(render_value=False) for name in SECRETS}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in SECRETS:
+            stored = bool(self.instance.pk and getattr(self.instance, name))
+            self.fields[name].widget.attrs["placeholder"] = (
+                "•••••••• (stored; empty keeps it)" if stored else ""
+            )
+
+    def clean(self):
+        data = super().clean()
+        for name in SECRETS:
+            if not data.get(name) and not data.get("clear_secrets") and self.instance.pk:
+                data[name] = getattr(self.instance, name)
+        return data
+
 
 @admin.register(ClusterExecutor)
 class ClusterExecutorAdmin(admin.ModelAdmin):
+    form = ClusterExecutorForm
     list_display = [
         "cluster",
         "kind",

@@ -17,6 +17,11 @@ transaction commits.
                               the free set
     check(cluster)            what does not converge, for `manage.py reconcile --check`: a list
                               of `Finding`s, each naming what is wrong
+    owner_refusal(cluster_id, user_id, username)
+                              why a job of that user cannot run on the cluster as their Unix
+                              account ("" when it can): asked at submission, so the user gets
+                              a 400 naming the owner instead of a job that fails later (an
+                              executor that checks nothing reads nothing)
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class Executor(Protocol):
 
     def foreign(self, cluster: Any) -> list[ForeignHold]: ...
 
+    def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str: ...
+
 
 # Asked in order: the first whose `runs` says yes runs the cluster; the last is the default.
 _REGISTRY: list[Executor] = []
@@ -113,6 +120,11 @@ def can_migrate(cluster_id: int) -> bool:
 def reconcile(*, cluster: Any) -> dict[str, Any]:
     """Let the cluster's executor converge on what the lifecycle wants (see `Executor.reconcile`)."""
     return executor_for(cluster.pk).reconcile(cluster)
+
+
+def owner_refusal(cluster_id: int, user_id: int, username: str) -> str:
+    """Why the cluster's executor cannot run the user's ranks as their Unix account ("" when it can)."""
+    return executor_for(cluster_id).owner_refusal(cluster_id, user_id, username)
 
 
 def foreign_holds(cluster: Any) -> list[ForeignHold]:

@@ -25,6 +25,7 @@ from . import accounts, lifecycle
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
 from .cycle import schedule_cluster
+from .executor import owner_refusal
 from .lifecycle import JobStateError
 from .models import Account, Job, LauncherToken, new_launcher_key
 from .node_models import node_key_hash
@@ -178,6 +179,7 @@ def _submit(
     fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username(), fresh=fresh)
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
+    _check_owner(user, target)
     fields["account"] = accounts.account_of(user, fields["spec"].get("account"))
     fields["qos"] = _qos(target, fields)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
@@ -189,7 +191,16 @@ def _submit(
     job.full_clean(exclude=["cluster", "owner", "account", "qos"], validate_unique=False)
     with transaction.atomic():
         _within_queued_caps(user, [job])
-        return lifecycle.submit(job)
+        # This block is the INSERT's savepoint already.
+        return lifecycle.submit(job, savepoint=False)
+
+
+def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
+    """SpecError naming `owner` when the cluster's executor cannot run the user's ranks as their
+    Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account)."""
+    why = owner_refusal(cluster.pk, user.pk, user.get_username())
+    if why:
+        raise SpecError([("owner", why)])
 
 
 def _qos(cluster: Cluster, fields: dict[str, Any]):
@@ -225,6 +236,7 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
                 named[account_name] = accounts.account_of(user, account_name)
             fields["account"] = default if account_name is None else named[account_name]
             fields["qos"] = _qos(target, fields)
+            _check_owner(user, target)
         except SpecError as exc:
             errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
             continue

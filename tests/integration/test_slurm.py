@@ -1,8 +1,11 @@
 """The Slurm executor against a real Slurm 22.05 (scripts/slurm-local.sh: 16 slurmd on this host,
-8 GPUs each, 4 leaves under a spine, slurmrestd on a unix socket)."""
+8 GPUs each, 4 leaves under a spine, auth/jwt beside munge, slurmrestd with rest_auth/jwt on a unix
+socket, task/cgroup with ConstrainDevices where the devices cgroup allows). TopoWeb reads as the
+`slurm` user and submits with tokens it mints from the cluster's key."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -20,7 +23,7 @@ from django.db import transaction
 
 from apps.executors.models import ForeignAllocation, SlurmSubmission
 from apps.executors.slurm import sync as sync_module
-from apps.executors.slurm.connect import LOCAL_CONF, LOCAL_SOCKET, slurm_connect
+from apps.executors.slurm.connect import LOCAL_CONF, LOCAL_JWT_KEY, LOCAL_SOCKET, slurm_connect
 from apps.executors.slurm.rest import SlurmRest, group
 from apps.executors.slurm.script import RankSlot, submission
 from apps.executors.slurm.sync import slurm_sync
@@ -55,7 +58,7 @@ def slurm_cluster():
             ["bash", str(SCRIPT), "start"], check=True, capture_output=True, text=True, timeout=180
         )
     scancel_all()
-    yield SlurmRest(LOCAL_SOCKET)
+    yield SlurmRest(LOCAL_SOCKET, user="slurm", jwt_key=Path(LOCAL_JWT_KEY).read_bytes())
     scancel_all()
 
 
@@ -75,7 +78,10 @@ def scancel_all() -> None:
 
 @pytest.fixture
 def cluster(slurm_cluster, db):
-    cluster, _ = slurm_connect(name="slurm-it", url=LOCAL_SOCKET, client=slurm_cluster)
+    key = base64.b64encode(Path(LOCAL_JWT_KEY).read_bytes()).decode()
+    cluster, _ = slurm_connect(
+        name="slurm-it", url=LOCAL_SOCKET, client=slurm_cluster, slurm_user="slurm", jwt_key=key
+    )
     yield cluster
     scancel_all()
     for n in range(1, 17):
@@ -213,11 +219,12 @@ def test_job_runs_each_rank_on_its_planned_node_and_gpu(cluster, user, shared_di
         )
         assert env["RANK"] == str(rank)
         assert env["SLURMD_NODENAME"] == node
-        assert env["CUDA_VISIBLE_DEVICES"] == str(gpu)
+        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == int(env["LOCAL_WORLD_SIZE"])
         assert env["WORLD_SIZE"] == "12"
         assert gpu in [int(g) for g in env["TOPOWEB_SLURM_GRANTED_GPUS"].split(",")]
         masters.add((env["MASTER_ADDR"], env["MASTER_PORT"]))
-    assert len(masters) == 1
+    # The rank map's MASTER_ADDR: rank 0's node.
+    assert len(masters) == 1 and masters.pop()[0] == ranks[0][0]
 
 
 def test_failure_exit_code_and_cancel(cluster, user):
@@ -506,3 +513,133 @@ def test_other_servers_jobs_and_foreign_jobs_are_left_alone(cluster, user, slurm
     # All three hold GPUs TopoWeb does not place on.
     held = set(ForeignAllocation.objects.filter(cluster=cluster).values_list("slurm_job_id", flat=True))
     assert {other, legacy, foreign} <= held
+
+
+# The launch-contract program each task runs: what `torch.cuda.set_device(LOCAL_RANK)` does, on the
+# local Slurm's GPU device files. CUDA numbers the devices a process can open in device order and
+# CUDA_VISIBLE_DEVICES picks among them; a device file without a driver opens with ENXIO when the
+# devices cgroup lets the process at it and EPERM when ConstrainDevices denies it.
+CONTRACT = r"""
+import errno, json, os, sys
+out, devdir, constrained = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+env = os.environ
+def reachable(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EPERM:
+            return False
+        if exc.errno == errno.ENXIO:
+            return True
+        raise
+devices = sorted((os.minor(os.stat(os.path.join(devdir, n)).st_rdev), n) for n in os.listdir(devdir))
+cuda = [minor for minor, n in devices if reachable(os.path.join(devdir, n))]
+visible = env["CUDA_VISIBLE_DEVICES"].split(",")
+local = int(env["LOCAL_RANK"])
+problems = []
+if not 0 <= local < len(visible):
+    problems.append(f"LOCAL_RANK {local} outside CUDA_VISIBLE_DEVICES {visible}")
+    gpu = None
+else:
+    ordinal = int(visible[local])
+    gpu = cuda[ordinal] if 0 <= ordinal < len(cuda) else None
+    if gpu is None:
+        problems.append(f"device {ordinal} of {len(cuda)} visible")
+granted = sorted(int(g) for g in env["TOPOWEB_SLURM_GRANTED_GPUS"].split(","))
+if constrained and cuda != granted:
+    problems.append(f"opens GPUs {cuda}, granted {granted}")
+with open(f"/proc/self/status") as f:
+    uid = int(next(l for l in f if l.startswith("Uid:")).split()[1])
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TOPOWEB_NODE", "TOPOWEB_JOB_ID", "USER")
+record = {"uid": uid, "gpu": gpu, "node": env["SLURMD_NODENAME"], "problems": problems,
+          "env": {k: env.get(k) for k in keys}}
+with open(os.path.join(out, f"rank-{env['TOPOWEB_JOB_ID']}-{env['RANK']}.json"), "w") as f:
+    json.dump(record, f)
+sys.exit(1 if problems else 0)
+"""
+
+
+@pytest.fixture
+def unix_users(shared_dir):
+    """Two Unix accounts made for the test (removed after)."""
+    names = [f"tws{os.getpid() % 100000}a", f"tws{os.getpid() % 100000}b"]
+    for name in names:
+        subprocess.run(["useradd", "-M", "-d", str(shared_dir), "-s", "/bin/sh", name], check=True)
+    yield names
+    for name in names:
+        subprocess.run(["userdel", "-f", name], check=False, capture_output=True)
+
+
+def test_every_task_runs_as_its_owner_and_passes_the_launch_contract(cluster, shared_dir, unix_users):
+    """Two TopoWeb users, each mapped to their own Unix account, submit through TopoWeb (tokens
+    minted per owner, rest_auth/jwt): every task runs under its owner's uid and, on jobs of 2, 8
+    and 20 GPUs, picks its planned GPU with CUDA_VISIBLE_DEVICES[LOCAL_RANK], under
+    ConstrainDevices when the local Slurm runs task/cgroup."""
+    from apps.scheduling.models import UnixAccount
+
+    conf = Path(LOCAL_CONF).read_text()
+    constrained = "TaskPlugin=task/cgroup" in conf
+    if os.environ.get("CI") and Path("/sys/fs/cgroup/devices/devices.allow").exists():
+        assert constrained, "the local Slurm should run task/cgroup with ConstrainDevices here"
+    cluster.executor.submit_as_owner = True
+    cluster.executor.save()
+    users = []
+    for login, account in zip(("ann", "ben"), unix_users, strict=True):
+        u = get_user_model().objects.create_user(login, password="x")
+        UnixAccount.objects.create(user=u, name=account)
+        users.append(u)
+    program = shared_dir / "contract.py"
+    program.write_text(CONTRACT)
+    program.chmod(0o644)
+    devdir = str(Path(LOCAL_CONF).parents[1] / "dev")
+    cmd = ["/usr/bin/python3", str(program), str(shared_dir), devdir, "1" if constrained else "0"]
+    jobs = [
+        place(cluster, users[0], spec("c2", 2, cmd, tp=2)),
+        place(cluster, users[1], spec("c8", 8, cmd, tp=8)),
+        place(cluster, users[0], spec("c20", 20, cmd, tp=4)),
+    ]
+    deadline = time.monotonic() + 120
+    while True:
+        slurm_sync(executor=cluster.executor)
+        for j in jobs:
+            j.refresh_from_db()
+        if all(j.status not in ACTIVE_STATUSES for j in jobs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    uids = {u.pk: int(sh("id", "-u", a).strip()) for u, a in zip(users, unix_users, strict=True)}
+    checked = 0
+    for job in jobs:
+        planned = {
+            a.rank: (a.node_name, a.gpu_index)
+            for a in Allocation.objects.filter(job=job, generation=job.generation)
+        }
+        assert len(planned) == job.gpus
+        sub = SlurmSubmission.objects.get(job=job)
+        assert sub.slurm_user == UnixAccount.objects.get(user_id=job.owner_id).name
+        for rank, (node, gpu) in sorted(planned.items()):
+            path = shared_dir / f"rank-{job.pk}-{rank}.json"
+            assert path.exists(), (
+                f"job {job.pk} ({job.status}: {job.pending_reason}) rank {rank} left no record"
+            )
+            rec = json.loads(path.read_text())
+            assert rec["problems"] == [], (job.pk, rank, rec)
+            assert rec["uid"] == uids[job.owner_id], (job.pk, rank, rec["uid"])
+            assert (rec["node"], rec["gpu"]) == (node, gpu), (job.pk, rank, rec)
+            assert rec["env"]["MASTER_ADDR"] == planned[0][0] and rec["env"]["WORLD_SIZE"] == str(job.gpus)
+            assert rec["env"]["USER"] == UnixAccount.objects.get(user_id=job.owner_id).name
+            checked += 1
+        assert job.status == JobStatus.COMPLETED, job.pending_reason
+    assert checked == 30
+
+
+def test_a_user_without_a_unix_account_is_refused_at_submit(cluster, user):
+    from apps.placement.topology import SpecError
+
+    cluster.executor.submit_as_owner = True
+    cluster.executor.save()
+    ghost = get_user_model().objects.create_user("tw-no-such-account", password="x")
+    with pytest.raises(SpecError, match="no Unix account 'tw-no-such-account'"):
+        job_submit(user=ghost, spec=spec("ghost", 2, ["true"], tp=2), cluster=cluster)
+    assert not Job.objects.filter(owner=ghost).exists()

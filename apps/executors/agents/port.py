@@ -43,6 +43,11 @@ class AgentsExecutor:
     def foreign(self, cluster: Any) -> list[ForeignHold]:
         return []
 
+    def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str:
+        """None here: each node's agent checks the account at every rank start (it exists there,
+        is not root or a system account) and fails the rank naming why."""
+        return ""
+
     def check(self, cluster: Any) -> list[Finding]:
         """stop-overdue: a rank told to stop longer ago than its stop grace plus the time a cut-off
         node takes to be declared down, on a node that is not down (its agent does not stop it);

@@ -3,6 +3,7 @@ from the live Slurm (`scontrol show topology` or a topology.conf, and slurmrestd
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from .rest import SlurmRest, node_conf, topology_conf
 
 LOCAL_SOCKET = "unix:/tmp/topoweb-slurm/rest/slurmrestd.sock"
 LOCAL_CONF = "/tmp/topoweb-slurm/etc/slurm.conf"  # scripts/slurm-local.sh
+LOCAL_JWT_KEY = "/tmp/topoweb-slurm/etc/jwt_hs256.key"
 
 
 def _slurm_env() -> dict[str, str]:
@@ -71,7 +73,11 @@ def slurm_connect(
     """Make cluster `name` run on the Slurm at `url` (created from the live topology when it does
     not exist or `import_topology`); `settings` are other ClusterExecutor fields. Returns the
     cluster and the converter's notes."""
-    client = client or SlurmRest(url)
+    if client is None:
+        key = base64.b64decode(settings.get("jwt_key") or "")
+        client = SlurmRest(
+            url, user=settings.get("slurm_user", ""), token=settings.get("slurm_token", ""), jwt_key=key
+        )
     client.ping()
     notes: list[str] = []
     with transaction.atomic():

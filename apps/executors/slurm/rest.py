@@ -8,9 +8,6 @@ on a unix socket no header is sent: slurmrestd acts as its own user.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import http.client
 import json
 import re
@@ -21,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import jwt
+
 from apps.placement.convert.hostlist import HostlistError, expand
 
 API = "/slurm/v0.0.38"
-TOKEN_TTL_S = 300
+TOKEN_TTL_S = 300  # each call mints its own token: five minutes covers one call and clock skew
+MAX_TOKEN_TTL_S = 3600
 
 
 class SlurmError(Exception):
@@ -47,23 +47,19 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def mint_token(key: bytes, user: str, *, ttl_s: int = TOKEN_TTL_S, now: float | None = None) -> str:
-    """A Slurm JWT (HS256, claim `sun` = user name) valid for `ttl_s` seconds, signed with the
-    cluster's `jwt_hs256.key`: what `scontrol token username=USER lifespan=TTL` prints."""
+    """A Slurm JWT (HS256, claims `sun` = user name, `iat`, `exp`) valid for `ttl_s` seconds,
+    signed with the cluster's `jwt_hs256.key`: what `scontrol token username=USER lifespan=TTL`
+    prints. Slurm's auth/jwt runs the job as `sun`, so whoever holds the key acts as any user."""
     if not key:
         raise ValueError("an empty JWT key signs nothing")
+    if not user:
+        raise ValueError("a Slurm token names a user")
+    if not 1 <= ttl_s <= MAX_TOKEN_TTL_S:
+        raise ValueError(f"token lifetime must be 1..{MAX_TOKEN_TTL_S} s, got {ttl_s}")
     issued = int(time.time() if now is None else now)
-    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
-    claims = _b64(
-        json.dumps({"exp": issued + ttl_s, "iat": issued, "sun": user}, separators=(",", ":")).encode()
-    )
-    signing = f"{header}.{claims}".encode()
-    signature = _b64(hmac.new(key, signing, hashlib.sha256).digest())
-    return f"{header}.{claims}.{signature}"
+    claims = {"exp": issued + ttl_s, "iat": issued, "sun": user}
+    return jwt.encode(claims, key, algorithm="HS256")
 
 
 class SlurmRest:
@@ -126,6 +122,11 @@ class SlurmRest:
         try:
             data = json.loads(raw or b"{}")
         except ValueError as exc:
+            if resp.status == 401:
+                raise SlurmError(
+                    f"slurmrestd at {self.url} refused the credentials (HTTP 401, {raw[:100].decode(errors='replace')}):"
+                    " under rest_auth/jwt TopoWeb needs a Slurm user with its token or the cluster's JWT key"
+                ) from exc
             raise SlurmError(f"slurmrestd answered HTTP {resp.status} without JSON: {raw[:200]!r}") from exc
         errors = [e for e in data.get("errors") or () if e.get("error_code") != 0 or e.get("error")]
         if errors and data.get("job_id") is None:

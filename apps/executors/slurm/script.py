@@ -5,12 +5,17 @@ heterogeneous job pinned to that node (every other node excluded) with as many t
 the plan puts there, so Slurm allocates exactly the planned nodes and per-node GPU counts. The
 batch script starts every component's tasks with one `srun`; each task's wrapper finds its rank
 from (SLURMD_NODENAME, SLURM_LOCALID) in the embedded rank map and exports the launch contract
-(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK,
-CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, TOPOWEB_JOB_ID, TOPOWEB_GENERATION) before it execs the command.
+exactly as the node agent does (`apps.agent.env.plan_env`: RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, NCCL_IB_HCA, TOPOWEB_JOB_ID,
+TOPOWEB_NODE, TOPOWEB_GENERATION) before it execs the command.
 
-GPUs: a rank gets its planned GPU when Slurm granted the node's planned GPUs; otherwise the
-node's ranks take the granted GPUs in the order of their planned indexes (`bind_granted`), and
-the server, reading the granted indexes back, records and re-prices that binding.
+GPUs: CUDA_VISIBLE_DEVICES lists the node's job GPUs in local-rank order, so
+`torch.cuda.set_device(LOCAL_RANK)` selects the rank's planned GPU. Each GPU is named as the
+step's processes see it: its global index, or under task/cgroup with ConstrainDevices=yes its
+position among the GPUs Slurm granted the step (Slurm renumbers them from 0). When Slurm granted
+other indexes than planned, the node's ranks take the granted GPUs in the order of their planned
+indexes (`bind_granted`), and the server, reading the granted indexes back, records and re-prices
+that binding.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from apps.launch_contract import nccl_ib_hca
+from apps.agent.env import DEFAULT_LOCALE, DEFAULT_PATH, plan_env
 from apps.placement.convert.hostlist import compress
 
 COMMENT_PREFIX = "topoweb"
@@ -75,17 +80,6 @@ def node_order(slots: Sequence[RankSlot]) -> list[str]:
     return out
 
 
-def local_ranks(slots: Sequence[RankSlot]) -> dict[int, int]:
-    """LOCAL_RANK of each rank: its position among its node's ranks by global rank (Slurm gives
-    a component's tasks SLURM_LOCALID 0..k-1 the same way)."""
-    seen: dict[str, int] = {}
-    out: dict[int, int] = {}
-    for s in sorted(slots, key=lambda s: s.rank):
-        out[s.rank] = seen.get(s.node, 0)
-        seen[s.node] = out[s.rank] + 1
-    return out
-
-
 def bind_granted(planned: Sequence[int], granted: Sequence[int]) -> list[int]:
     """The GPU each of a node's ranks uses, given its planned indexes (in local-rank order) and
     the indexes Slurm granted: the planned ones when all were granted, else the granted indexes
@@ -102,6 +96,44 @@ def bind_granted(planned: Sequence[int], granted: Sequence[int]) -> list[int]:
     return out
 
 
+# The task wrapper's run-time part: from the node's planned GPUs (PLANNED, local-rank order) and
+# what Slurm granted the step (SLURM_STEP_GPUS: global indexes; CUDA_VISIBLE_DEVICES: the same GPUs
+# as the step's processes name them, which task/cgroup with ConstrainDevices=yes renumbers from
+# 0), CUDA_VISIBLE_DEVICES becomes the node's job GPUs in local-rank order, named as the step sees
+# them. When Slurm granted other indexes than planned, the ranks take the granted ones in the
+# order of their planned indexes (`bind_granted`).
+_BIND_GPUS = r"""granted="${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}"
+IFS=, read -r -a P <<<"$PLANNED"
+IFS=, read -r -a G <<<"$granted"
+IFS=, read -r -a S <<<"${CUDA_VISIBLE_DEVICES:-$granted}"
+if [ "${#S[@]}" != "${#G[@]}" ]; then S=("${G[@]}"); fi
+B=("${P[@]}")
+if [ "${#G[@]}" -gt 0 ]; then
+  all=1
+  for p in "${P[@]}"; do case ",$granted," in *",$p,"*) ;; *) all=0 ;; esac; done
+  if [ "$all" = 0 ]; then
+    if [ "${#G[@]}" -lt "${#P[@]}" ]; then
+      echo "topoweb: Slurm granted GPUs $granted for planned GPUs $PLANNED" >&2
+      exit 98
+    fi
+    mapfile -t SG < <(printf '%s\n' "${G[@]}" | sort -n)
+    mapfile -t O < <(for i in "${!P[@]}"; do echo "${P[$i]} $i"; done | sort -n -k1,1 -k2,2n | cut -d' ' -f2)
+    for pos in "${!O[@]}"; do B[${O[$pos]}]=${SG[$pos]}; done
+  fi
+fi
+vis=""
+for b in "${B[@]}"; do
+  name=$b
+  for i in "${!G[@]}"; do if [ "${G[$i]}" = "$b" ]; then name=${S[$i]}; fi; done
+  vis="$vis${vis:+,}$name"
+done
+unset GPU_DEVICE_ORDINAL ROCR_VISIBLE_DEVICES
+U=$(id -un)
+export USER="$U" LOGNAME="$U" HOME="$(getent passwd "$U" | cut -d: -f6)"
+export CUDA_VISIBLE_DEVICES="$vis" TOPOWEB_SLURM_GRANTED_GPUS="$granted"
+"""
+
+
 def _wrapper(
     slots: Sequence[RankSlot],
     command: Sequence[str],
@@ -111,44 +143,34 @@ def _wrapper(
     job_id: int,
     generation: int,
 ) -> str:
-    """The bash text every task runs (given as `bash -c`)."""
+    """The bash text every task runs (given as `bash -c`): each rank's launch contract is
+    `apps.agent.env.plan_env`'s, as the node agent sets it, but for CUDA_VISIBLE_DEVICES, which
+    names the planned GPUs as Slurm exposes them (`_BIND_GPUS`)."""
     by_rank = sorted(slots, key=lambda s: s.rank)
-    local = local_ranks(by_rank)
     nodes = node_order(by_rank)
-    per_node: dict[str, list[RankSlot]] = {n: [] for n in nodes}
-    for s in by_rank:
-        per_node[s.node].append(s)
-    lines = [
-        "set -e",
-        'key="${SLURMD_NODENAME}:${SLURM_LOCALID}"',
-        'granted="${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}"',
-        'case "$key" in',
-    ]
-    for node in nodes:
-        mine = per_node[node]
-        planned = ",".join(str(s.gpu) for s in mine)
-        order = sorted(range(len(mine)), key=lambda i: (mine[i].gpu, i))
-        position = {i: pos for pos, i in enumerate(order)}
-        for i, s in enumerate(mine):
-            hca = nccl_ib_hca(s.nic)
+    ranks = [{"rank": s.rank, "node": s.node, "gpu": s.gpu, "nic": s.nic} for s in by_rank]
+    lines = ["set -e", 'case "${SLURMD_NODENAME}:${SLURM_LOCALID}" in']
+    for node_rank, node in enumerate(nodes):
+        work = {
+            "job": job_id,
+            "generation": generation,
+            "world_size": world,
+            "master_addr": master,
+            "master_port": port,
+            "node_rank": node_rank,
+            "ranks": ranks,
+        }
+        for plan in plan_env(work, node):
+            env = dict(plan.env)
+            planned = env.pop("CUDA_VISIBLE_DEVICES")
+            words = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
             lines.append(
-                f"  {shlex.quote(f'{node}:{local[s.rank]}')}) RANK={s.rank} LOCAL_RANK={local[s.rank]}"
-                f" LOCAL_WORLD_SIZE={len(mine)} NODE_RANK={nodes.index(node)} GPU={s.gpu}"
-                f" PLANNED={shlex.quote(planned)} POS={position[i]} HCA={shlex.quote(hca)} ;;"
+                f"  {shlex.quote(f'{node}:{plan.local_rank}')}) export {words}; PLANNED={shlex.quote(planned)} ;;"
             )
     lines += [
-        '  *) echo "topoweb: no rank planned for task $key" >&2; exit 97 ;;',
+        '  *) echo "topoweb: no rank planned for task ${SLURMD_NODENAME}:${SLURM_LOCALID}" >&2; exit 97 ;;',
         "esac",
-        # The planned GPU when Slurm granted every planned GPU of the node, else the POS-th granted.
-        'all=1; for g in ${PLANNED//,/ }; do case ",$granted," in *",$g,"*) ;; *) all=0 ;; esac; done',
-        'if [ -n "$granted" ] && [ "$all" = 0 ]; then',
-        "  set -- $(printf '%s\\n' ${granted//,/ } | sort -n); shift \"$POS\"; GPU=$1",
-        "fi",
-        f"export RANK LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK=$NODE_RANK WORLD_SIZE={world}",
-        f"export MASTER_ADDR={shlex.quote(master)} MASTER_PORT={port}",
-        f'export TOPOWEB_JOB_ID={job_id} TOPOWEB_GENERATION={generation} TOPOWEB_SLURM_GRANTED_GPUS="$granted"',
-        'export CUDA_VISIBLE_DEVICES="$GPU"',
-        'if [ -n "$HCA" ]; then export NCCL_IB_HCA="$HCA"; fi',
+        _BIND_GPUS.rstrip("\n"),
         "exec " + " ".join(shlex.quote(a) for a in command),
     ]
     return "\n".join(lines) + "\n"
@@ -194,11 +216,11 @@ def submission(
     if missing:
         raise ValueError(f"nodes not in the Slurm cluster: {', '.join(missing)}")
     counts = {n: sum(1 for s in slots if s.node == n) for n in nodes}
-    environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", **{str(k): str(v) for k, v in env.items()}}
+    environment = {"PATH": DEFAULT_PATH, "LANG": DEFAULT_LOCALE, **{str(k): str(v) for k, v in env.items()}}
     environment["TOPOWEB_JOB_ID"] = str(job_id)
     environment["TOPOWEB_GENERATION"] = str(generation)
     tag = comment(cluster, job_id, generation, server)
-    out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}.out"
+    out = output or f"{workdir.rstrip('/') or ''}/topoweb-{job_id}-{generation}-%j.out"
     components = []
     for i, node in enumerate(nodes):
         others = [n for n in every if n != node]
@@ -228,12 +250,11 @@ def submission(
         components.append(comp)
     wrapper = _wrapper(slots, command, len(slots), master_addr, master_port, job_id, generation)
     if len(components) == 1:
-        steps = [
-            f"srun --kill-on-bad-exit=1 -n {counts[nodes[0]]} bash -c {shlex.quote(wrapper)} topoweb-rank"
-        ]
+        srun = f'srun --kill-on-bad-exit=1 -n {counts[nodes[0]]} bash -c "$W" topoweb-rank'
     else:
         parts = [f'-n {counts[n]} --het-group={i} bash -c "$W" topoweb-rank' for i, n in enumerate(nodes)]
-        steps = [f"W={shlex.quote(wrapper)}", "srun --kill-on-bad-exit=1 " + " : ".join(parts)]
+        srun = "srun --kill-on-bad-exit=1 " + " : ".join(parts)
+    steps = [f"W={shlex.quote(wrapper)}", srun]
     script = "\n".join(
         [
             "#!/bin/bash",

@@ -38,13 +38,14 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from apps.agent.accounts import local_uid, system_account_refusal, uid_min
 from apps.placement.jobs import load_job
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
-from apps.scheduling.models import Allocation, Job, NodeHealth, UnixAccount
-from apps.scheduling.selectors import master_port
+from apps.scheduling.models import Allocation, Job, NodeHealth
+from apps.scheduling.selectors import master_port, run_as
 from apps.topology.models import Cluster, Node
 
 from ..models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
@@ -637,13 +638,12 @@ def _submit_placed(
     if not placed:
         return
     foreign = foreign_gpus(cluster.pk)
-    addrs = dict(NodeHealth.objects.filter(node__cluster=cluster).values_list("node__name", "addr"))
     all_nodes = [n.name for n in nodes]
     for job in placed:
-        _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now)
+        _submit_one(executor, client, job, foreign, all_nodes, result, now)
 
 
-def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -> None:
+def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
     rows = list(
         Allocation.objects.filter(job=job, generation=job.generation, live=True)
         .order_by("rank")
@@ -660,11 +660,23 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
     spec = load_job(job.spec)
     launch = spec.launch
     slots = [RankSlot(r, n, g, nic) for r, n, g, nic in rows]
-    user = _slurm_user(job) if executor.submit_as_owner else None
+    user = (
+        run_as(user_id=job.owner_id, username=job.owner.get_username()) if executor.submit_as_owner else None
+    )
+    why = owner_refusal(executor, user or "")
+    if why:
+        # Mapped (or unmapped) since it was submitted: never hand Slurm a job for a user it would
+        # run as nobody, or as root.
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().get(pk=job.pk)
+            if locked.status in ACTIVE_STATUSES:
+                lifecycle.finish(job=locked, status=JobStatus.FAILED, reason=f"owner: {why}", now=now)
+                result.finished.append(job.pk)
+        return
     workdir = launch.workdir or executor.output_dir or "/tmp"
     output = ""
     if executor.output_dir:
-        output = f"{executor.output_dir.rstrip('/')}/topoweb-{job.pk}-{job.generation}.out"
+        output = f"{executor.output_dir.rstrip('/')}/topoweb-{job.pk}-{job.generation}-%j.out"
     try:
         body = submission(
             cluster=job.cluster.name,
@@ -675,7 +687,8 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
             command=list(launch.command) or ["true"],
             env=dict(launch.env),
             workdir=workdir,
-            master_addr=addrs.get(rows[0][1]) or rows[0][1],
+            # The rank map's MASTER_ADDR (`rankmaps.rankmap_json`): rank 0's node, as Slurm names it.
+            master_addr=rows[0][1],
             master_port=master_port(job.pk, job.generation),
             all_nodes=all_nodes,
             partition=executor.partition,
@@ -723,11 +736,27 @@ def _submit_one(executor, client, job, foreign, addrs, all_nodes, result, now) -
     result.submitted.append(job.pk)
 
 
-def _slurm_user(job: Job) -> str:
-    """The Slurm user a job runs as when submitted as its owner: the owner's Unix account (the
-    one the node agents run its ranks as), else the owner's username."""
-    account = UnixAccount.objects.filter(user_id=job.owner_id).values_list("name", flat=True).first()
-    return account or job.owner.get_username()
+def owner_refusal(executor: ClusterExecutor, account: str) -> str:
+    """Why the executor's Slurm cannot run a job as Unix account `account` ("" when it can, and
+    always when it does not submit as owners: then every job runs as TopoWeb's Slurm user).
+
+    Slurm's auth/jwt takes any user name a token signed with the cluster's key names, and
+    slurmctld accepts a job for a name it cannot resolve (it runs it as nobody): so TopoWeb
+    checks the name against the accounts of its own host, which must see the cluster's accounts
+    (the same directory, e.g. LDAP or sssd), as `manage.py unix_account` does when it maps one.
+    Root and system accounts (below UID_MIN) are refused as the node agents refuse them."""
+    if not executor.submit_as_owner:
+        return ""
+    where = f"the Slurm cluster of {executor.cluster.name}"
+    uid = 0 if account == "root" else local_uid(account)
+    if uid is None:
+        return (
+            f"no Unix account {account!r} on {where} (checked on the TopoWeb host, which sees the"
+            " cluster's accounts): Slurm would run the job as nobody. Map the user to their Unix"
+            " account (manage.py unix_account USER NAME) or have the account made"
+        )
+    why = system_account_refusal(account, uid, uid_min())
+    return f"{why}; Slurm runs each job of {where} as its owner" if why else ""
 
 
 def _refuses_user(exc: Exception) -> bool:

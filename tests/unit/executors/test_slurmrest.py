@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from apps.agent.env import plan_env
 from apps.executors.slurm.rest import (
     SlurmError,
     SlurmRest,
@@ -24,6 +26,8 @@ from apps.executors.slurm.rest import (
     topology_conf,
 )
 from apps.executors.slurm.script import RankSlot, bind_granted, comment, parse_comment, submission
+
+KEY = bytes(range(32))  # a cluster's jwt_hs256.key: 32 random bytes
 
 
 @pytest.mark.parametrize(
@@ -81,14 +85,29 @@ def test_job_record_gives_granted_indexes_per_node_and_exit_code():
 
 
 def test_jwt_token_is_hs256_over_the_user_claim():
-    token = mint_token(b"secret", "alice", ttl_s=60, now=1000)
+    token = mint_token(KEY, "alice", ttl_s=60, now=1000)
     head, claims, sig = token.split(".")
     pad = lambda s: s + "=" * (-len(s) % 4)  # noqa: E731
+    assert json.loads(base64.urlsafe_b64decode(pad(head)))["alg"] == "HS256"
     assert json.loads(base64.urlsafe_b64decode(pad(claims))) == {"exp": 1060, "iat": 1000, "sun": "alice"}
-    want = hmac.new(b"secret", f"{head}.{claims}".encode(), hashlib.sha256).digest()
+    # What slurmctld's auth/jwt checks: an HS256 signature with the cluster's key over header.claims.
+    want = hmac.new(KEY, f"{head}.{claims}".encode(), hashlib.sha256).digest()
     assert base64.urlsafe_b64decode(pad(sig)) == want
-    with pytest.raises(ValueError):
-        mint_token(b"", "alice")
+    assert (
+        base64.urlsafe_b64decode(pad(mint_token(b"x" * 32, "alice", ttl_s=60, now=1000).split(".")[2]))
+        != want
+    )
+    # Short-lived: five minutes by default, never more than an hour.
+    fresh = json.loads(base64.urlsafe_b64decode(pad(mint_token(KEY, "bob").split(".")[1])))
+    assert fresh["exp"] - fresh["iat"] == 300 and abs(fresh["iat"] - time.time()) < 60
+    for bad in (
+        {"key": b"", "user": "alice"},
+        {"key": KEY, "user": ""},
+        {"key": KEY, "user": "alice", "ttl_s": 0},
+        {"key": KEY, "user": "alice", "ttl_s": 3601},
+    ):
+        with pytest.raises(ValueError):
+            mint_token(**bad)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -115,7 +134,7 @@ def test_client_sends_a_minted_token_per_user_and_reports_refusals():
     server = HTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        client = SlurmRest(f"http://127.0.0.1:{server.server_port}", user="topoweb", jwt_key=b"k")
+        client = SlurmRest(f"http://127.0.0.1:{server.server_port}", user="topoweb", jwt_key=KEY)
         assert client.submit({"job": {"name": "ok"}, "script": "#!/bin/sh\n"}, user="alice") == 77
         path, headers, _ = _Handler.seen[-1]
         assert path == "/slurm/v0.0.38/job/submit"
@@ -215,40 +234,95 @@ def test_submission_pins_one_component_per_node_with_its_gpu_count():
     assert single["job"]["tasks"] == 2 and "het-group" not in single["script"]
 
 
-def _run_wrapper(body, node, localid, granted):
-    """Run the script's task wrapper for one task, with a command that prints its environment."""
+def _run_wrapper(body, node, localid, granted, visible=None, check=True):
+    """Run the script's task wrapper for one task as srun would start it (Slurm's SLURM_STEP_GPUS =
+    `granted` and CUDA_VISIBLE_DEVICES = `visible`, by default the same), with a command that
+    prints its environment."""
     script = body["script"]
     env = {
+        **(body.get("job") or body["jobs"][0])["environment"],
         "PATH": os.environ["PATH"],
         "SLURMD_NODENAME": node,
         "SLURM_LOCALID": str(localid),
         "SLURM_STEP_GPUS": granted,
+        "CUDA_VISIBLE_DEVICES": granted if visible is None else visible,
+        "GPU_DEVICE_ORDINAL": granted,
     }
     # Replace the srun line by running the wrapper text as one task would.
     lines = [ln for ln in script.splitlines() if not ln.startswith("srun")]
-    if "W=" not in script:
-        line = next(ln for ln in script.splitlines() if ln.startswith("srun"))
-        lines.append("W=" + line.split("bash -c ", 1)[1].rsplit(" topoweb-rank", 1)[0])
     lines.append('bash -c "$W" topoweb-rank')
     out = subprocess.run(
-        ["bash", "-c", "\n".join(lines)], env=env, capture_output=True, text=True, check=True
+        ["bash", "-c", "\n".join(lines)], env=env, capture_output=True, text=True, check=check
     )
+    if not check:
+        return out
     return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
 
-def test_wrapper_exports_the_launch_contract_and_binds_gpus():
-    slots = [RankSlot(0, "gpu03", 4, "mlx5_0"), RankSlot(1, "gpu07", 0), RankSlot(2, "gpu03", 5)]
-    body = _body(slots, command=("sh", "-c", 'env; echo ARG="$0"', "it's $HOME; `x`"))
-    env = _run_wrapper(body, "gpu03", 1, "4,5")
-    assert env["RANK"] == "2" and env["LOCAL_RANK"] == "1" and env["WORLD_SIZE"] == "3"
-    assert env["CUDA_VISIBLE_DEVICES"] == "5"
-    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "20001"
-    assert env["ARG"] == "it's $HOME; `x`"
-    first = _run_wrapper(body, "gpu03", 0, "4,5")
-    assert first["NCCL_IB_HCA"] == "=mlx5_0" and first["RANK"] == "0" and first["CUDA_VISIBLE_DEVICES"] == "4"
-    # Slurm granted other GPUs than planned: ranks take them in planned order.
-    assert _run_wrapper(body, "gpu03", 0, "0,1")["CUDA_VISIBLE_DEVICES"] == "0"
-    assert _run_wrapper(body, "gpu03", 1, "0,1")["CUDA_VISIBLE_DEVICES"] == "1"
+SLOTS = [
+    RankSlot(0, "gpu03", 5, "mlx5_0"),
+    RankSlot(1, "gpu07", 0),
+    RankSlot(2, "gpu03", 4),
+    RankSlot(3, "gpu03", 7),
+]
+
+
+def test_wrapper_exports_the_agents_launch_contract_on_every_rank():
+    body = _body(SLOTS, command=("sh", "-c", 'env; echo ARG="$0"', "it's $HOME; `x`"))
+    work = {
+        "job": 5,
+        "generation": 2,
+        "world_size": 4,
+        "master_addr": "10.0.0.1",
+        "master_port": 20001,
+        "ranks": [{"rank": s.rank, "node": s.node, "gpu": s.gpu, "nic": s.nic} for s in SLOTS],
+    }
+    for node_rank, node, granted in ((0, "gpu03", "4,5,7"), (1, "gpu07", "0")):
+        for plan in plan_env({**work, "node_rank": node_rank}, node):
+            env = _run_wrapper(body, node, plan.local_rank, granted)
+            # Exactly what the node agent gives the rank (its planned env), and the job's own env.
+            assert {k: env.get(k) for k in plan.env} == plan.env
+            assert env["A"] == "x y" and env["ARG"] == "it's $HOME; `x`"
+            assert "GPU_DEVICE_ORDINAL" not in env
+    rank3 = _run_wrapper(body, "gpu03", 2, "4,5,7")
+    assert (rank3["RANK"], rank3["LOCAL_RANK"], rank3["LOCAL_WORLD_SIZE"], rank3["NODE_RANK"]) == (
+        "3",
+        "2",
+        "3",
+        "0",
+    )
+    # The node's job GPUs in local-rank order: LOCAL_RANK indexes the rank's planned GPU.
+    assert rank3["CUDA_VISIBLE_DEVICES"] == "5,4,7"
+    assert rank3["CUDA_VISIBLE_DEVICES"].split(",")[2] == "7"
+    assert rank3["MASTER_ADDR"] == "10.0.0.1" and rank3["MASTER_PORT"] == "20001"
+    assert _run_wrapper(body, "gpu03", 0, "4,5,7")["NCCL_IB_HCA"] == "=mlx5_0"
+
+
+def test_wrapper_names_gpus_as_slurm_exposes_them_under_constrain_devices():
+    body = _body(SLOTS, command=("env",))
+    # task/cgroup + ConstrainDevices: the step sees its granted GPUs 4, 5, 7 as devices 0, 1, 2.
+    env = _run_wrapper(body, "gpu03", 1, "4,5,7", visible="0,1,2")
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,0,2" and env["TOPOWEB_SLURM_GRANTED_GPUS"] == "4,5,7"
+    assert _run_wrapper(body, "gpu07", 0, "0", visible="0")["CUDA_VISIBLE_DEVICES"] == "0"
+    # Slurm granted other GPUs than planned: the ranks take them in planned order (bind_granted).
+    assert bind_granted([5, 4, 7], [1, 2, 3]) == [2, 1, 3]
+    assert _run_wrapper(body, "gpu03", 0, "1,2,3")["CUDA_VISIBLE_DEVICES"] == "2,1,3"
+    assert _run_wrapper(body, "gpu03", 0, "1,2,3", visible="0,1,2")["CUDA_VISIBLE_DEVICES"] == "1,0,2"
+    short = _run_wrapper(body, "gpu03", 0, "1,2", check=False)
+    assert short.returncode == 98 and "granted GPUs 1,2 for planned GPUs 5,4,7" in short.stderr
+    stray = _run_wrapper(body, "gpu05", 0, "0", check=False)
+    assert stray.returncode == 97 and "no rank planned" in stray.stderr
+
+
+def test_wrapper_quotes_every_value(tmp_path):
+    hostile = f"$(touch {tmp_path}/pwned); `touch {tmp_path}/pwned`'\"\n"
+    body = _body(
+        [RankSlot(0, "gpu01", 0, hostile)], command=("printf", "%s|", hostile, "*"), env={"B": hostile}
+    )
+    out = _run_wrapper(body, "gpu01", 0, "0", check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{hostile}|*|"
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_submission_refuses_bad_input():

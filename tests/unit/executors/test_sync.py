@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -390,7 +392,7 @@ def test_no_migration_proposals_on_a_slurm_cluster(cluster, fake, user):
     assert migrations_propose(cluster=cluster) == []
 
 
-def test_jobs_are_submitted_as_their_owners_unix_account(cluster, fake, user):
+def test_jobs_are_submitted_as_their_owners_unix_account(cluster, fake, user, monkeypatch):
     from apps.scheduling.models import UnixAccount
 
     seen = []
@@ -403,6 +405,7 @@ def test_jobs_are_submitted_as_their_owners_unix_account(cluster, fake, user):
     fake.submit = as_user
     cluster.executor.submit_as_owner = True
     cluster.executor.save()
+    accounts_here(monkeypatch, alice_hpc=2001)
     UnixAccount.objects.create(user=user, name="alice_hpc")
     placed(cluster, user, 4)
     sync(cluster, fake)
@@ -470,3 +473,90 @@ def test_overlapping_syncs_of_one_cluster_are_skipped(cluster, fake):
         cache.delete(key)
     # Free again: this one runs (and reports the unreachable socket).
     assert "unreachable" in locked_sync(executor=cluster.executor).error
+
+
+def accounts_here(monkeypatch, **uids):
+    """The TopoWeb host's Unix accounts (name -> uid), as the owner check sees them."""
+    from apps.executors.slurm import sync as sync_module
+
+    monkeypatch.setattr(sync_module, "local_uid", uids.get)
+    monkeypatch.setattr(sync_module, "uid_min", lambda: 1000)
+
+
+def test_a_user_without_a_unix_account_is_refused_at_submit_on_a_cluster_run_as_owners(
+    cluster, fake, user, monkeypatch
+):
+    from rest_framework.test import APIClient
+
+    from apps.placement.topology import SpecError
+    from apps.scheduling.models import Job, UnixAccount
+
+    accounts_here(monkeypatch, alice=1500, svc=998)
+    # Not run as owners: every job runs as TopoWeb's Slurm user, any TopoWeb user may submit.
+    nobody_here = get_user_model().objects.create_user("carol", password="x")
+    assert job_submit(user=nobody_here, spec=spec(1), cluster=cluster).status == JobStatus.QUEUED
+    cluster.executor.submit_as_owner = True
+    cluster.executor.save()
+    assert job_submit(user=user, spec=spec(1), cluster=cluster).status == JobStatus.QUEUED
+    with pytest.raises(SpecError) as refused:
+        job_submit(user=nobody_here, spec=spec(1), cluster=cluster)
+    assert refused.value.errors[0][0] == "owner"
+    assert (
+        "no Unix account 'carol'" in refused.value.errors[0][1] and "as nobody" in refused.value.errors[0][1]
+    )
+    for name, why in (("root", "root (uid 0)"), ("svc", "system account (uid 998")):
+        UnixAccount.objects.update_or_create(user=nobody_here, defaults={"name": name})
+        with pytest.raises(SpecError, match=re.escape(why)):
+            job_submit(user=nobody_here, spec=spec(1), cluster=cluster)
+    # Through the API: a 400 naming the field, nothing queued.
+    UnixAccount.objects.filter(user=nobody_here).delete()
+    before = Job.objects.count()
+    api = APIClient()
+    api.force_authenticate(nobody_here)
+    response = api.post("/api/v1/jobs/", spec(1), format="json")
+    assert response.status_code == 400, response.content
+    assert "owner" in response.content.decode() and "no Unix account 'carol'" in response.content.decode()
+    response = api.post("/api/v1/jobs/", [spec(1), spec(2)], format="json")
+    assert response.status_code == 400 and "[0].owner" in response.content.decode()
+    assert Job.objects.count() == before
+
+
+def test_a_job_whose_owner_lost_the_account_is_failed_not_submitted(cluster, fake, user, monkeypatch):
+    from apps.scheduling.models import UnixAccount
+
+    accounts_here(monkeypatch, alice=1500)
+    cluster.executor.submit_as_owner = True
+    cluster.executor.save()
+    job = placed(cluster, user, 4)
+    UnixAccount.objects.create(user=user, name="gone")
+    calls = []
+    fake.submit = lambda body, *, user=None: calls.append(user)
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert calls == [] and job.status == JobStatus.FAILED
+    assert job.pending_reason.startswith("owner: no Unix account 'gone'")
+
+
+def test_admin_never_shows_the_slurm_secrets_and_keeps_them_on_save(cluster, client):
+    admin = get_user_model().objects.create_superuser("root", password="x")
+    ex = cluster.executor
+    ex.slurm_token = "tok-SECRET-123"
+    ex.jwt_key = "a2V5LVNFQ1JFVC00NTY="
+    ex.save()
+    client.force_login(admin)
+    url = f"/admin/executors/clusterexecutor/{ex.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200
+    assert b"tok-SECRET-123" not in page.content and b"a2V5LVNFQ1JFVC00NTY=" not in page.content
+    assert b"stored; empty keeps it" in page.content
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and k not in ("slurm_token", "jwt_key")}
+    data.update({"cluster": cluster.pk, "slurm_token": "", "jwt_key": "", "partition": "gpu"})
+    response = client.post(url, data)
+    assert response.status_code == 302, response.content[:2000]
+    ex.refresh_from_db()
+    assert (ex.partition, ex.slurm_token, ex.jwt_key) == ("gpu", "tok-SECRET-123", "a2V5LVNFQ1JFVC00NTY=")
+    data["clear_secrets"] = "on"
+    assert client.post(url, data).status_code == 302
+    ex.refresh_from_db()
+    assert (ex.slurm_token, ex.jwt_key) == ("", "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -10,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from apps.placement.topology import SpecError
 
 from ...models import ClusterExecutor, ExecutorKind
-from ...slurm.connect import LOCAL_SOCKET, slurm_connect
+from ...slurm.connect import LOCAL_JWT_KEY, LOCAL_SOCKET, slurm_connect
 from ...slurm.rest import SlurmError
 from ...slurm.sync import slurm_sync
 
@@ -43,7 +44,11 @@ class Command(BaseCommand):
             help="Converter defaults, a YAML/JSON mapping (e.g. '{nics_per_node: 8}').",
         )
         parser.add_argument("--partition", default="")
-        parser.add_argument("--user", default="", help="Slurm user TopoWeb acts as (rest_auth/jwt).")
+        parser.add_argument(
+            "--user",
+            default="",
+            help="Slurm user TopoWeb acts as (rest_auth/jwt; on the local Slurm's socket: slurm with its key).",
+        )
         parser.add_argument("--token-file", help="That user's JWT (rest_auth/jwt).")
         parser.add_argument("--jwt-key-file", help="Slurm's jwt_hs256.key, to mint per-user tokens.")
         parser.add_argument(
@@ -80,6 +85,10 @@ class Command(BaseCommand):
             raise CommandError("--foreign-gbps must be 0 or more")
         if opts["token_file"]:
             settings["slurm_token"] = Path(opts["token_file"]).read_text().strip()
+        local = opts["url"] == LOCAL_SOCKET and os.path.exists(LOCAL_JWT_KEY)
+        if local and not (opts["user"] or opts["token_file"] or opts["jwt_key_file"]):
+            # scripts/slurm-local.sh's slurmrestd takes rest_auth/jwt: read as `slurm` with its key.
+            settings["slurm_user"], opts["jwt_key_file"] = "slurm", LOCAL_JWT_KEY
         if opts["jwt_key_file"]:
             settings["jwt_key"] = base64.b64encode(Path(opts["jwt_key_file"]).read_bytes()).decode()
         if settings["submit_as_owner"] and not settings.get("jwt_key"):

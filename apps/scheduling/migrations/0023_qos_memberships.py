@@ -23,7 +23,7 @@ def forwards(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0019_launcher_key_hashes'),
+        ('scheduling', '0022_agent_instance'),
         ('topology', '0005_background_imports'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
