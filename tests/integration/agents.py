@@ -109,6 +109,9 @@ def record_command() -> list[str]:
 ROOT = os.geteuid() == 0
 
 
+CGROUPS_MODE = os.environ.get("TOPOWEB_TEST_CGROUPS", "auto")
+
+
 def cgroups_writable() -> bool:
     """Whether this process can create cgroups (root with a writable hierarchy), as CI does."""
     from apps.agent.cgroups import CgroupError, detect
@@ -116,7 +119,7 @@ def cgroups_writable() -> bool:
     if not ROOT:
         return False
     try:
-        found = detect("auto", "topoweb-probe")
+        found = detect(CGROUPS_MODE, "topoweb-probe")
     except CgroupError:
         return False
     if found is None:
@@ -179,7 +182,8 @@ class Agents:
             str(self.tmp),
         ]
         if self.cgroups:
-            argv += ["--cgroup-name", f"{self.cgroup_name}/{node}"]
+            # TOPOWEB_TEST_CGROUPS=v1|v2 picks a hierarchy where the machine has both (default auto).
+            argv += ["--cgroup-name", f"{self.cgroup_name}/{node}", "--cgroups", CGROUPS_MODE]
         else:
             argv += ["--no-cgroups"]
         if not multi_user:
