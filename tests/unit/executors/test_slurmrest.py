@@ -332,3 +332,25 @@ def test_submission_refuses_bad_input():
         _body([RankSlot(0, "gpu01", 0)], env={"BAD NAME": "x"})
     with pytest.raises(ValueError, match="ranks must be"):
         _body([RankSlot(1, "gpu01", 0)])
+
+
+def test_granted_map_keeps_every_rank_on_its_node():
+    from apps.executors.slurm.script import granted_map
+
+    # tp4 x dp2 planned on two nodes, each TP group in one node; Slurm granted other indexes.
+    planned = [(r, "a" if r < 4 else "b", r % 4) for r in range(8)]
+    got = granted_map(planned, {"a": [4, 5, 6, 7], "b": [0, 2, 4, 6]})
+    assert got == {
+        0: ("a", 4),
+        1: ("a", 5),
+        2: ("a", 6),
+        3: ("a", 7),
+        4: ("b", 0),
+        5: ("b", 2),
+        6: ("b", 4),
+        7: ("b", 6),
+    }
+    for group in ([0, 1, 2, 3], [4, 5, 6, 7]):
+        assert len({got[r][0] for r in group}) == 1
+    assert granted_map(planned, {"a": [0, 1, 2, 3]}) is None  # no record of b's GPUs
+    assert granted_map(planned, {"a": [0, 1, 2, 3], "b": [1]}) is None
