@@ -1,8 +1,10 @@
 """Job spec v1 launch fields: what the node agents run for each rank, and how it stops.
 
 `command` (argv list), `env` (extra variables), `workdir` (absolute path), `requeue` (back to the
-queue instead of failing when a node goes down) and `stop_grace_s` (SIGTERM to SIGKILL, the
-checkpoint grace period of a migration or cancel). Every field is bounded; the variables the
+queue instead of failing when a node goes down), `stop_grace_s` (SIGTERM to SIGKILL, the
+checkpoint grace period of a migration or cancel) and `time_limit_min` (whole minutes from the
+start after which the job is stopped and failed with reason "time limit", on every executor;
+absent: none). Every field is bounded; the variables the
 agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) and those that could redirect the code or
 devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.launch_contract.denied_env`) cannot be set.
 """
@@ -19,7 +21,7 @@ from apps.launch_contract import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied
 
 from .topology.checks import _Errors
 
-LAUNCH_FIELDS = frozenset({"command", "env", "workdir", "requeue", "stop_grace_s"})
+LAUNCH_FIELDS = frozenset({"command", "env", "workdir", "requeue", "stop_grace_s", "time_limit_min"})
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_COMMAND_CHARS = 65536
@@ -29,6 +31,7 @@ MAX_ENV_VALUE_CHARS = 4096
 MAX_WORKDIR_CHARS = 1024
 MAX_STOP_GRACE_S = 3600.0
 DEFAULT_STOP_GRACE_S = 30.0
+MAX_TIME_LIMIT_MIN = 30 * 24 * 60  # 30 days
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Set per rank by every launcher (the launch contract): a job may not replace them.
 RESERVED_ENV = LAUNCH_CONTRACT
@@ -38,13 +41,15 @@ RESERVED_ENV_PREFIX = LAUNCH_CONTRACT_PREFIX
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """How each rank runs: argv, extra environment (sorted name/value pairs), working directory,
-    requeue on node loss, and the stop grace period in seconds."""
+    requeue on node loss, the stop grace period in seconds, and the time limit in minutes (None:
+    none)."""
 
     command: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     workdir: str | None = None
     requeue: bool = False
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    time_limit_min: int | None = None
 
 
 def _text(errs: _Errors, path: str, value: Any, limit: int) -> str | None:
@@ -140,7 +145,14 @@ def load_launch(errs: _Errors, data: Mapping[str, Any]) -> LaunchSpec:
     elif not 0 <= grace <= MAX_STOP_GRACE_S:
         errs.add("stop_grace_s", f"must be between 0 and {MAX_STOP_GRACE_S:g} s, got {grace!r}")
         grace = DEFAULT_STOP_GRACE_S
-    return LaunchSpec(command, env, workdir, requeue, float(grace))
+    limit = data.get("time_limit_min")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        errs.add("time_limit_min", f"must be a whole number of minutes, got {limit!r}")
+        limit = None
+    elif limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
+        errs.add("time_limit_min", f"must be between 1 and {MAX_TIME_LIMIT_MIN} minutes, got {limit!r}")
+        limit = None
+    return LaunchSpec(command, env, workdir, requeue, float(grace), limit)
 
 
 def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
@@ -156,4 +168,6 @@ def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
         out["requeue"] = True
     if launch.stop_grace_s != DEFAULT_STOP_GRACE_S:
         out["stop_grace_s"] = launch.stop_grace_s
+    if launch.time_limit_min is not None:
+        out["time_limit_min"] = launch.time_limit_min
     return out

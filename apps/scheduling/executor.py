@@ -17,6 +17,11 @@ transaction commits.
                               the free set
     check(cluster)            what does not converge, for `manage.py reconcile --check`: a list
                               of `Finding`s, each naming what is wrong
+    set_node(cluster_id, node, state, reason)
+                              an operator drains ("drain", with a reason) or resumes ("resume")
+                              a node: done where the executor keeps node states (Slurm), before
+                              TopoWeb records it; raises `Refused` (a 409 to the operator, saying
+                              how to do it there) when the executor cannot
     owner_refusal(cluster_id, account)
                               why a job whose ranks run as Unix account `account` cannot run on
                               the cluster ("" when it can): asked at submission, so the user gets
@@ -31,6 +36,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """The executor cannot do what an operator asked (its words say how to do it instead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,8 @@ class Executor(Protocol):
     def foreign(self, cluster: Any) -> list[ForeignHold]: ...
 
     def owner_refusal(self, cluster_id: int, account: str) -> str: ...
+
+    def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None: ...
 
 
 # Asked in order: the first whose `runs` says yes runs the cluster; the last is the default.
@@ -124,6 +135,14 @@ def reconcile(*, cluster: Any) -> dict[str, Any]:
 def owner_refusal(cluster_id: int, account: str) -> str:
     """Why the cluster's executor cannot run ranks as Unix account `account` ("" when it can)."""
     return executor_for(cluster_id).owner_refusal(cluster_id, account)
+
+
+def set_node(cluster_id: int, node: str, state: str, reason: str = "") -> None:
+    """Drain ("drain") or resume ("resume") `node` where the cluster's executor keeps node states;
+    `Refused` when it cannot."""
+    if state not in ("drain", "resume"):
+        raise ValueError(f"state must be drain or resume, not {state!r}")
+    executor_for(cluster_id).set_node(cluster_id, node, state, reason)
 
 
 def foreign_holds(cluster: Any) -> list[ForeignHold]:

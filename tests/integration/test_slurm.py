@@ -713,3 +713,47 @@ def test_a_job_granted_other_gpus_runs_on_and_its_rank_map_is_what_ran(
             assert (shared_dir / f"done-{job.pk}-{rank}").exists()
     assert moved == 2, "Slurm should have granted both jobs other GPUs than planned"
     sh("scancel", str(client.foreign))
+
+
+# -- operator actions and time limits as on agent clusters ------------------------------------------
+
+
+def test_a_drain_made_in_topoweb_is_slurms_and_survives_the_next_sync(cluster):
+    from apps.scheduling.executor import Refused
+    from apps.scheduling.nodes import node_drain, node_resume
+    from apps.topology.models import Node
+
+    node = Node.objects.get(cluster=cluster, name="gpu15")
+    with pytest.raises(Refused, match="scontrol update nodename=gpu15 state=drain"):
+        node_drain(node=node, reason="fan check")
+    assert "drain" not in sh("sinfo", "-h", "-n", "gpu15", "-o", "%T")
+    cluster.executor.scontrol_nodes = True
+    cluster.executor.save()
+    node_drain(node=node, reason="fan check")
+    assert sh("sinfo", "-h", "-n", "gpu15", "-o", "%T %E").strip() == "drained fan check"
+    for _ in range(3):
+        slurm_sync(executor=cluster.executor)
+    agent = NodeHealth.objects.get(node=node)
+    assert agent.state == NodeState.DRAINED and "fan check" in agent.reason
+    node_resume(node=node)
+    assert "drain" not in sh("sinfo", "-h", "-n", "gpu15", "-o", "%T")
+    for _ in range(50):
+        slurm_sync(executor=cluster.executor)
+        if NodeHealth.objects.get(node=node).state == NodeState.UP:
+            break
+        time.sleep(0.2)
+    assert NodeHealth.objects.get(node=node).state == NodeState.UP
+
+
+def test_a_job_past_its_time_limit_fails_with_the_agents_reason(cluster, user):
+    """time_limit_min 1: Slurm's TimeLimit=1 stops it (TIMEOUT); the reason is the one the agents'
+    server side gives (tests/unit/scheduling/test_time_limits.py)."""
+    job = place(cluster, user, {**spec("slow", 2, ["sleep", "600"], tp=2), "time_limit_min": 1})
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    slurm_id = SlurmSubmission.objects.get(job=job).slurm_job_id
+    assert "TimeLimit=00:01:00" in sh("scontrol", "show", "job", str(slurm_id))
+    job = sync_until(cluster, job, (JobStatus.FAILED, JobStatus.COMPLETED), timeout=150)
+    assert job.status == JobStatus.FAILED
+    assert job.pending_reason.startswith("time limit: stopped after its time_limit_min of 1 min")
+    assert "TIMEOUT" in job.pending_reason
+    assert (job.finished_at - job.started_at).total_seconds() >= 55

@@ -215,8 +215,8 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     """Mark nodes that missed heartbeats down (their jobs fail, or requeue when their spec says
     `requeue: true`), count the ranks of down nodes whose fence deadline passed as gone (their
     GPUs are released), mark draining nodes with nothing left drained, and requeue placed jobs
-    whose ranks did not all start in time. Returns what changed: {"down", "fenced", "drained",
-    "requeued"}."""
+    whose ranks did not all start in time, and stop jobs past their time limit. Returns what
+    changed: {"down", "fenced", "drained", "requeued", "timed_out"}."""
     now = now or timezone.now()
     out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
     cutoff = now - timedelta(seconds=down_after_s())
@@ -248,11 +248,27 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
                 state=NodeState.DRAINED, state_since=now
             )
             out["drained"].append(agent.node.name)
+    out["timed_out"] = stop_past_time_limit(cluster=cluster, now=now)
     deadline = now - timedelta(seconds=start_timeout_s())
     late = Job.objects.filter(cluster=cluster, status=JobStatus.PLACING, placed_at__lt=deadline)
     for job in late.only("pk"):
         if job_requeue_unstarted(job=job, now=now):
             out["requeued"].append(job.pk)
+    return out
+
+
+def stop_past_time_limit(*, cluster: Cluster, now: datetime) -> list[int]:
+    """Fail every running job of the cluster past its `time_limit_min` (reason "time limit: ...",
+    as Slurm's TIMEOUT on a Slurm cluster): its ranks are told to stop, with their stop grace.
+    Returns the job ids."""
+    out = []
+    running = Job.objects.filter(cluster=cluster, status=JobStatus.RUNNING, time_limit_min__isnull=False)
+    for pk in [j.pk for j in running.only("pk", "started_at", "time_limit_min") if j.past_time_limit(now)]:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=pk)
+            if job.status == JobStatus.RUNNING and job.past_time_limit(now):
+                lifecycle.finish(job=job, status=JobStatus.FAILED, reason=job.time_limit_reason(), now=now)
+                out.append(pk)
     return out
 
 

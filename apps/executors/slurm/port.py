@@ -78,6 +78,16 @@ class SlurmExecutor:
         ex = ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).first()
         return "" if ex is None else owner_refusal(ex, account)
 
+    def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None:
+        """Drain or resume the node in Slurm (`sync.set_node_state`: scontrol where the executor
+        allows it), else `port.Refused` saying how to in Slurm."""
+        from ..models import ClusterExecutor, ExecutorKind
+        from .sync import set_node_state
+
+        ex = ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).first()
+        if ex is not None:
+            set_node_state(ex, node, state, reason)
+
     def foreign(self, cluster: Any) -> list[port.ForeignHold]:
         from ..models import ForeignAllocation
 

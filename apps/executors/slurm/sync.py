@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import shlex
+import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -49,6 +51,7 @@ from apps.scheduling.selectors import generation_master_port, run_as
 from apps.topology.models import Cluster, Node
 
 from ..models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
+from .connect import slurm_env
 from .orphans import CANCEL, Verdict, claims, judge, owner
 from .rest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
 from .script import RankSlot, granted_map, submission
@@ -606,6 +609,8 @@ def _ended(job, sub, comps, state, result, now, why: str = "") -> None:
             result.requeued.append(job.pk)
             return
         status = JobStatus.FAILED
+    elif state == "TIMEOUT" and job.time_limit_min is not None:
+        status, why = JobStatus.FAILED, job.time_limit_reason(f"Slurm job {jid}: TIMEOUT")
     else:
         code = next((c.exit_code for c in comps if c.exit_code), None)
         sig = next((c.signal for c in comps if c.signal), None)
@@ -786,7 +791,7 @@ def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
             all_nodes=all_nodes,
             partition=executor.partition,
             output=output,
-            time_limit_min=_minutes(spec.estimated_runtime_s),
+            time_limit_min=launch.time_limit_min,
             server=executor.server_id,
         )
         slurm_id = client.submit(body, user=user)
@@ -861,13 +866,6 @@ def _refuses_user(exc: Exception) -> bool:
     )
 
 
-def _minutes(runtime_s: float | None) -> int | None:
-    """Slurm's time limit for a job with an estimated runtime: three times it, whole minutes."""
-    if runtime_s is None:
-        return None
-    return max(1, int(runtime_s * 3 / 60) + 1)
-
-
 def stop_job(job: Job) -> list[int]:
     """Cancel `job`'s Slurm jobs now, once TopoWeb has stopped the job (the next sync's orphan
     pass would otherwise): each of its recorded Slurm jobs not known to have ended. Errors are
@@ -891,3 +889,37 @@ def stop_job(job: Job) -> list[int]:
         return []
     stopped: set[int] = set()
     return [sid for sid, user in subs if _cancel(client, sid, user, stopped)]
+
+
+SCONTROL_TIMEOUT_S = 20.0
+
+
+def set_node_state(executor: ClusterExecutor, node: str, state: str, reason: str = "") -> None:
+    """Drain (with `reason`) or resume `node` in Slurm with `scontrol update` when the executor's
+    `scontrol_nodes` allows it (slurmrestd v0.0.38 has no node update call); the next sync reads
+    Slurm's state back. `executor.Refused` otherwise, or when scontrol fails, with its words and
+    the command to run in Slurm."""
+    from apps.scheduling.executor import Refused
+
+    words = [f"nodename={node}", f"state={state}"]
+    if state == "drain":
+        words.append(f"reason={reason or 'drained in TopoWeb'}")
+    how = "scontrol update " + " ".join(shlex.quote(w) for w in words)
+    if not executor.scontrol_nodes:
+        raise Refused(
+            f"node states of cluster {executor.cluster.name} are Slurm's: run `{how}` on the Slurm"
+            " cluster (TopoWeb follows at its next sync), or let TopoWeb run it (the cluster"
+            " executor's scontrol_nodes, on a host with Slurm's commands)"
+        )
+    try:
+        done = subprocess.run(
+            ["scontrol", "update", *words],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            env=slurm_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Refused(f"could not run `{how}`: {exc}") from exc
+    if done.returncode != 0:
+        raise Refused(f"`{how}` failed: {(done.stderr or done.stdout).strip()[:500]}")

@@ -621,3 +621,37 @@ def test_foreign_job_on_planned_gpus_of_a_pending_job_with_room_moves_it_on_its_
     assert planned[1] not in now.values() and len(set(now.values())) == 4
     assert set(Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True)) == {node}
     assert SlurmSubmission.objects.get(job=job).slurm_job_id == sub.slurm_job_id
+
+
+def test_time_limit_is_slurms_timelimit_and_a_timeout_reads_as_on_agents(cluster, fake, user):
+    job = placed(cluster, user, 8, time_limit_min=7)
+    plain = placed(cluster, user, 8)
+    sync(cluster, fake)
+    bodies = {int(b["job"]["comment"].split(":")[2]): b["job"] for b in fake.submitted}
+    assert bodies[job.pk]["time_limit"] == 7
+    assert "time_limit" not in bodies[plain.pk]  # none: the partition's own limit
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: list(range(8))})
+    sync(cluster, fake)
+    fake.end(sub.slurm_job_id, "TIMEOUT")
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.pending_reason == (
+        f"time limit: stopped after its time_limit_min of 7 min (Slurm job {sub.slurm_job_id}: TIMEOUT)"
+    )
+
+
+def test_drain_on_slurm_is_refused_with_how_unless_scontrol_is_allowed(cluster, fake):
+    from apps.scheduling.executor import Refused
+    from apps.scheduling.nodes import node_drain, node_resume
+    from apps.topology.models import Node
+
+    node = Node.objects.get(cluster=cluster, name="n2")
+    with pytest.raises(Refused, match=r"run `scontrol update nodename=n2 state=drain 'reason=bad fan'`"):
+        node_drain(node=node, reason="bad fan")
+    with pytest.raises(Refused, match="state=resume"):
+        node_resume(node=node)
+    assert not NodeHealth.objects.filter(
+        node=node, state__in=(NodeState.DRAINED, NodeState.DRAINING)
+    ).exists()
