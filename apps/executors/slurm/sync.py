@@ -158,7 +158,7 @@ def slurm_sync(
         nodes = client.nodes()
         jobs = client.jobs()
     except SlurmError as exc:
-        result.error = str(exc)
+        result.error = outage(exc, executor.last_sync_at)
         ClusterExecutor.objects.filter(pk=executor.pk).update(last_error=result.error[:2000])
         return result
     now = now or timezone.now()
@@ -177,6 +177,18 @@ def slurm_sync(
         _submit_placed(executor, client, nodes, result, timezone.now())
     ClusterExecutor.objects.filter(pk=executor.pk).update(last_sync_at=now, last_error="")
     return result
+
+
+def outage(exc: SlurmError, last_ok: datetime | None) -> str:
+    """A failed listing in words that name what is down and since when (the last good sync):
+    slurmrestd answering with errors means slurmctld did not answer it ("Unspecified error" is
+    what 22.05 says then); no answer at all means slurmrestd is down."""
+    since = f"since {last_ok.isoformat(timespec='seconds')}" if last_ok else "since before the first sync"
+    if exc.errors:
+        return f"controller (slurmctld) unreachable {since}: slurmrestd answered {exc}"
+    if "unreachable" in str(exc):
+        return f"slurmrestd unreachable {since}: {exc}"
+    return str(exc)
 
 
 # -- nodes -----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -655,3 +656,26 @@ def test_drain_on_slurm_is_refused_with_how_unless_scontrol_is_allowed(cluster, 
     assert not NodeHealth.objects.filter(
         node=node, state__in=(NodeState.DRAINED, NodeState.DRAINING)
     ).exists()
+
+
+def test_an_outage_is_named_with_since_when(cluster, fake):
+    from datetime import datetime
+
+    from apps.executors.slurm.sync import outage
+
+    ok = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    down = SlurmError("Unspecified error", [{"error": "Unspecified error", "error_code": 1}])
+    assert outage(down, ok) == (
+        "controller (slurmctld) unreachable since 2026-01-02T03:04:05+00:00: slurmrestd answered Unspecified error"
+    )
+    gone = SlurmError("slurmrestd at unix:/x unreachable: [Errno 111] Connection refused")
+    assert outage(gone, ok).startswith(
+        "slurmrestd unreachable since 2026-01-02T03:04:05+00:00: slurmrestd at"
+    )
+    sync(cluster, fake)
+    cluster.executor.refresh_from_db()
+    fake.nodes = lambda: (_ for _ in ()).throw(down)
+    result = sync(cluster, fake)
+    assert result.error.startswith("controller (slurmctld) unreachable since ")
+    cluster.executor.refresh_from_db()
+    assert cluster.executor.last_error == result.error
