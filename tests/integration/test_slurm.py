@@ -689,6 +689,10 @@ def test_a_job_granted_other_gpus_runs_on_and_its_rank_map_is_what_ran(
     client = ForeignFirst(slurm_cluster, node, 2)
     result = slurm_sync(executor=cluster.executor, client=client)
     assert sorted(result.submitted) == [first.pk, second.pk]
+    # Both started in Slurm before TopoWeb looks again (a job still pending then, planned on GPUs
+    # granted to the other, would be re-placed: not started, so that is allowed, but not this case).
+    for sub in SlurmSubmission.objects.filter(job__in=[first, second]):
+        wait_running(sub.slurm_job_id)
     killed = []
     deadline = time.monotonic() + 90
     while True:
