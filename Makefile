@@ -8,7 +8,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 PORT ?= 8000
 DCGM_PORT ?= $(shell expr $(PORT) + 1400)
 
-.PHONY: run run-slurm test lint format bench venv
+.PHONY: run run-slurm test lint format bench venv chaos chaos-fast
 
 venv: .venv/.installed
 
@@ -50,6 +50,24 @@ test: lint
 	env -u DATABASE_URL -u CELERY_BROKER_URL TOPOWEB_TESTING=1 $(PY) -m pytest -m "not integration"
 	env DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) TOPOWEB_TESTING=1 \
 		$(PY) -m pytest -m integration
+
+# The fault matrix (tests/chaos: root, cgroups, useradd; Postgres and Redis as for `make test`):
+# every class CHAOS_ROUNDS times, the 3-minute web outage included; then the figures' table.
+# `make chaos-fast`: each class once, without the outage.
+CHAOS_ROUNDS ?= 2
+CHAOS_RESULTS ?= tests/chaos/.results.jsonl
+CHAOS_ENV = env DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) TOPOWEB_TESTING=1 \
+	TOPOWEB_CHAOS_RESULTS=$(CHAOS_RESULTS)
+
+chaos: venv
+	rm -f $(CHAOS_RESULTS)
+	$(CHAOS_ENV) TOPOWEB_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(PY) -m pytest -m chaos tests/chaos -p no:randomly; \
+		status=$$?; $(PY) bench/chaos_report.py $(CHAOS_RESULTS); exit $$status
+
+chaos-fast: venv
+	rm -f $(CHAOS_RESULTS)
+	$(CHAOS_ENV) TOPOWEB_CHAOS_ROUNDS=1 $(PY) -m pytest -m "chaos and not chaos_slow" tests/chaos -p no:randomly; \
+		status=$$?; $(PY) bench/chaos_report.py $(CHAOS_RESULTS); exit $$status
 
 bench: venv
 	$(PY) bench/placement_quality.py

@@ -75,3 +75,7 @@ def forget_recent_clusters():
     kept = sys.modules.get("apps.topology.selectors")
     if kept is not None:
         kept.forget_recent_clusters()
+    # Nor a sync pulse remembered from an earlier test's database.
+    agents = sys.modules.get("apps.executors.agents.services")
+    if agents is not None:
+        agents.forget_sync_pulse()

@@ -403,18 +403,19 @@ if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
         "TOPOWEB_AGENT_DOWN_AFTER_S must be at least three times TOPOWEB_AGENT_POLL_S "
         "(an idle node's heartbeat is written once half of it has passed)"
     )
-# The agents' lease: an agent that has not reached the server for this long stops its ranks, so
-# a node declared down (after TOPOWEB_AGENT_DOWN_AFTER_S) runs nothing by then.
+# The agents' lease: an agent whose syncs have not been answered this long stops its ranks. It
+# is what a control-plane outage (web or database) may last without stopping any rank: 12
+# minutes covers 10 minutes plus the long-poll in flight and the retry backoff. A node is down
+# after TOPOWEB_AGENT_DOWN_AFTER_S of silence while the server answered others (it takes no new
+# work); its jobs fail or requeue only at its fence deadline (about the lease plus half the down
+# time plus the stop grace after its last heartbeat): see docs/operations.md.
 try:
-    TOPOWEB_AGENT_FENCE_AFTER_S = float(
-        _env("TOPOWEB_AGENT_FENCE_AFTER_S", str(TOPOWEB_AGENT_DOWN_AFTER_S * 2 / 3))
-    )
+    TOPOWEB_AGENT_FENCE_AFTER_S = float(_env("TOPOWEB_AGENT_FENCE_AFTER_S", "720"))
 except ValueError:
     raise ImproperlyConfigured("TOPOWEB_AGENT_FENCE_AFTER_S must be seconds") from None
-if not TOPOWEB_AGENT_POLL_S < TOPOWEB_AGENT_FENCE_AFTER_S < TOPOWEB_AGENT_DOWN_AFTER_S:
+if not TOPOWEB_AGENT_POLL_S < TOPOWEB_AGENT_FENCE_AFTER_S <= 86400:
     raise ImproperlyConfigured(
-        "TOPOWEB_AGENT_FENCE_AFTER_S must be longer than TOPOWEB_AGENT_POLL_S and shorter than"
-        " TOPOWEB_AGENT_DOWN_AFTER_S"
+        "TOPOWEB_AGENT_FENCE_AFTER_S must be longer than TOPOWEB_AGENT_POLL_S and at most a day"
     )
 TOPOWEB_START_TIMEOUT_S = float(_env("TOPOWEB_START_TIMEOUT_S", "600"))
 # The MASTER_PORT range of agent-run jobs, "LOW-HIGH": each generation gets a port unique among

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cgroups import CgroupError, detect
-from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, Agent
+from .runner import DEFAULT_PIDS_MAX, DEFAULT_POLL_S, LOCKED_EXIT, MAX_MEMORY_MB, Agent, StateDirBusy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="where the agent records its ranks, to re-adopt them after a restart"
         " (default /var/lib/topoweb-agent/NODE)",
+    )
+    parser.add_argument(
+        "--lock-dir",
+        default="/var/lib/topoweb-agent",
+        help="where the agent locks its node (NODE.lock): one agent per node on a host, and the"
+        " last one's instance, so its successor on this host syncs at once",
     )
     parser.add_argument(
         "--cgroups",
@@ -76,6 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f" default {DEFAULT_PIDS_MAX})",
     )
     parser.add_argument(
+        "--memory-max-mb",
+        type=int,
+        default=0,
+        help="the most memory a rank may use, in MiB (its cgroup's memory.max or"
+        " memory.limit_in_bytes; a job's memory_mb below it applies; 0: no ceiling)",
+    )
+    parser.add_argument(
         "--system-account",
         action="append",
         default=[],
@@ -104,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad token file."""
+    """Run the agent until SIGTERM or SIGINT; exit code 2 on a bad argument or token file, 75
+    when another agent holds the state directory."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -123,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not 0 <= args.pids_max <= 4_194_304:
         print("--pids-max: must be 0 (no limit) to 4194304 (the kernel's pid_max bound)", file=sys.stderr)
+        return 2
+    if not 0 <= args.memory_max_mb <= MAX_MEMORY_MB:
+        print(f"--memory-max-mb: must be 0 (no ceiling) to {MAX_MEMORY_MB} MiB (4 TiB)", file=sys.stderr)
         return 2
     if os.geteuid() != 0 and not args.single_user:
         print(
@@ -168,11 +185,22 @@ def main(argv: list[str] | None = None) -> int:
         min_uid=args.min_uid,
         system_accounts=tuple(args.system_account),
         pids_max=args.pids_max,
+        memory_max_mb=args.memory_max_mb,
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,
         log_max_bytes=int(args.log_max_mb * 1024 * 1024),
+        lock_dir=args.lock_dir,
     )
+
+    try:
+        agent.lock_state_dir()
+    except StateDirBusy as exc:
+        print(f"topoweb-agent: {exc}", file=sys.stderr)
+        return LOCKED_EXIT
+    except OSError as exc:
+        print(f"topoweb-agent: cannot take the agent's locks: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

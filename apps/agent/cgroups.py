@@ -1,10 +1,15 @@
 """One cgroup per rank: the set of processes a rank is, whatever they fork or `setsid`.
 
 Two backends. cgroup v2 (a writable subtree of the unified hierarchy; the agent needs no
-controller, only `cgroup.procs`, `cgroup.events` and `cgroup.kill`). cgroup v1 (`freezer` and
-`pids` hierarchies, plus `devices` where mounted): the freezer cgroup tracks the processes and
+controller, only `cgroup.procs`, `cgroup.events` and `cgroup.kill`; `pids` and `memory` limit a
+rank where the hierarchy delegates them). cgroup v1 (`freezer` and `pids` hierarchies, plus
+`devices` and `memory` where mounted and writable): the freezer cgroup tracks the processes and
 stops them atomically (freeze, SIGKILL every member, thaw), the devices cgroup denies the GPU
 device files the rank was not given.
+
+A rank that ended at one of its limits says so (`limit_hit`): the pids controller counts the
+forks it refused (`pids.events` `max`), the memory controller the processes its OOM killer
+killed (`memory.events` `oom_kill` on v2, `memory.oom_control` `oom_kill` on v1).
 
 Device isolation on v2 needs a BPF device program; this agent does not load one, so on v2 a
 rank could open another GPU's `/dev/nvidiaN` (docs/security.md).
@@ -23,7 +28,11 @@ from pathlib import Path
 
 MOUNTS = Path("/proc/self/mounts")
 V1_TRACK = "freezer"
-V1_CONTROLLERS = ("freezer", "pids", "devices")
+V1_CONTROLLERS = ("freezer", "pids", "devices", "memory")
+# v1 controllers a rank can do without (the agent still runs; `describe` says what is missing).
+V1_OPTIONAL = ("memory",)
+PIDS_LIMIT = "pids_limit"
+MEMORY_LIMIT = "memory_limit"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 GPU_DEVICE = re.compile(r"^nvidia([0-9]+)$")
 
@@ -76,6 +85,20 @@ def _procs(directory: Path) -> set[int]:
     return found
 
 
+def _counter(path: Path, name: str) -> int | None:
+    """The value of line `name N` of a flat-keyed cgroup file (None: no such file or line)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            with contextlib.suppress(ValueError):
+                return int(parts[1])
+    return None
+
+
 def _rmdir_tree(directory: Path) -> None:
     with contextlib.suppress(OSError):
         for child in directory.iterdir():
@@ -123,10 +146,6 @@ class RankCgroup:
     def exists(self) -> bool:
         return self.tracker.is_dir()
 
-    def terminate(self) -> None:
-        """SIGTERM every process of the rank."""
-        _signal_all(self.pids(), signal.SIGTERM)
-
     def kill(self) -> None:
         """SIGKILL every process of the rank, including those forked meanwhile: `cgroup.kill` on
         v2, freeze then kill then thaw on v1."""
@@ -167,6 +186,38 @@ class RankCgroup:
                     done = True
         return done
 
+    def limit_memory(self, limit_bytes: int) -> bool:
+        """At most `limit_bytes` of memory for the rank (v2 `memory.max`, v1
+        `memory.limit_in_bytes`): past it the kernel's OOM killer kills within the rank. False
+        where no hierarchy has the memory controller."""
+        done = False
+        for d in self.dirs:
+            for name in ("memory.max", "memory.limit_in_bytes"):
+                path = d / name
+                if path.exists():
+                    with contextlib.suppress(OSError):
+                        path.write_text(str(int(limit_bytes)))
+                        done = True
+        return done
+
+    def limit_hit(self) -> str | None:
+        """Which limit the rank ran into, if any: PIDS_LIMIT when its pids controller refused a
+        fork, MEMORY_LIMIT when its OOM killer killed a process (v1 kernels without an `oom_kill`
+        count: its memory limit was reached, `memory.failcnt`)."""
+        for d in self.dirs:
+            if _counter(d / "pids.events", "max"):
+                return PIDS_LIMIT
+        for d in self.dirs:
+            kills = _counter(d / "memory.events", "oom_kill")
+            if kills is None:
+                kills = _counter(d / "memory.oom_control", "oom_kill")
+            if kills is None:
+                with contextlib.suppress(OSError, ValueError):
+                    kills = int((d / "memory.failcnt").read_text())
+            if kills:
+                return MEMORY_LIMIT
+        return None
+
     def deny_devices(self, devices: list[tuple[int, int]]) -> None:
         """Deny read, write and mknod of character devices (major, minor) to the rank (v1
         `devices` only; a no-op elsewhere)."""
@@ -190,9 +241,19 @@ class Cgroups:
     parents: tuple[Path, ...]
 
     def describe(self) -> str:
-        roots = ", ".join(str(p) for p in self.parents)
         devices = "GPU device files denied per rank" if self.devices else "no per-rank GPU device filter"
-        return f"cgroup v{self.version} ({roots}; {devices})"
+        memory = "memory limits per rank" if self.memory else "no memory controller: memory_mb not enforced"
+        return f"cgroup v{self.version} ({self.parents[0]}; {devices}; {memory})"
+
+    @property
+    def memory(self) -> bool:
+        """Whether a rank's memory can be limited (v1 `memory` mounted, or v2 with the memory
+        controller available to the agent's cgroup)."""
+        if self.version == 1:
+            return any((p / "memory.limit_in_bytes").exists() for p in self.parents)
+        with contextlib.suppress(OSError):
+            return "memory" in (self.parents[0] / "cgroup.controllers").read_text().split()
+        return False
 
     @property
     def devices(self) -> bool:
@@ -209,9 +270,10 @@ class Cgroups:
         """Create the rank cgroup `name` (fresh: left-overs of an earlier rank are removed)."""
         group = self.rank(name)
         if self.version == 2:
-            # The pids controller for the ranks below (where the hierarchy delegates it).
-            with contextlib.suppress(OSError):
-                (self.parents[0] / "cgroup.subtree_control").write_text("+pids")
+            # The pids and memory controllers for the ranks below (where the hierarchy delegates them).
+            for controller in ("+pids", "+memory"):
+                with contextlib.suppress(OSError):
+                    (self.parents[0] / "cgroup.subtree_control").write_text(controller)
         for d in group.dirs:
             d.mkdir(parents=False, exist_ok=True)
         return group
@@ -252,6 +314,8 @@ def detect(mode: str, name: str, mounts: Path = MOUNTS) -> Cgroups | None:
                 continue
             parent = v1[ctrl] / _own_path(ctrl).lstrip("/") / name
             if not _writable_dir(parent):
+                if ctrl in V1_OPTIONAL:
+                    continue
                 return None
             parents.append(parent)
         return Cgroups(1, tuple(parents))

@@ -15,9 +15,31 @@ Each rank runs under a shim (`shim.py`, its parent) in its own cgroup (`cgroups.
 owner's Unix account. A rank has exited when its main process exited and its cgroup is empty;
 processes left behind by a main process that exited are stopped like the rank. Every rank is
 recorded in the state directory, so an agent that crashed or restarted re-adopts its live ranks
-and learns the exits it missed. An agent that has not reached the server for `fence_after_s`
-stops its ranks (fencing): the server gives their GPUs to others only after the node reported
-them gone.
+and learns the exits it missed.
+
+Fencing. An agent whose syncs have not been answered for `fence_after_s` (its lease, counted
+from when its last answered request left) stops its ranks: the server gives their GPUs to
+others only after the node reported them gone or at the node's fence deadline. Every answer
+carries `fence_after_s` and `fence_slack_s`, and the agent records them with the contact's wall
+time in `lease.json`. An agent restarted with an old lease does not fence at once: it tries the
+server first, and fences at max(contact + fence_after_s, min(start + fence_slack_s, contact +
+fence_after_s + fence_slack_s)) unless a sync is answered before (which renews the lease). Why the
+server never frees a GPU a live rank may use: let c be the contact's time; the server saw that
+heartbeat at h >= c and its `last_seen` is > h - down_after_s / 2 (an unchanged heartbeat is
+written at most that often). A running agent begins stopping at c + fence_after_s, a restarted
+one at c + fence_after_s + fence_slack_s at the latest (both terms of the max are bounded so),
+and SIGKILLs what is left a stop grace later; the server's fence deadline is last_seen +
+down_after_s / 2 + fence_after_s + fence_slack_s + the longest stop grace + a margin (the watch
+period, clock skew), which is later. This holds while an agent runs on the node (a stopped agent
+fences nothing: run it under systemd with Restart=always) and while the node's clock does not
+jump (the lease survives a restart in wall time).
+
+The cgroup tree is the truth: a rank cgroup holding processes that no record of this server's
+names is an orphan, stopped and reported, and no rank starts until none is left. The state
+directory records the server it was made for (`identity.json`); until the first answer confirms
+it nothing recorded is reported, and records of another server are disowned. One agent runs per
+state directory and per node on a host (flock), and the server binds a node to one agent
+instance at a time (a second one gets 409).
 """
 
 from __future__ import annotations
@@ -25,12 +47,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import fcntl
 import json
 import logging
 import os
 import pwd
+import re
+import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -42,10 +68,11 @@ import httpx
 
 from . import VERSION
 from .accounts import system_account_refusal, uid_min
-from .cgroups import Cgroups, RankCgroup, gpu_devices
+from .cgroups import MEMORY_LIMIT, PIDS_LIMIT, Cgroups, RankCgroup, gpu_devices
 from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
+from .logs import read_tail as log_tail
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -64,14 +91,34 @@ FINAL_CHUNK_BYTES = 256 * 1024
 DEFAULT_POLL_S = 60.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 WATCH_S = 0.1
+# How often a running rank's cgroup is read for a limit it ran into.
+LIMIT_CHECK_S = 1.0
 SHIM = Path(__file__).with_name("shim.py")
 # A refused start: no such account, uid 0, a workdir outside the allowed roots.
 REFUSED_EXIT = 126
 LOST_EXIT = 255
 # Processes and threads a rank may have at once (generous for data loaders; a fork bomb stops).
 DEFAULT_PIDS_MAX = 16384
+# The largest memory limit per rank, in MiB (4 TiB): --memory-max-mb and a job's memory_mb.
+MAX_MEMORY_MB = 4_194_304
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
+# At most this many orphans (with at most ORPHAN_PIDS pids each) go in one sync.
+MAX_ORPHANS = 64
+ORPHAN_PIDS = 32
+# A refused sync (another agent holds the node) is logged at most once per this many seconds.
+REFUSED_LOG_S = 60.0
+# An agent that finds its state directory locked by another exits with this code (EX_TEMPFAIL).
+LOCKED_EXIT = 75
+RANK_CGROUP = re.compile(r"^job-([0-9]{1,10})-gen-([0-9]{1,10})-rank-([0-9]{1,10})$")
+# Why a rank exited, as its exit report's `cause` says (the server's `ExitCause`): only EXITED,
+# a limit and REFUSED are the rank's own doing; the others are the node's or TopoWeb's.
+EXITED = "exited"
+LOST = "lost"
+FENCED = "fenced"
+STOPPED = "stopped"
+REFUSED = "refused"
+CAUSES = (EXITED, LOST, FENCED, STOPPED, PIDS_LIMIT, MEMORY_LIMIT, REFUSED)
 Key = tuple[int, int, int]
 
 
@@ -85,6 +132,31 @@ class RankStatus(enum.Enum):
 
 class StartRefused(Exception):
     """A rank this agent will not start, and why."""
+
+
+class StateDirBusy(Exception):
+    """Another agent holds this state directory (its lock file names its pid)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `path` (0600, root's) so that a crash leaves the old content or the new, never a
+    part: a temporary file written and fsynced, renamed over `path`, the directory fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +189,23 @@ class LocalRank:
     exit_code: int | None = None
     tail_size: int = 0
     note: str = ""
+    # Why it exited or is being stopped (CAUSES); "" until the agent knows one.
+    cause: str = ""
+    # Its shim is gone without an exit file while the rank's cgroup still holds processes.
+    shim_lost: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         job, generation, rank = self.key
         return f"job-{job}-gen-{generation}-rank-{rank}"
+
+
+def _ceiling(asked: Any, bound: int) -> int:
+    """A job's per-rank limit under the operator's: the smaller of the two, either one when the
+    other is none (0 or absent)."""
+    asked = int(asked) if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+    return min(asked, bound) if asked and bound else asked or bound
 
 
 def _report_code(code: int | None) -> int:
@@ -144,15 +227,9 @@ def report_batch(outbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a file as text ('' if it is missing; see `safe_text`)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - limit, 0))
-            return safe_text(fh.read())
-    except OSError:
-        return ""
+    """The last `limit` bytes of a rank's output as text, across a rotation ('' if its log is
+    missing; see `safe_text`)."""
+    return safe_text(log_tail(path, limit))
 
 
 def _stat_fields(pid: int) -> list[bytes]:
@@ -253,6 +330,8 @@ class Agent:
         min_uid: int | None = None,
         system_accounts: tuple[str, ...] = (),
         pids_max: int = DEFAULT_PIDS_MAX,
+        lock_dir: str | Path | None = None,
+        memory_max_mb: int = 0,
     ):
         self.server = server.rstrip("/")
         self.node = node
@@ -273,8 +352,10 @@ class Agent:
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
         self.system_accounts = frozenset(system_accounts)
-        # Processes and threads per rank (its cgroup's pids.max; 0: no limit).
+        # Processes and threads per rank (its cgroup's pids.max; 0: no limit), and memory per rank
+        # in MiB (0: none): each the ceiling of what a job asks (`pids_max`, `memory_mb`).
         self.pids_max = int(pids_max)
+        self.memory_max_mb = int(memory_max_mb)
         # Each rank's log file: shipped to the server in chunks, rotated past log_max_bytes (0: never).
         self.log_max_bytes = log_max_bytes
         self.logs: dict[Key, LogFile] = {}
@@ -288,10 +369,72 @@ class Agent:
         self.refused = 0
         self.fenced = 0
         self._last_ok = time.monotonic()
+        # How much later than the lease the server still lets a restarted agent fence (from its
+        # answers; 0 until one said) and, after a restart, the monotonic time before which this
+        # agent does not fence while it tries to reach the server (0: none).
+        self.fence_slack_s = 0.0
+        self._fence_not_before = 0.0
         self._stopping = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+        # This agent process: the server binds the node's syncs to one instance at a time.
+        self.instance = secrets.token_hex(16)
+        self.host = socket.gethostname()[:255]
+        self.started_at = time.time()
+        # Who the state directory's records were made for ({"server", "cluster", "node",
+        # "instance"}; None: no identity recorded, "unreadable": a corrupt one), and whether the
+        # server answered as that one yet: until then nothing recorded is reported.
+        self.identity: dict[str, Any] | str | None = None
+        self.confirmed = False
+        # Orphans of another server (or of an unknown one): stopped, never reported as ranks.
+        self.foreign: dict[Key, str] = {}
+        self._refused_logged: float | None = None
+        # The host's lock for this node (`lock_dir/NODE.lock`, outside the state directory): one
+        # agent per node per host, and the instance that held it last (its successor on this
+        # host takes over at once, even when the state directory was lost).
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self.host_previous = ""
+        self._lock_fds: list[int] = []
+
+    # -- one agent per state directory ---------------------------------------------------------
+    def lock_state_dir(self) -> None:
+        """Hold exclusive locks for this agent's life: on the state directory, and on this node
+        on this host (`lock_dir`, when given). StateDirBusy when another agent holds either: two
+        agents on one state directory or one node's cgroup tree would each take the other's
+        ranks for their own, or for orphans."""
+        if self._lock_fds:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        locks = [(self.state_dir / "agent.lock", f"the state directory {self.state_dir}")]
+        if self.lock_dir is not None:
+            if "/" in self.node or self.node in ("", ".", ".."):
+                raise StateDirBusy(f"node name {self.node!r} cannot name a lock file")
+            self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            locks.append((self.lock_dir / f"{self.node}.lock", f"node {self.node} on this host"))
+        try:
+            for path, what in locks:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                self._lock_fds.append(fd)
+                before = os.pread(fd, 128, 0).decode(errors="replace").split()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = before[0] if before else "unknown"
+                    raise StateDirBusy(
+                        f"another agent (pid {holder}) holds {what} ({path}); one agent per node:"
+                        " stop that one first"
+                    ) from None
+                if len(before) > 1 and path.parent == self.lock_dir:
+                    self.host_previous = before[1]
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {self.instance}\n".encode(), 0)
+                os.fsync(fd)
+        except BaseException:
+            for fd in self._lock_fds:
+                os.close(fd)
+            self._lock_fds.clear()
+            raise
 
     # -- control -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -340,8 +483,9 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        log.info("node %s: %s", self.node, self.isolation())
+        self.lock_state_dir()
+        log.info("node %s: %s (agent instance %s)", self.node, self.isolation(), self.instance[:8])
+        self.identity = self._read_identity()
         self._adopt()
         self._last_ok = time.monotonic()
         self._load_lease()
@@ -393,13 +537,22 @@ class Agent:
             "logs": chunks or [],
             "isolation": self.isolation()[:200],
             "wait_s": wait_s,
+            "instance": self.instance,
+            "previous": self._previous(),
+            "host": self.host,
+            "started_at": self.started_at,
+            "orphans": self._orphan_list(),
         }
 
     async def _sync(self, client: httpx.AsyncClient) -> None:
         self._check_fence()
-        reports = report_batch(list(self.outbox.values()))
-        chunks = self._log_chunks()
-        body = self._body(reports, 0.0 if reports or chunks else self.poll_s, chunks)
+        if self.confirmed:
+            self._scan_tree()
+        # Until the server's first answer says this state directory is its own, nothing recorded
+        # is reported (the records may be another server's) and that answer comes at once.
+        reports = report_batch(list(self.outbox.values())) if self.confirmed else []
+        chunks = self._log_chunks() if self.confirmed else []
+        body = self._body(reports, 0.0 if reports or chunks or not self.confirmed else self.poll_s, chunks)
         self._wake.clear()
         sent = time.monotonic()
         request = asyncio.ensure_future(client.post("/api/v1/agents/sync/", json=body))
@@ -412,6 +565,9 @@ class Agent:
             return
         woken.cancel()
         response = request.result()
+        if response.status_code == 409:
+            await self._refused_sync(response)
+            return
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
         answer = response.json()
@@ -423,6 +579,8 @@ class Agent:
         self.refused += len(answer.get("refused") or ())
         if answer.get("fence_after_s"):
             self.fence_after_s = float(answer["fence_after_s"])
+        self.fence_slack_s = float(answer.get("fence_slack_s") or 0.0)
+        self._fence_not_before = 0.0
         self._save_lease(time.time() - (time.monotonic() - sent))
         for r in reports:
             key = (r["job"], r["generation"], r["rank"], r["event"])
@@ -430,6 +588,7 @@ class Agent:
                 del self.outbox[key]
         self._logs_shipped(chunks, answer)
         self.state = answer.get("state", "unknown")
+        self._confirm(answer)
         await self._reconcile(answer.get("work", []), answer.get("stop") or [])
 
     # -- fencing -------------------------------------------------------------------------------
@@ -438,22 +597,34 @@ class Agent:
         off: it fences its re-adopted ranks on time, not a whole lease after its start."""
         path = self.state_dir / "lease.json"
         try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"contact": contact, "fence_after_s": self.fence_after_s}))
-            os.replace(tmp, path)
+            lease = {
+                "contact": contact,
+                "fence_after_s": self.fence_after_s,
+                "fence_slack_s": self.fence_slack_s,
+            }
+            write_atomic(path, json.dumps(lease))
         except OSError as exc:
             log.warning("cannot record the lease in %s: %s", path, exc)
 
     def _load_lease(self) -> None:
+        """Count the lease from the recorded contact, and give a restarted agent until
+        min(start + slack, contact + lease + slack) to reach the server before it fences (see the
+        module's docstring): a crash late in a long-poll and a restart a minute later must not
+        stop ranks the server still counts running."""
         try:
             data = json.loads((self.state_dir / "lease.json").read_text())
             contact, fence = float(data["contact"]), data.get("fence_after_s")
+            slack = max(float(data.get("fence_slack_s") or 0.0), 0.0)
         except (OSError, ValueError, KeyError, TypeError):
             return
         if fence and not self.fence_after_s:
             self.fence_after_s = float(fence)
+        self.fence_slack_s = slack
+        now = time.monotonic()
         silent = max(time.time() - contact, 0.0)
-        self._last_ok = time.monotonic() - silent
+        self._last_ok = now - silent
+        if self.fence_after_s:
+            self._fence_not_before = min(now + slack, self._last_ok + self.fence_after_s + slack)
 
     async def _fence_watch(self) -> None:
         """Check the lease every quarter second, also while a sync hangs."""
@@ -466,8 +637,9 @@ class Agent:
         off for longer is declared down, and its GPUs must be free when it is."""
         if not self.fence_after_s:
             return
-        silent = time.monotonic() - self._last_ok
-        if silent < self.fence_after_s:
+        now = time.monotonic()
+        silent = now - self._last_ok
+        if silent < self.fence_after_s or now < self._fence_not_before:
             return
         running = [r for r in self.ranks.values() if r.status is RankStatus.RUNNING]
         if not running:
@@ -482,31 +654,187 @@ class Agent:
         self.fenced += 1
         for local in running:
             local.note = f"fenced: the node agent had no contact with the server for {silent:.0f} s"
+            local.cause = FENCED
             self._begin_stop(local)
+
+    # -- identity and orphans ------------------------------------------------------------------
+    def _read_identity(self) -> dict[str, Any] | str | None:
+        try:
+            data = json.loads((self.state_dir / "identity.json").read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "the state directory's identity.json is unreadable (%s): its records are not adopted", exc
+            )
+            return "unreadable"
+        if not isinstance(data, dict):
+            return "unreadable"
+        return {k: str(data.get(k) or "") for k in ("server", "cluster", "node", "instance")}
+
+    def _previous(self) -> str:
+        """The agent instance this state directory last synced as (else the one that last held
+        this node's host lock): the server lets its successor (this agent, holding the locks, so
+        that one is gone) take over at once."""
+        if isinstance(self.identity, dict) and self.identity.get("instance"):
+            return self.identity["instance"]
+        return self.host_previous
+
+    def _confirm(self, answer: dict[str, Any]) -> None:
+        """At the first answered sync: the records are this server's when the state directory's
+        identity names this server, cluster and node (or names none: a first start, or records of
+        an agent before identities). Otherwise every recorded rank is disowned (its processes are
+        stopped as orphans, nothing of it reported). Then the identity is recorded, and the
+        cgroup tree read. At every later answer: a server that answers as another (its database
+        was replaced) has the ranks of the one before disowned the same way."""
+        mine = {
+            "server": str(answer.get("server_id") or ""),
+            "cluster": str(answer.get("cluster") or ""),
+            "node": str(answer.get("node") or self.node),
+        }
+        recorded = self.identity
+        if (
+            self.confirmed
+            and isinstance(recorded, dict)
+            and all(recorded.get(k) == v for k, v in mine.items())
+        ):
+            return
+        if recorded is not None and (
+            not isinstance(recorded, dict) or any(recorded.get(k) != v for k, v in mine.items())
+        ):
+            self._disown(recorded if isinstance(recorded, dict) else {"server": "unknown"})
+        self.identity = {**mine, "instance": self.instance}
+        try:
+            write_atomic(self.state_dir / "identity.json", json.dumps(self.identity))
+        except OSError as exc:
+            log.warning("cannot record the state directory's identity: %s", exc)
+        self.confirmed = True
+        self._scan_tree()
+
+    def _disown(self, recorded: dict[str, Any]) -> None:
+        other = recorded.get("server") or "unknown"
+        for key, local in list(self.ranks.items()):
+            log.warning(
+                "rank %s was recorded for server %s (cluster %r, node %r), not this one: its processes"
+                " are stopped as orphans, none of it is reported",
+                local.name,
+                other,
+                recorded.get("cluster", ""),
+                recorded.get("node", ""),
+            )
+            for task in local.tasks:
+                task.cancel()
+            del self.ranks[key]
+            self.logs.pop(key, None)
+            for event in ("started", "exited"):
+                self.outbox.pop((*key, event), None)
+            self.foreign[key] = other
+            if local.cgroup is None and _alive(local.shim_pid):
+                # No cgroup to stop it by: its process group (the shim ignores SIGTERM, the rank not).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(local.shim_pid, signal.SIGTERM)
+            shutil.rmtree(local.record, ignore_errors=True)
+
+    def _scan_tree(self) -> None:
+        """The cgroup tree is the truth: a rank cgroup under this agent's that holds processes but
+        is no rank of this agent's is an orphan, stopped (and reported while it lasts; the agent
+        starts no rank until none is left). An empty one is removed."""
+        if self.cgroups is None:
+            return
+        for name in self.cgroups.names():
+            found = RANK_CGROUP.match(name)
+            if found is None:
+                continue
+            key = (int(found[1]), int(found[2]), int(found[3]))
+            if key in self.ranks or key in self.orphans:
+                continue
+            group = self.cgroups.rank(name)
+            if group.empty():
+                group.remove()
+                continue
+            log.warning(
+                "orphan %s: its cgroup holds processes %s that no rank record of this server's names;"
+                " stopping them, and starting no rank until they are gone",
+                name,
+                sorted(group.pids())[:ORPHAN_PIDS],
+            )
+            self.orphans[key] = asyncio.ensure_future(self._stop_orphan(key, group))
+
+    def _orphan_list(self) -> list[dict[str, Any]]:
+        """The orphans being stopped, for the server (at most MAX_ORPHANS): `server` is the
+        server their record named when it was another's."""
+        out = []
+        for key in list(self.orphans)[:MAX_ORPHANS]:
+            job, generation, rank = key
+            pids: list[int] = []
+            if self.cgroups is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pids = sorted(self.cgroups.rank(f"job-{job}-gen-{generation}-rank-{rank}").pids())
+            out.append(
+                {
+                    "job": job,
+                    "generation": generation,
+                    "rank": rank,
+                    "pids": pids[:ORPHAN_PIDS],
+                    "server": self.foreign.get(key, "")[:16],
+                }
+            )
+        return out
+
+    async def _refused_sync(self, response: httpx.Response) -> None:
+        """The server binds the node to another agent instance (HTTP 409): start nothing, say so
+        (at most once a minute) and try again later; the other's lease may end."""
+        try:
+            detail = str(response.json().get("detail", ""))[:500]
+        except (ValueError, AttributeError):
+            detail = response.text[:300]
+        self.state = "refused"
+        now = time.monotonic()
+        if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_S:
+            self._refused_logged = now
+            log.error(
+                "the server refused this agent (HTTP 409; instance %s on %s): %s",
+                self.instance[:8],
+                self.host,
+                detail,
+            )
+        await self._pause(RETRY_S[-1])
 
     # -- reconcile -----------------------------------------------------------------------------
     async def _reconcile(self, work: list[dict[str, Any]], stops: list[list[int]] = ()) -> None:
         """Start what the work lists and this agent lacks, stop what it runs that is not listed,
         and answer each rank the server asks to stop (`stops`: it still counts them running)."""
         wanted: set[Key] = set()
+        held = 0
         for entry in work:
             started = {int(r["rank"]): bool(r.get("started")) for r in entry["ranks"]}
             for plan in plan_env(entry, self.node):
                 key = (int(entry["job"]), int(entry["generation"]), plan.rank)
                 wanted.add(key)
-                if key in self.ranks:
+                if key in self.ranks or key in self.orphans:
+                    # An orphan: its cgroup holds processes this agent has no record of.
                     continue
                 if started.get(plan.rank):
                     # The server saw it start; this agent has no record of it (its state was lost).
                     self._report(
-                        key, "exited", exit_code=LOST_EXIT, log_tail="lost: the node agent lost its state"
+                        key,
+                        "exited",
+                        exit_code=LOST_EXIT,
+                        cause=LOST,
+                        log_tail="lost: the node agent lost its state",
                     )
                     continue
+                if self.orphans:
+                    held += 1
+                    continue
                 await self._start(key, plan, entry)
+        if held:
+            log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
         for key, local in list(self.ranks.items()):
             if key in wanted:
                 continue
             if local.status is RankStatus.RUNNING:
+                local.cause = local.cause or STOPPED
                 self._begin_stop(local)
             elif local.status is RankStatus.EXITED and not any(k[:3] == key for k in self.outbox):
                 self._forget(local)
@@ -525,7 +853,13 @@ class Agent:
                 and not any(k[:3] == key for k in self.outbox)
             ):
                 # Its exit was sent but the server has not stored it: say it again.
-                self._report(key, "exited", exit_code=_report_code(local.exit_code), log_tail=local.note)
+                self._report(
+                    key,
+                    "exited",
+                    exit_code=_report_code(local.exit_code),
+                    cause=local.cause or EXITED,
+                    log_tail=local.note,
+                )
             return
         job, generation, rank = key
         group = None
@@ -540,6 +874,7 @@ class Agent:
             key,
             "exited",
             exit_code=LOST_EXIT,
+            cause=LOST,
             log_tail="lost: the node agent has no record of this rank and no process of it runs",
         )
 
@@ -547,16 +882,29 @@ class Agent:
         """SIGTERM what the cgroup of a rank without a record holds, kill it after the default
         grace, then report the rank gone."""
         deadline = time.monotonic() + ORPHAN_GRACE_S
+        termed: set[int] = set()
         while not group.empty():
             if time.monotonic() < deadline:
-                group.terminate()
+                # Each process once, as a rank is stopped: a SIGTERM handler (a checkpoint) runs once.
+                with contextlib.suppress(OSError):
+                    for pid in group.pids() - termed:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGTERM)
+                        termed.add(pid)
             else:
                 group.kill()
             await asyncio.sleep(0.25)
         group.remove()
         self.orphans.pop(key, None)
+        shutil.rmtree(self.state_dir / f"job-{key[0]}-gen-{key[1]}-rank-{key[2]}", ignore_errors=True)
+        if self.foreign.pop(key, None) is not None:
+            return
         self._report(
-            key, "exited", exit_code=LOST_EXIT, log_tail="lost: stopped through its cgroup (no record of it)"
+            key,
+            "exited",
+            exit_code=LOST_EXIT,
+            cause=LOST,
+            log_tail="lost: stopped through its cgroup (no record of it)",
         )
 
     # -- starting ------------------------------------------------------------------------------
@@ -630,16 +978,16 @@ class Agent:
             "shim_pid": local.shim_pid,
             "shim_start": local.shim_start,
         }
-        tmp = local.record / "rank.json.tmp"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, local.record / "rank.json")
+        write_atomic(local.record / "rank.json", json.dumps(data))
 
     def _refuse(self, local: LocalRank, code: int, reason: str) -> None:
         local.status = RankStatus.EXITED
         local.exit_code = code
+        local.cause = REFUSED
+        local.note = reason
         log.warning("rank %s not started: %s", local.name, reason)
         self._report(local.key, "started")
-        self._report(local.key, "exited", exit_code=code, log_tail=reason)
+        self._report(local.key, "exited", exit_code=code, cause=REFUSED, log_tail=reason)
 
     async def _start(self, key: Key, plan: RankPlan, entry: dict[str, Any]) -> None:
         job, generation, rank = key
@@ -655,6 +1003,7 @@ class Agent:
             return
         try:
             local.record.mkdir(mode=0o700, exist_ok=True)
+            _fsync_dir(self.state_dir)
             (local.record / "exit").unlink(missing_ok=True)
             fd = self._open_log(log_path, account)
         except OSError as exc:
@@ -663,8 +1012,16 @@ class Agent:
         try:
             if self.cgroups is not None:
                 local.cgroup = self.cgroups.create(local.name)
-                if self.pids_max:
-                    local.cgroup.limit_pids(self.pids_max)
+                pids = _ceiling(entry.get("pids_max"), self.pids_max)
+                if pids:
+                    local.cgroup.limit_pids(pids)
+                memory_mb = _ceiling(entry.get("memory_mb"), self.memory_max_mb)
+                if memory_mb and not local.cgroup.limit_memory(memory_mb * 1024 * 1024):
+                    log.warning(
+                        "rank %s: no memory controller, its limit of %d MiB is not enforced",
+                        local.name,
+                        memory_mb,
+                    )
                 planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
                 denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
                 local.cgroup.deny_devices(denied)
@@ -680,9 +1037,7 @@ class Agent:
             }
             spec["env"] = clean_env(plan.env, home=account.home, user=account.name)
             spec_file = local.record / "spec.json"
-            spec_fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(spec_fd, "w") as fh:
-                json.dump(spec, fh)
+            write_atomic(spec_file, json.dumps(spec))
             local.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",
@@ -741,30 +1096,68 @@ class Agent:
                 # nothing of the rank is left under that pid or its process group.
                 log.info("rank %s: its shim's pid %s now names another process", local.name, local.shim_pid)
                 local.shim_pid = None
+            if local.shim_pid is None and cgroup is not None and not cgroup.empty():
+                # Its agent died between starting the shim and recording it: found by its cgroup.
+                local.shim_pid = self._find_shim(local)
+                local.shim_start = process_start(local.shim_pid)
+                log.info("rank %s: re-adopted through its cgroup (shim %s)", local.name, local.shim_pid)
+                with contextlib.suppress(OSError):
+                    self._save(local)
             self.ranks[key] = local
             live = (cgroup is not None and not cgroup.empty()) or _alive(local.shim_pid)
             log.info("re-adopted rank %s (%s)", local.name, "running" if live else "exited meanwhile")
             self._report(key, "started", **({"pid": local.shim_pid} if local.shim_pid else {}))
             local.tasks.append(asyncio.ensure_future(self._watch(local)))
 
+    def _find_shim(self, local: LocalRank) -> int | None:
+        """The shim of a rank recorded without one: the parent, outside the cgroup, of a process
+        in it, running this rank's spec file (None when it is gone)."""
+        pids = local.cgroup.pids() if local.cgroup is not None else set()
+        spec = str(local.record / "spec.json").encode()
+        for pid in sorted(pids):
+            try:
+                parent = int(_stat_fields(pid)[1])
+                argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent not in pids and parent > 1 and spec in argv and str(SHIM).encode() in argv:
+                return parent
+        return None
+
     # -- watching and stopping -----------------------------------------------------------------
-    def _main_exit(self, local: LocalRank) -> int | None:
-        """The rank's main process exit code once it exited (from the shim's exit file), else
-        None; LOST_EXIT when the shim is gone without writing one."""
+    def _exit_file(self, local: LocalRank) -> int | None:
         try:
             return int(json.loads((local.record / "exit").read_text())["exit_code"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            return None
+
+    def _main_exit(self, local: LocalRank) -> int | None:
+        """The rank's main process exit code once it exited (from the shim's exit file), else
+        None. When the shim is gone without writing one (it was killed), the rank is left
+        running while its cgroup holds processes (None), and is LOST_EXIT (cause LOST: its exit
+        status is unknowable) once the cgroup is empty, or at once without cgroups."""
+        code = self._exit_file(local)
+        if code is not None:
+            return code
         if local.proc is not None:
             if local.proc.returncode is None:
                 return None
-            return local.proc.returncode
-        if _alive(local.shim_pid):
+        elif _alive(local.shim_pid):
             return None
-        try:
-            return int(json.loads((local.record / "exit").read_text())["exit_code"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return LOST_EXIT
+        code = self._exit_file(local)
+        if code is not None:
+            return code
+        if local.cgroup is not None and not local.cgroup.empty():
+            if not local.shim_lost:
+                local.shim_lost = True
+                log.warning(
+                    "rank %s: its shim is gone; the rank runs on, watched through its cgroup", local.name
+                )
+            return None
+        local.cause = local.cause or LOST
+        if local.shim_lost or local.shim_pid:
+            local.note = local.note or "lost: its shim was killed; exit status unknown"
+        return LOST_EXIT
 
     def _gone(self, local: LocalRank) -> bool:
         """No process of the rank is left: its cgroup is empty (without cgroups: its process
@@ -775,9 +1168,20 @@ class Agent:
 
     async def _watch(self, local: LocalRank) -> None:
         code = None
+        checked = 0.0
         while True:
             if code is None:
                 code = self._main_exit(local)
+            if code is None and local.status is RankStatus.RUNNING and local.cgroup is not None:
+                if time.monotonic() - checked >= LIMIT_CHECK_S:
+                    checked = time.monotonic()
+                    if local.cgroup.limit_hit() == PIDS_LIMIT:
+                        # A fork refused at pids.max: a rank that forks without end (it may retry
+                        # the fork for ever) is stopped there rather than left spinning.
+                        log.warning("rank %s: reached its pids limit, stopping it", local.name)
+                        local.cause = PIDS_LIMIT
+                        local.note = "stopped: the rank reached its pids limit (a fork was refused)"
+                        self._begin_stop(local)
             if code is not None:
                 if self._gone(local):
                     break
@@ -787,10 +1191,15 @@ class Agent:
             await asyncio.sleep(WATCH_S)
         local.status = RankStatus.EXITED
         local.exit_code = code
+        if not local.cause and code and local.cgroup is not None:
+            local.cause = local.cgroup.limit_hit() or ""
+        local.cause = local.cause or EXITED
         tail = read_tail(local.log_path)
         if local.note:
             tail = f"{tail}\n{local.note}" if tail else local.note
-        self._report(local.key, "exited", exit_code=_report_code(code), log_tail=tail[-TAIL_BYTES:])
+        self._report(
+            local.key, "exited", exit_code=_report_code(code), cause=local.cause, log_tail=tail[-TAIL_BYTES:]
+        )
 
     def _begin_stop(self, local: LocalRank) -> None:
         local.status = RankStatus.STOPPING
@@ -848,7 +1257,8 @@ class Agent:
 
     def _log_chunks(self) -> list[dict[str, Any]]:
         """The next piece of every rank log with output the server lacks: every `log_every_s`
-        for running ranks, at once (and larger) for exited ones; within MAX_LOG_BYTES."""
+        for running ranks, at once (and larger) for exited ones and for output rotated to
+        `<log>.1` unshipped; within MAX_LOG_BYTES."""
         for key, local in self.ranks.items():
             self._log_file(key, local.log_path)
         due = time.monotonic() - self._logs_at >= self.log_every_s
@@ -861,9 +1271,11 @@ class Agent:
                 if final:
                     del self.logs[key]
                 continue
-            if not (due or final) or len(chunks) >= MAX_LOG_CHUNKS:
+            # Output that rotated away unshipped goes at once, before the file rotates again.
+            urgent = final or logfile.backlog()
+            if not (due or urgent) or len(chunks) >= MAX_LOG_CHUNKS:
                 continue
-            piece = logfile.chunk(FINAL_CHUNK_BYTES if final else MAX_LOG_BYTES // 8, final=final)
+            piece = logfile.chunk(FINAL_CHUNK_BYTES if urgent else MAX_LOG_BYTES // 8, final=final)
             if piece is None:
                 continue
             job, generation, rank = key
@@ -922,6 +1334,7 @@ class Agent:
         if self.stop_ranks_on_exit:
             for local in self.ranks.values():
                 if local.status is RankStatus.RUNNING:
+                    local.cause = local.cause or STOPPED
                     self._begin_stop(local)
             tasks = [t for local in self.ranks.values() for t in local.tasks]
             if tasks:
@@ -933,7 +1346,7 @@ class Agent:
             for local in self.ranks.values():
                 for task in local.tasks:
                     task.cancel()
-        if self.outbox:
+        if self.outbox and self.confirmed:
             try:
                 await client.post(
                     "/api/v1/agents/sync/", json=self._body(report_batch(list(self.outbox.values())), 0.0)

@@ -93,6 +93,7 @@ JOB = {
     "overdue": False,
     "overdue_reason": "",
     "preemptions": 0,
+    "requeues": 0,
     "predicted_comm_ms": 2.6666666666666665,
     "predicted_step_ms": 102.66666666666667,
     "predicted_mfu": 0.5073,

@@ -1,10 +1,13 @@
 """Job spec v1 launch fields: what the node agents run for each rank, and how it stops.
 
 `command` (argv list), `env` (extra variables), `workdir` (absolute path), `requeue` (back to the
-queue instead of failing when a node goes down), `stop_grace_s` (SIGTERM to SIGKILL, the
-checkpoint grace period of a migration or cancel) and `time_limit_min` (whole minutes from the
-start after which the job is stopped and failed with reason "time limit", on every executor;
-absent: none). Every field is bounded; the variables the
+queue instead of failing when a rank is lost to a fault not its own: its node down, its ranks
+fenced or lost), `max_requeues` (how many such requeues before the job fails all the same),
+`stop_grace_s` (SIGTERM to SIGKILL, the checkpoint grace period of a migration or cancel),
+`time_limit_min` (whole minutes from the start after which the job is stopped and failed with
+reason "time limit", on every executor; absent: none), and the per-rank limits `pids_max`
+(processes and threads) and `memory_mb` (MiB; the node agent's own flags are the ceiling of
+both). Every field is bounded; the variables the
 agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) and those that could redirect the code or
 devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.launch_contract.denied_env`) cannot be set.
 """
@@ -21,7 +24,19 @@ from apps.launch_contract import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied
 
 from .topology.checks import _Errors
 
-LAUNCH_FIELDS = frozenset({"command", "env", "workdir", "requeue", "stop_grace_s", "time_limit_min"})
+LAUNCH_FIELDS = frozenset(
+    {
+        "command",
+        "env",
+        "workdir",
+        "requeue",
+        "max_requeues",
+        "stop_grace_s",
+        "time_limit_min",
+        "pids_max",
+        "memory_mb",
+    }
+)
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_COMMAND_CHARS = 65536
@@ -32,6 +47,12 @@ MAX_WORKDIR_CHARS = 1024
 MAX_STOP_GRACE_S = 3600.0
 DEFAULT_STOP_GRACE_S = 30.0
 MAX_TIME_LIMIT_MIN = 30 * 24 * 60  # 30 days
+# Requeues after faults not the job's own before it fails (Slurm's MaxBatchRequeue is 5 too).
+DEFAULT_MAX_REQUEUES = 5
+MAX_REQUEUES = 100
+# Per-rank limits a job may ask for: processes and threads, and memory in MiB (up to 4 TiB).
+PIDS_MAX_RANGE = (64, 1_048_576)
+MEMORY_MB_RANGE = (64, 4_194_304)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Set per rank by every launcher (the launch contract): a job may not replace them.
 RESERVED_ENV = LAUNCH_CONTRACT
@@ -41,8 +62,9 @@ RESERVED_ENV_PREFIX = LAUNCH_CONTRACT_PREFIX
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """How each rank runs: argv, extra environment (sorted name/value pairs), working directory,
-    requeue on node loss, the stop grace period in seconds, and the time limit in minutes (None:
-    none)."""
+    requeue on faults not its own (at most `max_requeues` times), the stop grace period in
+    seconds, the time limit in minutes (None: none), and the per-rank limits (None: the node
+    agent's own)."""
 
     command: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -50,6 +72,9 @@ class LaunchSpec:
     requeue: bool = False
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     time_limit_min: int | None = None
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    pids_max: int | None = None
+    memory_mb: int | None = None
 
 
 def _text(errs: _Errors, path: str, value: Any, limit: int) -> str | None:
@@ -145,14 +170,38 @@ def load_launch(errs: _Errors, data: Mapping[str, Any]) -> LaunchSpec:
     elif not 0 <= grace <= MAX_STOP_GRACE_S:
         errs.add("stop_grace_s", f"must be between 0 and {MAX_STOP_GRACE_S:g} s, got {grace!r}")
         grace = DEFAULT_STOP_GRACE_S
-    limit = data.get("time_limit_min")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-        errs.add("time_limit_min", f"must be a whole number of minutes, got {limit!r}")
-        limit = None
-    elif limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
-        errs.add("time_limit_min", f"must be between 1 and {MAX_TIME_LIMIT_MIN} minutes, got {limit!r}")
-        limit = None
-    return LaunchSpec(command, env, workdir, requeue, float(grace), limit)
+    limit = _whole(errs, data, "time_limit_min", (1, MAX_TIME_LIMIT_MIN), "minutes")
+    max_requeues = _whole(errs, data, "max_requeues", (0, MAX_REQUEUES), "requeues")
+    pids_max = _whole(errs, data, "pids_max", PIDS_MAX_RANGE, "processes and threads per rank")
+    memory_mb = _whole(errs, data, "memory_mb", MEMORY_MB_RANGE, "MiB per rank")
+    return LaunchSpec(
+        command,
+        env,
+        workdir,
+        requeue,
+        float(grace),
+        limit,
+        DEFAULT_MAX_REQUEUES if max_requeues is None else max_requeues,
+        pids_max,
+        memory_mb,
+    )
+
+
+def _whole(
+    errs: _Errors, data: Mapping[str, Any], name: str, bounds: tuple[int, int], unit: str
+) -> int | None:
+    """The whole number `data[name]` within `bounds` (None when absent, null or refused)."""
+    value = data.get(name)
+    if value is None:
+        return None
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int):
+        errs.add(name, f"must be a whole number of {unit}, got {value!r}")
+        return None
+    if not low <= value <= high:
+        errs.add(name, f"must be between {low} and {high} {unit}, got {value}")
+        return None
+    return value
 
 
 def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
@@ -170,4 +219,9 @@ def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
         out["stop_grace_s"] = launch.stop_grace_s
     if launch.time_limit_min is not None:
         out["time_limit_min"] = launch.time_limit_min
+    if launch.max_requeues != DEFAULT_MAX_REQUEUES:
+        out["max_requeues"] = launch.max_requeues
+    for name in ("pids_max", "memory_mb"):
+        if getattr(launch, name) is not None:
+            out[name] = getattr(launch, name)
     return out

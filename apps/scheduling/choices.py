@@ -85,6 +85,37 @@ class RankState(models.TextChoices):
     EXITED = "exited", "exited"
 
 
+class ExitCause(models.TextChoices):
+    """Why a rank exited, apart from its exit code. Only `exited`, the two limits and `refused`
+    are the job's own doing: a rank that ended otherwise (its agent lost track of it, fenced or
+    stopped it, or its node went down) sends a `requeue: true` job back to the queue, within
+    its `max_requeues`."""
+
+    EXITED = "exited", "exited"
+    LOST = "lost", "lost"
+    FENCED = "fenced", "fenced"
+    STOPPED = "stopped", "stopped"
+    PIDS_LIMIT = "pids_limit", "pids limit"
+    MEMORY_LIMIT = "memory_limit", "memory limit"
+    REFUSED = "refused", "refused"
+    NODE_DOWN = "node_down", "node down"
+
+
+# Exits that are not the job's fault: they requeue a `requeue: true` job.
+INFRA_EXIT_CAUSES = (ExitCause.LOST, ExitCause.FENCED, ExitCause.STOPPED, ExitCause.NODE_DOWN)
+
+EXIT_CAUSE_HELP = {
+    ExitCause.EXITED: "The rank's own exit (its code says how).",
+    ExitCause.LOST: "Its node agent lost track of it (no record, or its shim was killed); its exit status is unknown.",
+    ExitCause.FENCED: "Its node agent stopped it, having had no contact with the server for its lease.",
+    ExitCause.STOPPED: "Stopped by TopoWeb: its job ended, was requeued or migrated.",
+    ExitCause.PIDS_LIMIT: "It ran into its limit of processes and threads (pids_max).",
+    ExitCause.MEMORY_LIMIT: "The kernel's OOM killer killed it at its memory limit (memory_mb).",
+    ExitCause.REFUSED: "Its node agent refused to start it (no such account, uid 0, a workdir outside the allowed roots).",
+    ExitCause.NODE_DOWN: "Its node went down and its fence deadline passed: the rank is gone with it.",
+}
+
+
 # What each status means, for people: the dashboard's tooltips and glossary, and the API schema.
 JOB_STATUS_HELP = {
     JobStatus.QUEUED: "Waiting for GPUs: each scheduling cycle tries to place it, by priority then age; "
@@ -97,7 +128,8 @@ JOB_STATUS_HELP = {
     JobStatus.PREEMPTED: "A higher-priority job took its GPUs; it waits again like a queued job and "
     "keeps its original submission time.",
     JobStatus.COMPLETED: "Every rank exited with code 0; its GPUs were released.",
-    JobStatus.FAILED: "A rank exited with an error, its node went down, or the scheduler could not "
+    JobStatus.FAILED: "A rank exited with an error or ran into a limit, a fault not its own ended a "
+    "rank of a job without requeue: true (or past its max_requeues), or the scheduler could not "
     "evaluate it; the reason says which. Its GPUs were released.",
     JobStatus.CANCELLED: "Cancelled by its owner or an operator before it finished; its GPUs were released.",
 }
@@ -106,7 +138,7 @@ NODE_STATE_HELP = {
     NodeState.UP: "Heartbeats arrive; its healthy GPUs take new placements.",
     NodeState.DRAINING: "An operator drained it: no new placements; the jobs on it run to their end.",
     NodeState.DRAINED: "Drained and empty: no job runs on it and none will be placed until it is resumed.",
-    NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set and its jobs failed or were requeued.",
+    NodeState.DOWN: "Heartbeats stopped: its GPUs left the free set; its jobs run on until its fence deadline, then fail or requeue.",
     NO_AGENT: "No agent ever reported from it: it still takes placements (an outside launcher may run "
     "its jobs), but nothing says it is alive.",
     UNHEALTHY: "Its agent reported one or more GPUs unhealthy (an XID error, or missing from nvidia-smi): "
@@ -121,4 +153,9 @@ PROPOSAL_STATUS_HELP = {
 }
 
 
-STATUS_HELP = {"job": JOB_STATUS_HELP, "node": NODE_STATE_HELP, "proposal": PROPOSAL_STATUS_HELP}
+STATUS_HELP = {
+    "job": JOB_STATUS_HELP,
+    "node": NODE_STATE_HELP,
+    "proposal": PROPOSAL_STATUS_HELP,
+    "exit": EXIT_CAUSE_HELP,
+}

@@ -22,10 +22,11 @@ transaction commits.
                               a node: done where the executor keeps node states (Slurm), before
                               TopoWeb records it; raises `Refused` (a 409 to the operator, saying
                               how to do it there) when the executor cannot
-    owner_refusal(cluster_id, account)
-                              why a job whose ranks run as Unix account `account` cannot run on
-                              the cluster ("" when it can): asked at submission, so the user gets
-                              a 400 naming the owner instead of a job that fails later
+    owner_refusal(cluster_id, user_id, username)
+                              why a job of that user cannot run on the cluster as their Unix
+                              account ("" when it can): asked at submission, so the user gets
+                              a 400 naming the owner instead of a job that fails later (an
+                              executor that checks nothing reads nothing)
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Executor(Protocol):
 
     def foreign(self, cluster: Any) -> list[ForeignHold]: ...
 
-    def owner_refusal(self, cluster_id: int, account: str) -> str: ...
+    def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str: ...
 
     def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None: ...
 
@@ -132,9 +133,9 @@ def reconcile(*, cluster: Any) -> dict[str, Any]:
     return executor_for(cluster.pk).reconcile(cluster)
 
 
-def owner_refusal(cluster_id: int, account: str) -> str:
-    """Why the cluster's executor cannot run ranks as Unix account `account` ("" when it can)."""
-    return executor_for(cluster_id).owner_refusal(cluster_id, account)
+def owner_refusal(cluster_id: int, user_id: int, username: str) -> str:
+    """Why the cluster's executor cannot run the user's ranks as their Unix account ("" when it can)."""
+    return executor_for(cluster_id).owner_refusal(cluster_id, user_id, username)
 
 
 def set_node(cluster_id: int, node: str, state: str, reason: str = "") -> None:

@@ -41,7 +41,15 @@ from apps.placement.planning import ClusterSnapshot
 from apps.topology.models import Gpu, Node
 
 from . import cycle, executor
-from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus, RankState
+from .choices import (
+    ACTIVE_STATUSES,
+    FINISHED_STATUSES,
+    INFRA_EXIT_CAUSES,
+    WAITING_STATUSES,
+    ExitCause,
+    JobStatus,
+    RankState,
+)
 from .models import Allocation, Job, RankRun
 from .node_models import LOG_TAIL_CHARS
 
@@ -64,14 +72,15 @@ class JobStateError(Exception):
 # -- submit ------------------------------------------------------------------------------------------
 
 
-def submit(job: Job) -> Job:
+def submit(job: Job, *, savepoint: bool = True) -> Job:
     """Save a new job (queued) and request a cycle once it is committed. Under a caller's
     transaction the INSERT runs in a savepoint, so a refused one (a concurrent Idempotency-Key)
-    leaves that transaction usable; committed by itself it is one INSERT, no BEGIN or COMMIT."""
+    leaves that transaction usable (`savepoint` False: the caller's block is one already);
+    committed by itself it is one INSERT, no BEGIN or COMMIT."""
     if job.pk is not None or job.status != JobStatus.QUEUED:
         raise ValueError("submit takes a new, queued job")
     if transaction.get_connection().in_atomic_block:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=savepoint):
             job.save()
             cycle.queue_cycle(job.cluster_id)
     else:
@@ -402,7 +411,7 @@ def requeue(
     by_cycle: bool = False,
 ) -> bool:
     """Send an active job back to the queue (`preempted` counts a preemption and keeps status
-    preempted, which the cycle treats as queued). GPUs whose ranks are not running are released;
+    preempted, which the cycle treats as queued; any other requeue counts in `Job.requeues`). GPUs whose ranks are not running are released;
     running ranks are told to stop, and the job is not placed again until they are gone. Needs no
     lock: the change is a conditional UPDATE. A cycle is requested, unless a cycle requeues it
     (`by_cycle`: it planned with those GPUs already). True if the job was active."""
@@ -418,6 +427,8 @@ def requeue(
     }
     if preempted:
         fields["preemptions"] = F("preemptions") + 1
+    else:
+        fields["requeues"] = F("requeues") + 1
     changed = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).update(**fields)
     if not changed:
         return False
@@ -428,14 +439,25 @@ def requeue(
 
 def interrupted(*, job: Job, why: str, now: datetime) -> None:
     """`job` (locked, active) lost ranks to a fault that is not its own (its node went down, its
-    executor lost them): back to the queue when its spec says `requeue: true`, else failed."""
+    ranks were fenced or lost): back to the queue when its spec says `requeue: true` and it was
+    requeued fewer than `max_requeues` times, else failed (past the limit, the reason says so)."""
     from .snapshot import job_spec
 
-    if job_spec(job).launch.requeue:
+    launch = job_spec(job).launch
+    if not launch.requeue:
+        finish(job=job, status=JobStatus.FAILED, reason=why, now=now)
+    elif job.requeues >= launch.max_requeues:
+        times = f"{job.requeues} time{'s' if job.requeues != 1 else ''}"
+        finish(
+            job=job,
+            status=JobStatus.FAILED,
+            reason=f"{why}; not requeued: it was requeued {times} already, its max_requeues is"
+            f" {launch.max_requeues}",
+            now=now,
+        )
+    else:
         requeue(job_id=job.pk, why=why, now=now)
         job.refresh_from_db()
-    else:
-        finish(job=job, status=JobStatus.FAILED, reason=why, now=now)
 
 
 def _leave_generations(job_id: int, cluster_id: int, now: datetime, *, cycle_after: bool = True) -> None:
@@ -504,6 +526,8 @@ class RankEvent:
     pid: int | None = None
     exit_code: int | None = None
     log_tail: str = ""
+    # Why it exited (`ExitCause`): the rank's own exit unless its executor says otherwise.
+    exit_cause: str = ExitCause.EXITED
 
 
 def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: datetime) -> None:
@@ -540,36 +564,72 @@ def _record(job: Job, node: Node, e: RankEvent, now: datetime) -> None:
     if e.event == "exited":
         run.state = RankState.EXITED
         run.exit_code = e.exit_code
+        run.exit_cause = e.exit_cause
         run.exited_at = now
     run.save()
 
 
+# A rank that did not complete: exited otherwise than 0, or ended by a fault not its own.
+FAILED_RUN = Q(state=RankState.EXITED) & (~Q(exit_code=0) | Q(exit_cause__in=INFRA_EXIT_CAUSES))
+
+# What happened to a rank that ended for a fault not its own, and why when its agent said nothing.
+_INFRA_TEXT = {
+    ExitCause.LOST: ("was lost", "its node agent lost track of it; its exit status is unknown"),
+    ExitCause.FENCED: ("was fenced", "its node agent stopped it, having had no contact with the server"),
+    ExitCause.STOPPED: ("was stopped by its node agent", "its generation was no longer wanted"),
+    ExitCause.NODE_DOWN: ("was lost with its node", "the node is down and its fence deadline passed"),
+}
+_LIMIT_TEXT = {
+    ExitCause.PIDS_LIMIT: "ran into its limit of processes and threads (pids_max)",
+    ExitCause.MEMORY_LIMIT: "was killed by the OOM killer at its memory limit (memory_mb)",
+    ExitCause.REFUSED: "was refused by its node agent",
+}
+
+
 def _fail_reason(run: RankRun) -> str:
+    """Why the job failed at the exit of `run` (its own doing): how it ended, its last output."""
     tail = run.log_tail[-REASON_TAIL_CHARS:].strip()
     code = run.exit_code
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    if run.exit_cause in _LIMIT_TEXT:
+        how = f"{_LIMIT_TEXT[run.exit_cause]} and {how.removeprefix('was ')}"
     text = f"rank {run.rank} on node {run.node.name} {how}"
     return f"{text}; last output:\n{tail}" if tail else text
 
 
+def _interrupt_reason(run: RankRun) -> str:
+    """Why the rank `run` ended by a fault not its own: "rank 3 on node b was fenced: the node
+    agent had no contact with the server for 130 s" (its agent's note, the last line of its
+    output, when it left one)."""
+    what, default = _INFRA_TEXT[ExitCause(run.exit_cause)]
+    lines = run.log_tail.strip().splitlines()
+    note = default
+    if lines:
+        head, sep, rest = lines[-1].partition(": ")
+        if sep and head in ("lost", "fenced", "stopped") and rest.strip():
+            note = rest.strip()[:300]
+    return f"rank {run.rank} on node {run.node.name} {what}: {note}"
+
+
 def _advance(job: Job, now: datetime) -> None:
-    """Move `job` (locked) along what its ranks reported."""
+    """Move `job` (locked) along what its ranks reported: at the first rank that did not complete,
+    failed when that was its own doing (`_fail_reason`), `interrupted` when not."""
     runs = RankRun.objects.filter(job=job, generation=job.generation)
     if job.status in (JobStatus.PLACING, JobStatus.RUNNING):
-        failed = (
-            runs.filter(state=RankState.EXITED)
-            .exclude(exit_code=0)
-            .select_related("node")
-            .order_by("exited_at", "rank")
-            .first()
-        )
+        failed = runs.filter(FAILED_RUN).select_related("node").order_by("exited_at", "rank").first()
         if failed is not None:
-            finish(job=job, status=JobStatus.FAILED, reason=_fail_reason(failed), now=now)
+            if failed.exit_cause in INFRA_EXIT_CAUSES:
+                interrupted(job=job, why=_interrupt_reason(failed), now=now)
+            else:
+                finish(job=job, status=JobStatus.FAILED, reason=_fail_reason(failed), now=now)
             return
         counts = runs.aggregate(
-            seen=Count("id"), exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0))
+            seen=Count("id"),
+            exited=Count("id", filter=Q(state=RankState.EXITED, exit_code=0) & ~FAILED_RUN),
         )
         if counts["exited"] == job.gpus:
+            # Every rank started, even when their starts came with their exits: it ran.
+            start(job=job, now=now)
             finish(job=job, status=JobStatus.COMPLETED, now=now)
             return
         if job.status == JobStatus.PLACING and counts["seen"] == job.gpus:
@@ -600,7 +660,10 @@ def ranks_lost(*, node: Node, why: str, now: datetime | None = None) -> list[int
         ranks_reported(
             job=job,
             node=node,
-            events=[RankEvent(job.pk, g, r, "exited", exit_code=None, log_tail=why) for g, r in keys],
+            events=[
+                RankEvent(job.pk, g, r, "exited", log_tail=why, exit_cause=ExitCause.NODE_DOWN)
+                for g, r in keys
+            ],
             now=now,
         )
     return job_ids

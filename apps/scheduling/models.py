@@ -56,6 +56,11 @@ class Job(models.Model):
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
     preemptions = models.PositiveIntegerField(default=0)
+    requeues = models.PositiveIntegerField(
+        default=0,
+        help_text="Times it went back to the queue other than by preemption (a node lost, ranks"
+        " fenced or lost, a start timeout); past its spec's max_requeues a fault fails it.",
+    )
     # Kept apart from `pending_reason`, which every later cycle rewrites with why the job waits.
     requeue_reason = models.TextField(
         blank=True,
@@ -314,6 +319,7 @@ from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeToken,
     RankLogChunk,
     RankRun,
+    SyncPulse,
     UnixAccount,
 )
 from .occupancy_models import ClusterOccupancy, OccupancyChange  # noqa: E402  (kept occupancy)
@@ -333,5 +339,6 @@ __all__ = [
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",
+    "SyncPulse",
     "UnixAccount",
 ]

@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .choices import NodeState, RankState
+from .choices import ExitCause, NodeState, RankState
 
 LOG_TAIL_CHARS = 8192
 
@@ -47,6 +47,22 @@ class NodeHealth(models.Model):
         default="",
         help_text="What isolation the agent gives its ranks (accounts, cgroups), as it reported it.",
     )
+    # One agent process at a time syncs for a node: its instance (random per agent start), the
+    # host it runs on and when it started. `last_seen` is its last answered sync.
+    agent_instance = models.CharField(max_length=64, blank=True, default="")
+    agent_host = models.CharField(max_length=255, blank=True, default="")
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    agent_refused = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The last agent refused because another held the node: {instance, host, addr, started_at, at}.",
+    )
+    orphans = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Rank processes the agent found without a record of this server's and is stopping"
+        " ({job, generation, rank, pids, server}): the node takes no placements until none is left.",
+    )
 
     class Meta:
         db_table = "scheduling_nodeagent"
@@ -56,10 +72,30 @@ class NodeHealth(models.Model):
     def __str__(self) -> str:
         return f"agent of node {self.node_id}: {self.state}"
 
+    @property
+    def orphan_pids(self) -> int:
+        """How many orphan processes the agent reported (at most 32 per orphan are listed)."""
+        return sum(len(o.get("pids") or ()) for o in self.orphans if isinstance(o, dict))
+
+
+class SyncPulse(models.Model):
+    """The agents' sync endpoint as the nodes saw it (one row): `answered_at`, when it last
+    answered any node (written at most every few seconds), and `back_at`, when it answered again
+    after its last outage (a gap between answers longer than a poll). A node is blamed for its
+    silence only over time the server was answering others: a web or database outage counts
+    against no node."""
+
+    answered_at = models.DateTimeField()
+    back_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"sync answered at {self.answered_at}, since {self.back_at}"
+
 
 class RankRun(models.Model):
     """One rank process of one job generation as its agent reported it: started, then exited with
-    `exit_code` (negative: killed by that signal). `log_tail` is the end of its output."""
+    `exit_code` (negative: killed by that signal) for `exit_cause` (its own exit, or lost, fenced,
+    stopped, a limit, refused, its node down). `log_tail` is the end of its output."""
 
     job = models.ForeignKey("scheduling.Job", on_delete=models.CASCADE, related_name="rank_runs")
     generation = models.PositiveIntegerField()
@@ -68,6 +104,13 @@ class RankRun(models.Model):
     state = models.CharField(max_length=16, choices=RankState.choices, default=RankState.STARTED)
     pid = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    exit_cause = models.CharField(
+        max_length=16,
+        choices=ExitCause.choices,
+        blank=True,
+        default="",
+        help_text="Why it exited, apart from its code ('' while it runs).",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     exited_at = models.DateTimeField(null=True, blank=True)
     log_tail = models.TextField(blank=True, default="")

@@ -19,22 +19,32 @@ from .cycle import queue_cycle
 from .models import Allocation, Job, NodeHealth
 
 
-def node_down(*, node: Node, reason: str, now: datetime | None = None) -> list[int]:
-    """The node is down: its GPUs leave the free set and every job with a rank there fails (or
-    goes back to the queue when its spec says `requeue: true`). Its ranks still count as running
-    until its fence deadline passes (`nodes_check`) or its agent reports them: a cut-off agent
-    may still be stopping them, so a requeued job waits for them. Returns the ids of the jobs it
-    touched."""
+def node_down(*, node: Node, reason: str, now: datetime | None = None) -> None:
+    """The node is down: its GPUs leave the free set (nothing new is placed there). Its jobs are
+    not touched: a node cut off from the server keeps running its ranks until its agent's lease
+    runs out, and one back before its fence deadline is up again with its jobs running on.
+    `node_fenced` ends them once its fence deadline passed (`nodes_check`)."""
     now = now or timezone.now()
-    touched: list[int] = []
     with transaction.atomic():
         NodeHealth.objects.update_or_create(
             node=node, defaults={"state": NodeState.DOWN, "reason": reason, "state_since": now}
         )
+        queue_cycle(node.cluster_id)
+
+
+def node_fenced(*, node: Node, why: str, now: datetime | None = None) -> list[int]:
+    """The node's fence deadline passed: its agent has stopped its ranks. Every active job with a
+    GPU there fails (or goes back to the queue when its spec says `requeue: true`), and the
+    ranks still counted as running there are gone (their GPUs are released). Returns the ids of
+    the jobs it touched."""
+    now = now or timezone.now()
+    touched: list[int] = []
+    with transaction.atomic():
         job_ids = set(Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", flat=True))
         for job in Job.objects.select_for_update().filter(pk__in=job_ids, status__in=ACTIVE_STATUSES):
             touched.append(job.pk)
-            lifecycle.interrupted(job=job, why=f"node {node.name} went down ({reason})", now=now)
+            lifecycle.interrupted(job=job, why=why, now=now)
+        touched += [j for j in lifecycle.ranks_lost(node=node, why=why, now=now) if j not in touched]
         queue_cycle(node.cluster_id)
         executor.wake(node.cluster_id, None)
     return touched

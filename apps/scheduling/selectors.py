@@ -16,7 +16,14 @@ from apps.topology.models import Cluster, Gpu
 from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
-from .choices import ACTIVE_STATUSES, WAITING_STATUSES, ProposalStatus, RankState
+from .choices import (
+    ACTIVE_STATUSES,
+    FINISHED_STATUSES,
+    INFRA_EXIT_CAUSES,
+    WAITING_STATUSES,
+    ProposalStatus,
+    RankState,
+)
 from .models import (
     Allocation,
     Job,
@@ -138,7 +145,9 @@ def job_ranks(*, job: Job) -> list[dict[str, Any]]:
     if not rows.exists():
         rows = Allocation.objects.filter(job=job)
     fields = ("rank", "gpu__node__name", "gpu__index", "gpu__nic__name")
-    if rows.filter(live=True).exists():
+    # A finished job whose ranks are still stopping holds some of its rows live: its placement
+    # is all of them, as booked.
+    if job.status not in FINISHED_STATUSES and rows.filter(live=True).exists():
         rows = rows.filter(live=True)
     else:
         fields = ("rank", "node_name", "gpu_index", "nic_name")
@@ -262,16 +271,18 @@ class RankLogPage:
 
 def job_rank_logs(*, job: Job, page: int = 1, per_page: int = 16, rank: int | None = None) -> RankLogPage:
     """Every rank's output, a page at a time: failures of any generation first (newest
-    generation first), then the current generation's ranks by rank, output or not; `rank` keeps
-    one rank's runs only. A page past the last is the last."""
-    failed = Q(state=RankState.EXITED) & ~Q(exit_code=0)
+    generation first), those of the ranks' own doing (a non-zero exit, a limit) before those
+    TopoWeb or a fault ended (stopped, fenced, lost), then the current generation's ranks by
+    rank, output or not; `rank` keeps one rank's runs only. A page past the last is the last."""
+    failed = Q(state=RankState.EXITED) & (~Q(exit_code=0) | Q(exit_cause__in=INFRA_EXIT_CAUSES))
+    own = failed & ~Q(exit_cause__in=INFRA_EXIT_CAUSES)
     runs = RankRun.objects.filter(job=job).filter(Q(generation=job.generation) | failed)
     ranks = sorted(set(runs.values_list("rank", flat=True)))
     if rank is not None:
         runs = runs.filter(rank=rank)
-    runs = runs.annotate(failed_first=Case(When(failed, then=Value(0)), default=Value(1))).order_by(
-        "failed_first", "-generation", "rank"
-    )
+    runs = runs.annotate(
+        failed_first=Case(When(own, then=Value(0)), When(failed, then=Value(1)), default=Value(2))
+    ).order_by("failed_first", "-generation", "rank")
     total = runs.count()
     pages = max(1, -(-total // per_page))
     page = min(max(1, page), pages)

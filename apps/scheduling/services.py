@@ -30,7 +30,7 @@ from .lifecycle import JobStateError
 from .models import Job, LauncherToken, new_launcher_key
 from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
-from .selectors import cluster_for_spec, run_as
+from .selectors import cluster_for_spec
 
 __all__ = [
     "IdempotencyConflict",
@@ -174,13 +174,14 @@ def _submit(
     job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
     with transaction.atomic():
         _within_queued_caps(user, fields["account"], 1)
-        return lifecycle.submit(job)
+        # This block is the INSERT's savepoint already.
+        return lifecycle.submit(job, savepoint=False)
 
 
 def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
     """SpecError naming `owner` when the cluster's executor cannot run the user's ranks as their
     Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account)."""
-    why = owner_refusal(cluster.pk, run_as(user_id=user.pk, username=user.get_username()))
+    why = owner_refusal(cluster.pk, user.pk, user.get_username())
     if why:
         raise SpecError([("owner", why)])
 

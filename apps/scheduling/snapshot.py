@@ -204,14 +204,15 @@ def assemble_snapshot(
 
 
 def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) -> dict[str, float]:
-    """Clear from `free` the GPUs of nodes that take no placements, GPUs reported unhealthy and
+    """Clear from `free` the GPUs of nodes that take no placements (down, draining, drained, or
+    still stopping orphan processes its agent found), GPUs reported unhealthy and
     GPUs held by Slurm jobs TopoWeb did not submit. Returns those jobs' assumed load on leaf
     uplinks (GB/s by leaf name): the cluster executor's `foreign_gbps_per_gpu` for each GPU of a
     job that spans leaf switches (their traffic is otherwise unknown)."""
     rows = (
         NodeHealth.objects.filter(node__cluster=cluster)
-        .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]))
-        .values_list("node__name", "state", "unhealthy_gpus")
+        .filter(Q(state__in=UNSCHEDULABLE_NODE_STATES) | ~Q(unhealthy_gpus=[]) | ~Q(orphans=[]))
+        .values_list("node__name", "state", "unhealthy_gpus", "orphans")
     )
     by_name = topology.node_by_name
     # GPUs that jobs submitted straight to Slurm hold (clusters run by the Slurm executor).
@@ -232,12 +233,12 @@ def _mark_unschedulable(cluster: Cluster, topology: Topology, free: np.ndarray) 
         if rate > 0 and len(per_leaf) > 1:
             for leaf_name, count in per_leaf.items():
                 foreign_load[leaf_name] = foreign_load.get(leaf_name, 0.0) + rate * count
-    for name, state, unhealthy in rows:
+    for name, state, unhealthy, orphans in rows:
         n = by_name.get(name)
         if n is None:
             continue
         first, count = int(topology.node_first_gid[n]), int(topology.node_gpu_count[n])
-        if state in UNSCHEDULABLE_NODE_STATES:
+        if state in UNSCHEDULABLE_NODE_STATES or orphans:
             free[first : first + count] = False
             continue
         for entry in unhealthy or ():

@@ -169,6 +169,8 @@ class Agents:
             str(self.tmp / f"logs-{node}"),
             "--state-dir",
             str(self.tmp / f"state-{node}"),
+            "--lock-dir",
+            str(self.tmp / "locks"),
             "--poll-s",
             str(poll_s),
             "--addr",

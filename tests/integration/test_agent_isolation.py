@@ -156,9 +156,10 @@ def test_an_agent_restarted_mid_job_readopts_its_ranks(agents, cluster, user, tm
 def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
     agents, cluster, user, tmp_path, settings
 ):
-    """SIGSTOP the agent past the down time: the server declares the node down and fails its
-    job; the agent, continued, finds its lease expired and stops its ranks (they ignore SIGTERM
-    for 2 s); the node takes new work only after it reported them gone."""
+    """SIGSTOP the agent past its lease: the server keeps its GPUs booked (no other node answers,
+    so the silence is not blamed on it, and its fence deadline is far); the agent, continued,
+    finds its lease expired and stops its ranks (they ignore SIGTERM for 2 s); the node's GPUs
+    take new work only after it reported them gone."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
     settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
     _drain_other(cluster, "node-a")
@@ -169,9 +170,10 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
         wait_for(status_is(job, JobStatus.RUNNING), what="running")
         os.kill(agent.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: agent_services.nodes_check(cluster=cluster)["down"], timeout_s=15, what="down")
+            time.sleep(3.0)
+            agent_services.nodes_check(cluster=cluster)
             job.refresh_from_db()
-            assert job.status == JobStatus.FAILED
+            assert job.status == JobStatus.RUNNING
             nxt = services.job_submit(user=user, spec=spec(tmp_path, "after", 8, BEHAVIOUR="exit"))
             nxt.refresh_from_db()
             assert nxt.status == JobStatus.QUEUED
@@ -179,7 +181,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
             os.kill(agent.pid, signal.SIGCONT)
         wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=30, what="the next job")
     assert not use.violations, use.violations
-    assert nxt.status == JobStatus.COMPLETED
+    assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
     # The fenced ranks took their 2 s checkpoint first: the next job came after their end.
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
     assert "fenced" in (tmp_path / "agent-node-a.out").read_text()
@@ -207,7 +209,8 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
             wait_for(status_is(job, JobStatus.RUNNING), what="running")
             proxy.cut()
             wait_for(lambda: "fenced" in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
-            wait_for(lambda: agent_services.nodes_check(cluster=cluster)["down"], timeout_s=15, what="down")
+            # No other node answers: the server does not blame the node; its GPUs stay booked.
+            assert agent_services.nodes_check(cluster=cluster)["down"] == []
             nxt = services.job_submit(user=user, spec=spec(tmp_path, "after", 8, BEHAVIOUR="exit"))
             nxt.refresh_from_db()
             assert nxt.status == JobStatus.QUEUED
@@ -216,7 +219,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
     finally:
         proxy.close()
     assert not use.violations, use.violations
-    assert nxt.status == JobStatus.COMPLETED
+    assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
     assert use.last_seen[job.pk] <= nxt.placed_at.timestamp() + 0.3
 
 

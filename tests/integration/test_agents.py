@@ -209,16 +209,22 @@ def test_cancel_stops_every_rank_and_frees_gpus_after_they_exit(agents, user, tm
     wait_for(lambda: not Allocation.objects.filter(job=job, live=True).exists(), what="GPUs released")
 
 
-def test_a_killed_agent_makes_its_node_down_and_its_jobs_fail_or_requeue(agents, user, tmp_path, settings):
-    # Short, but not so short that the live agent (polling each second) misses its lease on a
-    # busy machine: a fenced rank's SIGTERM exit would fail `again` (its agent makes that exit up).
-    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 6.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 5.0
+def test_killed_agents_make_their_nodes_down_and_their_jobs_fail_or_requeue_at_the_fence_deadline(
+    agents, user, tmp_path, settings
+):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 4.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 3.0
     for node in ("node-a", "node-b"):
         agents.start(node)
     plain = services.job_submit(user=user, spec=spec(tmp_path, "plain", 8, BEHAVIOUR="sleep"))
+    # Its own output folder: both jobs' ranks are generation 1, ranks 0-7.
+    (tmp_path / "out-again").mkdir()
     again = services.job_submit(
-        user=user, spec={**spec(tmp_path, "again", 8, BEHAVIOUR="sleep"), "requeue": True}
+        user=user,
+        spec={
+            **spec(tmp_path, "again", 8, BEHAVIOUR="sleep", OUT_DIR=str(tmp_path / "out-again")),
+            "requeue": True,
+        },
     )
     wait_for(status_is(plain, JobStatus.RUNNING), what="plain running")
     wait_for(status_is(again, JobStatus.RUNNING), what="again running")
@@ -226,30 +232,145 @@ def test_a_killed_agent_makes_its_node_down_and_its_jobs_fail_or_requeue(agents,
     other = "node-b" if victim == "node-a" else "node-a"
     agents.kill(victim)
     cluster = plain.cluster
+    # The other agent keeps syncing: the server answers, so the victim's silence is its own.
     wait_for(
-        lambda: agent_services.nodes_check(cluster=cluster)["down"] or None,
+        lambda: victim in agent_services.nodes_check(cluster=cluster)["down"] or None,
         timeout_s=20,
         what="the node to be marked down",
     )
     assert NodeHealth.objects.get(node__name=victim, node__cluster=cluster).state == NodeState.DOWN
+    # Down takes the node out of placement; its job is left until its fence deadline.
     plain.refresh_from_db()
-    again.refresh_from_db()
-    assert plain.status == JobStatus.FAILED and victim in plain.pending_reason
-    # `again` sat on the other node: it keeps running; the requeue path is taken when its node dies.
-    assert again.status == JobStatus.RUNNING
+    assert plain.status == JobStatus.RUNNING
     agents.kill(other)
     wait_for(
-        lambda: other in agent_services.nodes_check(cluster=cluster)["down"] or None,
-        timeout_s=20,
-        what="the other node to be marked down",
+        lambda: agent_services.nodes_check(cluster=cluster)["fenced"] or plain.refresh_from_db(),
+        timeout_s=40,
+        what="the first fence deadline",
     )
-    again.refresh_from_db()
-    assert again.status == JobStatus.QUEUED and again.placed_at is None
-    # Its ranks on the killed agent's node may still run (nothing fenced them yet): it is not
-    # placed again until they are confirmed gone or that node's fence deadline passed.
-    assert again.pending_reason == (
-        f"waiting for its previous placement to stop: 8 GPUs on {other} still held by its ranks"
-    )
+    plain.refresh_from_db()
+    assert plain.status == JobStatus.FAILED
+    assert plain.pending_reason == f"node {victim} went down and its fence deadline passed"
+
+    # No other node answers now: the other node is not blamed for its silence, but its fence
+    # deadline still passes, and the job that asked for it is requeued.
+    def requeued():
+        agent_services.nodes_check(cluster=cluster)
+        again.refresh_from_db()
+        return again.status == JobStatus.QUEUED
+
+    wait_for(requeued, timeout_s=40, what="the requeue at the deadline")
+    assert again.requeue_reason == f"node {other} went down and its fence deadline passed"
+    assert not Allocation.objects.filter(job__in=[plain, again], live=True).exists()
+
+
+def _lease(tmp_path: Path, node: str) -> dict:
+    import json
+
+    return json.loads((tmp_path / f"state-{node}" / "lease.json").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_agent_restarted_after_more_than_its_lease_of_silence_asks_before_it_fences(
+    agents, user, tmp_path, settings
+):
+    """SIGKILL an agent, restart it once its lease ran out: it re-adopts its ranks and reaches
+    the server (which still counts them) before its bounded retry window ends, so nothing is
+    fenced and the job runs on."""
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 8.0
+    for node in ("node-a", "node-b"):
+        agents.start(node)
+    job = services.job_submit(user=user, spec=spec(tmp_path, "kept", 8, BEHAVIOUR="sleep"))
+    wait_for(status_is(job, JobStatus.RUNNING), what="running")
+    node = job_ranks(job=job)[0]["node"]
+    pids = list(RankRun.objects.filter(job=job).values_list("pid", flat=True))
+    assert len(pids) == 8 and all(_alive(p) for p in pids)
+    agents.kill(node)
+    lease = _lease(tmp_path, node)
+    assert lease["fence_after_s"] == 8.0 and lease["fence_slack_s"] == 8.0
+    # More than the lease of silence (not more than the lease and its slack).
+    while time.time() < lease["contact"] + 9.0:
+        time.sleep(0.1)
+    agents.start(node)
+    log = tmp_path / f"agent-{node}.out"
+    wait_for(lambda: _lease(tmp_path, node)["contact"] > lease["contact"], timeout_s=8, what="a new contact")
+    # Past the longest a restarted agent could wait before it fences (contact + lease + slack).
+    while time.time() < lease["contact"] + 18.0:
+        time.sleep(0.2)
+    assert "fenced" not in log.read_text()
+    assert all(_alive(p) for p in pids)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    assert RankRun.objects.filter(job=job, state=RankState.STARTED).count() == 8
+    assert NodeHealth.objects.get(node__name=node, node__cluster=job.cluster).state == NodeState.UP
+
+
+def test_a_control_plane_outage_longer_than_the_down_time_stops_no_rank(
+    agents, user, tmp_path, settings, live_server
+):
+    """Every agent reaches the server through one TCP proxy; it is cut for longer than the down
+    time (but shorter than the lease): no rank stops, no node is blamed, the jobs run on."""
+    from urllib.parse import urlsplit
+
+    from .agents import TcpProxy
+
+    settings.TOPOWEB_AGENT_POLL_S = 1.0
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 4.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 20.0
+    where = urlsplit(live_server.url)
+    proxy = TcpProxy((where.hostname, where.port))
+    try:
+        for node in ("node-a", "node-b"):
+            agents.start(node, server=proxy.url)
+        jobs = []
+        for i in range(2):
+            # Each job its own output folder: both jobs' ranks are generation 1, ranks 0-7.
+            (tmp_path / f"out-{i}").mkdir()
+            body = spec(tmp_path, f"j{i}", 8, BEHAVIOUR="sleep", OUT_DIR=str(tmp_path / f"out-{i}"))
+            jobs.append(services.job_submit(user=user, spec=body))
+        for job in jobs:
+            wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        pids = list(RankRun.objects.filter(job__in=jobs).values_list("pid", flat=True))
+        assert len(pids) == 16 and all(_alive(p) for p in pids)
+        cluster = jobs[0].cluster
+        proxy.cut()
+        cut_at = time.monotonic()
+        # The nodes' silence while nobody is answered is the server's, not theirs.
+        while time.monotonic() - cut_at < 8.0:
+            assert agent_services.nodes_check(cluster=cluster) == {
+                "down": [],
+                "fenced": [],
+                "drained": [],
+                "requeued": [],
+            }
+            time.sleep(0.5)
+        proxy.heal()
+
+        def both_synced():
+            seen = NodeHealth.objects.filter(node__cluster=cluster).values_list("last_seen", flat=True)
+            return all(s is not None and s.timestamp() > time.time() - 3 for s in seen)
+
+        wait_for(both_synced, timeout_s=15, what="both agents to sync again")
+        assert agent_services.nodes_check(cluster=cluster)["fenced"] == []
+        assert all(_alive(p) for p in pids)
+        for job in jobs:
+            job.refresh_from_db()
+            assert job.status == JobStatus.RUNNING
+        assert RankRun.objects.filter(job__in=jobs, state=RankState.STARTED).count() == 16
+        assert set(NodeHealth.objects.filter(node__cluster=cluster).values_list("state", flat=True)) == {
+            NodeState.UP
+        }
+        for node in ("node-a", "node-b"):
+            assert "fenced" not in (tmp_path / f"agent-{node}.out").read_text()
+    finally:
+        proxy.close()
 
 
 def test_drain_then_resume_with_a_running_job(agents, user, tmp_path):

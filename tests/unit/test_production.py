@@ -145,7 +145,7 @@ def test_embedded_default_and_tests_need_no_collected_static_files():
 def agent_intervals(**env: str) -> subprocess.CompletedProcess:
     probe = (
         "import django; django.setup(); from django.conf import settings as s; "
-        "print(s.TOPOWEB_AGENT_POLL_S, s.TOPOWEB_AGENT_DOWN_AFTER_S)"
+        "print(s.TOPOWEB_AGENT_POLL_S, s.TOPOWEB_AGENT_DOWN_AFTER_S, s.TOPOWEB_AGENT_FENCE_AFTER_S)"
     )
     full_env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "topoweb.settings", **compose_env(**env)}
     return subprocess.run(
@@ -153,10 +153,11 @@ def agent_intervals(**env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_agent_intervals_default_to_a_minute_poll_and_three_minutes_down():
+def test_agent_intervals_default_to_a_minute_poll_three_minutes_down_and_a_twelve_minute_lease():
+    """The lease outlasts a 10-minute control-plane outage (plus the poll in flight)."""
     run = agent_intervals()
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["60.0", "180.0"]
+    assert run.stdout.split() == ["60.0", "180.0", "720.0"]
 
 
 @pytest.mark.parametrize(
@@ -167,6 +168,9 @@ def test_agent_intervals_default_to_a_minute_poll_and_three_minutes_down():
         ({"TOPOWEB_AGENT_POLL_S": "soon"}, "must be seconds"),
         ({"TOPOWEB_AGENT_DOWN_AFTER_S": "120"}, "at least three times TOPOWEB_AGENT_POLL_S"),
         ({"TOPOWEB_AGENT_POLL_S": "30", "TOPOWEB_AGENT_DOWN_AFTER_S": "89"}, "at least three times"),
+        ({"TOPOWEB_AGENT_FENCE_AFTER_S": "60"}, "longer than TOPOWEB_AGENT_POLL_S"),
+        ({"TOPOWEB_AGENT_FENCE_AFTER_S": "86401"}, "at most a day"),
+        ({"TOPOWEB_AGENT_FENCE_AFTER_S": "later"}, "must be seconds"),
     ],
 )
 def test_agent_intervals_that_would_mark_idle_nodes_down_refuse_to_start(env, named):
@@ -176,9 +180,11 @@ def test_agent_intervals_that_would_mark_idle_nodes_down_refuse_to_start(env, na
 
 
 def test_shorter_agent_intervals_with_room_for_the_heartbeat_are_accepted():
-    run = agent_intervals(TOPOWEB_AGENT_POLL_S="10", TOPOWEB_AGENT_DOWN_AFTER_S="30")
+    run = agent_intervals(
+        TOPOWEB_AGENT_POLL_S="10", TOPOWEB_AGENT_DOWN_AFTER_S="30", TOPOWEB_AGENT_FENCE_AFTER_S="20"
+    )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["10.0", "30.0"]
+    assert run.stdout.split() == ["10.0", "30.0", "20.0"]
 
 
 @pytest.mark.django_db

@@ -43,7 +43,7 @@ class AgentsExecutor:
     def foreign(self, cluster: Any) -> list[ForeignHold]:
         return []
 
-    def owner_refusal(self, cluster_id: int, account: str) -> str:
+    def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str:
         """None here: each node's agent checks the account at every rank start (it exists there,
         is not root or a system account) and fails the rank naming why."""
         return ""

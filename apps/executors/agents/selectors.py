@@ -17,7 +17,9 @@ from apps.placement.jobs import load_job
 from apps.scheduling.choices import JobStatus, RankState
 from apps.scheduling.models import Allocation, Job, NodeHealth, RankRun
 from apps.scheduling.selectors import master_port
-from apps.topology.models import Gpu, Nic, Node
+from apps.topology.models import Cluster, Gpu, Nic, Node
+
+from ..models import ClusterExecutor
 
 _CACHE: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
 _CACHE_SIZE = 4096
@@ -58,6 +60,8 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         "workdir": launch.workdir,
         "account": job[4] or job[3],
         "stop_grace_s": launch.stop_grace_s,
+        "pids_max": launch.pids_max,
+        "memory_mb": launch.memory_mb,
         "world_size": job[2],
         "master_node": nodes[0],
         "master_port": rows[0][1] or master_port(job_id, generation),
@@ -121,7 +125,17 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
 
 @functools.cache
 def _agent_sql() -> str:
-    return f"SELECT * FROM {connection.ops.quote_name(NodeHealth._meta.db_table)} WHERE node_id = %s"
+    """The node's agent row, with this server's id for the cluster (`server_id`, None when the
+    cluster has no executor row yet) and the cluster's name (`cluster_name`)."""
+    qn = connection.ops.quote_name
+    agent, node, cluster, executor = (
+        qn(m._meta.db_table) for m in (NodeHealth, Node, Cluster, ClusterExecutor)
+    )
+    return (
+        f"SELECT a.*, e.server_id AS server_id, c.name AS cluster_name FROM {agent} a"
+        f" JOIN {node} n ON n.id = a.node_id JOIN {cluster} c ON c.id = n.cluster_id"
+        f" LEFT JOIN {executor} e ON e.cluster_id = n.cluster_id WHERE a.node_id = %s"
+    )
 
 
 @functools.cache
@@ -152,7 +166,8 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
 
     `work`: every job generation the node should run now, each with this node's ranks: entries
     of `job`, `generation`, `name`, `command`, `env`, `workdir`, `account` (the Unix account of
-    the job's owner: its UnixAccount, else its username), `stop_grace_s`, `world_size`,
+    the job's owner: its UnixAccount, else its username), `stop_grace_s`, `pids_max` and
+    `memory_mb` (per-rank limits, null: the agent's own), `world_size`,
     `master_addr`, `master_port`, `node_rank` and `ranks` ({"rank", "node", "gpu", "nic",
     "started"}). Ranks already exited are left out; jobs without a `command` too (an outside
     launcher runs those).

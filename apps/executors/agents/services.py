@@ -24,15 +24,24 @@ from django.utils import timezone
 
 from apps.scheduling import lifecycle
 from apps.scheduling import snapshot as snap
-from apps.scheduling.choices import JobStatus, NodeState, RankState
+from apps.scheduling.choices import ExitCause, JobStatus, NodeState, RankState
 from apps.scheduling.cycle import queue_cycle
 from apps.scheduling.lifecycle import RankEvent as RankReport
-from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankLogChunk, RankRun
+from apps.scheduling.models import (
+    Allocation,
+    Job,
+    NodeHealth,
+    NodeToken,
+    RankLogChunk,
+    RankRun,
+    SyncPulse,
+)
 from apps.scheduling.node_models import new_node_key, node_key_hash
-from apps.scheduling.nodes import node_down
+from apps.scheduling.nodes import node_down, node_fenced
 from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Node
 
+from ..models import ClusterExecutor
 from .selectors import node_gpu_indexes
 from .wakeups import notify_cluster
 
@@ -45,8 +54,67 @@ def down_after_s() -> float:
 
 
 def fence_after_s() -> float:
-    """Seconds without reaching the server after which an agent stops its ranks (its lease)."""
-    return float(getattr(settings, "TOPOWEB_AGENT_FENCE_AFTER_S", down_after_s() * 2 / 3))
+    """Seconds without an answered sync after which an agent stops its ranks (its lease): 12
+    minutes by default, so a control-plane outage of up to 10 minutes (plus the long-poll in
+    flight when it began and the agents' retry backoff) stops no rank."""
+    return float(getattr(settings, "TOPOWEB_AGENT_FENCE_AFTER_S", 720.0))
+
+
+FENCE_SLACK_S = 30.0
+
+
+def fence_slack_s() -> float:
+    """How much later than its lease an agent restarted after a long silence may still fence: it
+    tries the server for up to this long before it stops re-adopted ranks (sent with every answer,
+    and part of the fence deadline). At most the lease itself."""
+    return min(FENCE_SLACK_S, fence_after_s())
+
+
+def poll_s() -> float:
+    return float(getattr(settings, "TOPOWEB_AGENT_POLL_S", 60.0))
+
+
+def pulse_s() -> float:
+    """The sync endpoint records that it answered at most this often (`SyncPulse.answered_at`)."""
+    return min(5.0, poll_s() / 4)
+
+
+def away_after_s() -> float:
+    """A gap this long between answered syncs (of any node) is an outage of the server: with at
+    least one live node a sync arrives at least every poll."""
+    return poll_s() + 3 * pulse_s()
+
+
+# The `answered_at` this process last wrote or read: within `pulse_s()` of it a sync costs no query.
+_PULSE_SEEN: list[datetime] = []
+
+
+def forget_sync_pulse() -> None:
+    """Forget the remembered `answered_at` (tests: each starts with its own database)."""
+    _PULSE_SEEN.clear()
+
+
+def sync_answered(*, now: datetime) -> None:
+    """Record that the sync endpoint answered a node at `now`: `answered_at` moves at most every
+    `pulse_s()` (no query at all while this process saw it that recent), and `back_at` moves to
+    `now` after a gap longer than `away_after_s()`, the end of an outage."""
+    pulse = timedelta(seconds=pulse_s())
+    if _PULSE_SEEN and timedelta(0) <= now - _PULSE_SEEN[0] < pulse:
+        return
+    seen = SyncPulse.objects.filter(pk=1).values_list("answered_at", flat=True).first()
+    _PULSE_SEEN[:] = [now if seen is None or now - seen >= pulse else seen]
+    if seen is None:
+        SyncPulse.objects.get_or_create(pk=1, defaults={"answered_at": now, "back_at": now})
+        return
+    if now - seen < pulse:
+        return
+    away = now - timedelta(seconds=away_after_s())
+    SyncPulse.objects.filter(pk=1, answered_at__lt=now - timedelta(seconds=pulse_s())).update(
+        answered_at=now,
+        back_at=Case(
+            When(answered_at__lt=away, then=Value(now)), default=F("back_at"), output_field=DateTimeField()
+        ),
+    )
 
 
 def start_timeout_s() -> float:
@@ -65,6 +133,10 @@ class Heartbeat:
     unhealthy: tuple[tuple[int, str], ...] = ()
     running: int = 0
     isolation: str = ""
+    # Rank processes without a record of this server's that the agent is stopping.
+    orphans: tuple[dict[str, Any], ...] = ()
+    # [job, generation, rank] of the rank processes counted in `running` (None: not said).
+    ranks: frozenset[tuple[int, int, int]] | None = None
 
 
 def _unhealthy(node: Node, beat: Heartbeat) -> list[dict[str, Any]]:
@@ -90,10 +162,15 @@ def agent_heartbeat(
     `agent` is the node's row as read with the node (None: never had one). A changed health
     (back from down, other unhealthy GPUs) requests a scheduling cycle.
 
-    A down node comes back up only at a heartbeat that reports no rank process running: the
-    processes of before it went down (stopping, once its agent fenced them) may still hold GPUs
-    the server already counts as free."""
+    A down node whose rank processes the server still counts (started, or placed there) is up
+    again at once and its jobs run on. One that still runs processes of ranks the server counts as
+    gone (lost at its fence deadline) stays down until a heartbeat reports them gone: they may
+    hold GPUs the server already counts as free.
+
+    Every heartbeat also records that the server answered (`sync_answered`): nodes are blamed for
+    silence only over time the server was answering."""
     now = now or timezone.now()
+    sync_answered(now=now)
     unhealthy = _unhealthy(node, beat)
     fields: dict[str, Any] = {
         "last_seen": now,
@@ -101,6 +178,7 @@ def agent_heartbeat(
         "addr": beat.addr,
         "running": beat.running,
         "unhealthy_gpus": unhealthy,
+        "orphans": list(beat.orphans),
     }
     if beat.isolation:
         fields["isolation"] = beat.isolation
@@ -113,17 +191,19 @@ def agent_heartbeat(
                 queue_cycle(node.cluster_id)
             return agent
     was_down = agent.state == NodeState.DOWN
-    if was_down and beat.running:
+    gone = _counted_gone(node, beat) if was_down and beat.running else 0
+    if gone or (was_down and beat.orphans):
+        still = gone + len(beat.orphans)
         reason = (
-            f"back after being down, but {beat.running} rank processes of before still run; it takes"
-            " work once they are gone"
+            f"back after being down, but {still} rank processes counted as gone or orphaned still run;"
+            " it takes work once they are gone"
         )
         NodeHealth.objects.filter(pk=agent.pk, state=NodeState.DOWN).update(**fields, reason=reason)
         for name, value in fields.items():
             setattr(agent, name, value)
         agent.reason = reason
         return agent
-    changed = was_down or agent.unhealthy_gpus != unhealthy
+    changed = was_down or agent.unhealthy_gpus != unhealthy or agent.orphans != fields["orphans"]
     fresh = agent.last_seen is not None and now - agent.last_seen < timedelta(seconds=down_after_s() / 2)
     if fresh and not changed and all(getattr(agent, k) == v for k, v in fields.items() if k != "last_seen"):
         # Nothing new and seen recently: no write (thousands of agents poll, each once a minute).
@@ -151,6 +231,150 @@ def agent_heartbeat(
     if changed:
         queue_cycle(node.cluster_id)
     return agent
+
+
+def agent_lease_s() -> float:
+    """How long a node stays bound to its agent instance after that one's last answered sync:
+    `down_after_s()`. A live agent always holds it (its heartbeat is written at least every half
+    of that); past it, its node is due down anyway (`nodes_check` has the same cutoff)."""
+    return down_after_s()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentClaim:
+    """Which agent process a sync comes from: its `instance` (random per start), the instance
+    its state directory synced as before (`previous`: the agent it succeeds on that directory,
+    which is gone, since each agent holds the directory's lock), its host, address and start."""
+
+    instance: str
+    previous: str = ""
+    host: str = ""
+    addr: str = ""
+    started_at: datetime | None = None
+
+
+REFUSAL_LOG_S = 60.0
+
+
+def agent_claim(
+    *, node: Node, agent: NodeHealth | None, claim: AgentClaim, now: datetime | None = None
+) -> tuple[NodeHealth | None, dict[str, Any] | None]:
+    """Bind `node`'s syncs to the claiming agent instance, or refuse it: another instance holds
+    the node while its lease (`agent_lease_s()` from its last answered sync) runs, unless the
+    claim succeeds it on its own state directory. Returns the node's agent row and, when
+    refused, the holder ({"instance", "host", "addr", "started_at", "last_sync"}). The refusal is
+    recorded on the row and logged (once a minute per node). A claim without an instance (an
+    agent before instances) binds nothing."""
+    now = now or timezone.now()
+    if not claim.instance:
+        return agent, None
+    mine = {"agent_instance": claim.instance, "agent_host": claim.host, "agent_started_at": claim.started_at}
+    for _ in range(3):
+        if agent is None:
+            agent, created = NodeHealth.objects.get_or_create(
+                node=node, defaults={**mine, "state_since": now}
+            )
+            if created:
+                return agent, None
+        current = agent.agent_instance
+        if current == claim.instance:
+            return agent, None
+        silent = None if agent.last_seen is None else (now - agent.last_seen).total_seconds()
+        live = current and silent is not None and silent < agent_lease_s()
+        if live and claim.previous != current:
+            return agent, _refuse(node, agent, claim, silent, now)
+        # Conditional: of two instances taking over at once, one wins; the other reads again.
+        if NodeHealth.objects.filter(pk=agent.pk, agent_instance=current).update(**mine):
+            log.info(
+                "node %s: agent instance %s on %s takes over from %s",
+                node.name,
+                claim.instance[:8],
+                claim.host or claim.addr or "?",
+                f"its predecessor {current[:8]}"
+                if current and claim.previous == current
+                else current[:8] or "none",
+            )
+            for name, value in mine.items():
+                setattr(agent, name, value)
+            return agent, None
+        agent = NodeHealth.objects.filter(pk=agent.pk).first()
+    raise RuntimeError(f"node {node.name}: agent instances keep changing")
+
+
+def _refuse(node: Node, agent: NodeHealth, claim: AgentClaim, silent: float, now: datetime) -> dict[str, Any]:
+    holder = {
+        "instance": agent.agent_instance[:8],
+        "host": agent.agent_host,
+        "addr": agent.addr,
+        "started_at": agent.agent_started_at.isoformat() if agent.agent_started_at else None,
+        "last_sync": agent.last_seen.isoformat() if agent.last_seen else None,
+        "silent_s": round(silent, 1),
+    }
+    refused = {
+        "instance": claim.instance[:8],
+        "host": claim.host,
+        "addr": claim.addr,
+        "started_at": claim.started_at.isoformat() if claim.started_at else None,
+        "at": now.isoformat(),
+    }
+    before = agent.agent_refused or {}
+    try:
+        recent = (now - datetime.fromisoformat(before["at"])).total_seconds() < REFUSAL_LOG_S
+    except (KeyError, TypeError, ValueError):
+        recent = False
+    if before.get("instance") != refused["instance"] or not recent:
+        NodeHealth.objects.filter(pk=agent.pk).update(agent_refused=refused)
+        agent.agent_refused = refused
+        log.warning(
+            "node %s: refused a second agent on its credential (instance %s on %s, address %s, started"
+            " %s): instance %s on %s (address %s, started %s) synced %.0f s ago",
+            node.name,
+            refused["instance"],
+            claim.host or "?",
+            claim.addr or "?",
+            refused["started_at"],
+            holder["instance"],
+            holder["host"] or "?",
+            holder["addr"] or "?",
+            holder["started_at"],
+            silent,
+        )
+    return holder
+
+
+def server_identity(*, cluster_id: int, agent: NodeHealth | None = None) -> tuple[str, str]:
+    """This server's id for the cluster (its executor's `server_id`, made on first use; each
+    database names itself anew) and the cluster's name: an agent's state directory records
+    them and adopts no record made for another. `agent`: the node's row as `sync_node` read it
+    (it carries both once the executor row exists)."""
+    if getattr(agent, "server_id", None) and getattr(agent, "cluster_name", None):
+        return agent.server_id, agent.cluster_name
+    row = (
+        ClusterExecutor.objects.filter(cluster_id=cluster_id)
+        .values_list("server_id", "cluster__name")
+        .first()
+    )
+    if row is None:
+        executor, _ = ClusterExecutor.objects.get_or_create(cluster_id=cluster_id)
+        return executor.server_id, Cluster.objects.filter(pk=cluster_id).values_list(
+            "name", flat=True
+        ).first() or ""
+    return row
+
+
+def _counted_gone(node: Node, beat: Heartbeat) -> int:
+    """How many of the rank processes a heartbeat reports running the server no longer counts
+    (neither a started rank run nor a live allocation on the node holds their GPU); all of them
+    when the heartbeat does not say which they are."""
+    if beat.ranks is None:
+        return beat.running
+    held = set(
+        RankRun.objects.filter(node=node, state=RankState.STARTED).values_list("job_id", "generation", "rank")
+    )
+    held |= set(
+        Allocation.objects.filter(live=True, gpu__node=node).values_list("job_id", "generation", "rank")
+    )
+    return len(beat.ranks - held)
 
 
 def agent_report(
@@ -197,47 +421,81 @@ FENCE_MARGIN_S = 5.0
 def fence_deadline(*, last_seen: datetime | None, grace_s: float) -> datetime | None:
     """When the ranks of a node silent since `last_seen` are surely stopped: its agent stops them
     (SIGTERM, then SIGKILL after `grace_s`) once it has not reached the server for
-    `fence_after_s()`, counted from its last answered sync; that sync may be up to half of
+    `fence_after_s()`, counted from its last answered sync, or, restarted after a long silence,
+    up to `fence_slack_s()` later (see apps/agent/runner.py); that sync may be up to half of
     `down_after_s()` later than `last_seen` (a heartbeat that changes nothing is not written).
     None: never seen, nothing of it can be running."""
     if last_seen is None:
         return None
-    return last_seen + timedelta(seconds=down_after_s() / 2 + fence_after_s() + grace_s + FENCE_MARGIN_S)
+    return last_seen + timedelta(
+        seconds=down_after_s() / 2 + fence_after_s() + fence_slack_s() + grace_s + FENCE_MARGIN_S
+    )
+
+
+def silent_before(*, now: datetime) -> datetime | None:
+    """Nodes last seen before this have been silent for `down_after_s()` of time the server was
+    answering: the current unbroken stretch of answered syncs (from `SyncPulse.back_at` to
+    `answered_at`) covers down_after_s() after their last heartbeat. None while no sync was ever
+    answered. During an outage `answered_at` stands still, so no node is blamed for it; after
+    one, silence counts from the server's return (what a node was silent before an outage is
+    forgotten: it goes down at most down_after_s() later than it would have)."""
+    pulse = SyncPulse.objects.filter(pk=1).values_list("answered_at", "back_at").first()
+    if pulse is None:
+        return None
+    answered, back = pulse
+    cutoff = min(answered, now) - timedelta(seconds=down_after_s())
+    # Silent since before the outage: silence counts from the server's return.
+    return cutoff if back <= cutoff else None
 
 
 def stop_grace_on(node: Node) -> float:
-    """The longest stop grace of the ranks still counted as running on `node`."""
-    jobs = Job.objects.filter(rank_runs__node=node, rank_runs__state=RankState.STARTED).distinct()
+    """The longest stop grace of the ranks still counted as running on `node`, or placed there
+    (their start may not have been reported yet)."""
+    jobs = Job.objects.filter(
+        models.Q(rank_runs__node=node, rank_runs__state=RankState.STARTED)
+        | models.Q(allocations__live=True, allocations__gpu__node=node)
+    ).distinct()
     return max((snap.job_spec(j).launch.stop_grace_s for j in jobs.only("pk", "spec")), default=0.0)
 
 
 def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, list]:
-    """Mark nodes that missed heartbeats down (their jobs fail, or requeue when their spec says
-    `requeue: true`), count the ranks of down nodes whose fence deadline passed as gone (their
-    GPUs are released), mark draining nodes with nothing left drained, and requeue placed jobs
-    whose ranks did not all start in time, and stop jobs past their time limit. Returns what
-    changed: {"down", "fenced", "drained", "requeued", "timed_out"}."""
+    """Mark nodes down that were silent for `down_after_s()` of time the server was answering
+    (`silent_before`): they leave placement, their jobs run on. Once a node's fence deadline
+    passed (down or not: with no other node answering, a dead node is never blamed for its
+    silence), its agent has surely stopped its ranks: they count as gone (their GPUs are
+    released) and its jobs fail, or requeue when their spec says `requeue: true`. Mark draining
+    nodes with nothing left drained, requeue placed jobs whose ranks did not all start in time,
+    and stop jobs past their time limit. Returns what changed: {"down", "fenced", "drained",
+    "requeued", "timed_out"}."""
     now = now or timezone.now()
     out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
-    cutoff = now - timedelta(seconds=down_after_s())
-    stale = NodeHealth.objects.filter(
-        node__cluster=cluster,
-        state__in=(NodeState.UP, NodeState.DRAINING, NodeState.DRAINED),
-        last_seen__lt=cutoff,
-    ).select_related("node")
-    for agent in stale:
-        node_down(node=agent.node, reason=f"no heartbeat for {down_after_s():.0f} s", now=now)
-        out["down"].append(agent.node.name)
-    holding = NodeHealth.objects.filter(
-        node__cluster=cluster, state=NodeState.DOWN, node__rank_runs__state=RankState.STARTED
-    ).distinct()
+    cutoff = silent_before(now=now)
+    if cutoff is not None:
+        stale = NodeHealth.objects.filter(
+            node__cluster=cluster,
+            state__in=(NodeState.UP, NodeState.DRAINING, NodeState.DRAINED),
+            last_seen__lt=cutoff,
+        ).select_related("node")
+        for agent in stale:
+            node_down(node=agent.node, reason=f"no heartbeat for {down_after_s():.0f} s", now=now)
+            out["down"].append(agent.node.name)
+    # The earliest any fence deadline can be (no stop grace): only nodes silent that long.
+    earliest = fence_deadline(last_seen=now, grace_s=0.0) - now
+    holding = (
+        NodeHealth.objects.filter(node__cluster=cluster, last_seen__lt=now - earliest)
+        .filter(
+            models.Q(node__rank_runs__state=RankState.STARTED) | models.Q(node__gpus__allocations__live=True)
+        )
+        .distinct()
+    )
     for agent in holding.select_related("node"):
         deadline = fence_deadline(last_seen=agent.last_seen, grace_s=stop_grace_on(agent.node))
-        if deadline is None or deadline <= now:
-            with transaction.atomic():
-                lifecycle.ranks_lost(
-                    node=agent.node, why=f"lost: node {agent.node.name} is down and fenced", now=now
-                )
+        if deadline is not None and deadline <= now:
+            if agent.state != NodeState.DOWN:
+                node_down(node=agent.node, reason="no heartbeat past its fence deadline", now=now)
+                out["down"].append(agent.node.name)
+            why = f"node {agent.node.name} went down and its fence deadline passed"
+            node_fenced(node=agent.node, why=why, now=now)
             out["fenced"].append(agent.node.name)
     draining = NodeHealth.objects.filter(node__cluster=cluster, state=NodeState.DRAINING).select_related(
         "node"
@@ -297,6 +555,7 @@ def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:
             event=str(i["event"]),
             pid=i.get("pid"),
             exit_code=i.get("exit_code"),
+            exit_cause=str(i.get("cause") or ExitCause.EXITED),
             log_tail=clean_text(str(i.get("log_tail") or "")),
         )
         for i in items

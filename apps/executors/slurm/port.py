@@ -71,12 +71,16 @@ class SlurmExecutor:
         result = None if ex is None else locked_sync(executor=ex)
         return {} if result is None else result.as_dict()
 
-    def owner_refusal(self, cluster_id: int, account: str) -> str:
+    def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str:
+        from apps.scheduling.selectors import run_as
+
         from ..models import ClusterExecutor, ExecutorKind
         from .sync import owner_refusal
 
         ex = ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).first()
-        return "" if ex is None else owner_refusal(ex, account)
+        if ex is None or not ex.submit_as_owner:
+            return ""
+        return owner_refusal(ex, run_as(user_id=user_id, username=username))
 
     def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None:
         """Drain or resume the node in Slurm (`sync.set_node_state`: scontrol where the executor

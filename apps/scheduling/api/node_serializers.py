@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from apps.topology.models import Node
 
-from ..choices import SHOWN_NODE_STATES
+from ..choices import SHOWN_NODE_STATES, ExitCause, RankState
 from ..models import NodeHealth, RankRun
 from ..nodes import shown_state
 
@@ -86,9 +86,16 @@ class NodeHealthSerializer(serializers.ModelSerializer):
 
 
 class RankRunSerializer(serializers.ModelSerializer):
-    """A rank process: where it ran, its state, exit code and output tail."""
+    """A rank process: where it ran, its state, exit code, why it exited (`exit_cause`, null while
+    it runs: `exited` is its own exit; lost, fenced, stopped and node_down are not the job's
+    fault; pids_limit and memory_limit are its limits; refused: never started) and output tail."""
 
     node = serializers.CharField(source="node.name", read_only=True)
+    exit_cause = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.ChoiceField(choices=ExitCause.choices, allow_null=True))
+    def get_exit_cause(self, run: RankRun) -> str | None:
+        return run.exit_cause or None if run.state == RankState.EXITED else None
 
     class Meta:
         model = RankRun
@@ -99,6 +106,7 @@ class RankRunSerializer(serializers.ModelSerializer):
             "state",
             "pid",
             "exit_code",
+            "exit_cause",
             "started_at",
             "exited_at",
             "log_tail",

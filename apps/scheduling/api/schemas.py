@@ -123,7 +123,12 @@ def spec_body(schema) -> dict:
 
 
 # Status enum components and the kind of status each lists (the texts: ..choices.STATUS_HELP).
-STATUS_ENUMS = {"JobStatusEnum": "job", "NodeStateEnum": "node", "ProposalStatusEnum": "proposal"}
+STATUS_ENUMS = {
+    "JobStatusEnum": "job",
+    "NodeStateEnum": "node",
+    "ProposalStatusEnum": "proposal",
+    "ExitCauseEnum": "exit",
+}
 
 
 def status_descriptions(result, generator, request, public):

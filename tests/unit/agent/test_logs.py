@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.agent.logs import LogFile, safe_text
+from apps.agent.logs import LogFile, read_tail, safe_text
 from apps.agent.runner import MAX_REPORTS, report_batch
 
 
@@ -45,13 +45,50 @@ def test_rotation_keeps_offsets_of_the_whole_output(tmp_path):
     assert logfile.chunk() == {"offset": 100, "size": 6, "data": "after\n"}
 
 
-def test_unshipped_output_that_rotated_away_is_skipped(tmp_path):
+def test_output_unshipped_when_its_file_rotated_ships_from_the_rotated_file_first(tmp_path):
+    path = tmp_path / "rank.log"
+    with path.open("ab") as writer:
+        writer.write(b"a" * 10)
+        writer.flush()
+        logfile = LogFile(path)
+        logfile.shipped_to(4)
+        assert logfile.rotate(5) and logfile.backlog()
+        writer.write("bé".encode())
+        writer.flush()
+    # The rest of the rotated output, cut at the rotation point, then the new file: contiguous.
+    assert logfile.chunk(limit=4) == {"offset": 4, "size": 4, "data": "aaaa"}
+    logfile.shipped_to(8)
+    assert logfile.chunk() == {"offset": 8, "size": 2, "data": "aa"}
+    logfile.shipped_to(10)
+    assert not logfile.backlog()
+    assert logfile.chunk() == {"offset": 10, "size": 3, "data": "bé"}
+    logfile.shipped_to(13)
+    assert not logfile.pending()
+
+
+def test_a_rotated_file_not_yet_shipped_is_kept_until_the_live_file_reaches_twice_the_cap(tmp_path):
     path = tmp_path / "rank.log"
     path.write_bytes(b"a" * 10)
     logfile = LogFile(path)
     assert logfile.rotate(5)
-    path.write_bytes(b"b")
-    assert logfile.chunk() == {"offset": 10, "size": 1, "data": "b"}
+    path.write_bytes(b"b" * 10)
+    assert not logfile.rotate(5)
+    assert (tmp_path / "rank.log.1").read_bytes() == b"a" * 10
+    path.write_bytes(b"b" * 11)
+    # Past twice the cap the disk bound wins: the first file's output is skipped, never misplaced.
+    assert logfile.rotate(5)
+    assert logfile.chunk() == {"offset": 10, "size": 11, "data": "b" * 11}
+
+
+def test_the_tail_continues_into_the_rotated_file(tmp_path):
+    path = tmp_path / "rank.log"
+    path.write_bytes(b"0123456789")
+    logfile = LogFile(path)
+    assert logfile.rotate(5)
+    path.write_bytes(b"ab")
+    assert read_tail(path, 6) == b"6789ab"
+    assert read_tail(path, 2) == b"ab"
+    assert read_tail(tmp_path / "none.log", 6) == b""
 
 
 def test_a_report_batch_is_bounded_by_count_and_bytes():

@@ -27,6 +27,8 @@ def test_the_agent_polls_once_a_minute_by_default(tmp_path):
         ("--poll-s", "-5"),
         ("--pids-max", "-1"),
         ("--pids-max", "4194305"),
+        ("--memory-max-mb", "-1"),
+        ("--memory-max-mb", "4194305"),
     ],
 )
 def test_a_setting_outside_its_bounds_exits_2_naming_it(tmp_path, capsys, flag, value):

@@ -1,4 +1,5 @@
-"""Job spec v1 launch fields: command, env, workdir, requeue, stop_grace_s, each bounded."""
+"""Job spec v1 launch fields: command, env, workdir, requeue, max_requeues, stop_grace_s, pids_max,
+memory_mb, each bounded."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ def test_launch_fields_round_trip():
             "env": {"NCCL_DEBUG": "INFO", "SEED": 3, "FLAG": True},
             "workdir": "/scratch/run",
             "requeue": True,
+            "max_requeues": 0,
             "stop_grace_s": 120,
+            "pids_max": 64,
+            "memory_mb": 4_194_304,
         }
     )
+    assert (job.launch.max_requeues, job.launch.pids_max, job.launch.memory_mb) == (0, 64, 4_194_304)
     assert job.launch.command == ("python", "train.py", "--lr", "3e-4")
     assert dict(job.launch.env) == {"NCCL_DEBUG": "INFO", "SEED": "3", "FLAG": "true"}
     assert load_job(job_to_spec(job)) == job
@@ -41,6 +46,12 @@ def test_launch_fields_round_trip():
 
 def test_a_spec_without_launch_fields_keeps_its_old_form():
     assert "command" not in job_to_spec(load_job(BASE))
+
+
+def test_requeues_default_to_five_and_limits_to_the_agents():
+    launch = load_job(BASE).launch
+    assert (launch.max_requeues, launch.pids_max, launch.memory_mb) == (5, None, None)
+    assert not {"max_requeues", "pids_max", "memory_mb"} & set(job_to_spec(load_job(BASE)))
 
 
 @pytest.mark.parametrize(
@@ -75,6 +86,16 @@ def test_a_spec_without_launch_fields_keeps_its_old_form():
         ({"stop_grace_s": -1}, "stop_grace_s"),
         ({"stop_grace_s": 1e9}, "stop_grace_s"),
         ({"stop_grace_s": float("nan")}, "stop_grace_s"),
+        ({"max_requeues": -1}, "max_requeues"),
+        ({"max_requeues": 101}, "max_requeues"),
+        ({"max_requeues": 2.5}, "max_requeues"),
+        ({"max_requeues": True}, "max_requeues"),
+        ({"pids_max": 63}, "pids_max"),
+        ({"pids_max": 1_048_577}, "pids_max"),
+        ({"pids_max": "4096"}, "pids_max"),
+        ({"memory_mb": 63}, "memory_mb"),
+        ({"memory_mb": 4_194_305}, "memory_mb"),
+        ({"memory_mb": 1e3}, "memory_mb"),
     ],
 )
 def test_bad_launch_fields_are_named(fields, field):

@@ -20,7 +20,7 @@ from apps.executors.agents import wakeups
 from apps.scheduling import services
 from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
-from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun
+from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun, SyncPulse
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Node
@@ -57,6 +57,20 @@ def sync(clients: NodeClients, node: str = "node-a", **body):
     return clients[node].post(
         "/api/v1/agents/sync/", {"node": node, "version": "1.0.0", **body}, format="json"
     )
+
+
+def server_answering(seconds: float = 600.0) -> None:
+    """The sync endpoint has been answering (some node) without a break for `seconds`."""
+    now = timezone.now()
+    SyncPulse.objects.update_or_create(
+        pk=1, defaults={"answered_at": now, "back_at": now - timedelta(seconds=seconds)}
+    )
+
+
+def fence_deadline_of(node: str, grace_s: float = 30.0):
+    """When the server counts `node`'s ranks gone (default stop grace of the test specs)."""
+    seen = NodeHealth.objects.get(node__name=node).last_seen
+    return agents.fence_deadline(last_seen=seen, grace_s=grace_s)
 
 
 def submit(user, committed, name: str, gpus: int, **extra) -> Job:
@@ -322,12 +336,13 @@ def test_a_requeued_job_of_a_down_node_says_why_after_it_is_placed_again(
     node = job_ranks(job=job)[0]["node"]
     sync(nodes, node)
     NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
-    committed(agents.nodes_check, cluster=case44)
+    server_answering()
+    committed(agents.nodes_check, cluster=case44, now=fence_deadline_of(node))
     job.refresh_from_db()
     # Placed again on the other node by the cycle the release queued: nothing waits any more.
     assert job.status == JobStatus.PLACING and job.pending_reason == ""
     assert {r["node"] for r in job_ranks(job=job)} != {node}
-    assert job.requeue_reason.startswith(f"node {node} went down")
+    assert job.requeue_reason == f"node {node} went down and its fence deadline passed"
 
 
 def live_gpus(job: Job) -> set[int]:
@@ -412,21 +427,98 @@ def test_a_preempted_job_is_placed_again_only_once_its_old_ranks_exited(case44, 
     assert Allocation.objects.filter(job=low, live=True, generation=2).count() == 8
 
 
-def test_a_silent_node_goes_down_and_its_job_fails(case44, nodes, alice, committed, settings):
+def test_a_silent_node_goes_down_and_its_job_runs_on_until_its_fence_deadline(
+    case44, nodes, alice, committed, settings
+):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "j", 8)
+    node = job_ranks(job=job)[0]["node"]
+    started = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in range(8)]
+    committed(sync, nodes, node, reports=started)
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    server_answering()
+    assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
+    # Out of placement, but its job is untouched: the agent may be cut off, not dead.
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
+    deadline = fence_deadline_of(node)
+    before = committed(agents.nodes_check, cluster=case44, now=deadline - timedelta(seconds=1))
+    assert before["fenced"] == [] and before["down"] == []
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    # At its fence deadline its agent surely stopped the ranks: they are lost, the job fails.
+    assert committed(agents.nodes_check, cluster=case44, now=deadline)["fenced"] == [node]
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.pending_reason == f"node {node} went down and its fence deadline passed"
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
+    assert committed(agents.nodes_check, cluster=case44, now=deadline)["fenced"] == []
+
+
+def test_a_node_is_blamed_for_silence_only_while_the_server_answered_others(
+    case44, nodes, alice, committed, settings
+):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     job = submit(alice, committed, "j", 8)
     node = job_ranks(job=job)[0]["node"]
     sync(nodes, node)
-    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=300))
+    now = timezone.now()
+    # Nobody has been answered for 5 minutes (the web or the database was away): no node is down.
+    SyncPulse.objects.filter(pk=1).update(
+        answered_at=now - timedelta(seconds=299), back_at=now - timedelta(seconds=900)
+    )
+    assert committed(agents.nodes_check, cluster=case44)["down"] == []
+    # The server answered again 20 s ago: silence counts from its return, 20 s < 30 s.
+    SyncPulse.objects.filter(pk=1).update(answered_at=now, back_at=now - timedelta(seconds=20))
+    assert committed(agents.nodes_check, cluster=case44)["down"] == []
+    # 31 s of answering others without a word from the node: down; its job runs on.
+    SyncPulse.objects.filter(pk=1).update(answered_at=now, back_at=now - timedelta(seconds=31))
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     job.refresh_from_db()
-    assert job.status == JobStatus.FAILED and f"node {node} went down" in job.pending_reason
-    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
-    sync(nodes, node)
-    assert NodeHealth.objects.get(node__name=node).state == NodeState.UP
+    assert job.status == JobStatus.PLACING
 
 
-def test_a_node_back_from_down_takes_work_only_once_its_old_ranks_are_gone(
+def test_a_node_no_one_outlived_goes_down_at_its_fence_deadline(case44, nodes, alice, committed, settings):
+    """A dead node whose silence the server cannot blame (no other node answered since) still
+    loses its ranks at its fence deadline: its agent, if alive, has stopped them by then."""
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "j", 8, requeue=True)
+    node = job_ranks(job=job)[0]["node"]
+    started = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in range(8)]
+    committed(sync, nodes, node, reports=started)
+    deadline = fence_deadline_of(node)
+    assert committed(agents.nodes_check, cluster=case44, now=deadline - timedelta(seconds=1)) == {
+        "down": [],
+        "fenced": [],
+        "drained": [],
+        "requeued": [],
+    }
+    changed = committed(agents.nodes_check, cluster=case44, now=deadline)
+    assert changed["down"] == [node] and changed["fenced"] == [node]
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING and node not in {r["node"] for r in job_ranks(job=job)}
+    assert NodeHealth.objects.get(node__name=node).state == NodeState.DOWN
+
+
+def test_the_sync_pulse_moves_at_most_every_few_seconds_and_marks_the_end_of_an_outage(db, settings):
+    settings.TOPOWEB_AGENT_POLL_S = 60
+    t0 = timezone.now()
+    agents.sync_answered(now=t0)
+    assert SyncPulse.objects.values_list("answered_at", "back_at").get() == (t0, t0)
+    agents.sync_answered(now=t0 + timedelta(seconds=4))
+    assert SyncPulse.objects.get().answered_at == t0
+    t1 = t0 + timedelta(seconds=70)
+    agents.sync_answered(now=t1)
+    # A gap shorter than a poll and three pulses is no outage.
+    assert SyncPulse.objects.values_list("answered_at", "back_at").get() == (t1, t0)
+    t2 = t1 + timedelta(seconds=agents.away_after_s() + 1)
+    agents.sync_answered(now=t2)
+    assert SyncPulse.objects.values_list("answered_at", "back_at").get() == (t2, t2)
+
+
+def test_a_node_back_before_its_fence_deadline_is_up_at_once_with_its_job_running(
     case44, nodes, alice, committed, settings
 ):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
@@ -434,10 +526,41 @@ def test_a_node_back_from_down_takes_work_only_once_its_old_ranks_are_gone(
     node = job_ranks(job=job)[0]["node"]
     body = sync(nodes, node).json()
     assert body["fence_after_s"] == settings.TOPOWEB_AGENT_FENCE_AFTER_S
+    assert body["fence_slack_s"] == agents.fence_slack_s() > 0
+    keys = [[job.pk, 1, r] for r in range(8)]
+    started = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in range(8)]
+    committed(sync, nodes, node, reports=started, running=keys)
     NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    server_answering()
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
-    # Its fenced ranks are still stopping: the node stays down and gets no work.
-    answer = sync(nodes, node, running=[[job.pk, 1, r] for r in range(8)]).json()
+    # Its ranks still run and the server still counts them: up at once, the job runs on.
+    answer = committed(sync, nodes, node, running=keys).json()
+    assert answer["state"] == "up" and answer["stop"] == []
+    assert {r["rank"] for w in answer["work"] for r in w["ranks"]} == set(range(8))
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+
+def test_a_node_back_after_its_ranks_were_counted_gone_takes_work_only_once_they_are(
+    case44, nodes, alice, committed, settings
+):
+    settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
+    job = submit(alice, committed, "j", 8)
+    node = job_ranks(job=job)[0]["node"]
+    keys = [[job.pk, 1, r] for r in range(8)]
+    started = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in range(8)]
+    committed(sync, nodes, node, reports=started, running=keys)
+    NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    server_answering()
+    committed(agents.nodes_check, cluster=case44, now=fence_deadline_of(node))
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    # Its GPUs are released, but the node is down: only the other node's are free.
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+    assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
+    # Processes of ranks the server counts as gone still run (they may hold GPUs counted free):
+    # the node stays down and gets no work.
+    answer = sync(nodes, node, running=keys).json()
     assert answer["state"] == "down" and answer["work"] == [] and "still run" in answer["reason"]
     assert int(cluster_snapshot(cluster=case44).free.sum()) == 8
     answer = sync(nodes, node, running=[]).json()

@@ -17,7 +17,7 @@ from apps.scheduling.retention import scheduling_retain
 from apps.scheduling.selectors import job_ranks
 from apps.scheduling.snapshot import cluster_snapshot
 
-from .test_agents_api import nodes, submit, sync  # noqa: F401  (the `nodes` fixture)
+from .test_agents_api import nodes, server_answering, submit, sync  # noqa: F401  (the `nodes` fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -144,7 +144,7 @@ def test_retention_keeps_the_early_exit_of_a_running_job_so_it_completes(
     assert scheduling_retain()["rank_records"] == 8
 
 
-def test_a_requeued_job_of_a_down_node_waits_for_its_fence_deadline_before_it_is_placed_again(
+def test_a_job_of_a_down_node_is_requeued_at_its_fence_deadline_and_placed_again(
     case44,
     nodes,  # noqa: F811
     alice,
@@ -159,26 +159,31 @@ def test_a_requeued_job_of_a_down_node_waits_for_its_fence_deadline_before_it_is
     other = ({"node-a", "node-b"} - {node}).pop()
     seen = timezone.now() - timedelta(seconds=31)
     NodeHealth.objects.filter(node__name=node).update(last_seen=seen)
+    server_answering()
     assert committed(agents.nodes_check, cluster=case44)["down"] == [node]
     job.refresh_from_db()
-    # Requeued, but its ranks on the cut-off node may still run until the agent fenced them:
-    # the job is not placed on the other node meanwhile.
-    assert job.status == JobStatus.QUEUED and job.generation == 1
-    assert "waiting for its previous placement to stop: 8 GPUs on" in job.pending_reason
+    # Down, but its ranks on the cut-off node may still run until the agent fenced them (or it
+    # comes back): the job runs on, nothing is placed on the other node meanwhile.
+    assert job.status == JobStatus.RUNNING and job.generation == 1
     assert not Allocation.objects.filter(job=job, live=True, node_name=other).exists()
-    # Before the deadline (last seen + down/2 + fence + the stop grace + a margin) nothing moves.
+    # Before the deadline (last seen + down/2 + fence + slack + the stop grace + a margin)
+    # nothing moves.
     grace = 30.0  # the default stop grace of the job spec
-    deadline = seen + timedelta(seconds=15 + 20 + grace + agents.FENCE_MARGIN_S)
+    slack = agents.fence_slack_s()
+    assert slack == 20.0  # the 20 s lease (at most 30 s)
+    deadline = seen + timedelta(seconds=15 + 20 + slack + grace + agents.FENCE_MARGIN_S)
     assert committed(agents.nodes_check, cluster=case44, now=deadline - timedelta(seconds=1))["fenced"] == []
     assert RankRun.objects.filter(job=job, state=RankState.STARTED).count() == 8
-    # Past it, the fenced ranks count as gone and the job is placed again, on the other node.
+    # Past it, the fenced ranks count as gone and the job is requeued and placed again, on the
+    # other node.
     assert committed(agents.nodes_check, cluster=case44, now=deadline)["fenced"] == [node]
     job.refresh_from_db()
     assert job.status == JobStatus.PLACING and job.generation == 2
+    assert job.requeue_reason == f"node {node} went down and its fence deadline passed"
     assert {r["node"] for r in job_ranks(job=job)} == {other}
     lost = RankRun.objects.filter(job=job, generation=1).values_list("state", "log_tail")
     assert {s for s, _ in lost} == {RankState.EXITED}
-    assert all("down and fenced" in t for _, t in lost)
+    assert all("fence deadline passed" in t for _, t in lost)
 
 
 def test_an_agent_back_before_its_fence_deadline_confirms_its_ranks_exits_itself(
@@ -193,13 +198,15 @@ def test_an_agent_back_before_its_fence_deadline_confirms_its_ranks_exits_itself
     where = start_all(nodes, job, committed)
     node = next(iter(where.values()))
     NodeHealth.objects.filter(node__name=node).update(last_seen=timezone.now() - timedelta(seconds=31))
+    server_answering()
     committed(agents.nodes_check, cluster=case44)
     keys = [[job.pk, 1, r] for r in sorted(where)]
-    # The agent is back, still stopping its fenced ranks: the node stays down, the job waits.
+    # The agent is back, stopping ranks it fenced (a shorter lease of its own): the server still
+    # counts them, so the node is up at once; the job is left to their exits.
     answer = committed(sync, nodes, node, running=[], stopping=keys).json()
-    assert answer["state"] == NodeState.DOWN and answer["stop"] == keys
+    assert answer["state"] == NodeState.UP
     job.refresh_from_db()
-    assert job.status == JobStatus.QUEUED
+    assert job.status == JobStatus.RUNNING
     # The agent's contact moves the deadline on: a check now frees nothing.
     assert committed(agents.nodes_check, cluster=case44)["fenced"] == []
     exits = [
@@ -207,4 +214,8 @@ def test_an_agent_back_before_its_fence_deadline_confirms_its_ranks_exits_itself
     ]
     committed(sync, nodes, node, reports=exits, running=[], stopping=[])
     job.refresh_from_db()
-    assert job.status == JobStatus.PLACING and job.generation == 2
+    # Its own exits, not "lost": the ranks' reports decide (a kill fails the job), GPUs are free.
+    assert job.status == JobStatus.FAILED
+    runs = RankRun.objects.filter(job=job).values_list("exit_code", flat=True)
+    assert set(runs) == {-9}
+    assert free(case44) == 16

@@ -3,13 +3,15 @@ on its own)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from rest_framework import serializers
 
+from apps.scheduling.choices import ExitCause
 from apps.scheduling.node_models import LOG_TAIL_CHARS
 
-from ..services import Heartbeat, LogChunk, RankReport, clean_text, parse_reports
+from ..services import AgentClaim, Heartbeat, LogChunk, RankReport, clean_text, parse_reports
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 ADDR_PATTERN = r"^[A-Za-z0-9._:\[\]-]*$"
@@ -19,6 +21,11 @@ MAX_LOG_CHUNKS = 64
 MAX_CHUNK_BYTES = 256 * 1024
 MAX_RANK = 1_048_575
 MAX_ID = 2**31 - 1
+MAX_ORPHANS = 64
+MAX_ORPHAN_PIDS = 32
+INSTANCE_PATTERN = r"^[0-9a-f]{16,64}$"
+# Epoch seconds up to the year 2242.
+MAX_EPOCH_S = 2.0**33
 
 
 class GpuInventorySerializer(serializers.Serializer):
@@ -45,6 +52,13 @@ class RankReportSerializer(serializers.Serializer):
     event = serializers.ChoiceField(choices=["started", "exited"])
     pid = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False, allow_null=True)
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, required=False, allow_null=True)
+    cause = serializers.ChoiceField(
+        choices=[c for c in ExitCause.values if c != ExitCause.NODE_DOWN],
+        required=False,
+        default=ExitCause.EXITED,
+        help_text="Why it exited (exited: its own exit; lost, fenced, stopped: not its fault; "
+        "pids_limit, memory_limit: a limit of its cgroup; refused: never started). Absent: exited.",
+    )
     log_tail = serializers.CharField(
         max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, trim_whitespace=False
     )
@@ -64,6 +78,24 @@ class LogChunkSerializer(serializers.Serializer):
     offset = serializers.IntegerField(min_value=0, max_value=2**62)
     size = serializers.IntegerField(min_value=1, max_value=MAX_CHUNK_BYTES)
     data = serializers.CharField(max_length=MAX_CHUNK_BYTES, allow_blank=True, trim_whitespace=False)
+
+
+class OrphanSerializer(serializers.Serializer):
+    """A rank cgroup holding processes that no rank record of this server names: being stopped."""
+
+    job = serializers.IntegerField(min_value=0, max_value=MAX_ID)
+    generation = serializers.IntegerField(min_value=0, max_value=MAX_ID)
+    rank = serializers.IntegerField(min_value=0, max_value=MAX_RANK)
+    pids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID), max_length=MAX_ORPHAN_PIDS
+    )
+    server = serializers.RegexField(
+        r"^[A-Za-z0-9-]*$",
+        max_length=16,
+        required=False,
+        allow_blank=True,
+        help_text="The server its record named, when another (or 'unknown').",
+    )
 
 
 class AgentSyncSerializer(serializers.Serializer):
@@ -109,6 +141,22 @@ class AgentSyncSerializer(serializers.Serializer):
         help_text="Pieces of the ranks' log files, each validated on its own.",
     )
     wait_s = serializers.FloatField(min_value=0, max_value=60, required=False, default=0.0)
+    instance = serializers.RegexField(
+        INSTANCE_PATTERN,
+        required=False,
+        help_text="This agent process's random id: the node syncs with one instance at a time.",
+    )
+    previous = serializers.RegexField(
+        INSTANCE_PATTERN,
+        required=False,
+        allow_blank=True,
+        help_text="The instance the agent's state directory last synced as (the agent it succeeds).",
+    )
+    host = serializers.RegexField(ADDR_PATTERN, max_length=255, required=False, allow_blank=True)
+    started_at = serializers.FloatField(
+        min_value=0, max_value=MAX_EPOCH_S, required=False, help_text="When the agent started (epoch s)."
+    )
+    orphans = OrphanSerializer(many=True, required=False, max_length=MAX_ORPHANS)
 
     def validate(self, attrs):
         attrs.setdefault("running", [])
@@ -127,7 +175,23 @@ class AgentSyncSerializer(serializers.Serializer):
             inventory=None if gpus is None else [dict(g) for g in gpus],
             unhealthy=tuple((u["gpu"], u["reason"]) for u in data.get("unhealthy", [])),
             running=len(data["running"]) + len(data["stopping"]),
+            ranks=frozenset(tuple(k) for k in [*data["running"], *data["stopping"]]),
             isolation=data.get("isolation", ""),
+            orphans=tuple(
+                {**o, "pids": list(o["pids"]), "server": o.get("server", "")} for o in data.get("orphans", [])
+            ),
+        )
+
+    def claim(self) -> AgentClaim:
+        """Which agent process sent the body."""
+        data = self.validated_data
+        started = data.get("started_at")
+        return AgentClaim(
+            instance=data.get("instance", ""),
+            previous=data.get("previous", ""),
+            host=data.get("host", ""),
+            addr=data.get("addr", ""),
+            started_at=None if started is None else datetime.fromtimestamp(started, tz=UTC),
         )
 
 

@@ -84,7 +84,7 @@ class AgentSyncView(APIView):
     @extend_schema(
         summary="Agent: heartbeat, report rank starts and exits, long-poll the node's work",
         request=AgentSyncSerializer,
-        responses={200: dict, 400: dict, 403: dict},
+        responses={200: dict, 400: dict, 403: dict, 409: dict},
     )
     def post(self, request: Request) -> Response:
         """Record the heartbeat and the valid reports (the answer's `refused` lists the others and
@@ -92,7 +92,12 @@ class AgentSyncView(APIView):
         although no work lists them; when nothing changed for the agent (no reports, it
         runs exactly its work) wait up to `wait_s` for a change. The credential's node is the
         only node this answers for: another `node` in the body, or a report about a rank placed
-        on another node, is refused with 403 and nothing is recorded."""
+        on another node, is refused with 403 and nothing is recorded. The node syncs with one
+        agent process (`instance`) at a time: another one's sync, while the one bound to the node
+        has synced within `agents.agent_lease_s()`, is refused with 409 naming that one (unless it
+        succeeds it on its state directory, `previous`), and nothing of it is recorded. The answer
+        names this server (`server_id`), the cluster and the node: an agent adopts no record made
+        for another."""
         body = AgentSyncSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -110,6 +115,24 @@ class AgentSyncView(APIView):
             return Response(
                 {"detail": "the credential's node no longer exists"}, status=status.HTTP_403_FORBIDDEN
             )
+        row = known
+        agent_row, holder = retry_when_locked(
+            lambda: agents.agent_claim(node=node, agent=known, claim=body.claim()), what="agent claim"
+        )
+        if holder is not None:
+            return Response(
+                {
+                    "detail": f"node {node.name!r} has a live agent already: instance {holder['instance']}"
+                    f" on {holder['host'] or '?'} (address {holder['addr'] or '?'}), started"
+                    f" {holder['started_at']}, last synced {holder['silent_s']:.0f} s ago. This agent is"
+                    f" refused (it starts nothing) until that one has been silent for"
+                    f" {agents.agent_lease_s():.0f} s: one agent per node credential.",
+                    "node": node.name,
+                    "holder": holder,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        known = agent_row
         reports, refused = split_reports(data["reports"])
         chunks, refused_logs = split_logs(data["logs"])
         foreign, unknown = agents.report_scope(node=node, reports=[*reports, *chunks])
@@ -170,15 +193,19 @@ class AgentSyncView(APIView):
                 connection.close()
             if wait_for_change(node.cluster_id, node.name, since, wait_s):
                 work, stops = node_work(node=node)
+        server_id, cluster_name = agents.server_identity(cluster_id=node.cluster_id, agent=row)
         return Response(
             {
                 "node": node.name,
+                "server_id": server_id,
+                "cluster": cluster_name,
                 "state": agent.state,
                 "reason": agent.reason,
                 "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
                 "down_after_s": agents.down_after_s(),
                 "refused": refused,
                 "fence_after_s": agents.fence_after_s(),
+                "fence_slack_s": agents.fence_slack_s(),
                 "logs": logs,
                 "refused_logs": refused_logs,
                 "work": work,

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0019_launcher_key_hashes'),
+        ('scheduling', '0022_agent_instance'),
     ]
 
     operations = [
