@@ -56,6 +56,8 @@ _TOP_OPTIONAL = {
     "model",
     "estimated_runtime_s",
     "policy",
+    "account",
+    "qos",
 } | LAUNCH_FIELDS
 _PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
 
@@ -97,6 +99,9 @@ class JobSpec:
     launch: LaunchSpec = LaunchSpec()
     # Microbatches per step in each pipeline (1F1B schedule), None when not declared.
     microbatches: int | None = None
+    # The account it is submitted as and its QOS, by name (None: the defaults).
+    account: str | None = None
+    qos: str | None = None
 
     def entry_overlap(self, entry: CommEntry) -> float:
         """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
@@ -189,6 +194,8 @@ def load_job(data: Any) -> JobSpec:
     if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
         errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
     launch = load_launch(errs, data)
+    account = _optional_str(errs, "account", data.get("account"))
+    qos = _optional_str(errs, "qos", data.get("qos"))
     errs.raise_if_any()
     return JobSpec(
         name=name,
@@ -210,6 +217,8 @@ def load_job(data: Any) -> JobSpec:
         policy=policy,
         launch=launch,
         microbatches=microbatches,
+        account=account,
+        qos=qos,
     )
 
 
@@ -312,6 +321,10 @@ def job_to_spec(job: JobSpec) -> dict:
         out["estimated_runtime_s"] = job.estimated_runtime_s
     if job.policy is not None:
         out["policy"] = job.policy
+    if job.account is not None:
+        out["account"] = job.account
+    if job.qos is not None:
+        out["qos"] = job.qos
     out.update(launch_to_spec(job.launch))
     return out
 

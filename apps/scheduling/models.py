@@ -87,7 +87,15 @@ class Job(models.Model):
         null=True,
         blank=True,
         related_name="jobs",
-        help_text="The owner's account when submitted.",
+        help_text="The account it was submitted as (its owner's default, or the one it named).",
+    )
+    qos = models.ForeignKey(
+        "scheduling.Qos",
+        on_delete=models.RESTRICT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="Its class of service (its account's default, or the one it named).",
     )
     borrowed = models.BooleanField(
         default=False,
@@ -313,7 +321,7 @@ class LauncherToken(models.Model):
         return f"launcher token {self.prefix}… for cluster {self.cluster_id}"
 
 
-from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
+from .account_models import Account, AccountLimit, AccountMembership, Qos  # noqa: E402  (accounts)
 from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeHealth,
     NodeToken,
@@ -336,6 +344,7 @@ __all__ = [
     "NodeHealth",
     "NodeToken",
     "OccupancyChange",
+    "Qos",
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",

@@ -292,17 +292,29 @@ class TcpProxy:
         self.listener.close()
 
 
+def _walk(root: Path, name: str | None = None) -> list[Path]:
+    """Files called `name` under `root` (directories when `name` is None), deepest first; a
+    directory removed meanwhile (its agent still cleaning up) is skipped, not an error."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        if name is None:
+            found += [Path(top) / d for d in dirs]
+        elif name in files:
+            found.append(Path(top) / name)
+    return sorted(found, key=lambda p: -len(p.parts))
+
+
 def kill_cgroups(dirs: list[Path]) -> None:
     """SIGKILL every process in the cgroup trees `dirs` (thawing v1 freezers), then remove them."""
     for _ in range(50):
         pids = set()
         for d in dirs:
-            for procs in d.rglob("cgroup.procs"):
+            for procs in _walk(d, "cgroup.procs"):
                 try:
                     pids |= {int(p) for p in procs.read_text().split()}
                 except OSError:
                     pass
-            for state in d.rglob("freezer.state"):
+            for state in _walk(d, "freezer.state"):
                 try:
                     state.write_text("THAWED")
                 except OSError:
@@ -316,7 +328,7 @@ def kill_cgroups(dirs: list[Path]) -> None:
                 pass
         time.sleep(0.1)
     for d in dirs:
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        for sub in _walk(d):
             try:
                 sub.rmdir()
             except OSError:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0022_agent_instance'),
+        ('scheduling', '0023_qos_memberships'),
     ]
 
     operations = [
