@@ -10,7 +10,7 @@ import json
 
 from django.contrib import admin, messages
 
-from . import nodes, services
+from . import executor, nodes, services
 from .account_models import DEFAULT_QOS
 from .models import (
     Account,
@@ -200,15 +200,25 @@ class NodeHealthAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain the selected nodes (reason: the node's reason field, else 'admin')")
     def drain(self, request, queryset):
+        done = 0
         for agent in queryset.select_related("node"):
-            nodes.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
-        self.message_user(request, f"{queryset.count()} nodes draining or drained", messages.SUCCESS)
+            try:
+                nodes.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
+                done += 1
+            except executor.Refused as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        self.message_user(request, f"{done} nodes draining or drained", messages.SUCCESS)
 
     @admin.action(description="Resume the selected nodes")
     def resume(self, request, queryset):
+        done = 0
         for agent in queryset.select_related("node"):
-            nodes.node_resume(node=agent.node)
-        self.message_user(request, f"{queryset.count()} nodes resumed", messages.SUCCESS)
+            try:
+                nodes.node_resume(node=agent.node)
+                done += 1
+            except executor.Refused as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        self.message_user(request, f"{done} nodes resumed", messages.SUCCESS)
 
 
 class AccountMembershipInline(admin.TabularInline):

@@ -347,6 +347,7 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         "policy": spec.policy,
         "gpus": spec.gpus,
         "estimated_runtime_s": spec.estimated_runtime_s,
+        "time_limit_min": spec.launch.time_limit_min,
     }
 
 
