@@ -60,6 +60,8 @@ _TOP_OPTIONAL = {
     "estimated_runtime_s",
     "policy",
     "gpu_models",
+    "account",
+    "qos",
 } | LAUNCH_FIELDS
 _PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
 
@@ -105,6 +107,9 @@ class JobSpec:
     # fastest it may run on); a step runs at its slowest placed GPU (`costmodel.speed`).
     gpu_models: tuple[str, ...] = ()
     reference_model: str | None = None
+    # The account it is submitted as and its QOS, by name (None: the defaults).
+    account: str | None = None
+    qos: str | None = None
 
     def entry_overlap(self, entry: CommEntry) -> float:
         """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
@@ -204,6 +209,8 @@ def load_job(data: Any) -> JobSpec:
     if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
         errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
     launch = load_launch(errs, data)
+    account = _optional_str(errs, "account", data.get("account"))
+    qos = _optional_str(errs, "qos", data.get("qos"))
     errs.raise_if_any()
     return JobSpec(
         name=name,
@@ -227,6 +234,8 @@ def load_job(data: Any) -> JobSpec:
         microbatches=microbatches,
         gpu_models=gpu_models,
         reference_model=reference,
+        account=account,
+        qos=qos,
     )
 
 
@@ -366,6 +375,10 @@ def job_to_spec(job: JobSpec) -> dict:
         out["estimated_runtime_s"] = job.estimated_runtime_s
     if job.policy is not None:
         out["policy"] = job.policy
+    if job.account is not None:
+        out["account"] = job.account
+    if job.qos is not None:
+        out["qos"] = job.qos
     out.update(launch_to_spec(job.launch))
     return out
 

@@ -131,6 +131,8 @@ def read_holds(
         "submitted_at",
         "account_id",
         "borrowed",
+        "owner_id",
+        "qos_id",
     )
     for (
         pk,
@@ -145,6 +147,8 @@ def read_holds(
         submitted_at,
         account_id,
         borrowed,
+        owner_id,
+        qos_id,
     ) in rows:
         held = holds.get(pk, JobHold(ranks={})).ranks
         begin = started_at or placed_at
@@ -169,6 +173,8 @@ def read_holds(
                 account=account_id,
                 borrowed=borrowed,
                 submitted_at=submitted_at,
+                owner=owner_id,
+                qos=qos_id,
             ),
             generation=generation,
             migrating=migrating,
@@ -264,10 +270,12 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
     rows = list(
         Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
         .order_by("-priority", "submitted_at", "id")
-        .values_list("id", "priority", "submitted_at", "policy", "pending_reason", "account_id")
+        .values_list(
+            "id", "priority", "submitted_at", "policy", "pending_reason", "account_id", "owner_id", "qos_id"
+        )
     )
     with _SPEC_LOCK:
-        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _, _ in rows}
+        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, *_ in rows}
     missing = [pk for pk, spec in specs.items() if spec is None]
     if missing:
         loaded = {}
@@ -279,7 +287,7 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
                     unreadable[pk] = f"its stored spec is invalid: {shorten(str(exc), 500)}"
         specs.update(loaded)
         with _SPEC_LOCK:
-            for pk, _, at, _, _, _ in rows:
+            for pk, _, at, *_ in rows:
                 if pk in loaded:
                     _SPEC_CACHE[(pk, at)] = loaded[pk]
             while len(_SPEC_CACHE) > _SPEC_CACHE_SIZE:
@@ -293,8 +301,10 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
             policy=policy,
             pending_reason=reason,
             account=account,
+            owner=owner,
+            qos=qos,
         )
-        for pk, prio, at, policy, reason, account in rows
+        for pk, prio, at, policy, reason, account, owner, qos in rows
         if specs[pk] is not None
     ]
 
@@ -339,6 +349,7 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         "policy": spec.policy,
         "gpus": spec.gpus,
         "estimated_runtime_s": spec.estimated_runtime_s,
+        "time_limit_min": spec.launch.time_limit_min,
     }
 
 
