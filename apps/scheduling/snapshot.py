@@ -22,7 +22,8 @@ from django.db import connection
 from django.db.models import Q
 
 from apps.placement.costmodel import Prediction, evaluate
-from apps.placement.jobs import JobSpec, check_peak, job_to_spec, load_job
+from apps.placement.costmodel.speed import check_job_models
+from apps.placement.jobs import JobSpec, job_to_spec, load_job
 from apps.placement.planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
 from apps.placement.topology import SpecError, Topology, shorten
@@ -313,8 +314,8 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
 
     Raises SpecError naming each bad field; a job that could never be placed on the empty
     cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`, one whose
-    compute would need more than the cluster's fastest GPU peak names `model.flops_per_step` and
-    `step.compute_ms`.
+    compute would need more than its reference GPU's peak names `model.flops_per_step` and
+    `step.compute_ms`, a GPU model the cluster lacks `gpu_models[i]` or `step.gpu_model`.
     `fresh=True`: `cluster` was read from the database just now (see `cluster_topology`).
     """
     if not isinstance(data, Mapping):
@@ -335,8 +336,9 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         raise SpecError(
             [("gpus", f"needs {spec.gpus} GPUs but cluster {cluster.name!r} has {topology.n_gpus}")]
         )
-    # Compute faster than the fastest GPU here could do it: an MFU above 100%, physically impossible.
-    check_peak(spec, float(topology.node_peak_tflops.max()))
+    # GPU models the cluster lacks; compute faster than the reference GPU could do it (an MFU
+    # above 100%, physically impossible).
+    check_job_models(topology, spec)
     never = never_fits(topology, spec, spec.policy or cluster.policy)
     if never:
         raise SpecError([("gpus", f"can never be placed on cluster {cluster.name!r}: {never}")])
@@ -357,7 +359,7 @@ _NEVER_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def never_fits(topology: Topology, spec: JobSpec, policy: str) -> str:
     """Why `policy` cannot place `spec` even on the empty cluster ("" if it can)."""
     # Cached per topology and gang shape: fitting an empty cluster does not depend on traffic.
-    shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
+    shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order, spec.gpu_models)
     with _SPEC_LOCK:
         known = _NEVER_FITS.setdefault(topology, {})
         if shape in known:
