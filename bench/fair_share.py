@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from apps.placement.jobs import load_job  # noqa: E402
+from apps.placement.planning import QosLimits  # noqa: E402
 from apps.placement.sim.fairshare import replay_fair_share  # noqa: E402
 from apps.placement.topology.io import load_topology_file  # noqa: E402
 
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=None, help="s between an account's submissions")
     p.add_argument("--half-life-h", type=float, default=24.0)
     p.add_argument("--tolerance", type=float, default=0.10)
+    p.add_argument(
+        "--qos",
+        action="store_true",
+        help="every job in a QOS `high` (priority term 50, at most 3/4 of the cluster's GPUs per account)",
+    )
     args = p.parse_args(argv)
     topo = load_topology_file(args.topology)
     job = stream_job(args.gpus, args.runtime)
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.hours * 3600.0,
         interval_s=interval,
         half_life_s=args.half_life_h * 3600.0,
+        qos=QosLimits(1, "high", priority=50, max_running_gpus_per_account=topo.n_gpus * 3 // 4)
+        if args.qos
+        else None,
     )
     wall = time.perf_counter() - t0
     ratio = run.ratio("a-share-1", "b-share-3")
@@ -70,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{topo.n_gpus} GPUs, jobs of {args.gpus} GPUs for {args.runtime:.0f} s, each account every {interval:.0f} s"
     )
-    print(f"replayed {args.hours:g} h in {wall:.1f} s ({run.cycles} cycles)")
+    print(
+        f"replayed {args.hours:g} h in {wall:.1f} s ({run.cycles} cycles)"
+        + (", QOS high" if args.qos else "")
+    )
     print("hour  a-share-1  b-share-3  (GPU-hours)")
     for h, (a, b) in enumerate(zip(run.hourly["a-share-1"], run.hourly["b-share-3"], strict=True)):
         print(f"{h:4d}  {a:9.1f}  {b:9.1f}")

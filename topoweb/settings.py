@@ -261,6 +261,9 @@ FAIR_SHARE_HALF_LIFE_H = float(_env("TOPOWEB_FAIR_SHARE_HALF_LIFE_H") or 24)
 PRIORITY_WEIGHT_REQUESTED = float(_env("TOPOWEB_PRIORITY_WEIGHT_REQUESTED") or 1)
 PRIORITY_WEIGHT_AGE = float(_env("TOPOWEB_PRIORITY_WEIGHT_AGE") or 10)
 PRIORITY_WEIGHT_FAIR_SHARE = float(_env("TOPOWEB_PRIORITY_WEIGHT_FAIR_SHARE") or 100)
+PRIORITY_WEIGHT_QOS = float(_env("TOPOWEB_PRIORITY_WEIGHT_QOS") or 1)
+# Refuse submissions of users in no account (Slurm's AccountingStorageEnforce=associations).
+REQUIRE_ACCOUNT = _env_bool("TOPOWEB_REQUIRE_ACCOUNT", False)
 BULK_MAX_JOBS = int(_env("TOPOWEB_BULK_MAX_JOBS") or 500)
 # Most jobs a user may have waiting (queued or preempted) across every cluster; a submission that
 # would go past it is refused whole (apps/scheduling/accounts.py queued_caps).

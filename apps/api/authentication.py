@@ -70,13 +70,8 @@ class TokenAuthentication(authentication.TokenAuthentication):
         if hit is not None and hit[2] > now:
             # A copy per request: what a request caches on its user (permissions) stays its own.
             return copy.copy(hit[1]), hit[0]
-        # The user's account comes in the same query: a submission needs it (a join, not a query).
         # The key is the primary key: no ORDER BY (first() would add one), one index lookup.
-        found = list(
-            self.get_model()
-            .objects.select_related("user", "user__membership", "user__membership__account")
-            .filter(key=key)[:1]
-        )
+        found = list(self.get_model().objects.select_related("user").filter(key=key)[:1])
         token = found[0] if found else None
         if token is None:
             raise AuthenticationFailed("Invalid token.")

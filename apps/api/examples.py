@@ -207,6 +207,30 @@ CLUSTER_SETTINGS = _settings_body(
 )
 CLUSTER_POLICY = _settings_body("policy", "Switch the default placement policy", {"policy": "tree_best_fit"})
 
+QOS_SCAVENGER = _settings_body(
+    "scavenger",
+    "A scavenger QOS: borrows idle GPUs only and any other QOS preempts it",
+    {
+        "cluster": "pod-256",
+        "name": "scavenger",
+        "priority": -50,
+        "max_running_gpus_per_account": 0,
+        "may_borrow": True,
+        "preemptible": True,
+    },
+)
+QOS_HIGH = _settings_body(
+    "high",
+    "A high QOS: a priority term, 16 running GPUs per user, a day per job",
+    {
+        "cluster": "pod-256",
+        "name": "high",
+        "priority": 50,
+        "max_running_gpus_per_user": 16,
+        "max_wall_s": 86400,
+    },
+)
+
 # operationId -> {"request": {media type: {key: (summary, value)}}} for operations with a body,
 # or {"response": (status, {key: (summary, value)})} for operations without one.
 EXAMPLES: dict[str, dict] = {
@@ -309,4 +333,9 @@ EXAMPLES: dict[str, dict] = {
     "v1_clusters_import_create": {"request": _spec_body(*TOPOLOGY_BODIES, multipart=True)},
     "v1_clusters_update": {"request": CLUSTER_SETTINGS},
     "v1_clusters_partial_update": {"request": CLUSTER_POLICY},
+    "v1_qos_create": {"request": QOS_SCAVENGER},
+    "v1_qos_update": {"request": QOS_HIGH},
+    "v1_qos_partial_update": {
+        "request": _settings_body("limit", "Cap a user's running GPUs", {"max_running_gpus_per_user": 16})
+    },
 }

@@ -4,8 +4,8 @@ dashboard all check, so the three agree.
 - viewer: reads everything, including every user's jobs, cycles and migration proposals.
 - submitter: submits jobs and cancels their own (every signed-in user is one while
   `TOPOWEB_ANY_USER_SUBMITS` is on, the default).
-- operator: a viewer who also changes cluster settings (policy, preemption, backfill), drains and
-  resumes nodes, cancels, starts, completes and fails any job, and applies or rejects migration proposals.
+- operator: a viewer who also changes cluster settings (policy, preemption, backfill), adds,
+  changes and deletes QOS, drains and resumes nodes, cancels, starts, completes and fails any job, and applies or rejects migration proposals.
 - admin: every permission on the topology and scheduling models: imports, replaces and deletes
   clusters, edits topology rows, creates launcher tokens.
 
@@ -44,6 +44,10 @@ ROLES: dict[str, tuple[str, ...]] = {
         "scheduling.change_migrationproposal",
         "topology.change_cluster",
         "scheduling.change_nodehealth",
+        "scheduling.view_qos",
+        "scheduling.add_qos",
+        "scheduling.change_qos",
+        "scheduling.delete_qos",
     ),
     # Every permission of APPS (see roles_ensure).
     "admin": (),

@@ -58,6 +58,11 @@ class ClusterExecutor(models.Model):
         help_text="Names this TopoWeb in the comment of every Slurm job it submits: it stops only Slurm "
         "jobs with its own name, so TopoWeb servers sharing a Slurm never stop each other's jobs.",
     )
+    scontrol_nodes = models.BooleanField(
+        default=False,
+        help_text="Drain and resume made in TopoWeb run `scontrol update nodename=N state=drain|resume` "
+        "(TopoWeb's host has Slurm's commands and may change node states); off: refused with how to in Slurm.",
+    )
     last_sync_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
 

@@ -30,7 +30,8 @@ from typing import Any
 from .bounds import gap, lower_bound
 from .convert import cli as convert_cli
 from .costmodel import Prediction, evaluate
-from .jobs import JobSpec, check_peak, load_job
+from .costmodel.speed import check_job_models
+from .jobs import JobSpec, load_job
 from .sim import cli as sim_cli
 from .solvers import POLICIES, NoFit, Placement, place, placement_output, prediction_output
 from .topology import (
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sim_cli.run(args, _read_topology)
         topology = _flagged("--topology", load_topology, _read_spec(args.topology, "--topology"))
         job = _flagged("--job", load_job, _read_spec(args.job, "--job", JOB_LIMITS))
-        _flagged("--job", check_peak, job, float(topology.node_peak_tflops.max()))
+        _flagged("--job", check_job_models, topology, job)
         out, status = COMMANDS[args.command](topology, job, args)
     except InputError as exc:
         message = " ".join(str(exc).split())

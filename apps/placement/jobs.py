@@ -24,12 +24,15 @@ from .topology import (
     read_spec_file,
 )
 from .topology.ranges import (
+    GPU_MODEL_HELP,
+    GPU_MODEL_RE,
     MAX_CLUSTER_GPUS,
     MAX_COMM_BYTES,
     MAX_COMM_COUNT,
     MAX_COMM_ENTRIES,
     MAX_COMPUTE_MS,
     MAX_FLOPS_PER_STEP,
+    MAX_JOB_GPU_MODELS,
     MAX_PRIORITY,
     MAX_RUNTIME_S,
     MIN_COMM_BYTES,
@@ -56,6 +59,9 @@ _TOP_OPTIONAL = {
     "model",
     "estimated_runtime_s",
     "policy",
+    "gpu_models",
+    "account",
+    "qos",
 } | LAUNCH_FIELDS
 _PARALLEL_KEYS = {"tp", "pp", "dp", "ep", "cp"}
 
@@ -97,6 +103,13 @@ class JobSpec:
     launch: LaunchSpec = LaunchSpec()
     # Microbatches per step in each pipeline (1F1B schedule), None when not declared.
     microbatches: int | None = None
+    # The GPU models the job may run on (empty: any), and the one `compute_ms` is for (None: the
+    # fastest it may run on); a step runs at its slowest placed GPU (`costmodel.speed`).
+    gpu_models: tuple[str, ...] = ()
+    reference_model: str | None = None
+    # The account it is submitted as and its QOS, by name (None: the defaults).
+    account: str | None = None
+    qos: str | None = None
 
     def entry_overlap(self, entry: CommEntry) -> float:
         """The share (0..1) of `entry`'s time hidden behind compute: its own or the job's."""
@@ -154,9 +167,9 @@ def load_job(data: Any) -> JobSpec:
             maximum=MAX_FLOPS_PER_STEP,
         )
 
-    compute_ms, overlap, microbatches = 0.0, 0.0, None
+    compute_ms, overlap, microbatches, reference = 0.0, 0.0, None, None
     step = data["step"]
-    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap", "microbatches"}):
+    if _check_keys(errs, "step", step, {"compute_ms"}, {"overlap", "microbatches", "gpu_model"}):
         compute_ms = _positive(
             errs,
             "step.compute_ms",
@@ -168,6 +181,13 @@ def load_job(data: Any) -> JobSpec:
         overlap = _positive(errs, "step.overlap", step.get("overlap", 0.0), allow_zero=True, maximum=1.0)
         if step.get("microbatches") is not None:
             microbatches = _count(errs, "step.microbatches", step["microbatches"], maximum=MAX_COMM_COUNT)
+        if step.get("gpu_model") is not None:
+            reference = _name(
+                errs, "step.gpu_model", step["gpu_model"], pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP
+            )
+    gpu_models = _gpu_models(errs, data.get("gpu_models"))
+    if reference is not None and gpu_models and reference not in gpu_models:
+        errs.add("step.gpu_model", f"{reference!r} is not one of gpu_models")
 
     comm: list[CommEntry] = []
     if not isinstance(data["comm"], list):
@@ -189,6 +209,8 @@ def load_job(data: Any) -> JobSpec:
     if policy is not None and (not isinstance(policy, str) or policy not in POLICY_NAMES):
         errs.add("policy", f"must be one of {', '.join(POLICY_NAMES)} or null, got {cut(policy)}")
     launch = load_launch(errs, data)
+    account = _optional_str(errs, "account", data.get("account"))
+    qos = _optional_str(errs, "qos", data.get("qos"))
     errs.raise_if_any()
     return JobSpec(
         name=name,
@@ -210,7 +232,44 @@ def load_job(data: Any) -> JobSpec:
         policy=policy,
         launch=launch,
         microbatches=microbatches,
+        gpu_models=gpu_models,
+        reference_model=reference,
+        account=account,
+        qos=qos,
     )
+
+
+def _gpu_models(errs: _Errors, value: Any) -> tuple[str, ...]:
+    """`gpu_models`: a list of distinct GPU model names (at most MAX_JOB_GPU_MODELS), or null."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        errs.add("gpu_models", f"must be a non-empty list of GPU model names or null, got {cut(value)}")
+        return ()
+    if len(value) > MAX_JOB_GPU_MODELS:
+        errs.add("gpu_models", f"holds {len(value)} models; the limit is {MAX_JOB_GPU_MODELS}")
+        return ()
+    out: list[str] = []
+    for i, m in enumerate(value):
+        name = _name(errs, f"gpu_models[{i}]", m, pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP)
+        if isinstance(name, str) and name in out:
+            errs.add(f"gpu_models[{i}]", f"{name!r} is named twice")
+        elif isinstance(name, str):
+            out.append(name)
+    return tuple(out)
+
+
+def check_gpu_models(job: JobSpec, models: Mapping[str, Any]) -> None:
+    """Raise SpecError naming `gpu_models[i]` or `step.gpu_model` for a model the cluster does not
+    have (`models`: the cluster's GPU models by name, those some node has)."""
+    errs = _Errors()
+    known = ", ".join(sorted(models)) or "none"
+    for i, m in enumerate(job.gpu_models):
+        if m not in models:
+            errs.add(f"gpu_models[{i}]", f"unknown GPU model {m!r}; this cluster has {known}")
+    if job.reference_model is not None and job.reference_model not in models:
+        errs.add("step.gpu_model", f"unknown GPU model {job.reference_model!r}; this cluster has {known}")
+    errs.raise_if_any()
 
 
 def _optional_str(errs: _Errors, path: str, value: Any) -> str | None:
@@ -303,6 +362,10 @@ def job_to_spec(job: JobSpec) -> dict:
     out["step"] = {"compute_ms": job.compute_ms, "overlap": job.overlap}
     if job.microbatches is not None:
         out["step"]["microbatches"] = job.microbatches
+    if job.reference_model is not None:
+        out["step"]["gpu_model"] = job.reference_model
+    if job.gpu_models:
+        out["gpu_models"] = list(job.gpu_models)
     out["comm"] = [
         {"group": c.group, "collective": c.collective, "bytes": c.bytes, "count": c.count}
         | ({} if c.overlap is None else {"overlap": c.overlap})
@@ -312,6 +375,10 @@ def job_to_spec(job: JobSpec) -> dict:
         out["estimated_runtime_s"] = job.estimated_runtime_s
     if job.policy is not None:
         out["policy"] = job.policy
+    if job.account is not None:
+        out["account"] = job.account
+    if job.qos is not None:
+        out["qos"] = job.qos
     out.update(launch_to_spec(job.launch))
     return out
 

@@ -3,9 +3,11 @@
 `command` (argv list), `env` (extra variables), `workdir` (absolute path), `requeue` (back to the
 queue instead of failing when a rank is lost to a fault not its own: its node down, its ranks
 fenced or lost), `max_requeues` (how many such requeues before the job fails all the same),
-`stop_grace_s` (SIGTERM to SIGKILL, the checkpoint grace period of a migration or cancel), and
-the per-rank limits `pids_max` (processes and threads) and `memory_mb` (MiB; the node agent's
-own flags are the ceiling of both). Every field is bounded; the variables the
+`stop_grace_s` (SIGTERM to SIGKILL, the checkpoint grace period of a migration or cancel),
+`time_limit_min` (whole minutes from the start after which the job is stopped and failed with
+reason "time limit", on every executor; absent: none), and the per-rank limits `pids_max`
+(processes and threads) and `memory_mb` (MiB; the node agent's own flags are the ceiling of
+both). Every field is bounded; the variables the
 agent sets itself (RANK, CUDA_VISIBLE_DEVICES, ...) and those that could redirect the code or
 devices a rank uses (LD_*, PATH, CUDA_*, ...: `apps.launch_contract.denied_env`) cannot be set.
 """
@@ -23,7 +25,17 @@ from apps.launch_contract import LAUNCH_CONTRACT, LAUNCH_CONTRACT_PREFIX, denied
 from .topology.checks import _Errors
 
 LAUNCH_FIELDS = frozenset(
-    {"command", "env", "workdir", "requeue", "max_requeues", "stop_grace_s", "pids_max", "memory_mb"}
+    {
+        "command",
+        "env",
+        "workdir",
+        "requeue",
+        "max_requeues",
+        "stop_grace_s",
+        "time_limit_min",
+        "pids_max",
+        "memory_mb",
+    }
 )
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
@@ -34,6 +46,7 @@ MAX_ENV_VALUE_CHARS = 4096
 MAX_WORKDIR_CHARS = 1024
 MAX_STOP_GRACE_S = 3600.0
 DEFAULT_STOP_GRACE_S = 30.0
+MAX_TIME_LIMIT_MIN = 30 * 24 * 60  # 30 days
 # Requeues after faults not the job's own before it fails (Slurm's MaxBatchRequeue is 5 too).
 DEFAULT_MAX_REQUEUES = 5
 MAX_REQUEUES = 100
@@ -50,13 +63,15 @@ RESERVED_ENV_PREFIX = LAUNCH_CONTRACT_PREFIX
 class LaunchSpec:
     """How each rank runs: argv, extra environment (sorted name/value pairs), working directory,
     requeue on faults not its own (at most `max_requeues` times), the stop grace period in
-    seconds, and the per-rank limits (None: the node agent's own)."""
+    seconds, the time limit in minutes (None: none), and the per-rank limits (None: the node
+    agent's own)."""
 
     command: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     workdir: str | None = None
     requeue: bool = False
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    time_limit_min: int | None = None
     max_requeues: int = DEFAULT_MAX_REQUEUES
     pids_max: int | None = None
     memory_mb: int | None = None
@@ -155,6 +170,7 @@ def load_launch(errs: _Errors, data: Mapping[str, Any]) -> LaunchSpec:
     elif not 0 <= grace <= MAX_STOP_GRACE_S:
         errs.add("stop_grace_s", f"must be between 0 and {MAX_STOP_GRACE_S:g} s, got {grace!r}")
         grace = DEFAULT_STOP_GRACE_S
+    limit = _whole(errs, data, "time_limit_min", (1, MAX_TIME_LIMIT_MIN), "minutes")
     max_requeues = _whole(errs, data, "max_requeues", (0, MAX_REQUEUES), "requeues")
     pids_max = _whole(errs, data, "pids_max", PIDS_MAX_RANGE, "processes and threads per rank")
     memory_mb = _whole(errs, data, "memory_mb", MEMORY_MB_RANGE, "MiB per rank")
@@ -164,6 +180,7 @@ def load_launch(errs: _Errors, data: Mapping[str, Any]) -> LaunchSpec:
         workdir,
         requeue,
         float(grace),
+        limit,
         DEFAULT_MAX_REQUEUES if max_requeues is None else max_requeues,
         pids_max,
         memory_mb,
@@ -200,6 +217,8 @@ def launch_to_spec(launch: LaunchSpec) -> dict[str, Any]:
         out["requeue"] = True
     if launch.stop_grace_s != DEFAULT_STOP_GRACE_S:
         out["stop_grace_s"] = launch.stop_grace_s
+    if launch.time_limit_min is not None:
+        out["time_limit_min"] = launch.time_limit_min
     if launch.max_requeues != DEFAULT_MAX_REQUEUES:
         out["max_requeues"] = launch.max_requeues
     for name in ("pids_max", "memory_mb"):

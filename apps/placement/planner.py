@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from .costmodel import evaluate
-from .planning import AccountQuota, ActiveJob, ClusterSnapshot, QueuedJob
+from .planning import AccountQuota, ActiveJob, ClusterSnapshot, QosLimits, QueuedJob
 from .solvers import NoFit, Placement, place
 from .solvers.base import shortage
 from .topology import shorten
@@ -57,6 +57,8 @@ class Eviction:
     stopping: bool = False
     # The preemptor's account, when the victim ran on capacity borrowed from it (a reclaim).
     reclaimed_for: str = ""
+    # Why, when the victim was taken for its preemptible QOS (else "": by priority or reclaim).
+    why: str = ""
 
 
 @dataclass(slots=True)
@@ -111,6 +113,7 @@ def plan_cycle(
     preemption: bool,
     now: datetime,
     quotas: Mapping[int, AccountQuota] | None = None,
+    qos: Mapping[int, QosLimits] | None = None,
 ) -> CyclePlan:
     """Walk `queue` (already by effective priority, then age) and decide every job's fate this cycle.
 
@@ -119,12 +122,17 @@ def plan_cycle(
     idle GPUs only (never preempting, never reserving) as borrowed capacity. A job within its
     account's limits may reclaim borrowed capacity: other accounts' borrowed jobs are preempted
     for it whatever their priority, even where preemption is off; they are always the first victims.
+
+    `qos` (by QOS id): a job over one of its QOS's limits waits, saying which (or borrows idle
+    GPUs, when its QOS may and the limit is a running one); a job of a QOS that is not preemptible
+    may preempt jobs of preemptible QOS, whatever their priority, even where preemption is off.
+    A GPU-hour budget (account's or QOS's) is charged ahead: a job with an estimated runtime
+    starts only if its GPUs x runtime fit in what is left once the use made and the running jobs'
+    remaining estimated runtimes are counted (Slurm's `safe` enforcement).
     """
-    quotas = quotas or {}
-    held: dict[int, int] = {}
+    limits = _Limits(quotas or {}, qos or {}, now)
     for a in snapshot.active:
-        if a.account is not None:
-            held[a.account] = held.get(a.account, 0) + len(a.gids)
+        limits.hold(a.account, a.owner, a.qos, len(a.gids), a.expected_end)
     topo = snapshot.topology
     free = snapshot.free.copy()
     load = dict(snapshot.link_load)
@@ -145,8 +153,8 @@ def plan_cycle(
         try:
             spec = job.spec
             policy = job.policy or cluster_policy
-            quota = quotas.get(job.account) if job.account is not None else None
-            over, borrowing = _over_quota(quota, held, spec.gpus)
+            quota = limits.quotas.get(job.account) if job.account is not None else None
+            over, borrowing = limits.why(job, spec.gpus, spec.estimated_runtime_s)
             if over and not borrowing:
                 plan.waiting[job.job_id] = over
                 continue
@@ -177,7 +185,7 @@ def plan_cycle(
             if isinstance(result, Placement):
                 _take(free, load, result)
                 plan.bookings.append(Booking(job, result, borrowing))
-                _hold(held, job.account, spec.gpus)
+                limits.hold(job.account, job.owner, job.qos, spec.gpus, _end(now, spec.estimated_runtime_s))
                 holders[job.job_id] = _Holder(
                     result.gids, _end(now, spec.estimated_runtime_s), result.prediction.flows
                 )
@@ -196,7 +204,10 @@ def plan_cycle(
                 )
                 continue
             reclaim = quota is not None
-            if reservation is None and (preemption or reclaim):
+            over_preemptible = not limits.preemptible(job.qos) and any(
+                limits.preemptible(a.qos) for a in snapshot.active
+            )
+            if reservation is None and (preemption or reclaim or over_preemptible):
                 victims, placed = _preempt_for(
                     snapshot,
                     job,
@@ -207,6 +218,7 @@ def plan_cycle(
                     alone=bool(stopping.any()),
                     by_priority=preemption,
                     reclaim=reclaim,
+                    preemptible=limits.preemptible if over_preemptible else None,
                 )
                 if placed is not None:
                     no_fit.clear()
@@ -219,12 +231,22 @@ def plan_cycle(
                         free[list(victim.gids)] = not victim.launched
                         stopping[list(victim.gids)] = victim.launched
                         _subtract(load, victim.flows)
-                        _hold(held, victim.account, -len(victim.gids))
-                        lender = quota.name if reclaim and victim.borrowed else ""
-                        plan.evictions.append(
-                            Eviction(victim, job.job_id, job.priority, victim.launched, lender)
+                        limits.hold(
+                            victim.account, victim.owner, victim.qos, -len(victim.gids), victim.expected_end
                         )
-                    _hold(held, job.account, spec.gpus)
+                        lender = quota.name if reclaim and victim.borrowed else ""
+                        why = ""
+                        if not lender and over_preemptible and limits.preemptible(victim.qos):
+                            why = (
+                                f"preempted by job {job.job_id} of QOS {limits.name(job.qos)}:"
+                                f" QOS {limits.name(victim.qos)} may be preempted by others"
+                            )
+                        plan.evictions.append(
+                            Eviction(victim, job.job_id, job.priority, victim.launched, lender, why)
+                        )
+                    limits.hold(
+                        job.account, job.owner, job.qos, spec.gpus, _end(now, spec.estimated_runtime_s)
+                    )
                     if waits:
                         # Held for it: no job behind it takes these GPUs while the ranks stop.
                         free[gids] = False
@@ -250,30 +272,150 @@ def plan_cycle(
     return plan
 
 
-def _hold(held: dict[int, int], account: int | None, gpus: int) -> None:
-    if account is not None:
-        held[account] = held.get(account, 0) + gpus
+class _Limits:
+    """The accounts' and QOS's limits and what the active and just-booked jobs hold against them
+    during one cycle's walk: GPUs and jobs per account, per (QOS, user), per (QOS, account), and
+    the GPU-hours they are charged ahead (GPUs x remaining estimated runtime)."""
+
+    def __init__(self, quotas: Mapping[int, AccountQuota], qos: Mapping[int, QosLimits], now: datetime):
+        self.quotas, self.qos, self.now = quotas, qos, now
+        self.held: dict[int, int] = {}
+        self.use: dict[tuple, list[float]] = {}  # key -> [gpus, jobs, GPU-hours ahead]
+
+    def preemptible(self, qos: int | None) -> bool:
+        limits = self.qos.get(qos) if qos is not None else None
+        return limits is not None and limits.preemptible
+
+    def name(self, qos: int | None) -> str:
+        limits = self.qos.get(qos) if qos is not None else None
+        return limits.name if limits is not None else "(none)"
+
+    def _keys(self, account: int | None, owner: int | None, qos: int | None) -> list[tuple]:
+        keys: list[tuple] = []
+        if account is not None:
+            keys.append(("account", account))
+        if qos is not None:
+            keys.append(("qos", qos))
+            if owner is not None:
+                keys.append(("user", qos, owner))
+            if account is not None:
+                keys.append(("qos-account", qos, account))
+        return keys
+
+    def hold(
+        self, account: int | None, owner: int | None, qos: int | None, gpus: int, end: datetime | None
+    ) -> None:
+        """Count `gpus` GPUs (negative: given back) held until `end` (None: unknown)."""
+        if account is not None:
+            self.held[account] = self.held.get(account, 0) + gpus
+        ahead_h = gpus * max((end - self.now).total_seconds(), 0.0) / 3600.0 if end is not None else 0.0
+        sign = 1 if gpus >= 0 else -1
+        for key in self._keys(account, owner, qos):
+            use = self.use.setdefault(key, [0, 0, 0.0])
+            use[0] += gpus
+            use[1] += sign
+            use[2] += ahead_h
+
+    def _get(self, *key) -> list[float]:
+        return self.use.get(key, [0, 0, 0.0])
+
+    def why(self, job: QueuedJob, gpus: int, runtime_s: float | None) -> tuple[str, bool]:
+        """Why `job` (`gpus` GPUs for `runtime_s`) is over a limit of its account's or QOS's ("" if
+        it is not), and whether it may still run on borrowed capacity: only when every limit it
+        is over is a running limit of an account or QOS that may borrow."""
+        borrowable = ""
+        need_h = gpus * runtime_s / 3600.0 if runtime_s is not None else 0.0
+        quota = self.quotas.get(job.account) if job.account is not None else None
+        if quota is not None:
+            if quota.gpu_hours is not None:
+                ahead = self._get("account", quota.account_id)[2]
+                why = _budget(
+                    f"account {quota.name}",
+                    quota.gpu_hours,
+                    quota.period_h,
+                    quota.used_gpu_hours,
+                    ahead,
+                    need_h,
+                )
+                if why:
+                    return why, False
+            now_held = self.held.get(quota.account_id, 0)
+            if quota.max_running_gpus is not None and now_held + gpus > quota.max_running_gpus:
+                why = (
+                    f"account {quota.name} holds {now_held} of its limit of {quota.max_running_gpus} running"
+                    f" GPUs; this job's {gpus} would exceed it"
+                )
+                if not quota.may_borrow:
+                    return why, False
+                borrowable = why
+        q = self.qos.get(job.qos) if job.qos is not None else None
+        if q is not None:
+            head = f"QOS {q.name}"
+            if q.max_gpus_per_job is not None and gpus > q.max_gpus_per_job:
+                return f"{head}: GPUs per job {gpus} of at most {q.max_gpus_per_job}", False
+            if q.max_wall_s is not None and (runtime_s is None or runtime_s > q.max_wall_s):
+                asks = "no estimated_runtime_s" if runtime_s is None else f"estimated_runtime_s {runtime_s:g}"
+                return f"{head}: wall time per job at most {q.max_wall_s:g} s, this job has {asks}", False
+            if q.gpu_hours is not None:
+                why = _budget(
+                    head, q.gpu_hours, q.period_h, q.used_gpu_hours, self._get("qos", q.qos_id)[2], need_h
+                )
+                if why:
+                    return why, False
+            running = [
+                (
+                    "running GPUs per user",
+                    q.max_running_gpus_per_user,
+                    ("user", q.qos_id, job.owner),
+                    0,
+                    gpus,
+                ),
+                ("running jobs per user", q.max_running_jobs_per_user, ("user", q.qos_id, job.owner), 1, 1),
+                (
+                    "running GPUs per account",
+                    q.max_running_gpus_per_account,
+                    ("qos-account", q.qos_id, job.account),
+                    0,
+                    gpus,
+                ),
+                (
+                    "running jobs per account",
+                    q.max_running_jobs_per_account,
+                    ("qos-account", q.qos_id, job.account),
+                    1,
+                    1,
+                ),
+            ]
+            for what, limit, key, slot, adding in running:
+                if limit is None or key[-1] is None:
+                    continue
+                now = int(self._get(*key)[slot])
+                if now + adding > limit:
+                    why = f"{head}: {what} {now} of {limit}"
+                    if slot == 0:
+                        why += f"; this job's {gpus} would exceed it"
+                    if not q.may_borrow:
+                        return why, False
+                    borrowable = borrowable or why
+        return borrowable, bool(borrowable)
 
 
-def _over_quota(quota: AccountQuota | None, held: dict[int, int], gpus: int) -> tuple[str, bool]:
-    """Why a job of `gpus` GPUs is over its account's limits ("" if it is not), and whether it may
-    still run on borrowed capacity (over the running-GPU limit of an account that may borrow)."""
-    if quota is None:
-        return "", False
-    if quota.gpu_hours is not None and quota.used_gpu_hours >= quota.gpu_hours:
+def _budget(who: str, budget_h: float, period_h: float, used_h: float, ahead_h: float, need_h: float) -> str:
+    """Why a job needing `need_h` GPU-hours does not fit in `who`'s budget ("" if it does): the
+    use made in the period plus the running jobs' remaining estimate plus its own, charged ahead."""
+    if used_h >= budget_h:
         return (
-            f"account {quota.name} has used {quota.used_gpu_hours:.1f} of its {quota.gpu_hours:g} GPU-hours"
-            f" in the last {quota.period_h:g} h; it waits until older use leaves that window",
-            False,
+            f"{who} has used {used_h:.1f} of its {budget_h:g} GPU-hours in the last {period_h:g} h;"
+            " it waits until older use leaves that window"
         )
-    now_held = held.get(quota.account_id, 0)
-    if quota.max_running_gpus is not None and now_held + gpus > quota.max_running_gpus:
+    left = budget_h - used_h - ahead_h
+    if need_h > 0 and need_h > left:
         return (
-            f"account {quota.name} holds {now_held} of its limit of {quota.max_running_gpus} running GPUs;"
-            f" this job's {gpus} would exceed it",
-            quota.may_borrow,
+            f"{who} has {max(left, 0.0):.1f} of its {budget_h:g} GPU-hours per {period_h:g} h left"
+            f" ({used_h:.1f} used, {ahead_h:.1f} held by running jobs' time limits); this job's"
+            f" GPUs x estimated_runtime_s need {need_h:.1f}, it waits until it could finish within the budget"
         )
-    return "", False
+    return ""
 
 
 def overdue_flags(active: list[ActiveJob], now: datetime) -> dict[int, bool]:
@@ -433,15 +575,22 @@ def _preempt_for(
     alone: bool = False,
     by_priority: bool = True,
     reclaim: bool = False,
+    preemptible=None,
 ) -> tuple[list[ActiveJob], Placement | None]:
     """The fewest victims whose GPUs let `job` fit on `free` (which may count GPUs still stopping),
     and its placement; ([], None) when no such set exists. Victims: `by_priority`, active jobs of
     lower effective priority; `reclaim`, other accounts' borrowed jobs. Borrowed jobs go first,
-    then the lowest priority, then the most recent. `alone`: try `free` without victims first
-    (([], placement) if it fits)."""
+    then the lowest priority, then the most recent. `preemptible` (a QOS id -> bool test, or
+    None): jobs of preemptible QOS too, and they go first with borrowed ones. `alone`: try `free`
+    without victims first (([], placement) if it fits)."""
+
+    def first(a: ActiveJob) -> bool:
+        return a.borrowed or (preemptible is not None and preemptible(a.qos))
 
     def may_take(a: ActiveJob) -> bool:
         if by_priority and a.rank < job.rank:
+            return True
+        if preemptible is not None and preemptible(a.qos):
             return True
         return reclaim and a.borrowed and a.account != job.account
 
@@ -449,7 +598,7 @@ def _preempt_for(
     candidates = [a for a in snapshot.active if a.job_id not in evicted and not a.migrating and may_take(a)]
     # Lowest priority first; among equals the most recently started loses the least work.
     candidates.sort(
-        key=lambda a: (not a.borrowed, a.rank, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id)
+        key=lambda a: (not first(a), a.rank, -(a.begin.timestamp() if a.begin else 0.0), -a.job_id)
     )
     trial_free = free.copy()
     trial_load = dict(load)

@@ -49,6 +49,9 @@ class ActiveJob:
     submitted_at: datetime | None = None
     # The effective priority (see `apps.placement.priority`); None: the requested priority.
     effective: float | None = None
+    # Its owner's user id and its QOS id (None: none, no QOS limits).
+    owner: int | None = None
+    qos: int | None = None
 
     @property
     def rank(self) -> float:
@@ -67,6 +70,8 @@ class QueuedJob:
     pending_reason: str
     account: int | None = None
     effective: float | None = None
+    owner: int | None = None
+    qos: int | None = None
 
     @property
     def rank(self) -> float:
@@ -87,6 +92,30 @@ class AccountQuota:
     period_h: float = 24.0
     used_gpu_hours: float = 0.0
     may_borrow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QosLimits:
+    """A QOS's limits on its cluster (None: no limit) and how its jobs share capacity: GPUs per
+    job, the longest `estimated_runtime_s`, GPUs and jobs held at once per user and per account,
+    `gpu_hours` in the trailing `period_h` hours (`used_gpu_hours` spent); `may_borrow`: beyond its
+    running limits its jobs may run on idle GPUs as borrowed capacity; `preemptible`: jobs of a
+    QOS that is not may preempt its jobs, whatever the priorities."""
+
+    qos_id: int
+    name: str
+    priority: int = 0
+    max_gpus_per_job: int | None = None
+    max_wall_s: float | None = None
+    max_running_gpus_per_user: int | None = None
+    max_running_jobs_per_user: int | None = None
+    max_running_gpus_per_account: int | None = None
+    max_running_jobs_per_account: int | None = None
+    gpu_hours: float | None = None
+    period_h: float = 24.0
+    used_gpu_hours: float = 0.0
+    may_borrow: bool = False
+    preemptible: bool = False
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
 """Accounts' use of a cluster, their fair-share factors and jobs' effective priorities, over plain data.
 
 The effective priority of a job (higher runs first, and may preempt lower ones) is a weighted sum
-of three terms, as in Slurm's multifactor priority:
+of four terms, as in Slurm's multifactor priority:
 
     effective = W_requested * requested + W_age * age_factor + W_fair_share * fair_share_factor
+                + W_qos * qos_priority
 
 - `requested` is the job spec's `priority`, already bounded at submission by the account's or the
   role's maximum.
@@ -12,7 +13,9 @@ of three terms, as in Slurm's multifactor priority:
   nothing recently, 0.5 for one that used exactly its share of the recent GPU-seconds, towards 0
   the more it used beyond that. `usage_share` is the account's decayed GPU-seconds on the cluster
   over every account's; a GPU-second `t` seconds ago counts 2 ** -(t / half_life_s). A job
-  without an account gets the neutral 0.5.
+  without an account gets no better than an account at its share, nor than any account on the
+  cluster: the lowest of 0.5 and every account's factor (`no_account_factor`).
+- `qos_priority` is the priority of the job's QOS (0 for `normal`).
 
 No Django here: the control plane (`apps/scheduling/accounts.py`) and the fair-share benchmark
 hand in the same plain data.
@@ -37,6 +40,7 @@ class PriorityWeights:
     requested: float = 1.0
     age: float = 10.0
     fair_share: float = 100.0
+    qos: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +55,19 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class PriorityTerms:
-    """A job's effective priority and its weighted terms (the sum of the three is `effective`)."""
+    """A job's effective priority and its weighted terms (the sum of the four is `effective`)."""
 
     requested: float
     age: float
     fair_share: float
     age_factor: float
     fair_share_factor: float
+    qos: float = 0.0
+    qos_priority: int = 0
 
     @property
     def effective(self) -> float:
-        return round(self.requested + self.age + self.fair_share, 6)
+        return round(self.requested + self.age + self.fair_share + self.qos, 6)
 
 
 def decayed_gpu_seconds(usage: Iterable[Usage], *, now: datetime, half_life_s: float) -> dict[int, float]:
@@ -94,6 +100,12 @@ def fair_share_factors(used: Mapping[int, float], shares: Mapping[int, float]) -
     return out
 
 
+def no_account_factor(factors: Mapping[int, float]) -> float:
+    """The fair-share factor of jobs without an account: no better than an account at its share
+    (0.5), nor than the lowest account's on the cluster."""
+    return min([NEUTRAL_FAIR_SHARE, *factors.values()])
+
+
 def priority_terms(
     *,
     requested: int,
@@ -101,8 +113,10 @@ def priority_terms(
     now: datetime,
     fair_share_factor: float | None,
     weights: PriorityWeights = PriorityWeights(),  # noqa: B008  (frozen, shared safely)
+    qos_priority: int = 0,
 ) -> PriorityTerms:
-    """The effective priority's terms for a job (`fair_share_factor` None: no account, neutral)."""
+    """The effective priority's terms for a job (`fair_share_factor` None: 0.5, see
+    `no_account_factor` for jobs without an account)."""
     waited_s = max((now - submitted_at).total_seconds(), 0.0)
     age_factor = min(waited_s / AGE_MAX_S, 1.0)
     fs = NEUTRAL_FAIR_SHARE if fair_share_factor is None else fair_share_factor
@@ -112,4 +126,6 @@ def priority_terms(
         fair_share=weights.fair_share * fs,
         age_factor=age_factor,
         fair_share_factor=fs,
+        qos=weights.qos * qos_priority,
+        qos_priority=qos_priority,
     )

@@ -1,5 +1,6 @@
-"""Accounts on the scheduling path: who submits as which account, the highest priority they may
-request, each account's use of a cluster against its limits, and jobs' effective priorities.
+"""Accounts on the scheduling path: who submits as which account and QOS, the highest priority
+they may request, the caps on their waiting jobs, each account's and QOS's use of a cluster
+against its limits, and jobs' effective priorities.
 
 The arithmetic (decayed usage, fair-share factors, the weighted sum) is `apps.placement.priority`;
 this module reads the rows it needs in a few queries and hands it plain data.
@@ -7,6 +8,7 @@ this module reads the rows it needs in a few queries and hands it plain data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -14,19 +16,22 @@ from django.conf import settings
 from django.db.models import FilteredRelation, Q
 from django.utils import timezone
 
-from apps.placement.planning import AccountQuota, ClusterSnapshot, QueuedJob
+from apps.placement.planning import AccountQuota, ClusterSnapshot, QosLimits, QueuedJob
 from apps.placement.priority import (
     PriorityTerms,
     PriorityWeights,
     Usage,
     decayed_gpu_seconds,
     fair_share_factors,
+    no_account_factor,
     priority_terms,
 )
+from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
 
 from . import usage as booked
-from .models import Account, AccountLimit, AccountMembership, Job
+from .account_models import DEFAULT_QOS
+from .models import Account, AccountLimit, AccountMembership, Job, Qos
 
 LIMIT_FIELDS = ("id", "max_running_gpus", "gpu_hours_per_period", "period_h", "may_borrow")
 HALF_LIVES_KEPT = 5  # usage older than this many half-lives weighs under 3% and is not read
@@ -39,36 +44,144 @@ def weights() -> PriorityWeights:
         requested=settings.PRIORITY_WEIGHT_REQUESTED,
         age=settings.PRIORITY_WEIGHT_AGE,
         fair_share=settings.PRIORITY_WEIGHT_FAIR_SHARE,
+        qos=settings.PRIORITY_WEIGHT_QOS,
     )
 
 
-def account_of(user) -> Account | None:
-    """The account `user` submits as, or None (one query, none when token authentication already
-    read it with the user)."""
-    try:
-        membership = user.membership
-    except AccountMembership.DoesNotExist:
-        return None
-    return membership.account
+def account_of(user, name: str | None = None) -> Account | None:
+    """The account `user` submits as: the one named (`name`, one of theirs), else their default
+    (one query). None for a user in no account, unless TOPOWEB_REQUIRE_ACCOUNT refuses them.
+    Raises SpecError on `account`."""
+    rows = AccountMembership.objects.filter(user_id=user.pk).select_related("account")
+    if name is not None:
+        found = rows.filter(account__name=name).first()
+        if found is None:
+            raise SpecError([("account", f"you are not a member of an account named {name!r}")])
+        return found.account
+    # Their default, else (none marked) the first by name: one query.
+    found = rows.order_by("-is_default", "account__name").first()
+    if found is None and settings.REQUIRE_ACCOUNT:
+        raise SpecError(
+            [
+                (
+                    "account",
+                    "you are in no account and this site requires one (TOPOWEB_REQUIRE_ACCOUNT): ask an operator to add you to one",
+                )
+            ]
+        )
+    return found.account if found is not None else None
+
+
+def qos_for(*, cluster: Cluster, account: Account | None, name: str | None) -> Qos:
+    """The QOS a job of `account` on `cluster` runs in: the one named, else the account's default
+    (when it may use it there), else `normal`. An account may use the QOS it lists on the cluster,
+    or only `normal` when it lists none there; a user in no account, only `normal`. Raises
+    SpecError on `qos` (a QOS the account may not use, or that does not exist)."""
+    listed = list(account.qos.filter(cluster=cluster)) if account is not None and account.pk else []
+    if not listed:
+        listed = [Qos.objects.get_or_create(cluster=cluster, name=DEFAULT_QOS)[0]]
+    by_name = {q.name: q for q in listed}
+    wanted = name
+    if wanted is None:
+        default = account.default_qos if account is not None else DEFAULT_QOS
+        wanted = default if default in by_name else DEFAULT_QOS
+    if wanted in by_name:
+        return by_name[wanted]
+    whose = f"account {account.name}" if account is not None else "a user in no account"
+    if name is None:
+        raise SpecError(
+            [
+                (
+                    "qos",
+                    f"{whose} has no default QOS on cluster {cluster.name!r}; name one of: {', '.join(sorted(by_name))}",
+                )
+            ]
+        )
+    raise SpecError(
+        [
+            (
+                "qos",
+                f"{whose} may not use QOS {name!r} on cluster {cluster.name!r}; it may use: {', '.join(sorted(by_name))}",
+            )
+        ]
+    )
+
+
+def check_qos_job(qos: Qos, *, gpus: int, runtime_s: float | None) -> None:
+    """Refuse (SpecError) a job that its QOS's per-job limits could never let start."""
+    errors = []
+    if qos.max_gpus_per_job is not None and gpus > qos.max_gpus_per_job:
+        errors.append(
+            (
+                "gpus",
+                f"QOS {qos.name} allows at most {qos.max_gpus_per_job} GPUs per job, this job asks for {gpus}",
+            )
+        )
+    if qos.max_wall_s is not None and (runtime_s is None or runtime_s > qos.max_wall_s):
+        asks = "none" if runtime_s is None else f"{runtime_s:g} s"
+        errors.append(
+            (
+                "estimated_runtime_s",
+                f"QOS {qos.name} allows jobs of at most {qos.max_wall_s:g} s (its time limit); this job asks for {asks}",
+            )
+        )
+    if errors:
+        raise SpecError(errors)
 
 
 @dataclass(frozen=True, slots=True)
 class QueuedCap:
     """A cap on waiting jobs: at most `value` jobs of those `jobs` selects (a filter on Job) may be
-    waiting (queued or preempted) at once. `limit` names it in refusals (a setting's name, later
-    a QOS's or an account's limit)."""
+    waiting (queued or preempted) at once. `limit` names it in refusals (a setting's name or a
+    QOS's limit); `qos_id` and `account_id` (None: any) say which new jobs it counts."""
 
     limit: str
     value: int
     jobs: Q
+    qos_id: int | None = None
+    account_id: int | None = None
+
+    def matches(self, job: Job) -> bool:
+        """Whether queuing `job` counts against this cap."""
+        return (self.qos_id is None or job.qos_id == self.qos_id) and (
+            self.account_id is None or job.account_id == self.account_id
+        )
 
 
-def queued_caps(user, account: Account | None) -> list[QueuedCap]:
-    """Every cap on waiting jobs that holds for `user` submitting as `account`, each checked on
-    its own (the lowest binds first). Without any configuration: TOPOWEB_MAX_QUEUED_PER_USER over
-    the user's jobs on every cluster. QOS and account limits add their caps here (lower ones, or
-    over an account's jobs)."""
-    return [QueuedCap("TOPOWEB_MAX_QUEUED_PER_USER", settings.MAX_QUEUED_PER_USER, Q(owner_id=user.pk))]
+def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[QueuedCap]:
+    """Every cap on waiting jobs that holds for `user` submitting into the (account, QOS) pairs
+    `qos`, each checked on its own. Without any configuration: TOPOWEB_MAX_QUEUED_PER_USER over
+    the user's jobs on every cluster; each QOS adds its caps on the user's jobs in it and on its
+    account's (MaxSubmitJobsPerUser/Account), the lowest binding first."""
+    caps = [QueuedCap("TOPOWEB_MAX_QUEUED_PER_USER", settings.MAX_QUEUED_PER_USER, Q(owner_id=user.pk))]
+    seen: set[tuple] = set()
+    for acct, q in qos:
+        if q.max_queued_per_user is not None and ("user", q.pk) not in seen:
+            seen.add(("user", q.pk))
+            caps.append(
+                QueuedCap(
+                    f"QOS {q.name}: queued jobs per user",
+                    q.max_queued_per_user,
+                    Q(owner_id=user.pk, qos=q),
+                    qos_id=q.pk,
+                )
+            )
+        if (
+            q.max_queued_per_account is not None
+            and acct is not None
+            and ("account", q.pk, acct.pk) not in seen
+        ):
+            seen.add(("account", q.pk, acct.pk))
+            caps.append(
+                QueuedCap(
+                    f"QOS {q.name}: queued jobs per account ({acct.name})",
+                    q.max_queued_per_account,
+                    Q(account=acct, qos=q),
+                    qos_id=q.pk,
+                    account_id=acct.pk,
+                )
+            )
+    return caps
 
 
 def priority_limit(user, account: Account | None, requested: int | None = None) -> int:
@@ -86,15 +199,55 @@ def priority_limit(user, account: Account | None, requested: int | None = None) 
     return base
 
 
-def _usage(cluster: Cluster, since: datetime) -> list[booked.Held]:
-    """Each job generation's GPUs held on `cluster` by jobs with an account since `since`, keyed
-    by account id (one query; `apps.scheduling.usage`, the usage page's source too)."""
+def _usage(cluster: Cluster, since: datetime, by: str = "account") -> list[booked.Held]:
+    """Each job generation's GPUs held on `cluster` since `since` by jobs with an account (`by`
+    "account") or a QOS (`by` "qos"), keyed by that id (one query; `apps.scheduling.usage`, the
+    usage page's source too)."""
     return booked.held(
-        jobs=Q(job__cluster=cluster, job__account__isnull=False),
+        jobs=Q(job__cluster=cluster, **{f"job__{by}__isnull": False}),
         since=since,
         until=None,
-        key="job__account_id",
+        key=f"job__{by}_id",
     )
+
+
+QOS_LIMIT_FIELDS = (
+    "max_gpus_per_job",
+    "max_wall_s",
+    "max_running_gpus_per_user",
+    "max_running_jobs_per_user",
+    "max_running_gpus_per_account",
+    "max_running_jobs_per_account",
+    "may_borrow",
+    "preemptible",
+    "period_h",
+)
+
+
+def cluster_qos(*, cluster: Cluster, now: datetime) -> dict[int, QosLimits]:
+    """Every QOS of `cluster` with its limits and, for those with a GPU-hour budget, the use made
+    in its period (1 query, 2 with a budget)."""
+    rows = list(Qos.objects.filter(cluster=cluster))
+    budgets = [q for q in rows if q.gpu_hours_per_period is not None]
+    used: dict[int, float] = {}
+    if budgets:
+        since = now - timedelta(hours=max(q.period_h for q in budgets))
+        usage = _usage(cluster, since, by="qos")
+        for q in budgets:
+            period_since = now - timedelta(hours=q.period_h)
+            mine = [u for u in usage if u.key == q.pk]
+            used[q.pk] = booked.gpu_seconds(mine, since=period_since, until=now).get(q.pk, 0.0) / 3600.0
+    return {
+        q.pk: QosLimits(
+            qos_id=q.pk,
+            name=q.name,
+            priority=q.priority,
+            gpu_hours=q.gpu_hours_per_period,
+            used_gpu_hours=used.get(q.pk, 0.0),
+            **{f: getattr(q, f) for f in QOS_LIMIT_FIELDS},
+        )
+        for q in rows
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,46 +324,54 @@ def cluster_accounts(*, cluster: Cluster, now: datetime | None = None) -> Cluste
 
 def rank_jobs(
     *, cluster: Cluster, snapshot: ClusterSnapshot, queue: list[QueuedJob], now: datetime
-) -> dict[int, AccountQuota]:
+) -> tuple[dict[int, AccountQuota], dict[int, QosLimits]]:
     """Give the snapshot's active jobs and the queue their effective priorities (in place), order
-    the queue by it (then age), and return the accounts' quotas on the cluster."""
+    the queue by it (then age), and return the accounts' quotas and the QOS's limits on the cluster."""
     standing = cluster_accounts(cluster=cluster, now=now)
     factors = standing.factors if standing else {}
+    no_account = no_account_factor(factors)
+    qos = cluster_qos(cluster=cluster, now=now)
     w = weights()
 
-    def eff(requested: int, submitted_at: datetime | None, account: int | None) -> float:
+    def eff(requested: int, submitted_at: datetime | None, account: int | None, q: int | None) -> float:
         return priority_terms(
             requested=requested,
             submitted_at=submitted_at or now,
             now=now,
-            fair_share_factor=factors.get(account) if account is not None else None,
+            fair_share_factor=factors.get(account, no_account) if account is not None else no_account,
             weights=w,
+            qos_priority=qos[q].priority if q in qos else 0,
         ).effective
 
-    if cluster.preemption_enabled or (standing is not None and standing.quotas):
+    if (
+        cluster.preemption_enabled
+        or (standing is not None and standing.quotas)
+        or any(q.preemptible for q in qos.values())
+    ):
         # Running jobs' priorities only choose preemption and reclaim victims: without either
         # (the default), re-ranking every running job would cost each cycle for nothing.
         snapshot.active = [
-            replace(a, effective=eff(a.priority, a.submitted_at, a.account)) for a in snapshot.active
+            replace(a, effective=eff(a.priority, a.submitted_at, a.account, a.qos)) for a in snapshot.active
         ]
-    queue[:] = [replace(q, effective=eff(q.priority, q.submitted_at, q.account)) for q in queue]
+    queue[:] = [replace(q, effective=eff(q.priority, q.submitted_at, q.account, q.qos)) for q in queue]
     queue.sort(key=lambda q: (-q.rank, q.submitted_at, q.job_id))
-    return standing.quotas if standing else {}
+    return (standing.quotas if standing else {}), qos
 
 
 def job_priority(*, job: Job, now: datetime | None = None) -> PriorityTerms:
     """The terms of `job`'s effective priority now (see `apps.placement.priority`)."""
     now = now or timezone.now()
-    factor = None
-    if job.account_id is not None:
-        standing = cluster_accounts(cluster=job.cluster, now=now)
-        factor = standing.factors.get(job.account_id) if standing else None
+    standing = cluster_accounts(cluster=job.cluster, now=now)
+    factors = standing.factors if standing else {}
+    no_account = no_account_factor(factors)
+    factor = factors.get(job.account_id, no_account) if job.account_id is not None else no_account
     return priority_terms(
         requested=job.priority,
         submitted_at=job.submitted_at,
         now=now,
         fair_share_factor=factor,
         weights=weights(),
+        qos_priority=job.qos.priority if job.qos_id is not None else 0,
     )
 
 

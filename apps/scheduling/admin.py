@@ -10,7 +10,8 @@ import json
 
 from django.contrib import admin, messages
 
-from . import nodes, services
+from . import executor, nodes, services
+from .account_models import DEFAULT_QOS
 from .models import (
     Account,
     AccountLimit,
@@ -20,6 +21,7 @@ from .models import (
     LauncherToken,
     MigrationProposal,
     NodeHealth,
+    Qos,
     SchedulingCycle,
     UnixAccount,
 )
@@ -41,10 +43,21 @@ class AllocationInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "cluster", "owner", "status", "priority", "gpus", "submitted_at", "overdue"]
+    list_display = [
+        "id",
+        "name",
+        "cluster",
+        "owner",
+        "status",
+        "priority",
+        "qos",
+        "gpus",
+        "submitted_at",
+        "overdue",
+    ]
     list_filter = ["status", "cluster", "overdue", "policy"]
     search_fields = ["name", "owner__username"]
-    list_select_related = ["cluster", "owner"]
+    list_select_related = ["cluster", "owner", "qos"]
     # Every field read-only (new ones too): the scheduler alone sets status, generation, account,
     # borrowed, the placement times and predictions; the API and the actions below change jobs
     # through the services. The spec is shown with its env values masked.
@@ -187,21 +200,32 @@ class NodeHealthAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain the selected nodes (reason: the node's reason field, else 'admin')")
     def drain(self, request, queryset):
+        done = 0
         for agent in queryset.select_related("node"):
-            nodes.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
-        self.message_user(request, f"{queryset.count()} nodes draining or drained", messages.SUCCESS)
+            try:
+                nodes.node_drain(node=agent.node, reason=agent.reason or "drained from the admin")
+                done += 1
+            except executor.Refused as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        self.message_user(request, f"{done} nodes draining or drained", messages.SUCCESS)
 
     @admin.action(description="Resume the selected nodes")
     def resume(self, request, queryset):
+        done = 0
         for agent in queryset.select_related("node"):
-            nodes.node_resume(node=agent.node)
-        self.message_user(request, f"{queryset.count()} nodes resumed", messages.SUCCESS)
+            try:
+                nodes.node_resume(node=agent.node)
+                done += 1
+            except executor.Refused as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        self.message_user(request, f"{done} nodes resumed", messages.SUCCESS)
 
 
 class AccountMembershipInline(admin.TabularInline):
     model = AccountMembership
     extra = 0
     raw_id_fields = ["user"]
+    fields = ["user", "is_default"]
 
 
 class AccountLimitInline(admin.TabularInline):
@@ -214,9 +238,40 @@ class AccountLimitInline(admin.TabularInline):
 class AccountAdmin(admin.ModelAdmin):
     """Accounts with their members and per-cluster limits (the model validators bound every number)."""
 
-    list_display = ["name", "share", "max_priority", "description"]
+    list_display = ["name", "share", "max_priority", "default_qos", "description"]
     search_fields = ["name", "memberships__user__username"]
+    filter_horizontal = ["qos"]
     inlines = [AccountMembershipInline, AccountLimitInline]
+
+
+@admin.register(Qos)
+class QosAdmin(admin.ModelAdmin):
+    """Classes of service per cluster: priority term, limits (blank: none), borrowing, preemption.
+    Every cluster keeps its `normal`."""
+
+    list_display = [
+        "name",
+        "cluster",
+        "priority",
+        "max_gpus_per_job",
+        "max_running_gpus_per_user",
+        "max_running_gpus_per_account",
+        "max_queued_per_user",
+        "max_wall_s",
+        "gpu_hours_per_period",
+        "may_borrow",
+        "preemptible",
+    ]
+    list_filter = ["cluster", "may_borrow", "preemptible"]
+    search_fields = ["name", "cluster__name"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["name", "cluster"] if obj is not None and obj.name == DEFAULT_QOS else []
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and (obj.name == DEFAULT_QOS or obj.jobs.exists()):
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(UnixAccount)

@@ -17,3 +17,12 @@ class SchedulingConfig(AppConfig):
         for model in (AccountMembership, Account):
             for signal in (post_save, post_delete):
                 signal.connect(user_tokens_forget, sender=model, dispatch_uid=f"api.tokens.{model.__name__}")
+        # Every cluster has its `normal` QOS from its creation on.
+        post_save.connect(_normal_qos, sender="topology.Cluster", dispatch_uid="scheduling.normal_qos")
+
+
+def _normal_qos(sender, instance, created, raw=False, **kwargs):
+    if created and not raw:
+        from .account_models import DEFAULT_QOS, Qos
+
+        Qos.objects.get_or_create(cluster=instance, name=DEFAULT_QOS)

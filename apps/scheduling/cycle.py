@@ -227,7 +227,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                 waiting = snap.queued_jobs(cluster=locked, unreadable=unreadable)
                 queue, held_back = _held_back(occupancy, waiting)
                 stage("queue")
-                quotas = accounts.rank_jobs(cluster=locked, snapshot=snapshot, queue=queue, now=now)
+                quotas, qos = accounts.rank_jobs(cluster=locked, snapshot=snapshot, queue=queue, now=now)
                 stage("rank")
                 plan = plan_cycle(
                     snapshot,
@@ -237,6 +237,7 @@ def schedule_cluster(*, cluster: Cluster) -> SchedulingCycle:
                     preemption=locked.preemption_enabled,
                     now=now,
                     quotas=quotas,
+                    qos=qos,
                 )
                 stage("plan")
                 plan.waiting.update(held_back)
@@ -334,6 +335,8 @@ def _commit(
         why = f"preempted by job {ev.by_job} (priority {ev.by_priority})"
         if ev.reclaimed_for:
             why = f"reclaimed by job {ev.by_job} of account {ev.reclaimed_for}: it ran on borrowed GPUs"
+        elif ev.why:
+            why = ev.why
         if lifecycle.requeue(
             job_id=jid,
             why=why,

@@ -24,7 +24,7 @@ from apps.topology.retry import retry_when_locked
 
 from . import services
 from .choices import FINISHED_STATUSES, JobStatus
-from .models import Account, AccountLimit, AccountMembership, Allocation, Job, NodeHealth
+from .models import Account, AccountLimit, AccountMembership, Allocation, Job, NodeHealth, Qos
 
 log = logging.getLogger(__name__)
 
@@ -243,18 +243,42 @@ def _users() -> dict:
 
 # Two teams with different fair-share weights; product may borrow research's idle GPUs on pod-256.
 DEMO_ACCOUNTS = (
-    ("research", 3, "alice", {POD: (None, 20000.0, False)}),
+    ("research", 3, "alice", {POD: (None, 60000.0, False)}),
     ("product", 1, "bob", {POD: (64, 2000.0, True)}),
 )
 
 
+# QOS on pod-256 beside `normal`: `high` (a priority term, at most 128 running GPUs per user, a
+# week per job) and `scavenger` (no GPUs of its own: it borrows idle ones and any other QOS's job
+# preempts it). Both accounts may use all three; their jobs get normal unless they name another.
+DEMO_QOS = (
+    ("high", {"priority": 50, "max_running_gpus_per_user": 128, "max_wall_s": 7 * 86400.0}),
+    (
+        "scavenger",
+        {"priority": -50, "max_running_gpus_per_account": 0, "may_borrow": True, "preemptible": True},
+    ),
+)
+# alice works for both teams: research pays unless her job names "account": "product".
+DEMO_SECOND_MEMBERSHIPS = (("alice", "product"),)
+
+
 def _accounts(users: dict) -> None:
-    """The demo accounts, their members and limits (running GPUs, GPU-hours a day, may borrow)."""
+    """The demo accounts, their members and limits (running GPUs, GPU-hours a day, may borrow),
+    and the QOS they may use on pod-256."""
+    pod = Cluster.objects.filter(name=POD).first()
+    qos = []
+    if pod is not None:
+        qos = [Qos.objects.get_or_create(cluster=pod, name="normal")[0]]
+        for name, fields in DEMO_QOS:
+            qos.append(Qos.objects.get_or_create(cluster=pod, name=name, defaults=fields)[0])
     for name, share, member, limits in DEMO_ACCOUNTS:
         account, _ = Account.objects.get_or_create(
             name=name, defaults={"share": share, "description": f"demo team {name}"}
         )
-        AccountMembership.objects.get_or_create(user=users[member], defaults={"account": account})
+        account.qos.add(*qos)
+        AccountMembership.objects.get_or_create(
+            user=users[member], account=account, defaults={"is_default": True}
+        )
         for cluster_name, (gpus, gpu_hours, borrow) in limits.items():
             cluster = Cluster.objects.filter(name=cluster_name).first()
             if cluster is not None:
@@ -267,6 +291,8 @@ def _accounts(users: dict) -> None:
                         "may_borrow": borrow,
                     },
                 )
+    for member, name in DEMO_SECOND_MEMBERSHIPS:
+        AccountMembership.objects.get_or_create(user=users[member], account=Account.objects.get(name=name))
 
 
 def _submit_and_start(

@@ -17,6 +17,11 @@ transaction commits.
                               the free set
     check(cluster)            what does not converge, for `manage.py reconcile --check`: a list
                               of `Finding`s, each naming what is wrong
+    set_node(cluster_id, node, state, reason)
+                              an operator drains ("drain", with a reason) or resumes ("resume")
+                              a node: done where the executor keeps node states (Slurm), before
+                              TopoWeb records it; raises `Refused` (a 409 to the operator, saying
+                              how to do it there) when the executor cannot
     owner_refusal(cluster_id, user_id, username)
                               why a job of that user cannot run on the cluster as their Unix
                               account ("" when it can): asked at submission, so the user gets
@@ -32,6 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """The executor cannot do what an operator asked (its words say how to do it instead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,8 @@ class Executor(Protocol):
     def foreign(self, cluster: Any) -> list[ForeignHold]: ...
 
     def owner_refusal(self, cluster_id: int, user_id: int, username: str) -> str: ...
+
+    def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None: ...
 
 
 # Asked in order: the first whose `runs` says yes runs the cluster; the last is the default.
@@ -125,6 +136,14 @@ def reconcile(*, cluster: Any) -> dict[str, Any]:
 def owner_refusal(cluster_id: int, user_id: int, username: str) -> str:
     """Why the cluster's executor cannot run the user's ranks as their Unix account ("" when it can)."""
     return executor_for(cluster_id).owner_refusal(cluster_id, user_id, username)
+
+
+def set_node(cluster_id: int, node: str, state: str, reason: str = "") -> None:
+    """Drain ("drain") or resume ("resume") `node` where the cluster's executor keeps node states;
+    `Refused` when it cannot."""
+    if state not in ("drain", "resume"):
+        raise ValueError(f"state must be drain or resume, not {state!r}")
+    executor_for(cluster_id).set_node(cluster_id, node, state, reason)
 
 
 def foreign_holds(cluster: Any) -> list[ForeignHold]:

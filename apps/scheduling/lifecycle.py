@@ -329,13 +329,33 @@ def _insert_allocations(rows: Sequence[Allocation]) -> None:
         cursor.execute(sql, params)
 
 
-def rebind(*, job: Job, snapshot: ClusterSnapshot, gids: Sequence[int], fields: Mapping[str, Any]) -> None:
-    """The executor runs `job` (locked, active) on other GPUs of its nodes than planned: its
-    current generation's allocations become `gids` (rank order) with the prices `fields`."""
+def rebind(
+    *, snapshot: ClusterSnapshot, moves: Sequence[tuple[Job, Sequence[int], Mapping[str, Any]]]
+) -> None:
+    """The executor runs each job of `moves` (locked, active) on other GPUs of its nodes than
+    planned: its current generation's allocations become `gids` (rank order) with the prices
+    `fields`, and rank 0 keeps its MASTER_PORT (the ranks already use it). All at once, so jobs
+    that Slurm gave each other's planned GPUs never meet on one."""
+    if not moves:
+        return
     now = timezone.now()
-    Allocation.objects.filter(job=job, generation=job.generation).delete()
-    _book(snapshot=snapshot, bookings=[(job.pk, gids)], generations={job.pk: job.generation}, now=now)
-    Job.objects.filter(pk=job.pk).update(**fields)
+    current = Q()
+    for job, _, _ in moves:
+        current |= Q(job_id=job.pk, generation=job.generation)
+    ports = dict(Allocation.objects.filter(current, rank=0).values_list("job_id", "master_port"))
+    Allocation.objects.filter(current).delete()
+    _book(
+        snapshot=snapshot,
+        bookings=[(job.pk, gids) for job, gids, _ in moves],
+        generations={job.pk: job.generation for job, _, _ in moves},
+        now=now,
+    )
+    for job, _, fields in moves:
+        if ports.get(job.pk) is not None:
+            Allocation.objects.filter(job=job, generation=job.generation, rank=0).update(
+                master_port=ports[job.pk]
+            )
+        Job.objects.filter(pk=job.pk).update(**fields)
 
 
 # -- previous generations ----------------------------------------------------------------------------

@@ -38,6 +38,11 @@ class Job(models.Model):
     policy = models.CharField(max_length=32, choices=PlacementPolicy.choices, null=True, blank=True)  # noqa: DJ001
     gpus = models.PositiveIntegerField()
     estimated_runtime_s = models.FloatField(null=True, blank=True)
+    time_limit_min = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The spec's time_limit_min: stopped and failed this long after its start.",
+    )
     submitted_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -82,7 +87,15 @@ class Job(models.Model):
         null=True,
         blank=True,
         related_name="jobs",
-        help_text="The owner's account when submitted.",
+        help_text="The account it was submitted as (its owner's default, or the one it named).",
+    )
+    qos = models.ForeignKey(
+        "scheduling.Qos",
+        on_delete=models.RESTRICT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="Its class of service (its account's default, or the one it named).",
     )
     borrowed = models.BooleanField(
         default=False,
@@ -121,6 +134,19 @@ class Job(models.Model):
         if not self.is_active or begin is None or self.estimated_runtime_s is None:
             return None
         return begin + timedelta(seconds=self.estimated_runtime_s)
+
+    def past_time_limit(self, now: datetime) -> bool:
+        """Running longer than its `time_limit_min` since it started."""
+        return (
+            self.time_limit_min is not None
+            and self.started_at is not None
+            and now - self.started_at > timedelta(minutes=self.time_limit_min)
+        )
+
+    def time_limit_reason(self, detail: str = "") -> str:
+        """The reason a job stopped at its time limit gets, on every executor."""
+        extra = f" ({detail})" if detail else ""
+        return f"time limit: stopped after its time_limit_min of {self.time_limit_min} min{extra}"
 
     @property
     def overdue_reason(self) -> str:
@@ -295,7 +321,7 @@ class LauncherToken(models.Model):
         return f"launcher token {self.prefix}… for cluster {self.cluster_id}"
 
 
-from .account_models import Account, AccountLimit, AccountMembership  # noqa: E402  (accounts)
+from .account_models import Account, AccountLimit, AccountMembership, Qos  # noqa: E402  (accounts)
 from .node_models import (  # noqa: E402  (nodes and ranks)
     NodeHealth,
     NodeToken,
@@ -318,6 +344,7 @@ __all__ = [
     "NodeHealth",
     "NodeToken",
     "OccupancyChange",
+    "Qos",
     "RankLogChunk",
     "RankRun",
     "SchedulingCycle",

@@ -51,7 +51,10 @@ def node_fenced(*, node: Node, why: str, now: datetime | None = None) -> list[in
 
 
 def node_drain(*, node: Node, reason: str) -> NodeHealth:
-    """Take no new placements on the node; running jobs finish, then it is drained."""
+    """Take no new placements on the node; running jobs finish, then it is drained. On a cluster
+    whose executor keeps node states (Slurm) it is drained there first; `executor.Refused` when
+    that cannot be done."""
+    executor.set_node(node.cluster_id, node.name, "drain", reason)
     with transaction.atomic():
         agent, _ = NodeHealth.objects.select_for_update().get_or_create(node=node)
         before = agent.state
@@ -67,7 +70,9 @@ def node_drain(*, node: Node, reason: str) -> NodeHealth:
 
 def node_resume(*, node: Node) -> NodeHealth:
     """Return a drained or draining node to service and clear its unhealthy GPUs (a down node
-    comes back by itself at its next heartbeat)."""
+    comes back by itself at its next heartbeat). Resumed in Slurm first on a Slurm cluster
+    (`executor.Refused` when that cannot be done)."""
+    executor.set_node(node.cluster_id, node.name, "resume", "")
     with transaction.atomic():
         agent, _ = NodeHealth.objects.select_for_update().get_or_create(node=node)
         if agent.state in (NodeState.DRAINING, NodeState.DRAINED) or agent.state_since is None:

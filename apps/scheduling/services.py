@@ -27,7 +27,7 @@ from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobSt
 from .cycle import schedule_cluster
 from .executor import owner_refusal
 from .lifecycle import JobStateError
-from .models import Job, LauncherToken, new_launcher_key
+from .models import Account, Job, LauncherToken, new_launcher_key
 from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
@@ -75,14 +75,30 @@ class QueuedCapExceeded(Exception):
         )
 
 
-def _within_queued_caps(user: AbstractBaseUser, account: Any, adding: int) -> None:
-    """Raise QueuedCapExceeded when `adding` more waiting jobs would go past a cap of the user's.
+def _within_queued_caps(user: AbstractBaseUser, rows: list[Job]) -> None:
+    """Raise QueuedCapExceeded when the waiting jobs `rows` would take a cap of the user's (or of
+    their account in a QOS) past its value.
 
-    Runs in the submission's transaction: the user's row is locked first (FOR NO KEY UPDATE, which
-    other rows' foreign keys to it do not wait for), so a concurrent submission of the same user
-    counts after this one commits or rolls back, and racing clients cannot pass a cap together."""
+    Runs in the submission's transaction: the account's row (when a cap counts the account's jobs)
+    then the user's row are locked first (FOR NO KEY UPDATE, which other rows' foreign keys to them
+    do not wait for), so a concurrent submission of the same user or account counts after this one
+    commits or rolls back, and racing clients cannot pass a cap together."""
+    pairs = {(job.account_id, job.qos_id): (job.account, job.qos) for job in rows if job.qos_id is not None}
+    caps = accounts.queued_caps(user, pairs.values())
+    shared = sorted({cap.account_id for cap in caps if cap.account_id is not None})
+    if shared:
+        # In id order: two submissions locking the same accounts cannot deadlock.
+        list(
+            Account.objects.select_for_update(no_key=True)
+            .filter(pk__in=shared)
+            .order_by("pk")
+            .values_list("pk")
+        )
     get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
-    for cap in accounts.queued_caps(user, account):
+    for cap in caps:
+        adding = sum(1 for job in rows if cap.matches(job))
+        if not adding:
+            continue
         # Counted up to the cap only: a user far over it (a lowered cap) costs no longer count.
         waiting = Job.objects.filter(cap.jobs, status__in=WAITING_STATUSES).order_by()[: cap.value + 1]
         queued = waiting.count()
@@ -164,16 +180,17 @@ def _submit(
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
     _check_owner(user, target)
-    fields["account"] = accounts.account_of(user)
+    fields["account"] = accounts.account_of(user, fields["spec"].get("account"))
+    fields["qos"] = _qos(target, fields)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
     if fields["priority"] > limit:
         whose = f"account {fields['account'].name}" if fields["account"] else "your role"
         raise SpecError([("priority", f"{fields['priority']} is over the limit of {limit} for {whose}")])
     job = Job(cluster=target, owner=user, **fields)
-    # The cluster and owner are rows in hand; re-checking that they exist costs two queries.
-    job.full_clean(exclude=["cluster", "owner"], validate_unique=False)
+    # The cluster, owner, account and QOS are rows in hand; re-checking that they exist costs queries.
+    job.full_clean(exclude=["cluster", "owner", "account", "qos"], validate_unique=False)
     with transaction.atomic():
-        _within_queued_caps(user, fields["account"], 1)
+        _within_queued_caps(user, [job])
         # This block is the INSERT's savepoint already.
         return lifecycle.submit(job, savepoint=False)
 
@@ -186,44 +203,60 @@ def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
         raise SpecError([("owner", why)])
 
 
+def _qos(cluster: Cluster, fields: dict[str, Any]):
+    """The QOS of a job about to be queued (named in its spec, else its account's default),
+    refusing one it may not use or whose per-job limits it is over (SpecError)."""
+    qos = accounts.qos_for(cluster=cluster, account=fields["account"], name=fields["spec"].get("qos"))
+    accounts.check_qos_job(qos, gpus=fields["gpus"], runtime_s=fields["estimated_runtime_s"])
+    return qos
+
+
 def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluster | None = None) -> list[Job]:
     """Validate every job spec of a bulk submission and queue them all, or none: SpecError names
     each bad field as `[i].field` (i: the spec's place in the list); QueuedCapExceeded when the
     list would take the user's waiting jobs past a cap. A cycle follows on commit on each cluster
     the jobs went to."""
-    account = accounts.account_of(user)
-    limit: int | None = None
+    default = accounts.account_of(user)
+    limits: dict[int | None, int] = {}
     errors: list[tuple[str, str]] = []
     rows: list[Job] = []
     clusters: dict[str, Cluster] = {}
+    named: dict[str, Any] = {}
     for i, spec in enumerate(specs):
         try:
             if cluster is not None:
                 target = cluster
             else:
-                named = spec.get("cluster") if isinstance(spec, dict) else None
-                target = clusters.get(str(named)) or cluster_for_spec(spec=spec)
+                cluster_name = spec.get("cluster") if isinstance(spec, dict) else None
+                target = clusters.get(str(cluster_name)) or cluster_for_spec(spec=spec)
                 clusters[target.name] = target
             fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username())
+            account_name = fields["spec"].get("account")
+            if account_name is not None and account_name not in named:
+                named[account_name] = accounts.account_of(user, account_name)
+            fields["account"] = default if account_name is None else named[account_name]
+            fields["qos"] = _qos(target, fields)
             _check_owner(user, target)
         except SpecError as exc:
             errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
             continue
-        if limit is None or fields["priority"] > limit:
-            limit = accounts.priority_limit(user, account, fields["priority"])
-        if fields["priority"] > limit:
+        account = fields["account"]
+        key = account.pk if account else None
+        if key not in limits or fields["priority"] > limits[key]:
+            limits[key] = accounts.priority_limit(user, account, fields["priority"])
+        if fields["priority"] > limits[key]:
             whose = f"account {account.name}" if account else "your role"
             errors.append(
-                (f"[{i}].priority", f"{fields['priority']} is over the limit of {limit} for {whose}")
+                (f"[{i}].priority", f"{fields['priority']} is over the limit of {limits[key]} for {whose}")
             )
             continue
-        job = Job(cluster=target, owner=user, account=account, **fields)
-        job.full_clean(exclude=["cluster", "owner", "account"], validate_unique=False)
+        job = Job(cluster=target, owner=user, **fields)
+        job.full_clean(exclude=["cluster", "owner", "account", "qos"], validate_unique=False)
         rows.append(job)
     if errors:
         raise SpecError(errors)
     with transaction.atomic():
-        _within_queued_caps(user, account, len(rows))
+        _within_queued_caps(user, rows)
         return lifecycle.submit_many(rows)
 
 

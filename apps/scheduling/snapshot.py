@@ -22,7 +22,8 @@ from django.db import connection
 from django.db.models import Q
 
 from apps.placement.costmodel import Prediction, evaluate
-from apps.placement.jobs import JobSpec, check_peak, job_to_spec, load_job
+from apps.placement.costmodel.speed import check_job_models
+from apps.placement.jobs import JobSpec, job_to_spec, load_job
 from apps.placement.planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
 from apps.placement.topology import SpecError, Topology, shorten
@@ -130,6 +131,8 @@ def read_holds(
         "submitted_at",
         "account_id",
         "borrowed",
+        "owner_id",
+        "qos_id",
     )
     for (
         pk,
@@ -144,6 +147,8 @@ def read_holds(
         submitted_at,
         account_id,
         borrowed,
+        owner_id,
+        qos_id,
     ) in rows:
         held = holds.get(pk, JobHold(ranks={})).ranks
         begin = started_at or placed_at
@@ -168,6 +173,8 @@ def read_holds(
                 account=account_id,
                 borrowed=borrowed,
                 submitted_at=submitted_at,
+                owner=owner_id,
+                qos=qos_id,
             ),
             generation=generation,
             migrating=migrating,
@@ -263,10 +270,12 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
     rows = list(
         Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
         .order_by("-priority", "submitted_at", "id")
-        .values_list("id", "priority", "submitted_at", "policy", "pending_reason", "account_id")
+        .values_list(
+            "id", "priority", "submitted_at", "policy", "pending_reason", "account_id", "owner_id", "qos_id"
+        )
     )
     with _SPEC_LOCK:
-        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, _, _, _ in rows}
+        specs = {pk: _SPEC_CACHE.get((pk, at)) for pk, _, at, *_ in rows}
     missing = [pk for pk, spec in specs.items() if spec is None]
     if missing:
         loaded = {}
@@ -278,7 +287,7 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
                     unreadable[pk] = f"its stored spec is invalid: {shorten(str(exc), 500)}"
         specs.update(loaded)
         with _SPEC_LOCK:
-            for pk, _, at, _, _, _ in rows:
+            for pk, _, at, *_ in rows:
                 if pk in loaded:
                     _SPEC_CACHE[(pk, at)] = loaded[pk]
             while len(_SPEC_CACHE) > _SPEC_CACHE_SIZE:
@@ -292,8 +301,10 @@ def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -
             policy=policy,
             pending_reason=reason,
             account=account,
+            owner=owner,
+            qos=qos,
         )
-        for pk, prio, at, policy, reason, account in rows
+        for pk, prio, at, policy, reason, account, owner, qos in rows
         if specs[pk] is not None
     ]
 
@@ -303,8 +314,8 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
 
     Raises SpecError naming each bad field; a job that could never be placed on the empty
     cluster (more GPUs than it has, or a shape no policy can fit) is an error on `gpus`, one whose
-    compute would need more than the cluster's fastest GPU peak names `model.flops_per_step` and
-    `step.compute_ms`.
+    compute would need more than its reference GPU's peak names `model.flops_per_step` and
+    `step.compute_ms`, a GPU model the cluster lacks `gpu_models[i]` or `step.gpu_model`.
     `fresh=True`: `cluster` was read from the database just now (see `cluster_topology`).
     """
     if not isinstance(data, Mapping):
@@ -325,8 +336,9 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         raise SpecError(
             [("gpus", f"needs {spec.gpus} GPUs but cluster {cluster.name!r} has {topology.n_gpus}")]
         )
-    # Compute faster than the fastest GPU here could do it: an MFU above 100%, physically impossible.
-    check_peak(spec, float(topology.node_peak_tflops.max()))
+    # GPU models the cluster lacks; compute faster than the reference GPU could do it (an MFU
+    # above 100%, physically impossible).
+    check_job_models(topology, spec)
     never = never_fits(topology, spec, spec.policy or cluster.policy)
     if never:
         raise SpecError([("gpus", f"can never be placed on cluster {cluster.name!r}: {never}")])
@@ -337,6 +349,7 @@ def prepare_submission(*, cluster: Cluster, data: Any, username: str, fresh: boo
         "policy": spec.policy,
         "gpus": spec.gpus,
         "estimated_runtime_s": spec.estimated_runtime_s,
+        "time_limit_min": spec.launch.time_limit_min,
     }
 
 
@@ -346,7 +359,7 @@ _NEVER_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def never_fits(topology: Topology, spec: JobSpec, policy: str) -> str:
     """Why `policy` cannot place `spec` even on the empty cluster ("" if it can)."""
     # Cached per topology and gang shape: fitting an empty cluster does not depend on traffic.
-    shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order)
+    shape = (policy, spec.gpus, spec.tp, spec.pp, spec.dp, spec.ep, spec.rank_order, spec.gpu_models)
     with _SPEC_LOCK:
         known = _NEVER_FITS.setdefault(topology, {})
         if shape in known:

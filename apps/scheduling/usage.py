@@ -28,6 +28,7 @@ from .models import Allocation
 GROUP_FIELDS = {
     "user": "job__owner__username",
     "account": "job__account__name",
+    "qos": "job__qos__name",
     "cluster": "job__cluster__name",
 }
 NONE = "(none)"

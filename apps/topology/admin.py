@@ -85,7 +85,7 @@ class SwitchInline(admin.TabularInline):
 
 class GpuModelInline(admin.TabularInline):
     model = GpuModel
-    fields = ["name", "peak_tflops"]
+    fields = ["name", "peak_tflops", "speed"]
     extra = 0
 
 

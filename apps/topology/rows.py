@@ -61,7 +61,10 @@ def check_storable(topo: Topology) -> None:
 def create_rows(*, cluster: Cluster, topo: Topology) -> None:
     """Insert every row of `topo` under `cluster` (which must have none) with bulk inserts."""
     models = GpuModel.objects.bulk_create(
-        [GpuModel(cluster=cluster, name=m.name, peak_tflops=m.peak_tflops) for m in topo.gpu_models.values()]
+        [
+            GpuModel(cluster=cluster, name=m.name, peak_tflops=m.peak_tflops, speed=m.speed)
+            for m in topo.gpu_models.values()
+        ]
     )
     model_id = {m.name: m.pk for m in models}
     switches = Switch.objects.bulk_create(
@@ -145,7 +148,9 @@ def rows_to_spec(*, cluster: Cluster) -> tuple[dict[str, Any], list[tuple[str, s
     found on the way, as (spec field path, message) pairs."""
     problems: list[tuple[str, str]] = []
     models = dict(GpuModel.objects.filter(cluster=cluster).order_by("id").values_list("id", "name"))
-    peaks = GpuModel.objects.filter(cluster=cluster).order_by("id").values_list("name", "peak_tflops")
+    peaks = (
+        GpuModel.objects.filter(cluster=cluster).order_by("id").values_list("name", "peak_tflops", "speed")
+    )
     switch_rows = list(
         Switch.objects.filter(cluster=cluster).order_by("position", "id").values_list("id", "name", "tier")
     )
@@ -209,7 +214,10 @@ def rows_to_spec(*, cluster: Cluster) -> tuple[dict[str, Any], list[tuple[str, s
     spec = {
         "version": 1,
         "name": cluster.name,
-        "gpu_models": {name: {"peak_tflops": peak} for name, peak in peaks},
+        "gpu_models": {
+            name: {"peak_tflops": peak} | ({} if speed is None else {"speed": speed})
+            for name, peak, speed in peaks
+        },
         "switches": [{"name": name, "tier": tier} for _, name, tier in switch_rows],
         "links": links,
         "nodes": nodes,

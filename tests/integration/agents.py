@@ -109,6 +109,9 @@ def record_command() -> list[str]:
 ROOT = os.geteuid() == 0
 
 
+CGROUPS_MODE = os.environ.get("TOPOWEB_TEST_CGROUPS", "auto")
+
+
 def cgroups_writable() -> bool:
     """Whether this process can create cgroups (root with a writable hierarchy), as CI does."""
     from apps.agent.cgroups import CgroupError, detect
@@ -116,7 +119,7 @@ def cgroups_writable() -> bool:
     if not ROOT:
         return False
     try:
-        found = detect("auto", "topoweb-probe")
+        found = detect(CGROUPS_MODE, "topoweb-probe")
     except CgroupError:
         return False
     if found is None:
@@ -179,7 +182,8 @@ class Agents:
             str(self.tmp),
         ]
         if self.cgroups:
-            argv += ["--cgroup-name", f"{self.cgroup_name}/{node}"]
+            # TOPOWEB_TEST_CGROUPS=v1|v2 picks a hierarchy where the machine has both (default auto).
+            argv += ["--cgroup-name", f"{self.cgroup_name}/{node}", "--cgroups", CGROUPS_MODE]
         else:
             argv += ["--no-cgroups"]
         if not multi_user:
@@ -292,17 +296,29 @@ class TcpProxy:
         self.listener.close()
 
 
+def _walk(root: Path, name: str | None = None) -> list[Path]:
+    """Files called `name` under `root` (directories when `name` is None), deepest first; a
+    directory removed meanwhile (its agent still cleaning up) is skipped, not an error."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        if name is None:
+            found += [Path(top) / d for d in dirs]
+        elif name in files:
+            found.append(Path(top) / name)
+    return sorted(found, key=lambda p: -len(p.parts))
+
+
 def kill_cgroups(dirs: list[Path]) -> None:
     """SIGKILL every process in the cgroup trees `dirs` (thawing v1 freezers), then remove them."""
     for _ in range(50):
         pids = set()
         for d in dirs:
-            for procs in d.rglob("cgroup.procs"):
+            for procs in _walk(d, "cgroup.procs"):
                 try:
                     pids |= {int(p) for p in procs.read_text().split()}
                 except OSError:
                     pass
-            for state in d.rglob("freezer.state"):
+            for state in _walk(d, "freezer.state"):
                 try:
                     state.write_text("THAWED")
                 except OSError:
@@ -316,7 +332,7 @@ def kill_cgroups(dirs: list[Path]) -> None:
                 pass
         time.sleep(0.1)
     for d in dirs:
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        for sub in _walk(d):
             try:
                 sub.rmdir()
             except OSError:

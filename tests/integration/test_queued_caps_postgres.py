@@ -51,9 +51,9 @@ def test_racing_clients_of_one_user_stay_within_the_cap(transactional_db, settin
         services.job_submit(user=user, spec=spec(f"before-{i}"))
     original = accounts.queued_caps
 
-    def slow_caps(who, account):
+    def slow_caps(who, *args):
         time.sleep(0.05)
-        return original(who, account)
+        return original(who, *args)
 
     monkeypatch.setattr(accounts, "queued_caps", slow_caps)
     start = threading.Barrier(CLIENTS + 1)
@@ -96,3 +96,55 @@ def test_racing_clients_of_one_user_stay_within_the_cap(transactional_db, settin
     # The cap was reached, and by whole submissions only: every refused one would have gone past.
     assert any(r == "refused" for _, r in outcomes)
     assert all(queued + size > CAP for size, r in outcomes if r == "refused")
+
+
+def test_racing_members_of_one_account_stay_within_its_qos_cap(transactional_db, monkeypatch):
+    """A QOS's cap on an account's waiting jobs counts every member's: members racing each other
+    (each locking only their own user row would let them all pass) stay within it."""
+    from apps.scheduling.models import Account, AccountMembership, Qos
+
+    cluster = topology_services.cluster_import(data=read_spec_file(EXAMPLES / "case-4-4.yaml"))
+    team = Account.objects.create(name="team")
+    high = Qos.objects.create(cluster=cluster, name="high", max_queued_per_account=CAP)
+    team.qos.add(high)
+    members = [get_user_model().objects.create_user(f"member-{i}") for i in range(CLIENTS)]
+    for user in members:
+        AccountMembership.objects.create(user=user, account=team, is_default=True)
+    monkeypatch.setattr(cycle, "request_cycle", lambda *args, **kwargs: False)
+    original = accounts.queued_caps
+
+    def slow_caps(who, *args):
+        time.sleep(0.05)
+        return original(who, *args)
+
+    monkeypatch.setattr(accounts, "queued_caps", slow_caps)
+    start = threading.Barrier(CLIENTS)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        try:
+            start.wait(WAIT_S)
+            specs = [dict(spec(f"m{i}-{k}"), qos="high") for k in range(2)]
+            services.job_submit_many(user=members[i], specs=specs)
+            result = "queued"
+        except services.QueuedCapExceeded as exc:
+            assert exc.limit == "QOS high: queued jobs per account (team)"
+            result = "refused"
+        except Exception as exc:
+            result = repr(exc)
+        finally:
+            connection.close()
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert set(outcomes) <= {"queued", "refused"}, outcomes
+    queued = Job.objects.filter(account=team, qos=high, status__in=WAITING_STATUSES).count()
+    assert queued == 2 * outcomes.count("queued") == CAP
+    assert outcomes.count("refused") == CLIENTS - CAP // 2

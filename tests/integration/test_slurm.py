@@ -643,3 +643,121 @@ def test_a_user_without_a_unix_account_is_refused_at_submit(cluster, user):
     with pytest.raises(SpecError, match="no Unix account 'tw-no-such-account'"):
         job_submit(user=ghost, spec=spec("ghost", 2, ["true"], tp=2), cluster=cluster)
     assert not Job.objects.filter(owner=ghost).exists()
+
+
+# -- granted elsewhere: recorded, never stopped ------------------------------------------------------
+
+
+class ForeignFirst(SlurmRest):
+    """slurmrestd, but before TopoWeb's first submission a foreign sbatch takes `gpus` GPUs of
+    `node` (after the sync listed the jobs, so TopoWeb does not see it coming): Slurm grants the
+    TopoWeb jobs other indexes than planned."""
+
+    def __init__(self, base: SlurmRest, node: str, gpus: int):
+        super().__init__(base.url, user=base.user, jwt_key=base.jwt_key)
+        self.node, self.gpus, self.foreign = node, gpus, None
+
+    def submit(self, body, *, user=None):
+        if self.foreign is None:
+            self.foreign = sbatch("-w", self.node, f"--gres=gpu:{self.gpus}", "--wrap", "sleep 120")
+            wait_running(self.foreign)
+        return super().submit(body, user=user)
+
+
+def test_a_job_granted_other_gpus_runs_on_and_its_rank_map_is_what_ran(
+    cluster, user, shared_dir, slurm_cluster
+):
+    """Two jobs planned on one node; a foreign job takes the first one's planned GPUs between
+    TopoWeb's listing and its submission. Slurm grants the first job the second's planned GPUs
+    and the second other ones: both are recorded where Slurm runs them, no task is stopped, and
+    each rank's allocation is the GPU it opened."""
+    program = shared_dir / "contract.py"
+    program.write_text(CONTRACT)
+    program.chmod(0o644)
+    constrained = "TaskPlugin=task/cgroup" in Path(LOCAL_CONF).read_text()
+    devdir = str(Path(LOCAL_CONF).parents[1] / "dev")
+    contract = f"/usr/bin/python3 {program} {shared_dir} {devdir} {int(constrained)}"
+    cmd = ["sh", "-c", f"{contract} && sleep 8 && touch {shared_dir}/done-$TOPOWEB_JOB_ID-$RANK"]
+    first = place(cluster, user, spec("first", 2, cmd, tp=2))
+    second = place(cluster, user, spec("second", 2, cmd, tp=2))
+    plans = {
+        j.pk: {a.rank: (a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=j, live=True)}
+        for j in (first, second)
+    }
+    node = plans[first.pk][0][0]
+    assert {n for p in plans.values() for n, _ in p.values()} == {node}, plans
+    client = ForeignFirst(slurm_cluster, node, 2)
+    result = slurm_sync(executor=cluster.executor, client=client)
+    assert sorted(result.submitted) == [first.pk, second.pk]
+    # Both started in Slurm before TopoWeb looks again (a job still pending then, planned on GPUs
+    # granted to the other, would be re-placed: not started, so that is allowed, but not this case).
+    for sub in SlurmSubmission.objects.filter(job__in=[first, second]):
+        wait_running(sub.slurm_job_id)
+    killed = []
+    deadline = time.monotonic() + 90
+    while True:
+        result = slurm_sync(executor=cluster.executor, client=client)
+        killed += result.requeued + result.cancelled + result.orphans_cancelled
+        for j in (first, second):
+            j.refresh_from_db()
+        if all(j.status not in ACTIVE_STATUSES for j in (first, second)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert killed == []
+    moved = 0
+    for job in (first, second):
+        assert job.status == JobStatus.COMPLETED, job.pending_reason
+        assert job.generation == 1
+        final = {a.rank: (a.node_name, a.gpu_index) for a in Allocation.objects.filter(job=job, generation=1)}
+        moved += final != plans[job.pk]
+        for rank, where in final.items():
+            rec = json.loads((shared_dir / f"rank-{job.pk}-{rank}.json").read_text())
+            assert rec["problems"] == [], rec
+            assert (rec["node"], rec["gpu"]) == where, (job.pk, rank, rec, plans[job.pk])
+            assert (shared_dir / f"done-{job.pk}-{rank}").exists()
+    assert moved == 2, "Slurm should have granted both jobs other GPUs than planned"
+    sh("scancel", str(client.foreign))
+
+
+# -- operator actions and time limits as on agent clusters ------------------------------------------
+
+
+def test_a_drain_made_in_topoweb_is_slurms_and_survives_the_next_sync(cluster):
+    from apps.scheduling.executor import Refused
+    from apps.scheduling.nodes import node_drain, node_resume
+    from apps.topology.models import Node
+
+    node = Node.objects.get(cluster=cluster, name="gpu15")
+    with pytest.raises(Refused, match="scontrol update nodename=gpu15 state=drain"):
+        node_drain(node=node, reason="fan check")
+    assert "drain" not in sh("sinfo", "-h", "-n", "gpu15", "-o", "%T")
+    cluster.executor.scontrol_nodes = True
+    cluster.executor.save()
+    node_drain(node=node, reason="fan check")
+    assert sh("sinfo", "-h", "-n", "gpu15", "-o", "%T %E").strip() == "drained fan check"
+    for _ in range(3):
+        slurm_sync(executor=cluster.executor)
+    agent = NodeHealth.objects.get(node=node)
+    assert agent.state == NodeState.DRAINED and "fan check" in agent.reason
+    node_resume(node=node)
+    assert "drain" not in sh("sinfo", "-h", "-n", "gpu15", "-o", "%T")
+    for _ in range(50):
+        slurm_sync(executor=cluster.executor)
+        if NodeHealth.objects.get(node=node).state == NodeState.UP:
+            break
+        time.sleep(0.2)
+    assert NodeHealth.objects.get(node=node).state == NodeState.UP
+
+
+def test_a_job_past_its_time_limit_fails_with_the_agents_reason(cluster, user):
+    """time_limit_min 1: Slurm's TimeLimit=1 stops it (TIMEOUT); the reason is the one the agents'
+    server side gives (tests/unit/scheduling/test_time_limits.py)."""
+    job = place(cluster, user, {**spec("slow", 2, ["sleep", "600"], tp=2), "time_limit_min": 1})
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    slurm_id = SlurmSubmission.objects.get(job=job).slurm_job_id
+    assert "TimeLimit=00:01:00" in sh("scontrol", "show", "job", str(slurm_id))
+    job = sync_until(cluster, job, (JobStatus.FAILED, JobStatus.COMPLETED), timeout=150)
+    assert job.status == JobStatus.FAILED
+    assert job.pending_reason.startswith("time limit: stopped after its time_limit_min of 1 min")
+    assert "TIMEOUT" in job.pending_reason
+    assert (job.finished_at - job.started_at).total_seconds() >= 55

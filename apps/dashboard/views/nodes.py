@@ -11,6 +11,7 @@ from apps.api import roles
 from apps.dashboard.hotlinks import MAX_LIMIT, SORTS, hot_links, leaf_history, oversubscription
 from apps.dashboard.selectors import node_overview, switch_overview
 from apps.scheduling.choices import NODE_STATE_FILTERS
+from apps.scheduling.executor import Refused
 from apps.scheduling.nodes import cluster_health, node_drain, node_resume, node_rows
 from apps.topology.models import Cluster, Node, Switch
 
@@ -138,9 +139,17 @@ def node_health_decide(request, name: str, action: str):
         if not reason or len(reason) > REASON_MAX_CHARS:
             messages.error(request, f"reason: required, at most {REASON_MAX_CHARS} characters")
             return _back(request, name, target)
-        agent = node_drain(node=target, reason=reason)
+        try:
+            agent = node_drain(node=target, reason=reason)
+        except Refused as exc:
+            messages.error(request, str(exc))
+            return _back(request, name, target)
         messages.success(request, f"Node {target.name} is {agent.state}: {reason}")
     else:
-        node_resume(node=target)
+        try:
+            node_resume(node=target)
+        except Refused as exc:
+            messages.error(request, str(exc))
+            return _back(request, name, target)
         messages.success(request, f"Node {target.name} is back in service.")
     return _back(request, name, target)

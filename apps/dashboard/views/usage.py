@@ -17,7 +17,7 @@ from apps.topology.models import Cluster
 
 RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MAX_SPAN = timedelta(days=366)
-GROUPS = ("user", "account", "cluster")
+GROUPS = ("user", "account", "qos", "cluster")
 
 
 def _when(raw: str, field: str, errors: list[str]) -> datetime | None:

@@ -48,6 +48,9 @@ class AgentsExecutor:
         is not root or a system account) and fails the rank naming why."""
         return ""
 
+    def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None:
+        """Nothing to do: TopoWeb keeps the node states of agent clusters itself."""
+
     def check(self, cluster: Any) -> list[Finding]:
         """stop-overdue: a rank told to stop longer ago than its stop grace plus the time a cut-off
         node takes to be declared down, on a node that is not down (its agent does not stop it);

@@ -464,8 +464,9 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     passed (down or not: with no other node answering, a dead node is never blamed for its
     silence), its agent has surely stopped its ranks: they count as gone (their GPUs are
     released) and its jobs fail, or requeue when their spec says `requeue: true`. Mark draining
-    nodes with nothing left drained, and requeue placed jobs whose ranks did not all start in
-    time. Returns what changed: {"down", "fenced", "drained", "requeued"}."""
+    nodes with nothing left drained, requeue placed jobs whose ranks did not all start in time,
+    and stop jobs past their time limit. Returns what changed: {"down", "fenced", "drained",
+    "requeued", "timed_out"}."""
     now = now or timezone.now()
     out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
     cutoff = silent_before(now=now)
@@ -505,11 +506,27 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
                 state=NodeState.DRAINED, state_since=now
             )
             out["drained"].append(agent.node.name)
+    out["timed_out"] = stop_past_time_limit(cluster=cluster, now=now)
     deadline = now - timedelta(seconds=start_timeout_s())
     late = Job.objects.filter(cluster=cluster, status=JobStatus.PLACING, placed_at__lt=deadline)
     for job in late.only("pk"):
         if job_requeue_unstarted(job=job, now=now):
             out["requeued"].append(job.pk)
+    return out
+
+
+def stop_past_time_limit(*, cluster: Cluster, now: datetime) -> list[int]:
+    """Fail every running job of the cluster past its `time_limit_min` (reason "time limit: ...",
+    as Slurm's TIMEOUT on a Slurm cluster): its ranks are told to stop, with their stop grace.
+    Returns the job ids."""
+    out = []
+    running = Job.objects.filter(cluster=cluster, status=JobStatus.RUNNING, time_limit_min__isnull=False)
+    for pk in [j.pk for j in running.only("pk", "started_at", "time_limit_min") if j.past_time_limit(now)]:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=pk)
+            if job.status == JobStatus.RUNNING and job.past_time_limit(now):
+                lifecycle.finish(job=job, status=JobStatus.FAILED, reason=job.time_limit_reason(), now=now)
+                out.append(pk)
     return out
 
 

@@ -25,7 +25,7 @@ LOCAL_CONF = "/tmp/topoweb-slurm/etc/slurm.conf"  # scripts/slurm-local.sh
 LOCAL_JWT_KEY = "/tmp/topoweb-slurm/etc/jwt_hs256.key"
 
 
-def _slurm_env() -> dict[str, str]:
+def slurm_env() -> dict[str, str]:
     """The environment for Slurm's commands: the local Slurm's config when none is set."""
     env = dict(os.environ)
     if "SLURM_CONF" not in env and os.path.exists(LOCAL_CONF):
@@ -46,7 +46,7 @@ def live_topology(
     if topology_text is None:
         try:
             done = subprocess.run(
-                ["scontrol", "show", "topology"], capture_output=True, text=True, timeout=30, env=_slurm_env()
+                ["scontrol", "show", "topology"], capture_output=True, text=True, timeout=30, env=slurm_env()
             )
         except OSError as exc:
             raise SpecError([("topology", f"cannot run scontrol: {exc}")]) from exc

@@ -82,6 +82,16 @@ class SlurmExecutor:
             return ""
         return owner_refusal(ex, run_as(user_id=user_id, username=username))
 
+    def set_node(self, cluster_id: int, node: str, state: str, reason: str) -> None:
+        """Drain or resume the node in Slurm (`sync.set_node_state`: scontrol where the executor
+        allows it), else `port.Refused` saying how to in Slurm."""
+        from ..models import ClusterExecutor, ExecutorKind
+        from .sync import set_node_state
+
+        ex = ClusterExecutor.objects.filter(cluster_id=cluster_id, kind=ExecutorKind.SLURM).first()
+        if ex is not None:
+            set_node_state(ex, node, state, reason)
+
     def foreign(self, cluster: Any) -> list[port.ForeignHold]:
         from ..models import ForeignAllocation
 

@@ -200,6 +200,21 @@ def gres_gpu_count(gres: str) -> int:
     return total
 
 
+_GRES_TYPE = re.compile(r"^gpu:([A-Za-z][A-Za-z0-9_.-]*):\d+", re.IGNORECASE)
+
+
+def gres_gpu_type(gres: str) -> str:
+    """The GPU type a node's Gres names ("gpu:h100:8(S:0-1)" -> "h100"); "" when untyped or
+    mixed."""
+    types = set()
+    for item in _split_gres(gres or ""):
+        if not item.lower().startswith("gpu"):
+            continue
+        m = _GRES_TYPE.match(item)
+        types.add(m.group(1) if m else "")
+    return types.pop() if len(types) == 1 else ""
+
+
 def _split_gres(gres: str) -> list[str]:
     out, depth, cur = [], 0, ""
     for ch in gres:
@@ -228,6 +243,7 @@ class SlurmNode:
     reason: str
     gpus: int
     address: str
+    gpu_type: str = ""
 
     @property
     def health(self) -> str:
@@ -257,6 +273,7 @@ def parse_node(data: Mapping[str, Any]) -> SlurmNode:
         flags=tuple(str(f) for f in data.get("state_flags") or ()),
         reason=str(data.get("reason") or ""),
         gpus=gres_gpu_count(str(data.get("gres") or "")),
+        gpu_type=gres_gpu_type(str(data.get("gres") or "")),
         address=str(data.get("address") or data.get("hostname") or data.get("name") or ""),
     )
 
@@ -424,5 +441,10 @@ def topology_conf(scontrol_text: str) -> str:
 
 
 def node_conf(nodes: Sequence[SlurmNode]) -> str:
-    """slurm.conf NodeName lines giving each node's GPUs, for the converters."""
-    return "".join(f"NodeName={n.name} Gres=gpu:{n.gpus}\n" for n in nodes if n.name)
+    """slurm.conf NodeName lines giving each node's GPUs and their GRES type (which the converter
+    maps to a GPU model and its peak), for the converters."""
+    return "".join(
+        f"NodeName={n.name} Gres=gpu:{n.gpu_type + ':' if n.gpu_type else ''}{n.gpus}\n"
+        for n in nodes
+        if n.name
+    )

@@ -96,6 +96,30 @@ def bind_granted(planned: Sequence[int], granted: Sequence[int]) -> list[int]:
     return out
 
 
+def granted_map(
+    planned: Sequence[tuple[int, str, int]], granted: Mapping[str, Sequence[int]]
+) -> dict[int, tuple[str, int]] | None:
+    """Rank -> (node, GPU) as the task wrappers bind it, from the planned (rank, node, GPU) rows
+    and the GPU indexes Slurm granted per node (`bind_granted` on each node): every rank stays
+    on its planned node (each component of the job is pinned to one node), so a TP group planned
+    in one node stays there. None when Slurm's record lacks a node's GPUs or has too few."""
+    per_node: dict[str, list[tuple[int, int]]] = {}
+    for rank, node, gpu in planned:
+        per_node.setdefault(node, []).append((rank, gpu))
+    out: dict[int, tuple[str, int]] = {}
+    for node, items in per_node.items():
+        got = granted.get(node)
+        if not got:
+            return None
+        try:
+            bound = bind_granted([g for _, g in items], got)
+        except ValueError:
+            return None
+        for (rank, _), gpu in zip(items, bound, strict=True):
+            out[rank] = (node, gpu)
+    return out
+
+
 # The task wrapper's run-time part: from the node's planned GPUs (PLANNED, local-rank order) and
 # what Slurm granted the step (SLURM_STEP_GPUS: global indexes; CUDA_VISIBLE_DEVICES: the same GPUs
 # as the step's processes name them, which task/cgroup with ConstrainDevices=yes renumbers from

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import shlex
+import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -45,13 +47,14 @@ from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeHealth
-from apps.scheduling.selectors import master_port, run_as
+from apps.scheduling.selectors import generation_master_port, run_as
 from apps.topology.models import Cluster, Node
 
 from ..models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
+from .connect import slurm_env
 from .orphans import CANCEL, Verdict, claims, judge, owner
 from .rest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
-from .script import RankSlot, bind_granted, submission
+from .script import RankSlot, granted_map, submission
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,7 @@ def slurm_sync(
         nodes = client.nodes()
         jobs = client.jobs()
     except SlurmError as exc:
-        result.error = str(exc)
+        result.error = outage(exc, executor.last_sync_at)
         ClusterExecutor.objects.filter(pk=executor.pk).update(last_error=result.error[:2000])
         return result
     now = now or timezone.now()
@@ -174,6 +177,18 @@ def slurm_sync(
         _submit_placed(executor, client, nodes, result, timezone.now())
     ClusterExecutor.objects.filter(pk=executor.pk).update(last_sync_at=now, last_error="")
     return result
+
+
+def outage(exc: SlurmError, last_ok: datetime | None) -> str:
+    """A failed listing in words that name what is down and since when (the last good sync):
+    slurmrestd answering with errors means slurmctld did not answer it ("Unspecified error" is
+    what 22.05 says then); no answer at all means slurmrestd is down."""
+    since = f"since {last_ok.isoformat(timespec='seconds')}" if last_ok else "since before the first sync"
+    if exc.errors:
+        return f"controller (slurmctld) unreachable {since}: slurmrestd answered {exc}"
+    if "unreachable" in str(exc):
+        return f"slurmrestd unreachable {since}: {exc}"
+    return str(exc)
 
 
 # -- nodes -----------------------------------------------------------------------------------------
@@ -334,6 +349,7 @@ def _sync_submissions(
         .select_related("job")
     )
     foreign = foreign_gpus(cluster.pk)
+    running: list[tuple[Job, list[SlurmJob]]] = []
     for sub in open_subs:
         job = sub.job
         comps = groups.get(sub.slurm_job_id)
@@ -363,12 +379,19 @@ def _sync_submissions(
         elif state == "PENDING":
             _pending(job, sub, comps, foreign, client, result, now, stopped)
         elif state in ("RUNNING", "CONFIGURING", "COMPLETING"):
-            _running(job, sub, comps, result, now)
+            running.append((job, comps))
         else:
             if state != "COMPLETED" and any(c.live for c in comps):
                 # A component still completing may yet be requeued by Slurm: end it now.
                 _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
             _ended(job, sub, comps, state, result, now)
+    _rebind(cluster, running, result, now)
+    for job, _ in running:
+        if job.status == JobStatus.PLACING:
+            with transaction.atomic():
+                locked = Job.objects.select_for_update().get(pk=job.pk)
+                if lifecycle.start(job=locked, now=now):
+                    result.started.append(job.pk)
 
 
 def _broken(comps: list[SlurmJob], status: str) -> tuple[bool, str]:
@@ -419,6 +442,14 @@ def _pending(job, sub, comps, foreign, client, result, now, stopped) -> None:
     planned = _planned(job)
     taken = [(n, g) for _, n, g in planned if (n, g) in foreign]
     why = ""
+    if taken and _shift(job, foreign):
+        log.info(
+            "job %s: %s took planned GPUs %s first; moved to free GPUs of the same nodes",
+            job.pk,
+            foreign[taken[0]],
+            taken,
+        )
+        return
     if taken:
         node, gpu = taken[0]
         why = f"{foreign[(node, gpu)]} took planned GPU {gpu} on node {node} first; re-placing"
@@ -436,65 +467,142 @@ def _pending(job, sub, comps, foreign, client, result, now, stopped) -> None:
         Job.objects.filter(pk=job.pk, status=JobStatus.PLACING).update(pending_reason=text)
 
 
-def _running(job, sub, comps, result, now) -> None:
+def _priced(snapshot, job: Job, gids: list[int]) -> tuple[Job, list[int], dict]:
+    """(job, gids, its prediction fields on those GPUs) for `lifecycle.rebind`."""
+    fields = snap.priced_fields(
+        snapshot=snapshot,
+        spec=load_job(job.spec),
+        gids=gids,
+        policy=job.placed_policy or "topo",
+        own_flows=job.flows or {},
+    )
+    fields.pop("placed_policy", None)
+    return job, gids, fields
+
+
+def _shift(job: Job, foreign: dict[tuple[str, int], str]) -> bool:
+    """Move the ranks of a job Slurm holds pending whose planned GPUs a foreign job took onto
+    GPUs free on the same nodes (Slurm's request names nodes and counts, not indexes, so the
+    Slurm job stands and nothing is cancelled). False when a node lacks free GPUs: Slurm cannot
+    start it there now either, and the caller re-places it."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status != JobStatus.PLACING:
+            return False
+        planned = _planned(job)
+        snapshot = snap.cluster_snapshot(cluster=job.cluster)
+        topo = snapshot.topology
+        gids = []
+        spare: dict[str, list[int]] = {}
+        for _, node, gpu in planned:
+            if (node, gpu) not in foreign:
+                gids.append(topo.gid(node, gpu))
+                continue
+            if node not in spare:
+                i = topo.node_by_name[node]
+                first = int(topo.node_first_gid[i])
+                spare[node] = [
+                    g
+                    for g in range(first, first + int(topo.node_gpu_count[i]))
+                    if snapshot.free[g] and topo.gpu_key(g) not in foreign
+                ]
+            if not spare[node]:
+                return False
+            gids.append(spare[node].pop(0))
+        lifecycle.rebind(snapshot=snapshot, moves=[_priced(snapshot, job, gids)])
+    return True
+
+
+def _granted(comps: list[SlurmJob]) -> dict[str, list[int]]:
     granted: dict[str, list[int]] = {}
     for c in comps:
         for node, idx in c.gpus.items():
             granted.setdefault(node, []).extend(idx)
-    _rebind(job, granted, now)
-    if job.status == JobStatus.PLACING:
-        with transaction.atomic():
-            locked = Job.objects.select_for_update().get(pk=job.pk)
-            if lifecycle.start(job=locked, now=now):
-                result.started.append(job.pk)
+    return granted
 
 
-def _rebind(job: Job, granted: dict[str, list[int]], now: datetime) -> bool:
-    """Make the job's allocations the GPUs Slurm granted (`bind_granted` per node, as the task
-    wrappers do) and re-price it; other jobs' plans on those GPUs are released. True if changed."""
-    planned = _planned(job)
-    per_node: dict[str, list[tuple[int, int]]] = {}
-    for rank, node, gpu in planned:
-        per_node.setdefault(node, []).append((rank, gpu))
-    actual: dict[int, tuple[str, int]] = {}
-    for node, items in per_node.items():
-        got = granted.get(node)
-        if not got:
-            return False
-        try:
-            bound = bind_granted([g for _, g in items], got)
-        except ValueError:
-            return False
-        for (rank, _), gpu in zip(items, bound, strict=True):
-            actual[rank] = (node, gpu)
-    if all(actual[r] == (n, g) for r, n, g in planned):
-        return False
+def _rebind(
+    cluster: Cluster, running: list[tuple[Job, list[SlurmJob]]], result: SyncResult, now: datetime
+) -> list[int]:
+    """Record the GPUs Slurm granted the jobs it runs (`running`: job and its Slurm records) where
+    they differ from the plan, and re-price those jobs; returns their ids.
+
+    Slurm cannot be asked for GPU indexes, only counts per node, so it may grant others than
+    planned. The task wrappers bind ranks to the granted GPUs themselves (`granted_map`, the same
+    rule) before the command starts, so what the ranks compute on is final at start: the server
+    only records it. A job Slurm has started is never stopped for it. All the jobs are moved at
+    once (two jobs Slurm gave each other's planned GPUs swap); a job that is not running in Slurm
+    and planned on a granted GPU is re-placed (its Slurm job, if any, has not started). Should a
+    granted GPU be held by a job that is running but not in this listing, the grant is left
+    unrecorded this sync (logged) rather than stop that job."""
+    moves: dict[int, dict[int, tuple[str, int]]] = {}
+    for job, comps in running:
+        planned = _planned(job)
+        actual = granted_map(planned, _granted(comps))
+        if actual is not None and any(actual[r] != (n, g) for r, n, g in planned):
+            moves[job.pk] = actual
+    if not moves:
+        return []
+    in_slurm = {job.pk for job, _ in running}
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
-        snapshot = snap.cluster_snapshot(cluster=job.cluster)
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(pk__in=list(moves), status__in=ACTIVE_STATUSES)
+            .order_by("pk")
+        )
+        snapshot = snap.cluster_snapshot(cluster=cluster)
         topo = snapshot.topology
-        gids = [topo.gid(*actual[r]) for r in sorted(actual)]
-        pks = [snapshot.index.gpu_pk[g] for g in gids]
-        others = set(
-            Allocation.objects.filter(live=True, gpu_id__in=pks)
-            .exclude(job=job)
-            .values_list("job_id", flat=True)
+        gids = {j.pk: [topo.gid(*moves[j.pk][r]) for r in sorted(moves[j.pk])] for j in jobs}
+        mover = {snapshot.index.gpu_pk[g]: pk for pk, gs in gids.items() for g in gs}
+        holders = (
+            Allocation.objects.filter(live=True, gpu_id__in=list(mover))
+            .exclude(job_id__in=list(gids))
+            .values_list("job_id", "gpu_id")
         )
-        for other in Job.objects.filter(pk__in=others):
-            # Slurm runs this job there: a plan of another job on those GPUs is stale.
-            _requeue(other, f"Slurm granted its planned GPUs to job {job.pk}; re-placing", now)
-        spec = load_job(job.spec)
-        fields = snap.priced_fields(
-            snapshot=snapshot,
-            spec=spec,
-            gids=gids,
-            policy=job.placed_policy or "topo",
-            own_flows=job.flows or {},
+        started = set(
+            Job.objects.filter(pk__in={o for o, _ in holders}, status=JobStatus.RUNNING).values_list(
+                "pk", flat=True
+            )
         )
-        fields.pop("placed_policy", None)
-        lifecycle.rebind(job=job, snapshot=snapshot, gids=gids, fields=fields)
-    queue_cycle(job.cluster_id)
-    return True
+        keep = set()
+        stale = set()
+        for other, gpu_pk in holders:
+            if other in in_slurm or other in started:
+                keep.add(mover[gpu_pk])
+                log.warning(
+                    "job %s: Slurm granted a GPU running job %s holds; its grant is recorded later",
+                    mover[gpu_pk],
+                    other,
+                )
+            else:
+                stale.add(other)
+        # A job kept on its plan keeps its GPUs: a job moving onto them waits too.
+        holding: dict[int, set[int]] = {}
+        for pk, gpu_pk in Allocation.objects.filter(live=True, job_id__in=list(gids)).values_list(
+            "job_id", "gpu_id"
+        ):
+            holding.setdefault(pk, set()).add(gpu_pk)
+        while True:
+            kept = set().union(*(holding.get(pk, set()) for pk in keep))
+            more = {
+                pk
+                for pk in gids
+                if pk not in keep and any(snapshot.index.gpu_pk[g] in kept for g in gids[pk])
+            }
+            if not more:
+                break
+            keep |= more
+        for other in Job.objects.filter(pk__in=stale).order_by("pk"):
+            # Not started anywhere: its plan on a GPU Slurm runs another job on is stale.
+            _requeue(other, "Slurm granted its planned GPUs to a running job; re-placing", now)
+            result.requeued.append(other.pk)
+        moved = [_priced(snapshot, job, gids[job.pk]) for job in jobs if job.pk not in keep]
+        lifecycle.rebind(snapshot=snapshot, moves=moved)
+    for job, _, _ in moved:
+        log.info("job %s: recorded the GPUs Slurm granted (%s)", job.pk, moves[job.pk])
+    if moved:
+        queue_cycle(cluster.pk)
+    return [job.pk for job, _, _ in moved]
 
 
 def _ended(job, sub, comps, state, result, now, why: str = "") -> None:
@@ -513,6 +621,8 @@ def _ended(job, sub, comps, state, result, now, why: str = "") -> None:
             result.requeued.append(job.pk)
             return
         status = JobStatus.FAILED
+    elif state == "TIMEOUT" and job.time_limit_min is not None:
+        status, why = JobStatus.FAILED, job.time_limit_reason(f"Slurm job {jid}: TIMEOUT")
     else:
         code = next((c.exit_code for c in comps if c.exit_code), None)
         sig = next((c.signal for c in comps if c.signal), None)
@@ -689,11 +799,11 @@ def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
             workdir=workdir,
             # The rank map's MASTER_ADDR (`rankmaps.rankmap_json`): rank 0's node, as Slurm names it.
             master_addr=rows[0][1],
-            master_port=master_port(job.pk, job.generation),
+            master_port=generation_master_port(job.pk, job.generation),
             all_nodes=all_nodes,
             partition=executor.partition,
             output=output,
-            time_limit_min=_minutes(spec.estimated_runtime_s),
+            time_limit_min=launch.time_limit_min,
             server=executor.server_id,
         )
         slurm_id = client.submit(body, user=user)
@@ -768,13 +878,6 @@ def _refuses_user(exc: Exception) -> bool:
     )
 
 
-def _minutes(runtime_s: float | None) -> int | None:
-    """Slurm's time limit for a job with an estimated runtime: three times it, whole minutes."""
-    if runtime_s is None:
-        return None
-    return max(1, int(runtime_s * 3 / 60) + 1)
-
-
 def stop_job(job: Job) -> list[int]:
     """Cancel `job`'s Slurm jobs now, once TopoWeb has stopped the job (the next sync's orphan
     pass would otherwise): each of its recorded Slurm jobs not known to have ended. Errors are
@@ -798,3 +901,37 @@ def stop_job(job: Job) -> list[int]:
         return []
     stopped: set[int] = set()
     return [sid for sid, user in subs if _cancel(client, sid, user, stopped)]
+
+
+SCONTROL_TIMEOUT_S = 20.0
+
+
+def set_node_state(executor: ClusterExecutor, node: str, state: str, reason: str = "") -> None:
+    """Drain (with `reason`) or resume `node` in Slurm with `scontrol update` when the executor's
+    `scontrol_nodes` allows it (slurmrestd v0.0.38 has no node update call); the next sync reads
+    Slurm's state back. `executor.Refused` otherwise, or when scontrol fails, with its words and
+    the command to run in Slurm."""
+    from apps.scheduling.executor import Refused
+
+    words = [f"nodename={node}", f"state={state}"]
+    if state == "drain":
+        words.append(f"reason={reason or 'drained in TopoWeb'}")
+    how = "scontrol update " + " ".join(shlex.quote(w) for w in words)
+    if not executor.scontrol_nodes:
+        raise Refused(
+            f"node states of cluster {executor.cluster.name} are Slurm's: run `{how}` on the Slurm"
+            " cluster (TopoWeb follows at its next sync), or let TopoWeb run it (the cluster"
+            " executor's scontrol_nodes, on a host with Slurm's commands)"
+        )
+    try:
+        done = subprocess.run(
+            ["scontrol", "update", *words],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            env=slurm_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Refused(f"could not run `{how}`: {exc}") from exc
+    if done.returncode != 0:
+        raise Refused(f"`{how}` failed: {(done.stderr or done.stdout).strip()[:500]}")

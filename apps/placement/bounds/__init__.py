@@ -34,6 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..costmodel import GroupCost, Prediction, mfu, most_hidden_share, pipeline_compute_ms, step_ms
+from ..costmodel.speed import allowed, at_rate, reference_rate
 from ..groups import group_arrays
 from ..jobs import GROUP_KINDS, JobSpec
 from ..topology import LEVELS, Topology
@@ -178,6 +179,7 @@ def lower_bound(topology: Topology, job: JobSpec, *, free: np.ndarray | None = N
     bottleneck (GB/s); MFU uses the cluster's lowest peak, so it is an upper bound.
     Raises ValueError (naming `free`) for a mask of the wrong shape or dtype, or one with fewer
     free GPUs than the job needs: no placement exists to bound."""
+    mask = None
     if free is None:
         cap = _capacity(topology)
     else:
@@ -186,6 +188,7 @@ def lower_bound(topology: Topology, job: JobSpec, *, free: np.ndarray | None = N
         if job.gpus > n_free:
             raise ValueError(f"free: job {job.name!r} needs {job.gpus} GPUs, {n_free} are free")
         cap = _capacity(topology, mask)
+    job = _at_fastest(topology, job, mask)
     hit = cap.bounds.get(job)
     if hit is None:
         if len(cap.bounds) > _BOUNDS_SIZE:
@@ -193,6 +196,18 @@ def lower_bound(topology: Topology, job: JobSpec, *, free: np.ndarray | None = N
         hit = cap.bounds[job] = _lower_bound(topology, cap, job)
     # A fresh flows dict, so that no caller can alter the memoised Prediction.
     return replace(hit, flows={})
+
+
+def _at_fastest(topology: Topology, job: JobSpec, mask: np.ndarray | None) -> JobSpec:
+    """`job` with its compute time on the fastest GPU it may run on (among `mask`'s): no placement
+    computes faster (`costmodel.speed`)."""
+    if len(topology.model_rates) == 1 and job.reference_model is None:
+        return job
+    ok = allowed(topology, job)
+    if mask is not None:
+        ok = mask if ok is None else ok & mask
+    rates = topology.node_rate[topology.gpu_node] if ok is None else topology.node_rate[topology.gpu_node[ok]]
+    return at_rate(topology, job, float(rates.max()) if rates.size else reference_rate(topology, job))
 
 
 def _lower_bound(topology: Topology, cap: _Capacity, job: JobSpec) -> Prediction:

@@ -57,6 +57,27 @@ _NAME_PATTERNS = (
 )
 
 
+# Slurm GRES types as sites name them (`Gres=gpu:h100:8`): the SXM part of that name.
+GRES_TYPES = {
+    "v100": "0x1db5",
+    "a100": "0x20b2",
+    "h800": "0x2324",
+    "h20": "0x2329",
+    "h100": "0x2330",
+    "h200": "0x2335",
+    "b200": "0x2901",
+}
+
+
+def gres_kind(gres_type: str) -> GpuKind | None:
+    """The GPU model of a Slurm GRES type: a full model name (`gpu_kind`), or a short one
+    (`h100`, `a100`, ...: the SXM part, 80 GB for A100); None for PCIe or unknown types."""
+    if not gres_type:
+        return None
+    short = GRES_TYPES.get(gres_type.lower())
+    return GPU_BY_DEVICE[short] if short else gpu_kind(model=gres_type)
+
+
 def gpu_kind(*, vendor: str = "", device: str = "", model: str = "") -> GpuKind | None:
     """The NVLink GPU model of a PCI id or a model name; None for PCIe cards and unknown parts."""
     if vendor.lower() == NVIDIA and device.lower() in GPU_BY_DEVICE:

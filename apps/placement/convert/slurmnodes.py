@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from .base import NameBudget, Source, at, check_size, fail, hosts
+from .hardware import gres_kind
 from .hostlist import HostlistError, expand
 from .tree import SwitchTree
 
@@ -60,6 +61,18 @@ def _pairs(line: str, where: str) -> list[tuple[str, str]]:
         if sep:
             out.append((key.lower(), value.strip('"')))
     return out
+
+
+def _gres_model(value: str) -> str | None:
+    """The GPU model a Gres value's typed gpu entries name (`gpu:h100:8` -> H100-SXM5-80GB), None
+    when untyped, of unknown type, or of more than one model."""
+    kinds = set()
+    for item in re.split(r",(?![^(]*\))", value):
+        m = _GRES_GPU.match(item.strip())
+        if m:
+            kind = gres_kind(m.group(1) or "")
+            kinds.add(kind.model if kind else None)
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _gres_gpus(value: str, where: str) -> int:
@@ -117,9 +130,13 @@ def read_node_info(sources: list[Source], tree: SwitchTree) -> None:
                     if gres_conf[n] > MAX_NODE_GPUS:
                         raise fail(where, f"node {n!r} has more than {MAX_NODE_GPUS} GPUs")
             else:  # slurm.conf
-                count = _gres_gpus(fields.get("gres", default_gres), where)
+                gres = fields.get("gres", default_gres)
+                count = _gres_gpus(gres, where)
+                model = _gres_model(gres)
                 for n in names:
                     slurm_conf[n] = count
+                    if model:
+                        tree.node_model[n] = model
         # gres.conf counts the devices; slurm.conf says which nodes have none.
         tree.node_gpus.update(slurm_conf)
         tree.node_gpus.update(gres_conf)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..topology import Topology
 from .base import MAX_NODES, Defaults, Imported, assumed, cluster_spec, fail
-from .hardware import GpuKind
+from .hardware import GpuKind, gpu_kind
 from .hostlist import compress
 
 
@@ -200,8 +200,10 @@ def tree_to_spec(tree: SwitchTree, defaults: Defaults) -> Imported:
                 model = defaults.take("gpu_model")
                 assumed_model += 1
             if model not in models:
-                known = model == GB200.model and "peak_tflops" not in defaults.given
-                models[model] = GB200.peak_tflops if known else defaults.take("peak_tflops")
+                named = nname in tree.node_model  # by Slurm's GRES type or a node label
+                kind = GB200 if model == GB200.model else (gpu_kind(model=model) if named else None)
+                given = "peak_tflops" in defaults.given
+                models[model] = kind.peak_tflops if kind and not given else defaults.take("peak_tflops")
             if nname in rack_gpus and "nvlink_bw_GBps" not in defaults.given:
                 nvlink_bw = GB200.nvlink_bw_GBps
             else:

@@ -24,6 +24,7 @@ from .formulas import (
     volume_ms,
 )
 from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
+from .speed import placed
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 _SPINE_PODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -117,6 +118,8 @@ def evaluate(
     (GB/s) on each leaf's uplinks (and pods' core links). Times in ms. `detail=False` leaves
     `groups` empty (faster, for solvers)."""
     g = check_gids(topology, job, gids)
+    # The compute part runs at the slowest placed GPU.
+    job = placed(topology, job, g)
     arrays = group_arrays(job)
     both = load_array(topology, link_load)
     load, core_load = both[: len(topology.leaf_names)], both[len(topology.leaf_names) :]

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..jobs import JobSpec
 from ..planner import plan_cycle
-from ..planning import ActiveJob, ClusterSnapshot, GpuIndex, QueuedJob
+from ..planning import ActiveJob, ClusterSnapshot, GpuIndex, QosLimits, QueuedJob
 from ..priority import PriorityWeights, Usage, decayed_gpu_seconds, fair_share_factors, priority_terms
 from ..topology import Topology
 
@@ -50,8 +50,10 @@ def replay_fair_share(
     half_life_s: float = 24 * 3600.0,
     weights: PriorityWeights = PriorityWeights(),  # noqa: B008  (frozen)
     policy: str = "tree_best_fit",
+    qos: QosLimits | None = None,
 ) -> FairShareRun:
-    """Replay `duration_s` seconds of every account of `shares` submitting `job` every `interval_s`."""
+    """Replay `duration_s` seconds of every account of `shares` submitting `job` every `interval_s`,
+    every job in QOS `qos` when given (its priority term and limits apply as in production)."""
     names = sorted(shares)
     ids = {name: i for i, name in enumerate(names)}
     runtime_s = float(job.estimated_runtime_s or 3600.0)
@@ -85,6 +87,7 @@ def replay_fair_share(
                         None,
                         "",
                         ids[name],
+                        qos=qos.qos_id if qos is not None else None,
                     )
                 )
                 next_id += 1
@@ -97,18 +100,31 @@ def replay_fair_share(
         )
 
         queue = [
-            replace(q, effective=_effective(q.priority, q.submitted_at, now, factors[q.account], weights))
+            replace(
+                q, effective=_effective(q.priority, q.submitted_at, now, factors[q.account], weights, qos)
+            )
             for q in queue
         ]
         queue.sort(key=lambda q: (-q.rank, q.submitted_at, q.job_id))
         active = [
             replace(
-                a, effective=_effective(a.priority, a.submitted_at or now, now, factors[a.account], weights)
+                a,
+                effective=_effective(
+                    a.priority, a.submitted_at or now, now, factors[a.account], weights, qos
+                ),
             )
             for a, _ in running.values()
         ]
         snapshot = ClusterSnapshot(0, topology, index, free.copy(), {}, active)
-        plan = plan_cycle(snapshot, queue, cluster_policy=policy, backfill=True, preemption=False, now=now)
+        plan = plan_cycle(
+            snapshot,
+            queue,
+            cluster_policy=policy,
+            backfill=True,
+            preemption=False,
+            now=now,
+            qos={qos.qos_id: qos} if qos is not None else None,
+        )
         cycles += 1
         booked = set()
         for b in plan.bookings:
@@ -129,6 +145,7 @@ def replay_fair_share(
                     runtime_s,
                     account=q.account,
                     submitted_at=q.submitted_at,
+                    qos=q.qos,
                 ),
                 t,
             )
@@ -154,8 +171,18 @@ def replay_fair_share(
 
 
 def _effective(
-    requested: int, submitted: datetime, now: datetime, factor: float, weights: PriorityWeights
+    requested: int,
+    submitted: datetime,
+    now: datetime,
+    factor: float,
+    weights: PriorityWeights,
+    qos: QosLimits | None = None,
 ) -> float:
     return priority_terms(
-        requested=requested, submitted_at=submitted, now=now, fair_share_factor=factor, weights=weights
+        requested=requested,
+        submitted_at=submitted,
+        now=now,
+        fair_share_factor=factor,
+        weights=weights,
+        qos_priority=qos.priority if qos is not None else 0,
     ).effective

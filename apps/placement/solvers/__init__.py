@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..costmodel import Prediction, evaluate
+from ..costmodel import Prediction, evaluate, pipeline_compute_ms
+from ..costmodel.speed import allowed, at_rate, reference
 from ..jobs import POLICY_NAMES, JobSpec
 from ..topology import Topology
 from . import first_fit, naive, seeded_random, topo, tree_best_fit
@@ -47,12 +48,56 @@ def place(
         raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     mask = check_free(topology, free)
     load = check_link_load(link_load)
+    try:
+        reference(topology, job)
+    except ValueError as exc:
+        # A stored job naming a model its cluster no longer has.
+        return NoFit(str(exc))
+    ok = allowed(topology, job)
+    if ok is not None:
+        mask = mask & ok
+        n_free = int(np.count_nonzero(mask))
+        if n_free < job.gpus:
+            return NoFit(f"needs {job.gpus} GPUs of {', '.join(job.gpu_models)}, {n_free} free")
     if policy == "topo":
-        return _finite(topo.solve(topology, mask, load, job, seed))
+        return _finite(_by_generation(topology, mask, load, job, seed))
     chosen = _CHOOSERS[policy](topology, mask, load, job, seed)
     if isinstance(chosen, NoFit):
         return chosen
     return _finite(Placement(policy, chosen, evaluate(topology, job, chosen, load)))
+
+
+def _by_generation(topology: Topology, mask: np.ndarray, load, job: JobSpec, seed: int) -> Placement | NoFit:
+    """topo on a fleet of several GPU models: a step runs at its slowest GPU, so topo is run on the
+    free GPUs of each model alone and on those of each model or faster, fastest model first; the
+    cheapest step wins, ties to the earlier (faster, then unmixed) set. A set whose compute alone,
+    at its slowest model, is no cheaper than the best step so far is not tried."""
+    if len(topology.model_rates) == 1:
+        return topo.solve(topology, mask, load, job, seed)
+    rates = topology.node_rate[topology.gpu_node]
+    levels = np.unique(rates[mask])[::-1]
+    if levels.size <= 1:
+        return topo.solve(topology, mask, load, job, seed)
+    best: Placement | NoFit | None = None
+    tried: set[bytes] = set()
+    for rate in levels:
+        if isinstance(best, Placement):
+            floor = pipeline_compute_ms(at_rate(topology, job, float(rate)))
+            if floor >= best.prediction.step_ms:
+                break
+        for sub in (mask & (rates == rate), mask & (rates >= rate)):
+            key = np.packbits(sub).tobytes()
+            if key in tried or int(np.count_nonzero(sub)) < job.gpus:
+                continue
+            tried.add(key)
+            got = _finite(topo.solve(topology, sub, load, job, seed))
+            if isinstance(got, NoFit):
+                best = best or got
+            elif not isinstance(best, Placement) or got.prediction.step_ms < best.prediction.step_ms * (
+                1 - 1e-9
+            ):
+                best = got
+    return best if best is not None else topo.solve(topology, mask, load, job, seed)
 
 
 def _finite(result: Placement | NoFit) -> Placement | NoFit:

@@ -112,11 +112,13 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
     node_domain = np.empty(len(nodes), dtype=np.int32)
     node_leaf = np.full(len(nodes), -1, dtype=np.int32)
     node_peak = np.empty(len(nodes))
+    node_rate = np.empty(len(nodes))
     gid = 0
     for ni, n in enumerate(nodes):
         node_first[ni], node_count[ni] = gid, n.gpus
         node_domain[ni] = dom_idx[n.domain]
         node_peak[ni] = gpu_models[n.gpu_model].peak_tflops
+        node_rate[ni] = gpu_models[n.gpu_model].rate
         sl = slice(gid, gid + n.gpus)
         gpu_node[sl] = ni
         gpu_index[sl] = np.arange(n.gpus)
@@ -175,6 +177,7 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
         node_domain=node_domain,
         node_leaf=node_leaf,
         node_peak_tflops=node_peak,
+        node_rate=node_rate,
         node_intra=node_intra,
     )
 

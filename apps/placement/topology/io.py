@@ -41,7 +41,10 @@ def topology_to_spec(topo: Topology) -> dict:
     return {
         "version": 1,
         "name": topo.name,
-        "gpu_models": {m.name: {"peak_tflops": m.peak_tflops} for m in topo.gpu_models.values()},
+        "gpu_models": {
+            m.name: {"peak_tflops": m.peak_tflops} | ({} if m.speed is None else {"speed": m.speed})
+            for m in topo.gpu_models.values()
+        },
         "switches": [{"name": s.name, "tier": s.tier} for s in topo.switches],
         "links": [
             {"a": lk.a, "b": lk.b, "bw_GBps": lk.bw_GBps, "latency_us": lk.latency_us} for lk in topo.links

@@ -39,8 +39,18 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GpuModel:
+    """A GPU type: its dense peak (TFLOPS, for MFU) and, when the operator measured it, its
+    `speed` relative to the cluster's other models (any unit; only ratios count). A job's compute
+    time scales by the ratio of speeds, the peaks' ratio when no speed is set."""
+
     name: str
     peak_tflops: float
+    speed: float | None = None
+
+    @property
+    def rate(self) -> float:
+        """How fast this model computes, relative to the others: `speed`, else `peak_tflops`."""
+        return self.peak_tflops if self.speed is None else self.speed
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +140,7 @@ class Topology:
     node_domain: np.ndarray = field(repr=False)
     node_leaf: np.ndarray = field(repr=False)  # leaf of the node's first NIC, -1 standalone
     node_peak_tflops: np.ndarray = field(repr=False)
+    node_rate: np.ndarray = field(repr=False)  # the node's GPU model's `GpuModel.rate`
     # Nodes with intra-node links (`Node.intra`) by node index; their domain is theirs alone.
     node_intra: Mapping[int, IntraLinks] = field(default_factory=dict, repr=False)
 
@@ -140,6 +151,19 @@ class Topology:
     @cached_property
     def node_by_name(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def model_rates(self) -> dict[str, float]:
+        """`GpuModel.rate` of each model some node has, fastest first."""
+        used = {n.gpu_model for n in self.nodes}
+        rates = {m: self.gpu_models[m].rate for m in used}
+        return dict(sorted(rates.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @cached_property
+    def node_model(self) -> np.ndarray:
+        """Per node, the index of its GPU model in `model_rates`."""
+        order = {m: i for i, m in enumerate(self.model_rates)}
+        return np.array([order[n.gpu_model] for n in self.nodes], dtype=np.int32)
 
     @cached_property
     def leaf_by_name(self) -> dict[str, int]:

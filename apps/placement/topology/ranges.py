@@ -37,6 +37,12 @@ MAX_GPU_MODELS = 64
 # Hardware figures.
 MAX_PEAK_TFLOPS = 100_000.0  # dense per GPU; today's largest are below 10,000
 MIN_PEAK_TFLOPS = 1e-3  # one GFLOPS: below any accelerator, and keeps every MFU finite
+# A GPU model's measured relative speed (`gpu_models.<m>.speed`): only ratios between models count,
+# and the range keeps the largest ratio (1e6) times the longest step (MAX_COMPUTE_MS) finite.
+MIN_GPU_SPEED = 1e-3
+MAX_GPU_SPEED = 1_000.0
+# GPU models a job may name in `gpu_models`.
+MAX_JOB_GPU_MODELS = 16
 MIN_BW_GBps = 0.01  # 80 Mbit/s, a slow management network
 MAX_BW_GBps = 1_000_000.0  # per GPU in an NVLink domain, per NIC, per cable or bundle of cables
 MAX_LATENCY_US = 1_000_000.0  # one second

@@ -15,6 +15,7 @@ from .ranges import (
     GPU_MODEL_RE,
     MAX_CLUSTER_GPUS,
     MAX_GPU_MODELS,
+    MAX_GPU_SPEED,
     MAX_LINKS,
     MAX_NODE_GPUS,
     MAX_NODE_NICS,
@@ -22,6 +23,7 @@ from .ranges import (
     MAX_PEAK_TFLOPS,
     MAX_SWITCHES,
     MAX_URL_CHARS,
+    MIN_GPU_SPEED,
     MIN_PEAK_TFLOPS,
 )
 from .safeload import cut
@@ -48,14 +50,14 @@ def load_topology(data: Any) -> Topology:
 
     gpu_models: dict[str, GpuModel] = {}
     if not isinstance(data["gpu_models"], Mapping):
-        errs.add("gpu_models", "must be a mapping of model name to {peak_tflops}")
+        errs.add("gpu_models", "must be a mapping of model name to {peak_tflops, speed?}")
     elif len(data["gpu_models"]) > MAX_GPU_MODELS:
         errs.add("gpu_models", f"holds {len(data['gpu_models'])} models; the limit is {MAX_GPU_MODELS}")
     else:
         for mname, m in data["gpu_models"].items():
             p = f"gpu_models.{_key(mname)}"
             mname = _name(errs, p, mname, pattern=GPU_MODEL_RE, help=GPU_MODEL_HELP)
-            if _check_keys(errs, p, m, {"peak_tflops"}):
+            if _check_keys(errs, p, m, {"peak_tflops"}, {"speed"}):
                 peak = _positive(
                     errs,
                     f"{p}.peak_tflops",
@@ -63,7 +65,17 @@ def load_topology(data: Any) -> Topology:
                     minimum=MIN_PEAK_TFLOPS,
                     maximum=MAX_PEAK_TFLOPS,
                 )
-                gpu_models[mname] = GpuModel(mname, peak)
+                speed = m.get("speed")
+                if speed is not None:
+                    speed = _positive(errs, f"{p}.speed", speed, minimum=MIN_GPU_SPEED, maximum=MAX_GPU_SPEED)
+                gpu_models[mname] = GpuModel(mname, peak, speed)
+        measured = [m for m in gpu_models.values() if m.speed is not None]
+        if measured and len(measured) < len(gpu_models):
+            unset = next(m.name for m in gpu_models.values() if m.speed is None)
+            errs.add(
+                f"gpu_models.{_key(unset)}.speed",
+                "set on every GPU model or on none: speeds are compared with each other, not with peaks",
+            )
 
     switches: list[Switch] = []
     tier_of: dict[str, str] = {}

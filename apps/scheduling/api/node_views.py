@@ -4,7 +4,7 @@ logs). Views validate and translate; writes are services in `nodes`."""
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
@@ -15,10 +15,11 @@ from rest_framework.views import APIView
 
 from apps.api import roles
 from apps.api.permissions import holds
+from apps.api.schemas import STATE_ERROR_RESPONSE
 from apps.api.validation import int_param
 from apps.topology.models import Node
 
-from .. import nodes, selectors
+from .. import executor, nodes, selectors
 from ..choices import NODE_STATE_FILTERS
 from ..models import RankRun
 from ..nodes import node_state_q
@@ -71,7 +72,7 @@ class NodeHealthViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     @extend_schema(
         summary="Drain a node: no new placements, running jobs finish, then drained",
         request=DrainSerializer,
-        responses={200: NodeHealthSerializer},
+        responses={200: NodeHealthSerializer, 409: STATE_ERROR_RESPONSE},
     )
     @action(detail=True, methods=["post"], permission_classes=[holds(roles.MANAGE_NODES)])
     def drain(self, request: Request, pk=None) -> Response:
@@ -79,15 +80,25 @@ class NodeHealthViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         node = self.get_object()
         body = DrainSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        nodes.node_drain(node=node, reason=body.validated_data["reason"])
+        try:
+            nodes.node_drain(node=node, reason=body.validated_data["reason"])
+        except executor.Refused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(NodeHealthSerializer(self.get_queryset().get(pk=node.pk)).data)
 
-    @extend_schema(summary="Resume a drained node", request=None, responses={200: NodeHealthSerializer})
+    @extend_schema(
+        summary="Resume a drained node",
+        request=None,
+        responses={200: NodeHealthSerializer, 409: STATE_ERROR_RESPONSE},
+    )
     @action(detail=True, methods=["post"], permission_classes=[holds(roles.MANAGE_NODES)])
     def resume(self, request: Request, pk=None) -> Response:
         """Return the node to service and clear its unhealthy GPUs."""
         node = self.get_object()
-        nodes.node_resume(node=node)
+        try:
+            nodes.node_resume(node=node)
+        except executor.Refused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(NodeHealthSerializer(self.get_queryset().get(pk=node.pk)).data)
 
 

@@ -8,9 +8,10 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from apps.topology.models import Gpu
+from apps.topology.models import Cluster, Gpu
 
-from ..models import Job, MigrationProposal, SchedulingCycle
+from ..account_models import DEFAULT_QOS
+from ..models import Job, MigrationProposal, Qos, SchedulingCycle
 from ..selectors import spec_shown
 
 LIST_FIELDS = [
@@ -40,7 +41,7 @@ LIST_FIELDS = [
     "predicted_step_ms",
     "predicted_mfu",
 ]
-DETAIL_FIELDS = [*LIST_FIELDS, "account", "borrowed", "predicted", "flows", "spec"]
+DETAIL_FIELDS = [*LIST_FIELDS, "account", "qos", "borrowed", "predicted", "flows", "spec"]
 # The columns a list response reads: the list query loads only these.
 LIST_COLUMNS = [
     *(f for f in LIST_FIELDS if f not in ("cluster_name", "owner", "overdue_reason")),
@@ -119,6 +120,8 @@ class JobSerializer(JobListSerializer):
     def to_representation(self, instance: Job) -> dict[str, Any]:
         out = super().to_representation(instance)
         out["account"] = instance.account_id
+        # By id, as its account (the priority endpoint and the pending reason name it).
+        out["qos"] = instance.qos_id
         out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows
@@ -198,3 +201,51 @@ class GpuSerializer(serializers.ModelSerializer):
         model = Gpu
         fields = ["id", "cluster", "node", "node_name", "index", "domain", "nic", "job", "rank"]
         read_only_fields = fields
+
+
+class QosSerializer(serializers.ModelSerializer):
+    """A QOS of a cluster (the model's validators bound every number; blank limits are none)."""
+
+    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+
+    class Meta:
+        model = Qos
+        fields = [
+            "id",
+            "cluster",
+            "name",
+            "priority",
+            "max_gpus_per_job",
+            "max_running_gpus_per_user",
+            "max_running_jobs_per_user",
+            "max_running_gpus_per_account",
+            "max_running_jobs_per_account",
+            "max_queued_per_user",
+            "max_queued_per_account",
+            "max_wall_s",
+            "gpu_hours_per_period",
+            "period_h",
+            "may_borrow",
+            "preemptible",
+            "description",
+        ]
+        read_only_fields = ["id"]
+
+    def validate(self, attrs):
+        instance = self.instance
+        if (
+            instance is not None
+            and instance.name == DEFAULT_QOS
+            and attrs.get("name", DEFAULT_QOS) != DEFAULT_QOS
+        ):
+            raise serializers.ValidationError(
+                {"name": f"{DEFAULT_QOS} is every cluster's default QOS: it keeps its name"}
+            )
+        cluster = attrs.get("cluster", instance.cluster if instance else None)
+        name = attrs.get("name", instance.name if instance else None)
+        clash = Qos.objects.filter(cluster=cluster, name=name).exclude(pk=instance.pk if instance else None)
+        if clash.exists():
+            raise serializers.ValidationError(
+                {"name": f"cluster {cluster.name} already has a QOS named {name}"}
+            )
+        return attrs

@@ -10,6 +10,7 @@ from .views import (
     JobViewSet,
     MigrationProposalViewSet,
     PlacementPreviewView,
+    QosViewSet,
     SchedulingCycleViewSet,
 )
 
@@ -19,6 +20,7 @@ router.register("migrations", MigrationProposalViewSet, basename="migration")
 router.register("cycles", SchedulingCycleViewSet, basename="cycle")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("node-health", NodeHealthViewSet, basename="node-health")
+router.register("qos", QosViewSet, basename="qos")
 
 urlpatterns = [
     path("placements/preview/", PlacementPreviewView.as_view(), name="placement-preview"),

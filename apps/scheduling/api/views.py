@@ -26,7 +26,7 @@ from apps.api import roles
 from apps.api.authentication import launcher_of
 from apps.api.pagination import StandardPagination
 from apps.api.parsers import JOB_PARSERS, SPEC_PARSERS
-from apps.api.permissions import JobPermission, LauncherTokenPermission, holds
+from apps.api.permissions import JobPermission, LauncherTokenPermission, ModelPermissions, holds
 from apps.api.renderers import (
     OpenMpiRankfileRenderer,
     SlurmHostfileRenderer,
@@ -41,9 +41,10 @@ from apps.placement.topology import JOB_LIMITS
 from apps.topology.models import Gpu
 
 from .. import accounts, rankmaps, selectors, services
+from ..account_models import DEFAULT_QOS
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
-from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Allocation, Job, MigrationProposal, SchedulingCycle
+from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Allocation, Job, MigrationProposal, Qos, SchedulingCycle
 from ..proposals import ProposalStateError
 from ..selectors import generation_master_port
 from .authentication import AUTHENTICATION
@@ -56,6 +57,7 @@ from .serializers import (
     JobListSerializer,
     JobSerializer,
     MigrationProposalSerializer,
+    QosSerializer,
     SchedulingCycleSerializer,
 )
 
@@ -356,9 +358,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         summary="The job's effective priority and its weighted terms",
         description=(
-            "effective = requested + age + fair_share, each term already weighted (see"
+            "effective = requested + age + fair_share + qos, each term already weighted (see"
             " docs/accounts.md); the factors are the unweighted age (0 to 1, a week) and the account's"
-            " fair-share factor (1 unused, 0.5 at its share, towards 0 beyond; 0.5 without an account)."
+            " fair-share factor (1 unused, 0.5 at its share, towards 0 beyond; without an account the lowest"
+            " of 0.5 and every account's) and the QOS's priority."
         ),
         responses={200: OpenApiTypes.OBJECT},
     )
@@ -501,14 +504,21 @@ def priority_body(job: Job) -> dict:
     return {
         "job": job.pk,
         "account": job.account.name if job.account_id else None,
+        "qos": job.qos.name if job.qos_id else None,
         "effective": terms.effective,
-        "terms": {"requested": terms.requested, "age": terms.age, "fair_share": terms.fair_share},
+        "terms": {
+            "requested": terms.requested,
+            "age": terms.age,
+            "fair_share": terms.fair_share,
+            "qos": terms.qos,
+        },
         "factors": {
             "requested": job.priority,
             "age": round(terms.age_factor, 6),
             "fair_share": round(terms.fair_share_factor, 6),
+            "qos": terms.qos_priority,
         },
-        "weights": {"requested": w.requested, "age": w.age, "fair_share": w.fair_share},
+        "weights": {"requested": w.requested, "age": w.age, "fair_share": w.fair_share, "qos": w.qos},
     }
 
 
@@ -525,3 +535,35 @@ class AccountListView(APIView):
     def get(self, request: Request) -> Response:
         """Each account's use of every cluster against its limits."""
         return Response({"results": accounts.accounts_use()})
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Every cluster's QOS (classes of service) with their priority and limits"),
+    retrieve=extend_schema(summary="A QOS"),
+    create=extend_schema(summary="Add a QOS to a cluster (operators)"),
+    update=extend_schema(summary="Change a QOS (operators)"),
+    partial_update=extend_schema(summary="Change some of a QOS's fields (operators)"),
+    destroy=extend_schema(summary="Delete a QOS no job uses (operators; normal stays)"),
+)
+class QosViewSet(viewsets.ModelViewSet):
+    """QOS per cluster (docs/accounts.md): any signed-in user reads them, operators change them.
+    `?cluster=<name>` lists one cluster's."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [ModelPermissions]
+    serializer_class = QosSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self):
+        rows = Qos.objects.select_related("cluster").order_by("cluster__name", "-priority", "name")
+        cluster = self.request.query_params.get("cluster")
+        return rows.filter(cluster__name=cluster) if cluster else rows
+
+    def perform_destroy(self, instance: Qos) -> None:
+        if instance.name == DEFAULT_QOS:
+            raise field_error("name", f"{DEFAULT_QOS} is every cluster's default QOS and cannot be deleted")
+        if instance.jobs.exists():
+            raise field_error(
+                "name", f"QOS {instance.name} still has jobs; it can be deleted once they are gone"
+            )
+        instance.delete()

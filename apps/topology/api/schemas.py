@@ -15,6 +15,9 @@ from .serializers import ClusterImportSerializer
 
 class GpuModelSchema(serializers.Serializer):
     peak_tflops = serializers.FloatField(min_value=0, help_text="dense BF16/FP16 peak, TFLOP/s")
+    speed = serializers.FloatField(
+        min_value=0, required=False, help_text="measured speed relative to the other models (all or none)"
+    )
 
 
 class SwitchSchema(serializers.Serializer):

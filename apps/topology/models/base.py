@@ -9,8 +9,10 @@ from django.utils import timezone
 from apps.placement.topology.ranges import (
     GPU_MODEL_HELP,
     GPU_MODEL_RE,
+    MAX_GPU_SPEED,
     MAX_LATENCY_US,
     MAX_PEAK_TFLOPS,
+    MIN_GPU_SPEED,
     NAME_HELP,
     NAME_RE,
     MAX_BW_GBps,
@@ -51,6 +53,12 @@ def validate_latency_us(value: float) -> None:
 def validate_peak_tflops(value: float) -> None:
     """A GPU's dense peak in TFLOPS within the range the topology import accepts."""
     _in_range(value, 0.0, MAX_PEAK_TFLOPS, "TFLOPS")
+
+
+def validate_gpu_speed(value: float | None) -> None:
+    """A GPU model's measured relative speed within the range the topology import accepts."""
+    if value is not None:
+        _in_range(value, MIN_GPU_SPEED, MAX_GPU_SPEED, "(relative speed)")
 
 
 def validate_name(value: str) -> None:

@@ -8,6 +8,7 @@ from .base import (
     ClusterRow,
     positive_constraint,
     validate_gpu_model_name,
+    validate_gpu_speed,
     validate_name,
     validate_peak_tflops,
 )
@@ -49,6 +50,13 @@ class GpuModel(ClusterRow):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gpu_models")
     name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_gpu_model_name])
     peak_tflops = models.FloatField(validators=[validate_peak_tflops], help_text="Dense peak, TFLOPS.")
+    speed = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[validate_gpu_speed],
+        help_text="Measured speed relative to the cluster's other models (set on all or none); "
+        "jobs' compute times scale by its ratios, by the peaks' when unset.",
+    )
 
     class Meta:
         ordering = ["cluster_id", "id"]

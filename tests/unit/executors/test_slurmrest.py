@@ -332,3 +332,50 @@ def test_submission_refuses_bad_input():
         _body([RankSlot(0, "gpu01", 0)], env={"BAD NAME": "x"})
     with pytest.raises(ValueError, match="ranks must be"):
         _body([RankSlot(1, "gpu01", 0)])
+
+
+def test_granted_map_keeps_every_rank_on_its_node():
+    from apps.executors.slurm.script import granted_map
+
+    # tp4 x dp2 planned on two nodes, each TP group in one node; Slurm granted other indexes.
+    planned = [(r, "a" if r < 4 else "b", r % 4) for r in range(8)]
+    got = granted_map(planned, {"a": [4, 5, 6, 7], "b": [0, 2, 4, 6]})
+    assert got == {
+        0: ("a", 4),
+        1: ("a", 5),
+        2: ("a", 6),
+        3: ("a", 7),
+        4: ("b", 0),
+        5: ("b", 2),
+        6: ("b", 4),
+        7: ("b", 6),
+    }
+    for group in ([0, 1, 2, 3], [4, 5, 6, 7]):
+        assert len({got[r][0] for r in group}) == 1
+    assert granted_map(planned, {"a": [0, 1, 2, 3]}) is None  # no record of b's GPUs
+    assert granted_map(planned, {"a": [0, 1, 2, 3], "b": [1]}) is None
+
+
+def test_gres_types_become_gpu_models_and_their_peaks():
+    from apps.executors.slurm.rest import gres_gpu_type, node_conf, parse_node
+    from apps.placement.convert import Source
+    from apps.topology.conversion import spec_from_format
+
+    assert gres_gpu_type("gpu:h100:8(S:0-1)") == "h100"
+    assert gres_gpu_type("gpu:8") == "" and gres_gpu_type("gpu:a100:4,gpu:h100:4") == ""
+    nodes = [
+        parse_node({"name": "h1", "gres": "gpu:h100:8(S:0-1)"}),
+        parse_node({"name": "a1", "gres": "gpu:a100:8"}),
+        parse_node({"name": "x1", "gres": "gpu:4"}),
+    ]
+    conf = node_conf(nodes)
+    assert "NodeName=h1 Gres=gpu:h100:8" in conf and "NodeName=x1 Gres=gpu:4" in conf
+    spec, _ = spec_from_format(
+        fmt="slurm-tree",
+        sources=[Source("topology", "SwitchName=leaf Nodes=h1,a1,x1\n"), Source("nodes", conf)],
+        defaults={"name": "typed"},
+    )
+    models = {n["name"]: n["gpu_model"] for n in spec["nodes"]}
+    assert models == {"h1": "H100-SXM5-80GB", "a1": "A100-SXM4-80GB", "x1": "H100-SXM5-80GB"}
+    assert spec["gpu_models"]["A100-SXM4-80GB"]["peak_tflops"] == 312.0
+    assert spec["gpu_models"]["H100-SXM5-80GB"]["peak_tflops"] == 989.0

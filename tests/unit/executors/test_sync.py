@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -560,3 +561,121 @@ def test_admin_never_shows_the_slurm_secrets_and_keeps_them_on_save(cluster, cli
     assert client.post(url, data).status_code == 302
     ex.refresh_from_db()
     assert (ex.slurm_token, ex.jwt_key) == ("", "")
+
+
+def test_jobs_slurm_gave_each_others_gpus_are_recorded_not_stopped(cluster, fake, user):
+    """Two jobs planned on one node, each granted the other's planned GPUs (as when Slurm starts
+    them in the other order): both are recorded where they run, neither is cancelled, and each
+    keeps the MASTER_PORT its ranks use."""
+    a = placed(cluster, user, 4)
+    b = placed(cluster, user, 4)
+    rows = {j.pk: list(Allocation.objects.filter(job=j).order_by("rank")) for j in (a, b)}
+    assert {r.node_name for r in rows[a.pk] + rows[b.pk]} == {rows[a.pk][0].node_name}
+    node = rows[a.pk][0].node_name
+    ports = {pk: r[0].master_port for pk, r in rows.items()}
+    sync(cluster, fake)
+    subs = {s.job_id: s.slurm_job_id for s in SlurmSubmission.objects.all()}
+    plan = {pk: [r.gpu_index for r in rows[pk]] for pk in rows}
+    fake.run(subs[a.pk], {node: plan[b.pk]})
+    fake.run(subs[b.pk], {node: plan[a.pk]})
+    result = sync(cluster, fake)
+    assert sorted(result.started) == [a.pk, b.pk]
+    assert fake.cancelled == [] and result.requeued == []
+    for job, other in ((a, b), (b, a)):
+        job.refresh_from_db()
+        assert job.status == JobStatus.RUNNING
+        now = list(Allocation.objects.filter(job=job, live=True).order_by("rank"))
+        assert sorted(r.gpu_index for r in now) == sorted(plan[other.pk])
+        assert now[0].master_port == ports[job.pk]
+
+
+def test_a_job_not_started_on_granted_gpus_is_replaced_and_the_started_one_kept(cluster, fake, user):
+    a = placed(cluster, user, 4)
+    b = placed(cluster, user, 4)
+    sync(cluster, fake)
+    subs = {s.job_id: s.slurm_job_id for s in SlurmSubmission.objects.all()}
+    node = Allocation.objects.filter(job=a).first().node_name
+    b_plan = list(Allocation.objects.filter(job=b).order_by("rank").values_list("gpu_index", flat=True))
+    fake.run(subs[a.pk], {node: b_plan})  # b's Slurm job still pends
+    result = sync(cluster, fake)
+    assert result.started == [a.pk] and subs[a.pk] not in fake.cancelled
+    assert b.pk in result.requeued and subs[b.pk] in fake.cancelled
+    assert sorted(Allocation.objects.filter(job=a, live=True).values_list("gpu_index", flat=True)) == sorted(
+        b_plan
+    )
+
+
+def test_foreign_job_on_planned_gpus_of_a_pending_job_with_room_moves_it_on_its_node(cluster, fake, user):
+    """Slurm's request names the node and a count: a foreign job taking some planned GPUs of a
+    job Slurm holds pending moves its plan to free GPUs of the same node; nothing is cancelled."""
+    job = placed(cluster, user, 4)
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    node = Allocation.objects.filter(job=job).first().node_name
+    planned = sorted(Allocation.objects.filter(job=job).values_list("gpu_index", flat=True))
+    fake.records[9] = [
+        SlurmJob(9, 0, "x", "bob", "RUNNING", "None", None, None, (node,), {node: (planned[1],)}, "")
+    ]
+    result = sync(cluster, fake)
+    assert fake.cancelled == [] and result.requeued == []
+    now = dict(Allocation.objects.filter(job=job, live=True).values_list("rank", "gpu_index"))
+    assert planned[1] not in now.values() and len(set(now.values())) == 4
+    assert set(Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True)) == {node}
+    assert SlurmSubmission.objects.get(job=job).slurm_job_id == sub.slurm_job_id
+
+
+def test_time_limit_is_slurms_timelimit_and_a_timeout_reads_as_on_agents(cluster, fake, user):
+    job = placed(cluster, user, 8, time_limit_min=7)
+    plain = placed(cluster, user, 8)
+    sync(cluster, fake)
+    bodies = {int(b["job"]["comment"].split(":")[2]): b["job"] for b in fake.submitted}
+    assert bodies[job.pk]["time_limit"] == 7
+    assert "time_limit" not in bodies[plain.pk]  # none: the partition's own limit
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: list(range(8))})
+    sync(cluster, fake)
+    fake.end(sub.slurm_job_id, "TIMEOUT")
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.pending_reason == (
+        f"time limit: stopped after its time_limit_min of 7 min (Slurm job {sub.slurm_job_id}: TIMEOUT)"
+    )
+
+
+def test_drain_on_slurm_is_refused_with_how_unless_scontrol_is_allowed(cluster, fake):
+    from apps.scheduling.executor import Refused
+    from apps.scheduling.nodes import node_drain, node_resume
+    from apps.topology.models import Node
+
+    node = Node.objects.get(cluster=cluster, name="n2")
+    with pytest.raises(Refused, match=r"run `scontrol update nodename=n2 state=drain 'reason=bad fan'`"):
+        node_drain(node=node, reason="bad fan")
+    with pytest.raises(Refused, match="state=resume"):
+        node_resume(node=node)
+    assert not NodeHealth.objects.filter(
+        node=node, state__in=(NodeState.DRAINED, NodeState.DRAINING)
+    ).exists()
+
+
+def test_an_outage_is_named_with_since_when(cluster, fake):
+    from datetime import datetime
+
+    from apps.executors.slurm.sync import outage
+
+    ok = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    down = SlurmError("Unspecified error", [{"error": "Unspecified error", "error_code": 1}])
+    assert outage(down, ok) == (
+        "controller (slurmctld) unreachable since 2026-01-02T03:04:05+00:00: slurmrestd answered Unspecified error"
+    )
+    gone = SlurmError("slurmrestd at unix:/x unreachable: [Errno 111] Connection refused")
+    assert outage(gone, ok).startswith(
+        "slurmrestd unreachable since 2026-01-02T03:04:05+00:00: slurmrestd at"
+    )
+    sync(cluster, fake)
+    cluster.executor.refresh_from_db()
+    fake.nodes = lambda: (_ for _ in ()).throw(down)
+    result = sync(cluster, fake)
+    assert result.error.startswith("controller (slurmctld) unreachable since ")
+    cluster.executor.refresh_from_db()
+    assert cluster.executor.last_error == result.error

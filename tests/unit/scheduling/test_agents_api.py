@@ -494,6 +494,7 @@ def test_a_node_no_one_outlived_goes_down_at_its_fence_deadline(case44, nodes, a
         "fenced": [],
         "drained": [],
         "requeued": [],
+        "timed_out": [],
     }
     changed = committed(agents.nodes_check, cluster=case44, now=deadline)
     assert changed["down"] == [node] and changed["fenced"] == [node]

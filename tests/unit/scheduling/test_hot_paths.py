@@ -67,7 +67,7 @@ def test_job_list_leaves_out_the_spec_predicted_block_and_flows(case44, alice, a
     assert detail["spec"]["name"] == "placed" and detail["predicted"] and detail["flows"] is not None
 
 
-def test_submission_with_the_cycle_on_a_worker_answers_queued_in_seven_queries(
+def test_submission_with_the_cycle_on_a_worker_answers_queued_in_nine_queries(
     case44, alice_api, monkeypatch, django_assert_max_num_queries
 ):
     # The eager_celery fixture puts the setting back afterwards.
@@ -75,9 +75,10 @@ def test_submission_with_the_cycle_on_a_worker_answers_queued_in_seven_queries(
     monkeypatch.setattr(schedule_cluster_task, "delay", lambda *args: None)
     # The first submission loads the cluster's topology into the process cache.
     alice_api.post("/api/v1/jobs/", small_spec("first", 4), format="json")
-    # Cluster by name, its executor, the user's row locked and their waiting jobs counted (the
-    # queued-job cap), and the job's INSERT inside its savepoint; no re-read, no topology stamp.
-    with django_assert_max_num_queries(7):
+    # Cluster by name, its executor, the user's account membership and the job's QOS, the user's
+    # row locked and their waiting jobs counted (the queued-job caps), and the job's INSERT inside
+    # its savepoint; no re-read, no topology stamp.
+    with django_assert_max_num_queries(9):
         response = alice_api.post("/api/v1/jobs/", small_spec("q", 4), format="json")
     assert response.status_code == 201
     assert response.json()["status"] == "queued"

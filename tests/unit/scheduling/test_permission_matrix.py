@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from apps.api.roles import role_grant
 from apps.placement.topology import read_spec_file
 from apps.scheduling import services
-from apps.scheduling.models import SchedulingCycle
+from apps.scheduling.models import Qos, SchedulingCycle
 from apps.topology import services as topology_services
 from apps.topology.models import Gpu, Link, Node, Switch
 
@@ -85,6 +85,12 @@ MATRIX = [
     ("GET", "/api/v1/nodes/", None, api_read()),
     ("GET", "/api/v1/nodes/{node}/", None, api_read()),
     ("GET", "/api/v1/gpus/", None, api_read()),
+    # QOS: every signed-in user reads them, operators (and admins) change them.
+    ("GET", "/api/v1/qos/", None, api_read()),
+    ("GET", "/api/v1/qos/{qos}/", None, api_read()),
+    ("POST", "/api/v1/qos/", {"cluster": "spare", "name": "extra", "priority": 5}, operators(201)),
+    ("PATCH", "/api/v1/qos/{qos}/", {"priority": 7}, operators(200)),
+    ("DELETE", "/api/v1/qos/{qos}/", None, operators(204)),
     ("GET", "/api/v1/gpus/{gpu}/", None, api_read()),
     # Scheduling API.
     ("GET", "/api/v1/jobs/", None, api_read(launcher=200)),
@@ -203,6 +209,7 @@ def world(case44, committed):
         "link": Link.objects.filter(cluster=spare).values_list("pk", flat=True).first(),
         "node": Node.objects.filter(cluster=case44).values_list("pk", flat=True).first(),
         "gpu": Gpu.objects.filter(node__cluster=case44).values_list("pk", flat=True).first(),
+        "qos": Qos.objects.create(cluster=spare, name="scratch").pk,
     }
     bodies = {
         "new-spec": read_spec_file(EXAMPLES / "case-4-4.yaml") | {"name": "fresh"},

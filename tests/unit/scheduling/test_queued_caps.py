@@ -7,7 +7,6 @@ tests/integration/test_queued_caps_postgres.py.)"""
 from __future__ import annotations
 
 import pytest
-from django.db.models import Q
 
 from apps.scheduling import accounts, lifecycle, services
 from apps.scheduling.choices import WAITING_STATUSES, JobStatus
@@ -94,22 +93,5 @@ def test_a_preempted_job_waits_and_counts(case44, alice):
 
 def test_one_function_computes_the_caps(alice, settings):
     settings.MAX_QUEUED_PER_USER = 20
-    caps = accounts.queued_caps(alice, None)
+    caps = accounts.queued_caps(alice)
     assert [(c.limit, c.value) for c in caps] == [("TOPOWEB_MAX_QUEUED_PER_USER", 20)]
-
-
-def test_a_lower_cap_from_queued_caps_binds(case44, alice, monkeypatch):
-    """What QOS and account limits will do: a further, lower cap returned by queued_caps."""
-    services.job_submit(user=alice, spec=small_spec("one", 2))
-    original = accounts.queued_caps
-
-    def with_qos(user, account):
-        return [
-            *original(user, account),
-            accounts.QueuedCap("qos normal MaxSubmitJobsPU", 1, Q(owner_id=user.pk)),
-        ]
-
-    monkeypatch.setattr(accounts, "queued_caps", with_qos)
-    with pytest.raises(services.QueuedCapExceeded) as exc:
-        services.job_submit(user=alice, spec=small_spec("two", 2))
-    assert (exc.value.limit, exc.value.value, exc.value.queued) == ("qos normal MaxSubmitJobsPU", 1, 1)

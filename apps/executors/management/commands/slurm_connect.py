@@ -64,6 +64,11 @@ class Command(BaseCommand):
             help="GB/s per GPU assumed for sbatch jobs spanning leaf switches, priced as uplink load (default 0).",
         )
         parser.add_argument(
+            "--scontrol-nodes",
+            action="store_true",
+            help="Drain and resume made in TopoWeb run scontrol update on this host (else: refused, 409).",
+        )
+        parser.add_argument(
             "--agents", action="store_true", help="Run the cluster's jobs with node agents again."
         )
 
@@ -80,6 +85,7 @@ class Command(BaseCommand):
             "submit_as_owner": opts["submit_as_owner"],
             "output_dir": opts["output_dir"],
             "foreign_gbps_per_gpu": opts["foreign_gbps"],
+            "scontrol_nodes": opts["scontrol_nodes"],
         }
         if not opts["foreign_gbps"] >= 0:
             raise CommandError("--foreign-gbps must be 0 or more")
