@@ -6,6 +6,7 @@ eagerly in-process, a generated secret key in `.secret_key`), so `make run` need
 Postgres and Redis. `ENV_VARS` lists every variable read here (docs/configuration.md documents each).
 """
 
+import ipaddress
 import os
 import secrets
 import sys
@@ -406,6 +407,19 @@ if TOPOWEB_AGENT_DOWN_AFTER_S < 3 * TOPOWEB_AGENT_POLL_S:
         "TOPOWEB_AGENT_DOWN_AFTER_S must be at least three times TOPOWEB_AGENT_POLL_S "
         "(an idle node's heartbeat is written once half of it has passed)"
     )
+# TopoWeb's own Prometheus exposition (`/metrics`, apps/metrics/ops.py): with a token set, a
+# scrape must send `Authorization: Bearer <token>`; without one, only addresses in
+# TOPOWEB_METRICS_ALLOW (comma-separated IPs or networks; default loopback) may scrape.
+TOPOWEB_METRICS_TOKEN = _env("TOPOWEB_METRICS_TOKEN")
+if TOPOWEB_METRICS_TOKEN and not 16 <= len(TOPOWEB_METRICS_TOKEN) <= 256:
+    raise ImproperlyConfigured("TOPOWEB_METRICS_TOKEN must be 16 to 256 characters")
+try:
+    TOPOWEB_METRICS_ALLOW = [
+        ipaddress.ip_network(n, strict=False)
+        for n in _env_list("TOPOWEB_METRICS_ALLOW", "127.0.0.1/32,::1/128")
+    ]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"TOPOWEB_METRICS_ALLOW: {exc}") from None
 # The agents' lease: an agent whose syncs have not been answered this long stops its ranks. It
 # is what a control-plane outage (web or database) may last without stopping any rank: 12
 # minutes covers 10 minutes plus the long-poll in flight and the retry backoff. A node is down

@@ -4,6 +4,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from apps.dashboard.api import UsageView
+from apps.metrics.ops import metrics_view
 from topoweb.views import healthz
 
 admin.site.site_header = "TopoWeb topology editor"
@@ -12,6 +14,7 @@ admin.site.site_title = "TopoWeb admin"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/usage/", UsageView.as_view(), name="usage-api"),
     path("api/v1/", include("apps.topology.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.metrics.api.urls")),
@@ -19,6 +22,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("simulations/", include("apps.simulations.urls")),
     path("", include("apps.dashboard.urls")),
 ]

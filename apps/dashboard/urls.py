@@ -33,6 +33,7 @@ urlpatterns = [
     path("search/", search.search_page, name="search"),
     path("now/", now.now_page, name="now"),
     path("usage/", usage.usage_page, name="usage"),
+    path("usage.csv", usage.usage_page, {"csv": True}, name="usage-csv"),
     path("welcome/", now.landing, name="landing"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),

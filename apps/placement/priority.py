@@ -86,17 +86,6 @@ def decayed_gpu_seconds(usage: Iterable[Usage], *, now: datetime, half_life_s: f
     return out
 
 
-def gpu_seconds_since(usage: Iterable[Usage], *, since: datetime, now: datetime) -> dict[int, float]:
-    """Each account's GPU-seconds held between `since` and `now` (undecayed)."""
-    out: dict[int, float] = {}
-    for u in usage:
-        begin = max(u.begin, since)
-        end = now if u.end is None or u.end > now else u.end
-        if end > begin:
-            out[u.account] = out.get(u.account, 0.0) + u.gpus * (end - begin).total_seconds()
-    return out
-
-
 def fair_share_factors(used: Mapping[int, float], shares: Mapping[int, float]) -> dict[int, float]:
     """2 ** -(usage_share / shares_share) per account of `shares` (accounts with share 0 get 0)."""
     total_used = sum(max(v, 0.0) for v in used.values())

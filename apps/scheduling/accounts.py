@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, FilteredRelation, Max, Min, Q
+from django.db.models import FilteredRelation, Q
 from django.utils import timezone
 
 from apps.placement.planning import AccountQuota, ClusterSnapshot, QosLimits, QueuedJob
@@ -23,18 +23,19 @@ from apps.placement.priority import (
     Usage,
     decayed_gpu_seconds,
     fair_share_factors,
-    gpu_seconds_since,
     no_account_factor,
     priority_terms,
 )
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
 
+from . import usage as booked
 from .account_models import DEFAULT_QOS
-from .models import Account, AccountLimit, AccountMembership, Allocation, Job, Qos
+from .models import Account, AccountLimit, AccountMembership, Job, Qos
 
 LIMIT_FIELDS = ("id", "max_running_gpus", "gpu_hours_per_period", "period_h", "may_borrow")
 HALF_LIVES_KEPT = 5  # usage older than this many half-lives weighs under 3% and is not read
+USE_WINDOW_H = 24.0  # the Accounts table's GPU-hours of an account without a GPU-hours limit
 
 
 def weights() -> PriorityWeights:
@@ -198,23 +199,16 @@ def priority_limit(user, account: Account | None, requested: int | None = None) 
     return base
 
 
-def _usage(cluster: Cluster, since: datetime, by: str = "account") -> list[Usage]:
+def _usage(cluster: Cluster, since: datetime, by: str = "account") -> list[booked.Held]:
     """Each job generation's GPUs held on `cluster` since `since` by jobs with an account (`by`
-    "account") or a QOS (`by` "qos"), keyed by that id (one query)."""
-    key = f"job__{by}_id"
-    rows = (
-        Allocation.objects.filter(**{"job__cluster": cluster, f"job__{by}__isnull": False})
-        .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
-        .values(key, "job_id", "generation")
-        .annotate(
-            gpus=Count("id"),
-            begin=Min("created_at"),
-            end=Max("released_at"),
-            open=Count("id", filter=Q(released_at__isnull=True)),
-        )
-        .order_by()
+    "account") or a QOS (`by` "qos"), keyed by that id (one query; `apps.scheduling.usage`, the
+    usage page's source too)."""
+    return booked.held(
+        jobs=Q(job__cluster=cluster, **{f"job__{by}__isnull": False}),
+        since=since,
+        until=None,
+        key=f"job__{by}_id",
     )
-    return [Usage(r[key], r["gpus"], r["begin"], None if r["open"] else r["end"]) for r in rows]
 
 
 QOS_LIMIT_FIELDS = (
@@ -241,8 +235,8 @@ def cluster_qos(*, cluster: Cluster, now: datetime) -> dict[int, QosLimits]:
         usage = _usage(cluster, since, by="qos")
         for q in budgets:
             period_since = now - timedelta(hours=q.period_h)
-            mine = [u for u in usage if u.account == q.pk]
-            used[q.pk] = gpu_seconds_since(mine, since=period_since, now=now).get(q.pk, 0.0) / 3600.0
+            mine = [u for u in usage if u.key == q.pk]
+            used[q.pk] = booked.gpu_seconds(mine, since=period_since, until=now).get(q.pk, 0.0) / 3600.0
     return {
         q.pk: QosLimits(
             qos_id=q.pk,
@@ -266,6 +260,15 @@ class ClusterAccounts:
     limits: dict[int, AccountLimit]
     held_gpus: dict[int, int]
     now: datetime
+    usage: list[booked.Held]
+
+    def used_s(self, account: int, period_h: float) -> float:
+        """GPU-seconds `account` used in the last `period_h` hours (undecayed; the usage page's
+        figure for the same period, account and cluster)."""
+        since = self.now - timedelta(hours=period_h)
+        return booked.gpu_seconds(
+            [u for u in self.usage if u.key == account], since=since, until=self.now
+        ).get(account, 0.0)
 
 
 def cluster_accounts(*, cluster: Cluster, now: datetime | None = None) -> ClusterAccounts | None:
@@ -286,35 +289,37 @@ def cluster_accounts(*, cluster: Cluster, now: datetime | None = None) -> Cluste
     if not accounts:
         return None
     half_life_s = settings.FAIR_SHARE_HALF_LIFE_H * 3600.0
-    longest_h = max([lim.period_h for lim in limits.values() if lim.gpu_hours_per_period is not None] or [0])
+    longest_h = max(
+        [lim.period_h for lim in limits.values() if lim.gpu_hours_per_period is not None] + [USE_WINDOW_H]
+    )
     since = now - timedelta(seconds=max(HALF_LIVES_KEPT * half_life_s, longest_h * 3600.0))
     usage = _usage(cluster, since)
     factors = fair_share_factors(
-        decayed_gpu_seconds(usage, now=now, half_life_s=half_life_s),
+        decayed_gpu_seconds(
+            [Usage(h.key, h.gpus, h.begin, h.end) for h in usage], now=now, half_life_s=half_life_s
+        ),
         {pk: float(a.share) for pk, a in accounts.items()},
     )
     held: dict[int, int] = {}
     for u in usage:
         if u.end is None:
-            held[u.account] = held.get(u.account, 0) + u.gpus
+            held[u.key] = held.get(u.key, 0) + u.gpus
     quotas = {}
     for pk, lim in limits.items():
-        used_s = 0.0
-        if lim.gpu_hours_per_period is not None:
-            since_period = now - timedelta(hours=lim.period_h)
-            used_s = gpu_seconds_since(
-                [u for u in usage if u.account == pk], since=since_period, now=now
-            ).get(pk, 0.0)
         quotas[pk] = AccountQuota(
             account_id=pk,
             name=accounts[pk].name,
             max_running_gpus=lim.max_running_gpus,
             gpu_hours=lim.gpu_hours_per_period,
             period_h=lim.period_h,
-            used_gpu_hours=used_s / 3600.0,
+            used_gpu_hours=0.0,
             may_borrow=lim.may_borrow,
         )
-    return ClusterAccounts(accounts, factors, quotas, limits, held, now)
+    standing = ClusterAccounts(accounts, factors, quotas, limits, held, now, usage)
+    for pk, quota in quotas.items():
+        if quota.gpu_hours is not None:
+            quotas[pk] = replace(quota, used_gpu_hours=standing.used_s(pk, quota.period_h) / 3600.0)
+    return standing
 
 
 def rank_jobs(
@@ -370,9 +375,9 @@ def job_priority(*, job: Job, now: datetime | None = None) -> PriorityTerms:
     )
 
 
-def accounts_use(*, clusters: list[Cluster] | None = None) -> list[dict]:
+def accounts_use(*, clusters: list[Cluster] | None = None, now: datetime | None = None) -> list[dict]:
     """Each account, its members, share, and per cluster its limits against its use now."""
-    now = timezone.now()
+    now = now or timezone.now()
     clusters = clusters if clusters is not None else list(Cluster.objects.order_by("name"))
     members: dict[int, list[str]] = {}
     for account_id, username in AccountMembership.objects.values_list(
@@ -397,17 +402,18 @@ def accounts_use(*, clusters: list[Cluster] | None = None) -> list[dict]:
                 },
             )
             lim = standing.limits.get(pk)
-            quota = standing.quotas.get(pk)
+            limited = lim is not None and lim.gpu_hours_per_period is not None
+            window_h = lim.period_h if limited else USE_WINDOW_H
             entry["clusters"].append(
                 {
                     "cluster": cluster.name,
                     "running_gpus": standing.held_gpus.get(pk, 0),
                     "max_running_gpus": lim.max_running_gpus if lim else None,
-                    "gpu_hours_used": round(quota.used_gpu_hours, 3)
-                    if quota and lim.gpu_hours_per_period
-                    else None,
+                    "gpu_hours_used": standing.used_s(pk, window_h) / 3600.0,
+                    "used_since": now - timedelta(hours=window_h),
+                    "used_until": now,
                     "gpu_hours_per_period": lim.gpu_hours_per_period if lim else None,
-                    "period_h": lim.period_h if lim else None,
+                    "period_h": window_h,
                     "may_borrow": lim.may_borrow if lim else False,
                     "fair_share_factor": round(standing.factors.get(pk, 0.0), 4),
                 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from apps.topology.models import Cluster
@@ -23,10 +23,9 @@ from .executor import Finding, executor_for
 from .models import Allocation, RankRun
 
 
-def findings(*, cluster: Cluster, now: datetime | None = None) -> list[Finding]:
-    """Everything on `cluster` that should not be, the executor's findings last."""
-    now = now or timezone.now()
-    out: list[Finding] = []
+def booked_without_rank() -> QuerySet[Allocation]:
+    """Live allocations whose rank is not counted running although their job no longer runs that
+    generation: nothing will ever release them (the findings and `/metrics` count them)."""
     running_rank = RankRun.objects.filter(
         job_id=OuterRef("job_id"),
         generation=OuterRef("generation"),
@@ -36,10 +35,16 @@ def findings(*, cluster: Cluster, now: datetime | None = None) -> list[Finding]:
     wanted = Q(job__status__in=(JobStatus.PLACING, JobStatus.RUNNING), generation=F("job__generation")) | Q(
         job__status=JobStatus.MIGRATING
     )
+    return Allocation.objects.filter(live=True).exclude(wanted).exclude(Exists(running_rank))
+
+
+def findings(*, cluster: Cluster, now: datetime | None = None) -> list[Finding]:
+    """Everything on `cluster` that should not be, the executor's findings last."""
+    now = now or timezone.now()
+    out: list[Finding] = []
     stray = (
-        Allocation.objects.filter(job__cluster=cluster, live=True)
-        .exclude(wanted)
-        .exclude(Exists(running_rank))
+        booked_without_rank()
+        .filter(job__cluster=cluster)
         .values_list("job_id", "generation", "rank", "node_name", "gpu_index")
         .order_by("job_id", "generation", "rank")
     )

@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.dashboard.selectors import graph_signature
 from apps.dashboard.usage import usage_by_user
 from apps.placement.topology import read_spec_file
-from apps.scheduling.models import Job, NodeHealth
+from apps.scheduling.models import Allocation, Job, NodeHealth
 from apps.scheduling.nodes import cluster_health, node_rows
 from apps.topology.models import Node
 from apps.topology.services import cluster_import
@@ -49,7 +49,7 @@ def test_usage_sums_gpu_hours_per_user_on_postgres():
     alice = get_user_model().objects.create_user("alice")
     end = timezone.now() - timedelta(minutes=5)
     for hours in (1, 2):
-        Job.objects.create(
+        job = Job.objects.create(
             name=f"j{hours}",
             cluster=cluster,
             owner=alice,
@@ -59,6 +59,11 @@ def test_usage_sums_gpu_hours_per_user_on_postgres():
             submitted_at=end - timedelta(hours=hours, minutes=1),
             started_at=end - timedelta(hours=hours),
             finished_at=end,
+        )
+        # Usage counts the GPUs' bookings: 8 GPUs from its start to its end.
+        Allocation.objects.bulk_create(
+            Allocation(job=job, rank=r, live=False, created_at=job.started_at, released_at=end)
+            for r in range(8)
         )
     (row,) = usage_by_user(user=alice, since=end - timedelta(days=1), until=timezone.now())
     assert row["user"] == "alice" and row["jobs"] == 2 and row["gpu_hours"] == pytest.approx(24.0)

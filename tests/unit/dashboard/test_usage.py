@@ -13,7 +13,7 @@ from apps.dashboard.templatetags.dashboard import relative_times
 from apps.dashboard.usage import job_accounting, usage_by_user
 from apps.metrics.models import JobSample
 from apps.scheduling.choices import JobStatus
-from apps.scheduling.models import Job, RankRun
+from apps.scheduling.models import Allocation, Job, RankRun
 from apps.topology.models import Node
 
 
@@ -23,6 +23,8 @@ def _finish(job, status, *, wait_s, run_s, ago_s=600):
     Job.objects.filter(pk=job.pk).update(
         status=status, submitted_at=start - timedelta(seconds=wait_s), started_at=start, finished_at=end
     )
+    # Its GPUs were booked from its start to its end: what usage counts.
+    Allocation.objects.filter(job=job).update(created_at=start, released_at=end, live=False)
     job.refresh_from_db()
     return job
 

@@ -11,7 +11,6 @@ from apps.placement.priority import (
     Usage,
     decayed_gpu_seconds,
     fair_share_factors,
-    gpu_seconds_since,
     priority_terms,
 )
 
@@ -27,9 +26,12 @@ def test_a_gpu_day_one_half_life_ago_weighs_half_of_one_ending_now():
     assert used[1] == pytest.approx(3600.0, rel=0.02)
 
 
-def test_running_use_counts_up_to_now_and_period_use_is_clipped_to_the_window():
+def test_running_use_counts_up_to_now():
     running = Usage(1, 8, NOW - timedelta(hours=10), None)
-    assert gpu_seconds_since([running], since=NOW - timedelta(hours=4), now=NOW) == {1: 8 * 4 * 3600.0}
+    ended = Usage(1, 8, NOW - timedelta(hours=10), NOW)
+    assert decayed_gpu_seconds([running], now=NOW, half_life_s=DAY) == decayed_gpu_seconds(
+        [ended], now=NOW, half_life_s=DAY
+    )
 
 
 def test_fair_share_is_one_unused_half_at_share_and_lower_beyond():

@@ -120,6 +120,7 @@ MATRIX = [
         None,
         cells(403, anonymous=401, viewer=200, operator=200, admin=200, superuser=200),
     ),
+    ("GET", "/api/v1/usage/?start=2026-01-01T00:00Z&end=2026-01-02T00:00Z", None, api_read()),
     ("GET", "/api/schema/", None, cells(200)),
     ("GET", "/api/docs/", None, cells(200)),
     # Dashboard pages (session sign-in; a launcher token is no session).
@@ -144,6 +145,9 @@ MATRIX = [
     ("GET", "/import/", None, cells(403, anonymous=LOGIN, launcher=LOGIN, admin=200, superuser=200)),
     ("GET", f"/vendor/plotly-{plotly.__version__}.min.js", None, cells(200)),
     ("GET", "/healthz", None, cells(200)),
+    # From loopback without TOPOWEB_METRICS_TOKEN (the test client's address): anyone.
+    ("GET", "/metrics", None, cells(200)),
+    ("GET", "/usage.csv?range=24h", None, PAGE),
     # The admin site: the staff flag opens it, the same model permissions decide what is inside.
     ("GET", "/admin/", None, ADMIN_PAGE),
     ("GET", "/admin/topology/cluster/", None, ADMIN_PAGE),
