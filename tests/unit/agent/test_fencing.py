@@ -14,6 +14,8 @@ from apps.agent import runner
 from apps.agent.env import RankPlan
 from apps.agent.runner import Agent, LocalRank, RankStatus
 
+from .test_stop import run_loop
+
 
 class Clock:
     """Wall and monotonic time the test moves."""
@@ -127,7 +129,7 @@ def test_an_answered_sync_renews_the_lease_and_records_the_servers_slack(tmp_pat
             await agent._sync(client)
 
     clock.advance(10.0)
-    asyncio.run(one_sync())
+    run_loop(one_sync)
     assert answers and answers[0]["running"] == [[1, 1, 0]]
     lease = json.loads((agent.state_dir / "lease.json").read_text())
     assert lease == {"contact": clock.wall, "fence_after_s": 70.0, "fence_slack_s": 20.0}
@@ -152,5 +154,5 @@ def test_failed_syncs_do_not_renew_the_lease(tmp_path, clock):
             with pytest.raises(ValueError):
                 await agent._sync(client)
 
-    asyncio.run(one_sync())
+    run_loop(one_sync)
     assert fenced_at(agent, stopped, clock, 40.0) == pytest.approx(20.0, abs=0.3)
