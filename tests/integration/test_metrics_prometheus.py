@@ -2,6 +2,7 @@
 loopback) that scrapes the simulated exporter: same latest values, NIC counters and job measures
 as scraping the exporter directly."""
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -71,6 +72,14 @@ def prometheus(exporter, tmp_path):
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [{"job_name": "dcgm", "static_configs": targets}],
     }
+    with run_prometheus(binary, tmp_path, config, ready_s=30, stop_s=10) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def run_prometheus(binary: str, tmp_path: Path, config: dict, *, ready_s: float, stop_s: float):
+    """A Prometheus server on a free loopback port with `config` (its data under `tmp_path`),
+    yielding its URL once ready; terminated on the way out."""
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     proc = subprocess.Popen(
@@ -85,11 +94,11 @@ def prometheus(exporter, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, 30, "Prometheus to start")
+        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, ready_s, "Prometheus to start")
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=stop_s)
 
 
 def _series_count(url: str, expr: str) -> int:

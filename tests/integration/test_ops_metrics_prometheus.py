@@ -5,7 +5,6 @@ with the bearer token, evaluates the shipped TopoWebNodeDown rule (its expressio
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,7 +18,7 @@ from apps.topology import services as topology_services
 from apps.topology.models import Node
 from tests.conftest import service_missing
 
-from .test_metrics_prometheus import free_port, wait_for
+from .test_metrics_prometheus import run_prometheus, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "integration-metrics-token-0123456789"
@@ -52,25 +51,8 @@ def prometheus(live_server, settings, tmp_path):
             }
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, 60, "Prometheus to start")
+    with run_prometheus(binary, tmp_path, config, ready_s=60, stop_s=20) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.mark.integration
