@@ -468,7 +468,7 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     and stop jobs past their time limit. Returns what changed: {"down", "fenced", "drained",
     "requeued", "timed_out"}."""
     now = now or timezone.now()
-    out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": []}
+    out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": [], "failed": []}
     cutoff = silent_before(now=now)
     if cutoff is not None:
         stale = NodeHealth.objects.filter(
@@ -510,8 +510,9 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     deadline = now - timedelta(seconds=start_timeout_s())
     late = Job.objects.filter(cluster=cluster, status=JobStatus.PLACING, placed_at__lt=deadline)
     for job in late.only("pk"):
-        if job_requeue_unstarted(job=job, now=now):
-            out["requeued"].append(job.pk)
+        outcome = job_requeue_unstarted(job=job, now=now)
+        if outcome:
+            out[outcome].append(job.pk)
     return out
 
 
@@ -530,19 +531,26 @@ def stop_past_time_limit(*, cluster: Cluster, now: datetime) -> list[int]:
     return out
 
 
-def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> bool:
+def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> str | None:
     """Requeue a placed job whose ranks have not all started within the start timeout: its GPUs
-    are released (those of started ranks once they exited) and the reason recorded."""
+    are released (those of started ranks once they exited) and the reason recorded. A job that
+    already used up its spec's `max_requeues` fails instead (a launch that never succeeds must not
+    cycle forever). Returns "requeued" or "failed", or None when the job was left as it was."""
     now = now or timezone.now()
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.status != JobStatus.PLACING or job.placed_at is None:
-            return False
+            return None
         if job.placed_at >= now - timedelta(seconds=start_timeout_s()):
-            return False
+            return None
         started = RankRun.objects.filter(job=job, generation=job.generation).count()
         why = f"{started} of {job.gpus} ranks started within the start timeout of {start_timeout_s():.0f} s"
-        return lifecycle.requeue(job_id=job.pk, why=why, now=now)
+        limit = snap.job_spec(job).launch.max_requeues
+        if job.requeues >= limit:
+            reason = f"{why}; not requeued: it was requeued {job.requeues} times already, its max_requeues is {limit}"
+            lifecycle.finish(job=job, status=JobStatus.FAILED, reason=reason, now=now)
+            return "failed"
+        return "requeued" if lifecycle.requeue(job_id=job.pk, why=why, now=now) else None
 
 
 def parse_reports(items: Iterable[Mapping[str, Any]]) -> list[RankReport]:

@@ -18,6 +18,7 @@ from apps.executors.agents import selectors as agent_selectors
 from apps.executors.agents import services as agents
 from apps.executors.agents import wakeups
 from apps.scheduling import services
+from apps.scheduling import snapshot as snap
 from apps.scheduling.api.authentication import node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun, SyncPulse
@@ -300,6 +301,21 @@ def test_a_job_whose_ranks_never_start_is_requeued_with_its_gpus_released(case44
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED
     assert "0 of 16 ranks started within the start timeout of 60 s" in job.pending_reason
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+def test_a_job_that_never_starts_fails_once_its_max_requeues_are_used(case44, alice, committed, settings):
+    settings.TOPOWEB_START_TIMEOUT_S = 60
+    job = submit(alice, committed, "stuck", 16)
+    limit = snap.job_spec(job).launch.max_requeues
+    Job.objects.filter(pk=job.pk).update(requeues=limit, placed_at=timezone.now() - timedelta(seconds=61))
+    changed = agents.nodes_check(cluster=case44)
+    assert changed["requeued"] == [] and changed["failed"] == [job.pk]
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert f"not requeued: it was requeued {limit} times already, its max_requeues is {limit}" in (
+        job.pending_reason
+    )
     assert not Allocation.objects.filter(job=job, live=True).exists()
 
 
