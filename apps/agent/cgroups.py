@@ -146,6 +146,18 @@ class RankCgroup:
     def exists(self) -> bool:
         return self.tracker.is_dir()
 
+    def signal(self, sig: int, *, skip: frozenset[int] | set[int] = frozenset()) -> set[int]:
+        """Send `sig` to every process of the rank but those in `skip`; returns the pids signalled.
+        A stop sends SIGTERM through this once a process (its `skip` grows): a rank's SIGTERM
+        handler, a checkpoint, runs once."""
+        sent: set[int] = set()
+        with contextlib.suppress(OSError):
+            for pid in self.pids() - skip:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    sent.add(pid)
+        return sent
+
     def kill(self) -> None:
         """SIGKILL every process of the rank, including those forked meanwhile: `cgroup.kill` on
         v2, freeze then kill then thaw on v1."""

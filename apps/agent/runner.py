@@ -885,12 +885,7 @@ class Agent:
         termed: set[int] = set()
         while not group.empty():
             if time.monotonic() < deadline:
-                # Each process once, as a rank is stopped: a SIGTERM handler (a checkpoint) runs once.
-                with contextlib.suppress(OSError):
-                    for pid in group.pids() - termed:
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGTERM)
-                        termed.add(pid)
+                termed |= group.signal(signal.SIGTERM, skip=termed)
             else:
                 group.kill()
             await asyncio.sleep(0.25)
@@ -1214,13 +1209,7 @@ class Agent:
             if sig == signal.SIGKILL:
                 local.cgroup.kill()
                 return set()
-            sent: set[int] = set()
-            with contextlib.suppress(OSError):
-                for pid in local.cgroup.pids() - skip:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, sig)
-                        sent.add(pid)
-            return sent
+            return local.cgroup.signal(sig, skip=skip)
         if local.shim_pid and local.shim_pid not in skip:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(local.shim_pid, sig)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from apps.agent.cgroups import RankCgroup
 from apps.agent.env import RankPlan
 from apps.agent.runner import Agent, LocalRank, RankStatus
 
@@ -42,6 +43,8 @@ class LateCgroup:
     def kill(self) -> None:
         if self.pids():
             self.proc.kill()
+
+    signal = RankCgroup.signal
 
 
 def test_a_rank_that_joins_its_cgroup_after_the_stop_began_is_stopped(tmp_path: Path):
