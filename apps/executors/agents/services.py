@@ -233,13 +233,6 @@ def agent_heartbeat(
     return agent
 
 
-def agent_lease_s() -> float:
-    """How long a node stays bound to its agent instance after that one's last answered sync:
-    `down_after_s()`. A live agent always holds it (its heartbeat is written at least every half
-    of that); past it, its node is due down anyway (`nodes_check` has the same cutoff)."""
-    return down_after_s()
-
-
 @dataclass(frozen=True, slots=True)
 class AgentClaim:
     """Which agent process a sync comes from: its `instance` (random per start), the instance
@@ -260,7 +253,8 @@ def agent_claim(
     *, node: Node, agent: NodeHealth | None, claim: AgentClaim, now: datetime | None = None
 ) -> tuple[NodeHealth | None, dict[str, Any] | None]:
     """Bind `node`'s syncs to the claiming agent instance, or refuse it: another instance holds
-    the node while its lease (`agent_lease_s()` from its last answered sync) runs, unless the
+    the node while its lease (`down_after_s()` from its last answered sync: a live agent writes its
+    heartbeat at least every half of that, and past it the node is due down anyway) runs, unless the
     claim succeeds it on its own state directory. Returns the node's agent row and, when
     refused, the holder ({"instance", "host", "addr", "started_at", "last_sync"}). The refusal is
     recorded on the row and logged (once a minute per node). A claim without an instance (an
@@ -280,7 +274,7 @@ def agent_claim(
         if current == claim.instance:
             return agent, None
         silent = None if agent.last_seen is None else (now - agent.last_seen).total_seconds()
-        live = current and silent is not None and silent < agent_lease_s()
+        live = current and silent is not None and silent < down_after_s()
         if live and claim.previous != current:
             return agent, _refuse(node, agent, claim, silent, now)
         # Conditional: of two instances taking over at once, one wins; the other reads again.

@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from apps.executors.agents import services as agents
 from apps.executors.models import ClusterExecutor
 from apps.scheduling.choices import NodeState
 from apps.scheduling.models import NodeHealth
@@ -135,4 +134,3 @@ def test_the_node_page_shows_the_orphans_and_the_refused_agent(nodes, case44, cl
     assert "cleaning up 2 orphan processes" in page and "job 3 gen 1 rank 0" in page
     assert "a second agent on this credential from 10.0.0.2 (host-2)" in page and "was refused at" in page
     assert "on <code>host-1</code>" in page
-    assert agents.agent_lease_s() == agents.down_after_s()

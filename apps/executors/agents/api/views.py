@@ -94,7 +94,7 @@ class AgentSyncView(APIView):
         only node this answers for: another `node` in the body, or a report about a rank placed
         on another node, is refused with 403 and nothing is recorded. The node syncs with one
         agent process (`instance`) at a time: another one's sync, while the one bound to the node
-        has synced within `agents.agent_lease_s()`, is refused with 409 naming that one (unless it
+        has synced within `agents.down_after_s()`, is refused with 409 naming that one (unless it
         succeeds it on its state directory, `previous`), and nothing of it is recorded. The answer
         names this server (`server_id`), the cluster and the node: an agent adopts no record made
         for another."""
@@ -126,7 +126,7 @@ class AgentSyncView(APIView):
                     f" on {holder['host'] or '?'} (address {holder['addr'] or '?'}), started"
                     f" {holder['started_at']}, last synced {holder['silent_s']:.0f} s ago. This agent is"
                     f" refused (it starts nothing) until that one has been silent for"
-                    f" {agents.agent_lease_s():.0f} s: one agent per node credential.",
+                    f" {agents.down_after_s():.0f} s: one agent per node credential.",
                     "node": node.name,
                     "holder": holder,
                 },
