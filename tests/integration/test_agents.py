@@ -349,6 +349,7 @@ def test_a_control_plane_outage_longer_than_the_down_time_stops_no_rank(
                 "fenced": [],
                 "drained": [],
                 "requeued": [],
+                "failed_to_start": [],
                 "timed_out": [],
             }
             time.sleep(0.5)

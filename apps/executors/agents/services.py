@@ -462,7 +462,7 @@ def nodes_check(*, cluster: Cluster, now: datetime | None = None) -> dict[str, l
     and stop jobs past their time limit. Returns what changed: {"down", "fenced", "drained",
     "requeued", "timed_out"}."""
     now = now or timezone.now()
-    out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": [], "failed": []}
+    out: dict[str, list] = {"down": [], "fenced": [], "drained": [], "requeued": [], "failed_to_start": []}
     cutoff = silent_before(now=now)
     if cutoff is not None:
         stale = NodeHealth.objects.filter(
@@ -529,7 +529,7 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> str | Non
     """Requeue a placed job whose ranks have not all started within the start timeout: its GPUs
     are released (those of started ranks once they exited) and the reason recorded. A job that
     already used up its spec's `max_requeues` fails instead (a launch that never succeeds must not
-    cycle forever). Returns "requeued" or "failed", or None when the job was left as it was."""
+    cycle forever). Returns "requeued" or "failed_to_start", or None when the job was left as it was."""
     now = now or timezone.now()
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
@@ -543,7 +543,7 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> str | Non
         if job.requeues >= limit:
             reason = f"{why}; not requeued: it was requeued {job.requeues} times already, its max_requeues is {limit}"
             lifecycle.finish(job=job, status=JobStatus.FAILED, reason=reason, now=now)
-            return "failed"
+            return "failed_to_start"
         return "requeued" if lifecycle.requeue(job_id=job.pk, why=why, now=now) else None
 
 

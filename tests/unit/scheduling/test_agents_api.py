@@ -310,7 +310,7 @@ def test_a_job_that_never_starts_fails_once_its_max_requeues_are_used(case44, al
     limit = snap.job_spec(job).launch.max_requeues
     Job.objects.filter(pk=job.pk).update(requeues=limit, placed_at=timezone.now() - timedelta(seconds=61))
     changed = agents.nodes_check(cluster=case44)
-    assert changed["requeued"] == [] and changed["failed"] == [job.pk]
+    assert changed["requeued"] == [] and changed["failed_to_start"] == [job.pk]
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED
     assert f"not requeued: it was requeued {limit} times already, its max_requeues is {limit}" in (
@@ -510,6 +510,7 @@ def test_a_node_no_one_outlived_goes_down_at_its_fence_deadline(case44, nodes, a
         "fenced": [],
         "drained": [],
         "requeued": [],
+        "failed_to_start": [],
         "timed_out": [],
     }
     changed = committed(agents.nodes_check, cluster=case44, now=deadline)
