@@ -324,6 +324,8 @@ def main() -> int:
         DJANGO_SETTINGS_MODULE="topoweb.settings",
         TOPOWEB_LOG_LEVEL="WARNING",
         PYTHONPATH=str(ROOT),
+        # The `many` mix queues thousands of jobs of one user at once, over the default cap.
+        TOPOWEB_MAX_QUEUED_PER_USER="100000",
     )
     env.pop("CELERY_BROKER_URL", None)
     py = sys.executable

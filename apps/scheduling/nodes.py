@@ -105,16 +105,17 @@ def node_state_q(state: str) -> Q:
     return Q(agent__state=state)
 
 
-def node_rows(*, cluster_id: int, state: str = "") -> list[dict[str, Any]]:
+def node_rows(
+    *, cluster_id: int, state: str = "", start: int = 0, stop: int | None = None
+) -> list[dict[str, Any]]:
     """The cluster's nodes as `sinfo -N` lists them, in topology order, optionally only those in
-    `state` (one of NODE_STATE_FILTERS): name, shown state, reason, since when, last heartbeat,
-    GPUs, GPUs booked, unhealthy GPUs ([{"gpu", "reason"}]) and the leaf."""
-    nodes = Node.objects.filter(cluster_id=cluster_id).select_related("agent", "leaf")
-    if state:
-        nodes = nodes.filter(node_state_q(state))
-    nodes = nodes.annotate(n_gpus=Count("gpus", distinct=True)).order_by("position", "id")
+    `state` (one of NODE_STATE_FILTERS) and only the `start:stop` slice of that list (a page):
+    name, shown state, reason, since when, last heartbeat, GPUs, GPUs booked, unhealthy GPUs
+    ([{"gpu", "reason"}]) and the leaf."""
+    nodes = node_list_q(cluster_id=cluster_id, state=state).select_related("agent", "leaf")
+    nodes = nodes.annotate(n_gpus=Count("gpus", distinct=True))[start:stop]
     busy = dict(
-        Allocation.objects.filter(live=True, gpu__node__cluster_id=cluster_id)
+        Allocation.objects.filter(live=True, gpu__node__in=[n.pk for n in nodes])
         .values("gpu__node_id")
         .annotate(n=Count("id"))
         .values_list("gpu__node_id", "n")
@@ -136,6 +137,14 @@ def node_rows(*, cluster_id: int, state: str = "") -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def node_list_q(*, cluster_id: int, state: str = ""):
+    """The cluster's nodes in topology order, only those in `state` when given."""
+    nodes = Node.objects.filter(cluster_id=cluster_id)
+    if state:
+        nodes = nodes.filter(node_state_q(state))
+    return nodes.order_by("position", "id")
 
 
 def node_state_map(*, cluster_id: int) -> dict[str, dict[str, Any]]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 
 import numpy as np
 from django.contrib.auth.decorators import login_required
@@ -18,7 +16,13 @@ from apps.dashboard.figures import AGGREGATE_ABOVE_NODES, OVERLAYS, cluster_figu
 from apps.dashboard.measured import jobs_measured, overlay_values
 from apps.dashboard.overview import hatch_defs, legend_rows, overview_svg
 from apps.dashboard.paths import EndpointError, endpoints_path, leaf_matrix, parse_endpoint
-from apps.dashboard.selectors import cluster_graph_data, graph_signature, layout_for, slurm_executor
+from apps.dashboard.selectors import (
+    SignatureCache,
+    cluster_graph_data,
+    graph_signature,
+    layout_for,
+    slurm_executor,
+)
 from apps.metrics.selectors import open_hotspots
 from apps.scheduling.choices import ACTIVE_STATUSES
 from apps.scheduling.nodes import cluster_health
@@ -128,21 +132,17 @@ def cluster_version(request, name: str):
     return JsonResponse({"cluster": cluster.name, "version": graph_version(cluster, request.user)})
 
 
-_GRAPHS: OrderedDict[tuple, dict] = OrderedDict()
-_GRAPHS_LOCK = threading.Lock()
-GRAPH_CACHE_SIZE = 16
+_GRAPHS = SignatureCache(16)
 
 
 def graph_context(cluster: Cluster, user) -> dict:
     """The cluster page's graph, job table and summary, rebuilt only when `graph_signature`
     changes (the figure of a 16k-GPU cluster takes about a second to build and encode)."""
     key = graph_signature(cluster=cluster, user=user)
-    with _GRAPHS_LOCK:
-        hit = _GRAPHS.get(key)
-        if hit is not None:
-            _GRAPHS.move_to_end(key)
-            return dict(hit)
-    data = cluster_graph_data(cluster=cluster, user=user)
+    hit = _GRAPHS.get(key)
+    if hit is not None:
+        return dict(hit)
+    data = cluster_graph_data(cluster=cluster, user=user, signature=key)
     fig = cluster_figure(data.layout, data.jobs, data.node_states, data.snapshot.stopping)
     topo = data.snapshot.topology
     tiers = [s.tier for s in topo.switches]
@@ -169,8 +169,5 @@ def graph_context(cluster: Cluster, user) -> dict:
         "overview": mark_safe(overview_svg(fig.client) + hatch_defs()),
         "legend": legend_rows(fig.client),
     }
-    with _GRAPHS_LOCK:
-        _GRAPHS[key] = context
-        while len(_GRAPHS) > GRAPH_CACHE_SIZE:
-            _GRAPHS.popitem(last=False)
+    _GRAPHS.put(key, context)
     return dict(context)

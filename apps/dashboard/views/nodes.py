@@ -12,13 +12,15 @@ from apps.dashboard.hotlinks import MAX_LIMIT, SORTS, hot_links, leaf_history, o
 from apps.dashboard.selectors import node_overview, switch_overview
 from apps.scheduling.choices import NODE_STATE_FILTERS
 from apps.scheduling.executor import Refused
-from apps.scheduling.nodes import cluster_health, node_drain, node_resume, node_rows
+from apps.scheduling.nodes import cluster_health, node_drain, node_list_q, node_resume, node_rows
 from apps.topology.models import Cluster, Node, Switch
 
 from .common import perm_required
 
 REASON_MAX_CHARS = 500
 NAME_MAX_CHARS = 200
+# The node list's page: 2,048 nodes on one page were a megabyte of HTML.
+NODES_PER_PAGE = 256
 
 
 @login_required
@@ -35,19 +37,35 @@ def node_page(request, name: str, node: str):
 @login_required
 @require_GET
 def node_list(request, name: str):
-    """`/clusters/NAME/nodes/?state=S`: every node as `sinfo -N` lists it, with its state, reason,
-    since when and last heartbeat; `state` one of NODE_STATE_FILTERS (400 naming it otherwise)."""
+    """`/clusters/NAME/nodes/?state=S&page=P`: every node as `sinfo -N` lists it, with its state,
+    reason, since when and last heartbeat, NODES_PER_PAGE a page; `state` one of
+    NODE_STATE_FILTERS and `page` within the pages (400 naming the field otherwise)."""
     cluster = get_object_or_404(Cluster, name=name)
     state = request.GET.get("state", "")
-    error = ""
+    errors = []
     if state and state not in NODE_STATE_FILTERS:
-        error = f"state: one of {', '.join(NODE_STATE_FILTERS)}"
+        errors.append(f"state: one of {', '.join(NODE_STATE_FILTERS)}")
         state = ""
-    rows = [] if error else node_rows(cluster_id=cluster.pk, state=state)
+    listed = node_list_q(cluster_id=cluster.pk, state=state).count()
+    pages = max(1, -(-listed // NODES_PER_PAGE))
+    page = int(_number(request.GET.get("page"), 1, 1, pages, "page", errors))
+    start = (page - 1) * NODES_PER_PAGE
+    rows = (
+        []
+        if errors
+        else node_rows(cluster_id=cluster.pk, state=state, start=start, stop=start + NODES_PER_PAGE)
+    )
     health = cluster_health(cluster_id=cluster.pk)
+    error = "; ".join(errors)
     context = {
         "cluster": cluster,
         "rows": rows,
+        "page": page,
+        "pages": pages,
+        "page_numbers": range(1, pages + 1),
+        "listed": listed,
+        "first": start + 1,
+        "last": start + len(rows),
         "state": state,
         "error": error,
         "health": health,

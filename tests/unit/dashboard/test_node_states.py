@@ -70,6 +70,24 @@ def test_node_list_filters_by_state_with_reason_and_since(client, people, four):
     assert bad.status_code == 400 and "state: one of up, draining" in bad.content.decode()
 
 
+def test_node_list_is_paged_in_topology_order(client, people, four, monkeypatch):
+    from apps.dashboard.views import nodes as node_views
+
+    monkeypatch.setattr(node_views, "NODES_PER_PAGE", 3)
+    client.force_login(people["alice"])
+    first = client.get("/clusters/leaf-spine-test/nodes/").content.decode()
+    assert [f">node-00{i}</a>" in first for i in (1, 2, 3, 4)] == [True, True, True, False]
+    assert "Nodes 1–3 of 4" in first and 'href="?page=2"' in first
+    second = client.get("/clusters/leaf-spine-test/nodes/?page=2").content.decode()
+    assert ">node-004</a>" in second and ">node-001</a>" not in second and "Nodes 4–4 of 4" in second
+    for bad in ("3", "0", "x"):
+        response = client.get(f"/clusters/leaf-spine-test/nodes/?page={bad}")
+        assert response.status_code == 400 and "page: a number from 1 to 2" in response.content.decode()
+    _states(four)
+    one = client.get("/clusters/leaf-spine-test/nodes/?state=drained").content.decode()
+    assert ">node-002</a>" in one and "Pages of nodes" not in one
+
+
 def test_node_health_api_filters_by_state_and_says_since(people, four):
     _states(four)
     api = APIClient()
