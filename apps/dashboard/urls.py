@@ -50,5 +50,11 @@ urlpatterns = [
         name="proposal-reject",
     ),
     path("import/", imports.topology_import, name="import"),
+    path(
+        "vendor/plotly-basic-<str:version>.min.js",
+        vendor.plotly_js,
+        {"bundle": "basic"},
+        name="plotly-basic-js",
+    ),
     path("vendor/plotly-<str:version>.min.js", vendor.plotly_js, name="plotly-js"),
 ]

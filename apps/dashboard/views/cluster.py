@@ -164,7 +164,7 @@ def graph_context(cluster: Cluster, user) -> dict:
         "leaves": list(topo.leaf_names),
         "node_names": [n.name for n in topo.nodes[:NODE_CHOICES]],
         "payload": script_json({"figure": fig.figure, "client": fig.client}),
-        "plotly_js_url": plotly_js_url(),
+        "plotly_js_url": plotly_js_url("basic"),
         # Painted with the page, before the plotting library loads; the graph replaces it.
         "overview": mark_safe(overview_svg(fig.client) + hatch_defs()),
         "legend": legend_rows(fig.client),

@@ -35,7 +35,7 @@ def topology_import(request):
     form = TopologyImportForm(request.POST or None, request.FILES or None)
     context: dict = {
         "form": form,
-        "plotly_js_url": plotly_js_url(),
+        "plotly_js_url": plotly_js_url("basic"),
         "background": list(ClusterImport.objects.select_related("cluster").defer("spec")[:BACKGROUND_LISTED]),
     }
     if request.method != "POST" or not form.is_valid():

@@ -195,7 +195,7 @@ def job_page(request, pk: int):
         "priority": job_priority(job=job) if job.status not in FINISHED_STATUSES else None,
         "priority_weights": priority_weights(),
         "charts": script_json(charts),
-        "plotly_js_url": plotly_js_url(),
+        "plotly_js_url": plotly_js_url("basic"),
     }
     return render(request, "dashboard/job.html", context)
 

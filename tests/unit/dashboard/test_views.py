@@ -221,18 +221,44 @@ def test_import_of_an_existing_name_needs_replace(client, people, case44_db):
     assert response.status_code == 302
 
 
-def test_plotly_is_served_from_the_installed_package(client):
+@pytest.mark.parametrize("bundle", ["full", "basic"])
+def test_plotly_is_served_from_the_installed_package(client, bundle):
+    import gzip
+
     import plotly
 
-    url = f"/vendor/plotly-{plotly.__version__}.min.js"
+    from apps.dashboard.views.vendor import BUNDLES, plotly_js_url
+
+    url = plotly_js_url(bundle)
+    assert url.endswith(f"{plotly.__version__}.min.js")
     response = client.get(url, HTTP_ACCEPT_ENCODING="gzip")
     assert response.status_code == 200 and response["Content-Encoding"] == "gzip"
     assert "immutable" in response["Cache-Control"]
-    import gzip
-
-    assert gzip.decompress(response.content).startswith(b"/**")
+    assert gzip.decompress(response.content) == BUNDLES[bundle].read_bytes()
     assert client.get(url, HTTP_IF_NONE_MATCH=response["ETag"]).status_code == 304
-    assert client.get("/vendor/plotly-0.0.1.min.js").status_code == 404
+    assert client.get(url.replace(plotly.__version__, "0.0.1")).status_code == 404
+
+
+def test_the_basic_plotly_bundle_is_the_installed_plotly_js_version():
+    """The vendored basic bundle must be upgraded with plotly: the graph pages and the simulation
+    pages would otherwise draw with two plotly.js versions."""
+    from apps.dashboard.views.vendor import bundle_version
+
+    assert bundle_version("full") and bundle_version("basic") == bundle_version("full")
+
+
+def test_the_graph_pages_load_the_basic_bundle_and_draw_only_its_trace_types(client, people, naive_case44):
+    from apps.dashboard.views.vendor import plotly_js_url
+
+    client.force_login(people["alice"])
+    page = client.get("/clusters/case-4-4/").content.decode()
+    assert plotly_js_url("basic") in page and plotly_js_url("full") not in page
+    payload = json.loads(
+        re.search(r'<script id="cluster-data" type="application/json">(.*?)</script>', page, re.S)[1]
+    )
+    assert {t.get("type", "scatter") for t in payload["figure"]["data"]} <= {"scatter", "bar", "pie"}
+    job = client.get(reverse("dashboard:job", args=[naive_case44.pk])).content.decode()
+    assert plotly_js_url("basic") in job
 
 
 def test_graph_version_changes_when_a_job_ends(client, people, naive_case44):
