@@ -344,13 +344,14 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_http(base + "/accounts/login/")
-        # The server compresses plotly.min.js once per process: keep that out of the figures.
+        # The server compresses each plotly.js bundle once per process: keep that out of the figures.
         import plotly
 
-        warm_up = urllib.request.Request(
-            f"{base}/vendor/plotly-{plotly.__version__}.min.js", headers={"Accept-Encoding": "gzip"}
-        )
-        urllib.request.urlopen(warm_up, timeout=30).read()
+        for name in ("plotly", "plotly-basic"):
+            warm_up = urllib.request.Request(
+                f"{base}/vendor/{name}-{plotly.__version__}.min.js", headers={"Accept-Encoding": "gzip"}
+            )
+            urllib.request.urlopen(warm_up, timeout=30).read()
         results = measure(base, sizes, args.runs, args.mix, args.shape)
     finally:
         server.terminate()
