@@ -85,6 +85,7 @@ def measure(cluster: str, runs: int) -> list[dict]:
     client.force_login(get_user_model().objects.get(username=USER))
     from apps.dashboard import selectors
     from apps.dashboard.views import cluster as cluster_views
+    from apps.dashboard.views import job as job_views
 
     visits = pages(cluster)
     t0 = time.perf_counter()
@@ -94,8 +95,8 @@ def measure(cluster: str, runs: int) -> list[dict]:
     for label, path in visits:
         # First: the page caches dropped, as after any change of the cluster's jobs (views of the
         # jobs that did not change are kept, as they are then).
-        selectors._GRAPH_DATA.clear()
-        cluster_views._GRAPHS.clear()
+        for cache in (selectors._GRAPH_DATA, cluster_views._GRAPHS, job_views._WHAT_IF):
+            cache.clear()
         t0 = time.perf_counter()
         response = client.get(path)
         first = (time.perf_counter() - t0) * 1000

@@ -13,7 +13,14 @@ from apps.api import roles
 from apps.dashboard.charts import UTIL_COLOR, timeline_figure, whatif_figure
 from apps.dashboard.jobview import job_view
 from apps.dashboard.measured import job_series_points
-from apps.dashboard.selectors import job_label, job_proposals, visible_jobs
+from apps.dashboard.selectors import (
+    SignatureCache,
+    cluster_graph_data,
+    graph_signature,
+    job_label,
+    job_proposals,
+    visible_jobs,
+)
 from apps.dashboard.whatif import what_if
 from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
@@ -27,7 +34,6 @@ from apps.scheduling.rankmaps import USAGE as RANKMAP_USAGE
 from apps.scheduling.rankmaps import nodes_in_rank_order
 from apps.scheduling.selectors import job_generations, job_rank_logs, job_ranks
 from apps.scheduling.services import migration_apply, migration_reject
-from apps.scheduling.snapshot import cluster_snapshot
 
 from .common import perm_required, script_json
 from .vendor import plotly_js_url
@@ -92,6 +98,11 @@ def group_summary(view) -> list[dict]:
     return out
 
 
+# Every policy's placement of a job on the cluster as it is: computed again only when the
+# cluster graph's signature (allocations, job states, node states, topology) or the job moved.
+_WHAT_IF = SignatureCache(64)
+
+
 @login_required
 @require_GET
 def job_page(request, pk: int):
@@ -106,7 +117,9 @@ def job_page(request, pk: int):
             log_args[key] = int(raw)
     logs = job_rank_logs(job=job, **log_args)
     spec = load_job(job.spec)
-    snap = cluster_snapshot(cluster=job.cluster)
+    signature = graph_signature(cluster=job.cluster, user=request.user)
+    # The cluster graph's data, shared with the graph, hot links and switch pages by its signature.
+    snap = cluster_graph_data(cluster=job.cluster, user=request.user, signature=signature).snapshot
     topo = snap.topology
     active = next((a for a in snap.active if a.job_id == job.pk), None)
     placed = job.status in ACTIVE_STATUSES and active is not None and len(active.gids) == spec.gpus
@@ -129,7 +142,8 @@ def job_page(request, pk: int):
     # A finished job keeps its last placement as booked, even after its GPUs were replaced.
     history = [] if placed or job.status not in FINISHED_STATUSES else last_placement(job)
     whatif_rows = []
-    if placed or job.status in WAITING_STATUSES:
+    whatif_key = (signature, job.pk, job.generation, job.status)
+    if (placed or job.status in WAITING_STATUSES) and (whatif_rows := _WHAT_IF.get(whatif_key)) is None:
         whatif_rows = what_if(
             topo,
             spec,
@@ -139,6 +153,7 @@ def job_page(request, pk: int):
             own_flows=active.flows if placed else None,
             current_step_ms=job.predicted_step_ms if placed else None,
         )
+        _WHAT_IF.put(whatif_key, whatif_rows)
     now = timezone.now()
     since = job.started_at or job.placed_at
     charts = {}
