@@ -73,6 +73,7 @@ from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
 from .logs import read_tail as log_tail
+from .nics import nic_counters
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -325,6 +326,7 @@ class Agent:
         stop_ranks_on_exit: bool = False,
         workdir_roots: tuple[str, ...] = (),
         dev_dir: str | Path = "/dev",
+        sysfs_root: str | Path | None = None,
         fence_after_s: float | None = None,
         log_max_bytes: int = 0,
         min_uid: int | None = None,
@@ -348,6 +350,8 @@ class Agent:
         self.stop_ranks_on_exit = stop_ranks_on_exit
         self.workdir_roots = tuple(workdir_roots)
         self.dev_dir = Path(dev_dir)
+        # sysfs, for the NICs' byte counters sent in every sync (None: none sent).
+        self.sysfs_root = None if sysfs_root is None else Path(sysfs_root)
         self.fence_after_s = fence_after_s
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
@@ -542,6 +546,7 @@ class Agent:
             "host": self.host,
             "started_at": self.started_at,
             "orphans": self._orphan_list(),
+            "nics": [] if self.sysfs_root is None else nic_counters(self.sysfs_root),
         }
 
     async def _sync(self, client: httpx.AsyncClient) -> None:
