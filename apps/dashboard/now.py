@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Case, Count, Min, Q, Sum, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from apps.metrics.choices import ScrapeState
 from apps.metrics.models import NodeScrape
 from apps.scheduling.choices import (
     ACTIVE_STATUSES,
+    INFRA_EXIT_CAUSES,
     WAITING_STATUSES,
     JobStatus,
     NodeState,
@@ -91,7 +92,8 @@ def unhealthy_gpus() -> list[dict]:
 
 def failed_jobs(*, user, window_s: float = FAILED_WINDOW_S) -> list[dict]:
     """Jobs failed in the last `window_s` seconds, last first, each with the first rank that
-    exited non-zero (rank, node, exit code, the end of its output) where `user` may see it."""
+    exited non-zero of its own doing (rank, node, exit code, the end of its output; a rank TopoWeb
+    stopped or a fault ended only when no other) where `user` may see it."""
     since = timezone.now() - timedelta(seconds=window_s)
     jobs = list(
         Job.objects.filter(status=JobStatus.FAILED, finished_at__gte=since)
@@ -100,11 +102,14 @@ def failed_jobs(*, user, window_s: float = FAILED_WINDOW_S) -> list[dict]:
         .order_by("-finished_at", "-id")[:LISTED]
     )
     first_fail: dict[int, RankRun] = {}
+    # The rank whose own doing failed the job first, before the ranks TopoWeb stopped after it (exit
+    # -15, cause "stopped"), whatever order their reports came in.
     runs = (
         RankRun.objects.filter(job_id__in=[j.pk for j in jobs], state=RankState.EXITED)
         .exclude(exit_code=0)
+        .annotate(infra=Case(When(exit_cause__in=INFRA_EXIT_CAUSES, then=Value(1)), default=Value(0)))
         .select_related("node")
-        .order_by("job_id", "-generation", "exited_at", "rank")
+        .order_by("job_id", "-generation", "infra", "exited_at", "rank")
     )
     for run in runs:
         first_fail.setdefault(run.job_id, run)
