@@ -18,8 +18,8 @@ from django.utils import timezone
 from apps.dashboard.selectors import can_see_details, job_label, stopping_ranks
 from apps.executors.agents.services import down_after_s
 from apps.metrics import selectors as metrics
-from apps.metrics.choices import ScrapeState
-from apps.metrics.models import NodeScrape
+from apps.metrics.choices import ScrapeState, SourceKind
+from apps.metrics.models import MetricsSource, NodeScrape
 from apps.scheduling.choices import (
     ACTIVE_STATUSES,
     INFRA_EXIT_CAUSES,
@@ -176,14 +176,20 @@ def agents_behind() -> list[dict]:
 
 def metrics_behind() -> list[dict]:
     """Per cluster, the nodes whose metrics collection failed or went stale: how many, the
-    oldest last success and the latest error."""
+    oldest last success and the latest error. A node without an exporter (no `dcgm_url` on a
+    cluster read from each node's dcgm-exporter) is not measured, not failing: no alarm."""
     out = []
+    prometheus = set(
+        MetricsSource.objects.filter(kind=SourceKind.PROMETHEUS).values_list("cluster_id", flat=True)
+    )
     for cluster in Cluster.objects.order_by("name"):
         fresh_s = metrics.freshness_s(cluster=cluster)
         cutoff = timezone.now() - timedelta(seconds=fresh_s)
         bad = NodeScrape.objects.filter(node__cluster=cluster).filter(
             ~Q(state=ScrapeState.OK) | Q(last_success_at__lt=cutoff) | Q(last_success_at__isnull=True)
         )
+        if cluster.pk not in prometheus:
+            bad = bad.exclude(node__dcgm_url="")
         agg = bad.aggregate(n=Count("id"), oldest=Min("last_success_at"))
         if not agg["n"]:
             continue

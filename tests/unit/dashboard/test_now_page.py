@@ -35,6 +35,7 @@ def test_now_page_lists_what_is_broken_with_links(client, people, naive_case44):
         exited_at=now,
         log_tail="step 10\nstep 11\nRuntimeError: NCCL timeout",
     )
+    Node.objects.filter(pk=a.pk).update(dcgm_url="http://node-a:9400/metrics")
     NodeScrape.objects.create(node=a, state="error", last_error="connection refused", last_error_at=now)
     client.force_login(people["alice"])
     html = client.get("/now/").content.decode()
@@ -156,3 +157,18 @@ def test_a_failed_job_names_its_failing_rank_first_and_its_box_says_why_it_faile
     assert "<strong>Why it failed:</strong>" in job_html and "Why pending" not in job_html
     listed = [job_html.index(f"rank {r} on") for r in (3, 0, 1, 9)]
     assert listed == sorted(listed)  # the failing rank first, then the ones TopoWeb stopped
+
+
+def test_a_node_without_an_exporter_is_no_metrics_alarm(client, people, case44_db):
+    a, b = Node.objects.filter(cluster=case44_db).order_by("position")
+    now = timezone.now()
+    for node in (a, b):
+        NodeScrape.objects.create(
+            node=node, state="error", last_error="no dcgm_url for this node", last_error_at=now
+        )
+    client.force_login(people["alice"])
+    assert "no dcgm_url for this node" not in client.get("/now/").content.decode()
+    Node.objects.filter(pk=a.pk).update(dcgm_url="http://node-a:9400/metrics")
+    NodeScrape.objects.filter(node=a).update(last_error="connection refused")
+    html = client.get("/now/").content.decode()
+    assert "connection refused" in html and "no dcgm_url" not in html
