@@ -994,6 +994,10 @@
       ev.preventDefault();
       showPath(document.getElementById("path-a").value, document.getElementById("path-b").value);
     });
+    // Opened from a link with both ends (the job page's): show that path at once.
+    const endA = document.getElementById("path-a").value;
+    const endB = document.getElementById("path-b").value;
+    if (endA && endB) showPath(endA, endB);
   }
   const matrixForm = document.getElementById("matrix-form");
   if (matrixForm) {

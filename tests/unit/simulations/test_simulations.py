@@ -154,5 +154,7 @@ def test_the_header_says_the_load_reached_beside_the_load_asked(pod256, staff_cl
     reached = run.result["trace"]["scaled_load"]
     assert reached is not None and reached < run.load
     page = staff_client.get(f"/simulations/{run.pk}/").content.decode()
-    header = page[page.index('id="simulation-load"') : page.index("</span>", page.index('id="simulation-load"'))]
+    header = page[
+        page.index('id="simulation-load"') : page.index("</span>", page.index('id="simulation-load"'))
+    ]
     assert f"{reached:.2f} reached of {run.load:g} asked" in header
