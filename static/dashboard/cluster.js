@@ -188,7 +188,7 @@
         if (seen) return [sum, seen === nics.length ? "measured" : "measured on " + seen + " of " + nics.length + " cables"];
       } else if (linkKind(i) === "leaf-spine") {
         const share = measured.links.leaf[links.switches[links.a[i]]];
-        if (share !== undefined) return [share * links.cap[i], "measured"];
+        if (share !== undefined) return [share * links.cap[i], "measured at the NICs, split by the placement"];
       }
     }
     return [links.load[i], "predicted"];
