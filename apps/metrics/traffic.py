@@ -22,7 +22,7 @@ OFF_LEAF_LEVELS = frozenset({"spine", "core"})
 
 
 def _field(group: Any, name: str):
-    return group.get(name) if isinstance(group, Mapping) else getattr(group, name, None)
+    return group.get(name) if isinstance(group, dict) else getattr(group, name, None)
 
 
 def rank_network_rates(
@@ -58,21 +58,29 @@ def rank_network_rates(
     return nic, off
 
 
+def nic_first(topology: Topology) -> np.ndarray:
+    """Per node, the number of its first NIC (NICs numbered node by node in file order, as the
+    dashboard's layout numbers them); one more entry, the number of NICs."""
+    counts = [len(node.nics) for node in topology.nodes]
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
 def nic_off_leaf_shares(
     topology: Topology, jobs: Iterable[tuple[Sequence[int], Mapping | None]]
-) -> dict[tuple[int, int], tuple[float, float]]:
-    """(node index, NIC index on the node) -> (predicted send rate, the part leaving its leaf),
-    GB/s, summed over the jobs given as (gids, the placement output's `predicted` block)."""
-    out: dict[tuple[int, int], tuple[float, float]] = {}
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per NIC (numbered as `nic_first` says): (predicted send rate, the part of it leaving its
+    leaf), GB/s, summed over the jobs given as (gids, the placement output's `predicted` block)."""
+    first = nic_first(topology)
+    total = np.zeros(int(first[-1]))
+    leaving = np.zeros(int(first[-1]))
     for gids, predicted in jobs:
         if not predicted or not gids:
             continue
         nic, off = rank_network_rates(topology, gids, predicted.get("groups") or (), predicted.get("step_ms"))
-        for rank in np.flatnonzero(nic).tolist():
-            gid = int(gids[rank])
-            key = (int(topology.gpu_node[gid]), int(topology.gpu_rail[gid]))
-            if key[1] < 0:
-                continue
-            total, leaving = out.get(key, (0.0, 0.0))
-            out[key] = (total + float(nic[rank]), leaving + float(off[rank]))
-    return out
+        g = np.asarray(gids, dtype=np.int64)
+        node, rail = topology.gpu_node[g], topology.gpu_rail[g]
+        ok = (nic > 0) & (rail >= 0)
+        at = first[node[ok]] + rail[ok]
+        np.add.at(total, at, nic[ok])
+        np.add.at(leaving, at, off[ok])
+    return total, leaving

@@ -23,7 +23,7 @@ from apps.topology.models import Cluster, Node
 from .choices import HotspotKind
 from .hotspots import HOTSPOT_INTERVALS
 from .models import Hotspot, NicLatest, UplinkSample
-from .traffic import nic_off_leaf_shares
+from .traffic import nic_first, nic_off_leaf_shares
 
 UPLINK_SATURATED = 0.9  # fraction of the leaf's total uplink bandwidth
 
@@ -48,7 +48,8 @@ def leaf_uplink_loads(*, cluster: Cluster, now: datetime, fresh_s: float) -> tup
     if not rates:
         return {}, {k: sorted(v) for k, v in crossing.items()}
     predicted = dict(Job.objects.filter(pk__in=placed).values_list("pk", "predicted"))
-    shares = nic_off_leaf_shares(topo, ((gids, predicted.get(j)) for j, gids in placed.items()))
+    total, leaving = nic_off_leaf_shares(topo, ((gids, predicted.get(j)) for j, gids in placed.items()))
+    first = nic_first(topo)
     names = dict(Node.objects.filter(cluster=cluster).values_list("pk", "name"))
     load: dict[int, float] = defaultdict(float)
     for node_id, device, tx in rates:
@@ -56,10 +57,10 @@ def leaf_uplink_loads(*, cluster: Cluster, now: datetime, fresh_s: float) -> tup
         if n is None:
             continue
         k = next((i for i, c in enumerate(topo.nodes[n].nics) if c.name == device), None)
-        total, leaving = shares.get((n, k), (0.0, 0.0))
-        if k is None or total <= 0:
+        if k is None or total[first[n] + k] <= 0:
             continue
-        load[topo.leaf_by_name[topo.nodes[n].nics[k].leaf]] += tx * leaving / total
+        share = leaving[first[n] + k] / total[first[n] + k]
+        load[topo.leaf_by_name[topo.nodes[n].nics[k].leaf]] += tx * share
     out = {}
     for leaf, bps in load.items():
         capacity = float(topo.leaf_uplink_total_bw[leaf]) * 1e9

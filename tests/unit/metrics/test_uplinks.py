@@ -10,7 +10,7 @@ from django.utils import timezone
 from apps.metrics.choices import HotspotKind
 from apps.metrics.models import Hotspot, NicLatest
 from apps.metrics.selectors import open_hotspots
-from apps.metrics.traffic import nic_off_leaf_shares, rank_network_rates
+from apps.metrics.traffic import nic_first, nic_off_leaf_shares, rank_network_rates
 from apps.metrics.uplinks import leaf_uplink_loads, uplink_hotspots_detect
 from apps.scheduling import snapshot as snap
 from apps.scheduling.demo import load_demo_jobs
@@ -75,9 +75,12 @@ def test_a_group_inside_one_leaf_loads_nics_but_never_the_uplinks(pod256):
     # of which half leaves (half the job's GPUs are under the other leaf).
     assert list(nic) == [20.0, 10.0, 20.0, 10.0]
     assert list(off) == [5.0, 0.0, 5.0, 0.0]
-    shares = nic_off_leaf_shares(topo, [(gids, {"groups": groups, "step_ms": 200.0})])
-    node, rail = int(topo.gpu_node[leaf0[8]]), int(topo.gpu_rail[leaf0[8]])
-    assert shares[(node, rail)] == (10.0, 0.0)
+    total, leaving = nic_off_leaf_shares(topo, [(gids, {"groups": groups, "step_ms": 200.0})])
+    first = nic_first(topo)
+    nics = [int(first[topo.gpu_node[g]] + topo.gpu_rail[g]) for g in gids]
+    assert [total[k] for k in nics] == [20.0, 10.0, 20.0, 10.0]
+    assert [leaving[k] for k in nics] == [5.0, 0.0, 5.0, 0.0]
+    assert total.sum() == 60.0  # no other NIC loaded
 
 
 def test_measured_uplink_load_on_the_demo_is_within_20_percent_of_the_predicted(pod256, client):
