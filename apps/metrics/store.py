@@ -114,6 +114,8 @@ def _copy_gpu_rows(rows: list[tuple]) -> None:
             f"CREATE TEMP TABLE IF NOT EXISTS metrics_latest_in ON COMMIT DELETE ROWS AS"
             f" SELECT {cols} FROM {latest_table} WITH NO DATA"
         )
+        # Emptied at commit; also now, for a second pass inside one transaction (tests, a retry).
+        raw.execute("DELETE FROM metrics_latest_in")
         with raw.copy(f"COPY metrics_latest_in ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
