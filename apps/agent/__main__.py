@@ -108,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--dev-dir", default="/dev", help="where the GPU device files /dev/nvidiaN are")
     parser.add_argument(
+        "--sysfs-root",
+        default="/sys",
+        help="where sysfs is: the NICs' byte counters (class/infiniband, class/net) go in every sync"
+        " for measured network load; empty: send none",
+    )
+    parser.add_argument(
         "--log-max-mb",
         type=float,
         default=256.0,
@@ -189,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_ranks_on_exit=args.stop_ranks_on_exit,
         workdir_roots=tuple(args.workdir_root),
         dev_dir=args.dev_dir,
+        sysfs_root=args.sysfs_root or None,
         log_max_bytes=int(args.log_max_mb * 1024 * 1024),
         lock_dir=args.lock_dir,
     )

@@ -73,6 +73,7 @@ from .env import DEFAULT_LOCALE, DEFAULT_PATH, RankPlan, clean_env, plan_env
 from .gpus import gpu_inventory
 from .logs import LogFile, safe_text
 from .logs import read_tail as log_tail
+from .nics import nic_counters
 
 log = logging.getLogger("topoweb.agent")
 # One line per poll would drown the agent's own log.
@@ -108,6 +109,8 @@ MAX_ORPHANS = 64
 ORPHAN_PIDS = 32
 # A refused sync (another agent holds the node) is logged at most once per this many seconds.
 REFUSED_LOG_S = 60.0
+# A refused credential (revoked token): said once, then retried ever more slowly, up to this.
+CREDENTIAL_RETRY_MAX_S = 300.0
 # An agent that finds its state directory locked by another exits with this code (EX_TEMPFAIL).
 LOCKED_EXIT = 75
 RANK_CGROUP = re.compile(r"^job-([0-9]{1,10})-gen-([0-9]{1,10})-rank-([0-9]{1,10})$")
@@ -132,6 +135,11 @@ class RankStatus(enum.Enum):
 
 class StartRefused(Exception):
     """A rank this agent will not start, and why."""
+
+
+class CredentialRefused(Exception):
+    """The server refuses the agent's node token (HTTP 401 or 403: revoked, wrong or another
+    node's); retrying every few seconds would only fill the log."""
 
 
 class StateDirBusy(Exception):
@@ -325,6 +333,7 @@ class Agent:
         stop_ranks_on_exit: bool = False,
         workdir_roots: tuple[str, ...] = (),
         dev_dir: str | Path = "/dev",
+        sysfs_root: str | Path | None = None,
         fence_after_s: float | None = None,
         log_max_bytes: int = 0,
         min_uid: int | None = None,
@@ -348,6 +357,8 @@ class Agent:
         self.stop_ranks_on_exit = stop_ranks_on_exit
         self.workdir_roots = tuple(workdir_roots)
         self.dev_dir = Path(dev_dir)
+        # sysfs, for the NICs' byte counters sent in every sync (None: none sent).
+        self.sysfs_root = None if sysfs_root is None else Path(sysfs_root)
         self.fence_after_s = fence_after_s
         # Ranks run as people's accounts: uid >= UID_MIN of login.defs, unless named a service account.
         self.min_uid = uid_min() if min_uid is None else int(min_uid)
@@ -496,6 +507,7 @@ class Agent:
         try:
             async with httpx.AsyncClient(base_url=self.server, headers=headers, timeout=timeout) as client:
                 failures = 0
+                refusals = 0
                 last_log = time.monotonic()
                 while not self._stopping.is_set():
                     if time.monotonic() - last_log >= self.log_every_s:
@@ -503,7 +515,21 @@ class Agent:
                         last_log = time.monotonic()
                     try:
                         await self._sync(client)
-                        failures = 0
+                        if refusals:
+                            log.warning("the server accepts this agent's credential again")
+                        failures = refusals = 0
+                    except CredentialRefused as exc:
+                        if not refusals:
+                            log.error(
+                                "the server refuses this agent's node token (%s): it starts nothing and"
+                                " retries ever more slowly (up to every %.0f s), silently until accepted",
+                                exc,
+                                CREDENTIAL_RETRY_MAX_S,
+                            )
+                        self.state = "refused"
+                        delay = min(RETRY_S[-1] * 2**refusals, CREDENTIAL_RETRY_MAX_S)
+                        refusals += 1
+                        await self._pause(delay)
                     except (httpx.HTTPError, ValueError) as exc:
                         delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
                         failures += 1
@@ -542,6 +568,7 @@ class Agent:
             "host": self.host,
             "started_at": self.started_at,
             "orphans": self._orphan_list(),
+            "nics": [] if self.sysfs_root is None else nic_counters(self.sysfs_root),
         }
 
     async def _sync(self, client: httpx.AsyncClient) -> None:
@@ -568,6 +595,8 @@ class Agent:
         if response.status_code == 409:
             await self._refused_sync(response)
             return
+        if response.status_code in (401, 403):
+            raise CredentialRefused(f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
         answer = response.json()

@@ -21,16 +21,17 @@ EXIT_INTERRUPTED = 130
 FINISHED = {"completed": 0, "failed": 1, "cancelled": 1}
 JOB_COLUMNS = ("id", "name", "status", "gpus", "priority", "cluster_name", "owner", "pending_reason")
 NODE_COLUMNS = ("name", "cluster_name", "state", "since", "reason", "running", "unhealthy_gpus", "last_seen")
+CELL_MAX = 60  # a table cell's width; one job's status prints its whole reasons below the table
 RANKMAP_FORMATS = ("openmpi", "slurm", "slurm-hostfile", "torchrun", "json")
 
 
 def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    """A plain text table; long cells are cut at 60 characters."""
+    """A plain text table; long cells are cut at CELL_MAX characters."""
 
     def cell(value: Any) -> str:
         text = "" if value is None else (json.dumps(value) if isinstance(value, (list, dict)) else str(value))
         text = text.replace("\n", " ")
-        return text if len(text) <= 60 else text[:57] + "..."
+        return text if len(text) <= CELL_MAX else text[: CELL_MAX - 3] + "..."
 
     cells = [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
@@ -146,6 +147,9 @@ def status(api: Api, args) -> int:
         return 0
     job = api.json("GET", f"jobs/{args.job}/")
     emit(job, args.json, JOB_COLUMNS)
+    reason = str(job.get("pending_reason") or "").replace("\n", " ")
+    if not args.json and len(reason) > CELL_MAX:
+        print(f"reason: {reason}")
     if not args.json and job.get("requeue_reason"):
         print(f"last requeued {job['requeued_at']}: {job['requeue_reason']}")
     return 1 if job["status"] in ("failed", "cancelled") else 0

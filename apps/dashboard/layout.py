@@ -104,6 +104,26 @@ def _spread(order_keys: list[float], width: float) -> np.ndarray:
     return out
 
 
+NIC_MIN_GAP = 0.3  # slots: NIC markers of one node closer than this are spread over the node
+
+
+def _nic_positions(xs: list[float], x0: float, x1: float) -> list[float]:
+    """A node's NIC marker positions: above their GPUs (the mean x of the GPUs each serves), or,
+    when two would sit closer than NIC_MIN_GAP (one NIC per GPU of a grid two columns wide puts
+    four on one spot), spread evenly over the node's box in that order, so none overlaps."""
+    n = len(xs)
+    if n < 2:
+        return list(xs)
+    order = sorted(range(n), key=lambda k: (xs[k], k))
+    if min(xs[b] - xs[a] for a, b in zip(order, order[1:], strict=False)) >= NIC_MIN_GAP:
+        return list(xs)
+    step = (x1 - x0) / n
+    out = [0.0] * n
+    for j, k in enumerate(order):
+        out[k] = x0 + step * (j + 0.5)
+    return out
+
+
 def cluster_layout(topo: Topology) -> ClusterLayout:
     """Lay a topology out as a layered graph (positions only; see the module docstring)."""
     n_nodes = len(topo.nodes)
@@ -139,10 +159,13 @@ def cluster_layout(topo: Topology) -> ClusterLayout:
     gpu_nic = np.full(topo.n_gpus, -1, dtype=np.int64)
     for i, node in enumerate(topo.nodes):
         first = int(topo.node_first_gid[i])
+        own_x = []
         for k, nic in enumerate(node.nics):
             gids = np.asarray(nic.gpus, dtype=np.int64) + first
-            gpu_nic[gids] = len(nic_x)
-            nic_x.append(float(gpu_x[gids].mean()))
+            gpu_nic[gids] = len(nic_x) + k
+            own_x.append(float(gpu_x[gids].mean()) if gids.size else float(node_x[i]))
+        nic_x.extend(_nic_positions(own_x, float(node_x0[i]), float(node_x1[i])))
+        for k, nic in enumerate(node.nics):
             nic_node.append(i)
             nic_rail.append(k)
             nic_leaf.append(topo.leaf_by_name[nic.leaf])

@@ -11,17 +11,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Case, Count, Min, Q, Sum, Value, When
 from django.urls import reverse
 from django.utils import timezone
 
 from apps.dashboard.selectors import can_see_details, job_label, stopping_ranks
 from apps.executors.agents.services import down_after_s
 from apps.metrics import selectors as metrics
-from apps.metrics.choices import ScrapeState
-from apps.metrics.models import NodeScrape
+from apps.metrics.choices import ScrapeState, SourceKind
+from apps.metrics.models import MetricsSource, NodeScrape
 from apps.scheduling.choices import (
     ACTIVE_STATUSES,
+    INFRA_EXIT_CAUSES,
     WAITING_STATUSES,
     JobStatus,
     NodeState,
@@ -91,7 +92,8 @@ def unhealthy_gpus() -> list[dict]:
 
 def failed_jobs(*, user, window_s: float = FAILED_WINDOW_S) -> list[dict]:
     """Jobs failed in the last `window_s` seconds, last first, each with the first rank that
-    exited non-zero (rank, node, exit code, the end of its output) where `user` may see it."""
+    exited non-zero of its own doing (rank, node, exit code, the end of its output; a rank TopoWeb
+    stopped or a fault ended only when no other) where `user` may see it."""
     since = timezone.now() - timedelta(seconds=window_s)
     jobs = list(
         Job.objects.filter(status=JobStatus.FAILED, finished_at__gte=since)
@@ -100,11 +102,14 @@ def failed_jobs(*, user, window_s: float = FAILED_WINDOW_S) -> list[dict]:
         .order_by("-finished_at", "-id")[:LISTED]
     )
     first_fail: dict[int, RankRun] = {}
+    # The rank whose own doing failed the job first, before the ranks TopoWeb stopped after it (exit
+    # -15, cause "stopped"), whatever order their reports came in.
     runs = (
         RankRun.objects.filter(job_id__in=[j.pk for j in jobs], state=RankState.EXITED)
         .exclude(exit_code=0)
+        .annotate(infra=Case(When(exit_cause__in=INFRA_EXIT_CAUSES, then=Value(1)), default=Value(0)))
         .select_related("node")
-        .order_by("job_id", "-generation", "exited_at", "rank")
+        .order_by("job_id", "-generation", "infra", "exited_at", "rank")
     )
     for run in runs:
         first_fail.setdefault(run.job_id, run)
@@ -171,14 +176,20 @@ def agents_behind() -> list[dict]:
 
 def metrics_behind() -> list[dict]:
     """Per cluster, the nodes whose metrics collection failed or went stale: how many, the
-    oldest last success and the latest error."""
+    oldest last success and the latest error. A node without an exporter (no `dcgm_url` on a
+    cluster read from each node's dcgm-exporter) is not measured, not failing: no alarm."""
     out = []
+    prometheus = set(
+        MetricsSource.objects.filter(kind=SourceKind.PROMETHEUS).values_list("cluster_id", flat=True)
+    )
     for cluster in Cluster.objects.order_by("name"):
         fresh_s = metrics.freshness_s(cluster=cluster)
         cutoff = timezone.now() - timedelta(seconds=fresh_s)
         bad = NodeScrape.objects.filter(node__cluster=cluster).filter(
             ~Q(state=ScrapeState.OK) | Q(last_success_at__lt=cutoff) | Q(last_success_at__isnull=True)
         )
+        if cluster.pk not in prometheus:
+            bad = bad.exclude(node__dcgm_url="")
         agg = bad.aggregate(n=Count("id"), oldest=Min("last_success_at"))
         if not agg["n"]:
             continue

@@ -103,12 +103,17 @@ class NodeTokenAdmin(admin.ModelAdmin):
     """Node agent credentials: only the key's hash is stored, so none is created here (manage.py
     create_node_token prints the key once); revoke one that leaked or whose node left."""
 
-    list_display = ["prefix", "node", "created_at", "last_used", "revoked_at"]
+    list_display = ["prefix", "cluster", "node", "created_at", "last_used", "revoked_at"]
     list_filter = ["node__cluster", ("revoked_at", admin.EmptyFieldListFilter)]
-    search_fields = ["node__name", "prefix"]
-    list_select_related = ["node"]
+    search_fields = ["node__name", "node__cluster__name", "prefix"]
+    list_select_related = ["node", "node__cluster"]
     readonly_fields = ["node", "prefix", "created_at", "last_used", "revoked_at"]
     actions = ["revoke"]
+
+    @admin.display(description="cluster", ordering="node__cluster__name")
+    def cluster(self, token: NodeToken) -> str:
+        # Node names repeat across clusters (two node-025 rows): the cluster tells them apart.
+        return token.node.cluster.name
 
     def has_add_permission(self, request) -> bool:
         return False

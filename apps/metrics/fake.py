@@ -46,8 +46,15 @@ class _ClusterSim:
             self.true_topology = network_scaled(topology, self.efficiency)
             self.counters = NicCounters(topology)
         running = {a.job_id: a for a in snapshot.active if a.running and a.gids}
-        specs = dict(Job.objects.filter(pk__in=running).values_list("pk", "spec"))
-        jobs = [RunningJob(load_job(specs[pk]), a.gids) for pk, a in running.items() if pk in specs]
+        rows = {
+            pk: (spec, predicted)
+            for pk, spec, predicted in Job.objects.filter(pk__in=running).values_list(
+                "pk", "spec", "predicted"
+            )
+        }
+        jobs = [
+            RunningJob(load_job(rows[pk][0]), a.gids, rows[pk][1]) for pk, a in running.items() if pk in rows
+        ]
         states = gpu_states(topology, self.true_topology, jobs, snapshot.link_load)
         now = time.monotonic()
         self.counters.advance(states, now - self.last)

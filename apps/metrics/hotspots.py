@@ -1,7 +1,8 @@
 """Hotspots from measured data: a running job whose measured exposed communication share exceeds
 its prediction by COMM_EXCESS for HOTSPOT_INTERVALS consecutive collections gets a hotspot and a
 migration proposal carrying the measured evidence; the hotspot closes once a collection measures
-the job back within the threshold. A hotspot without a better placement asks again every
+the job back within the threshold, or once the job no longer runs (failed, completed, cancelled,
+preempted). A hotspot without a better placement asks again every
 RETRY_INTERVALS collections, not every one."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from apps.scheduling.choices import ProposalStatus
+from apps.scheduling.choices import ACTIVE_STATUSES, ProposalStatus
+from apps.scheduling.models import Job
 from apps.scheduling.proposals import migrations_propose_measured
 from apps.topology.models import Cluster
 
@@ -79,6 +81,13 @@ def hotspots_detect(
             cluster=cluster, kind=HotspotKind.COMM_SHARE, closed_at__isnull=True
         ).select_related("proposal")
     }
+    # A job that no longer runs (failed, completed, cancelled, preempted) has no samples: its
+    # hotspot would stay open for ever. It closes now.
+    active = set(
+        Job.objects.filter(pk__in=list(open_by_job), status__in=ACTIVE_STATUSES).values_list("pk", flat=True)
+    )
+    gone = [j for j in open_by_job if j not in active]
+    Hotspot.objects.filter(pk__in=[open_by_job.pop(j).pk for j in gone]).update(closed_at=now)
     over, within = [], []
     for s in samples:
         excess = _excess(s)

@@ -8,9 +8,13 @@ compute:
 - GPU_UTIL: a kernel runs the whole step (NCCL kernels count as busy), so ~0.97 whether the step
   is compute or waiting on the network; this is why utilisation alone hides bad placements;
 - PIPE_TENSOR_ACTIVE: the job's true MFU, `flops / (step x GPUs x peak)`;
-- NVLink and NIC bytes: each comm entry's per-rank ring traffic (2(n-1)/n of the bytes for an
-  allreduce, (n-1)/n for the other collectives, all of it for p2p and volume), the share of ring
-  hops that cross nodes going through the NIC, the rest over NVLink, divided by the step time;
+- NVLink bytes: each comm entry's per-rank ring traffic (2(n-1)/n of the bytes for an allreduce,
+  (n-1)/n for the other collectives, all of it for p2p and volume), the share of ring hops that
+  stay on the node, divided by the step time;
+- NIC bytes: what the job's prediction says each rank sends over its NIC (`traffic`: the job's
+  stored prediction when given, else the cost model's on the nominal network), slowed by the
+  true step: the same bytes per step over a longer step. Where the prediction is right the
+  counters read what it predicted, so measured link load checks the predicted one;
 - power and temperature follow utilisation and tensor activity.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +33,7 @@ from apps.placement.jobs import JobSpec
 from apps.placement.topology import Topology, load_topology, topology_to_spec
 
 from .exposition import IB_RX, IB_TX, exposition_lines
+from .traffic import rank_network_rates
 
 DEFAULT_NIC_EFFICIENCY = 0.75
 BUSY_UTIL = 0.97
@@ -38,10 +43,12 @@ RING_FACTOR = {"allreduce": 2.0, "allgather": 1.0, "reducescatter": 1.0, "alltoa
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job as the simulation sees it: its spec and its ranks' gids."""
+    """A job as the simulation sees it: its spec, its ranks' gids and, when known, its stored
+    prediction (the placement output's `predicted` block)."""
 
     spec: JobSpec
     gids: tuple[int, ...]
+    predicted: Mapping | None = None
 
 
 @dataclass(slots=True)
@@ -67,10 +74,9 @@ def network_scaled(topology: Topology, efficiency: float) -> Topology:
     return load_topology(spec)
 
 
-def _per_rank_bytes(topology: Topology, job: RunningJob) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes each rank moves per step over NVLink and over its NIC."""
+def _nvlink_bytes(topology: Topology, job: RunningJob) -> np.ndarray:
+    """Bytes each rank moves per step over NVLink (its ring hops that stay on the node)."""
     nvlink = np.zeros(job.spec.gpus)
-    nic = np.zeros(job.spec.gpus)
     groups = rank_groups(job.spec)
     for entry in job.spec.comm:
         for ranks in groups.get(entry.group, ()):
@@ -83,9 +89,8 @@ def _per_rank_bytes(topology: Topology, job: RunningJob) -> tuple[np.ndarray, np
             crossing = sum(1 for a, b in ring if a != b) / n
             per_rank = factor * entry.bytes * entry.count
             for r in ranks:
-                nic[r] += per_rank * crossing
                 nvlink[r] += per_rank * (1.0 - crossing)
-    return nvlink, nic
+    return nvlink
 
 
 def gpu_states(
@@ -101,12 +106,26 @@ def gpu_states(
             tensor = min(job.spec.flops_per_step / (step_s * peak), 1.0)
         else:  # no FLOPs given: tensor pipes busy half of the compute time
             tensor = 0.5 * job.spec.compute_ms / pred.step_ms
-        nvlink, nic = _per_rank_bytes(topology, job)
+        nvlink = _nvlink_bytes(topology, job)
+        nic_GBps, predicted_step_ms = _predicted_nic_rates(topology, job, link_load)
+        slowed = predicted_step_ms / pred.step_ms if predicted_step_ms and pred.step_ms > 0 else 0.0
         for rank, gid in enumerate(job.gids):
             s = states[gid]
             s.util, s.tensor = BUSY_UTIL, tensor
-            s.nvlink_Bps, s.nic_Bps = nvlink[rank] / step_s, nic[rank] / step_s
+            s.nvlink_Bps, s.nic_Bps = nvlink[rank] / step_s, nic_GBps[rank] * 1e9 * slowed
     return states
+
+
+def _predicted_nic_rates(topology: Topology, job: RunningJob, link_load) -> tuple[np.ndarray, float]:
+    """(per rank: predicted NIC send rate in GB/s, the predicted step in ms) from the job's stored
+    prediction, or the cost model's on the nominal network when it has none."""
+    predicted = job.predicted
+    if not predicted or not predicted.get("groups") or not predicted.get("step_ms"):
+        cost = evaluate(topology, job.spec, job.gids, link_load, detail=True)
+        predicted = {"groups": cost.groups, "step_ms": cost.step_ms}
+    step_ms = float(predicted["step_ms"])
+    nic, _ = rank_network_rates(topology, job.gids, predicted["groups"], step_ms)
+    return nic, step_ms
 
 
 def _tdp_W(peak_tflops: float) -> float:

@@ -4,7 +4,7 @@ each as one bulk statement (upserts on SQLite and Postgres alike)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -14,7 +14,7 @@ from django.db.models import Count
 from apps.topology.models import Cluster, Gpu, Node
 
 from .choices import ScrapeState
-from .exposition import VALUE_FIELDS, Scrape
+from .exposition import VALUE_FIELDS, NicReading, Scrape
 from .models import GpuLatest, GpuSample, NicLatest, NodeScrape
 from .sources import NodeResult, Target
 
@@ -114,6 +114,8 @@ def _copy_gpu_rows(rows: list[tuple]) -> None:
             f"CREATE TEMP TABLE IF NOT EXISTS metrics_latest_in ON COMMIT DELETE ROWS AS"
             f" SELECT {cols} FROM {latest_table} WITH NO DATA"
         )
+        # Emptied at commit; also now, for a second pass inside one transaction (tests, a retry).
+        raw.execute("DELETE FROM metrics_latest_in")
         with raw.copy(f"COPY metrics_latest_in ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
@@ -123,32 +125,59 @@ def _copy_gpu_rows(rows: list[tuple]) -> None:
         )
 
 
-def _nic_rows(results: Iterable[NodeResult], now: datetime) -> list[NicLatest]:
-    ok = [r for r in results if r.scrape.nics]
+def _nic_rows(
+    per_node: Iterable[tuple[int, Mapping[tuple[str, str], NicReading]]], now: datetime
+) -> list[NicLatest]:
+    """NicLatest rows of (node id, its NIC counters by (device, port)), each with its rates since
+    the node's previous counters."""
+    ok = [(node_id, nics) for node_id, nics in per_node if nics]
     if not ok:
         return []
     previous = {
         (n.node_id, n.device, n.port): n
-        for n in NicLatest.objects.filter(node_id__in=[r.node_id for r in ok])
+        for n in NicLatest.objects.filter(node_id__in=[node_id for node_id, _ in ok])
     }
     rows = []
-    for result in ok:
-        for (device, port), nic in result.scrape.nics.items():
+    for node_id, nics in ok:
+        for (device, port), nic in nics.items():
             row = NicLatest(
-                node_id=result.node_id,
+                node_id=node_id,
                 device=device,
                 port=port,
                 at=now,
                 tx_bytes_total=nic.tx_bytes_total,
                 rx_bytes_total=nic.rx_bytes_total,
             )
-            before = previous.get((result.node_id, device, port))
+            before = previous.get((node_id, device, port))
             if before is not None:
                 seconds = (now - before.at).total_seconds()
                 row.tx_Bps = _rate(before.tx_bytes_total, nic.tx_bytes_total, seconds)
                 row.rx_Bps = _rate(before.rx_bytes_total, nic.rx_bytes_total, seconds)
             rows.append(row)
     return rows
+
+
+def _write_nic_rows(rows: list[NicLatest]) -> None:
+    NicLatest.objects.bulk_create(
+        rows,
+        batch_size=BATCH,
+        update_conflicts=True,
+        unique_fields=["node", "device", "port"],
+        update_fields=["at", "tx_bytes_total", "rx_bytes_total", "tx_Bps", "rx_Bps"],
+    )
+
+
+def agent_nics_store(*, node_id: int, counters: Iterable[Mapping], now: datetime) -> int:
+    """Store the NIC byte counters a node agent sent in its sync ({device, port, tx_bytes,
+    rx_bytes}, as the agent's `nics.nic_counters` reads them from sysfs): the same rows and rates
+    as an exporter's InfiniBand counters. Returns how many ports were stored."""
+    nics = {
+        (c["device"], c["port"]): NicReading(c["device"], c["port"], c.get("tx_bytes"), c.get("rx_bytes"))
+        for c in counters
+    }
+    rows = _nic_rows([(node_id, nics)], now)
+    _write_nic_rows(rows)
+    return len(rows)
 
 
 def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
@@ -212,17 +241,11 @@ def results_store(
     and upsert every node's state. A failed node keeps its earlier values."""
     ok = [r for r in results if r.ok]
     rows = _gpu_rows(ok, gpu_pks(cluster=cluster), now)
-    nics = _nic_rows(ok, now)
+    nics = _nic_rows(((r.node_id, r.scrape.nics) for r in ok), now)
     states = _states(results, now, stale_s=STALE_INTERVALS * interval_s)
     with transaction.atomic():
         _write_gpu_rows(rows)
-        NicLatest.objects.bulk_create(
-            nics,
-            batch_size=BATCH,
-            update_conflicts=True,
-            unique_fields=["node", "device", "port"],
-            update_fields=["at", "tx_bytes_total", "rx_bytes_total", "tx_Bps", "rx_Bps"],
-        )
+        _write_nic_rows(nics)
         NodeScrape.objects.bulk_create(
             states,
             batch_size=BATCH,

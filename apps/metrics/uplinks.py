@@ -1,8 +1,10 @@
-"""Measured leaf-uplink load: each NIC's transmit rate (node-exporter InfiniBand counters) times
-the share of its node's traffic that leaves the NIC's leaf, summed per leaf and divided by the
-leaf's total uplink bandwidth. The share off the leaf is estimated from the placement: a job
-holding k of a node's n GPUs sends k/n of the node's traffic, of which the fraction of the job's
-GPUs under other leaves crosses the uplinks.
+"""Measured leaf-uplink load: each NIC's measured transmit rate (node-exporter InfiniBand counters
+or the node agent's sysfs counters) times the share of that NIC's traffic the placement's flows
+send off its leaf (`traffic.nic_off_leaf_shares`), summed per leaf and divided by the leaf's total
+uplink bandwidth. The NIC rate is measured; its split between the leaf and the uplinks is the
+prediction's (switch port counters are not read), so traffic that stays under the leaf (a ring
+across nodes of one leaf) is never charged to the uplinks, and a NIC no job is predicted to load
+adds nothing.
 
 A leaf at UPLINK_SATURATED or more for HOTSPOT_INTERVALS consecutive collections opens an
 `uplink` hotspot and proposals for the jobs that cross it. Until then its row counts intervals
@@ -14,59 +16,51 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from apps.scheduling import snapshot as snap
+from apps.scheduling.models import Job
 from apps.scheduling.proposals import migrations_propose_measured
 from apps.topology.models import Cluster, Node
 
 from .choices import HotspotKind
 from .hotspots import HOTSPOT_INTERVALS
 from .models import Hotspot, NicLatest, UplinkSample
+from .traffic import nic_first, nic_off_leaf_shares
 
 UPLINK_SATURATED = 0.9  # fraction of the leaf's total uplink bandwidth
 
 
 def leaf_uplink_loads(*, cluster: Cluster, now: datetime, fresh_s: float) -> tuple[dict[str, float], dict]:
     """(leaf name -> measured uplink utilisation 0..1+, leaf name -> ids of the jobs crossing
-    it) from the fresh NIC rates."""
+    it) from the fresh NIC rates (see the module docstring)."""
     snapshot = snap.cluster_snapshot(cluster=cluster)
     topo = snapshot.topology
-    names = dict(Node.objects.filter(cluster=cluster).values_list("pk", "name"))
-    rates = NicLatest.objects.filter(
-        node__cluster=cluster, at__gte=now - timedelta(seconds=fresh_s), tx_Bps__isnull=False
-    ).values_list("node_id", "device", "tx_Bps")
-    jobs_on_node: dict[int, list[tuple[int, int]]] = defaultdict(list)  # node index -> (job, GPUs there)
+    rates = list(
+        NicLatest.objects.filter(
+            node__cluster=cluster, at__gte=now - timedelta(seconds=fresh_s), tx_Bps__isnull=False
+        ).values_list("node_id", "device", "tx_Bps")
+    )
     crossing: dict[str, set[int]] = defaultdict(set)
-    job_leaves: dict[int, dict[int, int]] = {}
-    for a in snapshot.active:
-        if not a.gids:
-            continue
-        leaves = defaultdict(int)
-        per_node = defaultdict(int)
-        for g in a.gids:
-            leaves[int(topo.gpu_leaf[g])] += 1
-            per_node[int(topo.gpu_node[g])] += 1
-        job_leaves[a.job_id] = leaves
-        for n, k in per_node.items():
-            jobs_on_node[n].append((a.job_id, k))
+    placed = {a.job_id: a.gids for a in snapshot.active if a.gids}
+    for job_id, gids in placed.items():
+        leaves = {int(topo.gpu_leaf[g]) for g in gids} - {-1}
         if len(leaves) > 1:
             for leaf in leaves:
-                if leaf >= 0:
-                    crossing[topo.leaf_names[leaf]].add(a.job_id)
+                crossing[topo.leaf_names[leaf]].add(job_id)
+    if not rates:
+        return {}, {k: sorted(v) for k, v in crossing.items()}
+    predicted = dict(Job.objects.filter(pk__in=placed).values_list("pk", "predicted"))
+    total, leaving = nic_off_leaf_shares(topo, ((gids, predicted.get(j)) for j, gids in placed.items()))
+    first = nic_first(topo)
+    names = dict(Node.objects.filter(cluster=cluster).values_list("pk", "name"))
     load: dict[int, float] = defaultdict(float)
     for node_id, device, tx in rates:
         n = topo.node_by_name.get(names.get(node_id, ""))
         if n is None:
             continue
-        nic = next((c for c in topo.nodes[n].nics if c.name == device), None)
-        if nic is None:
+        k = next((i for i, c in enumerate(topo.nodes[n].nics) if c.name == device), None)
+        if k is None or total[first[n] + k] <= 0:
             continue
-        leaf = topo.leaf_by_name[nic.leaf]
-        gpus = int(topo.node_gpu_count[n])
-        off = 0.0
-        for job_id, k in jobs_on_node.get(n, ()):
-            leaves = job_leaves[job_id]
-            total = sum(leaves.values())
-            off += k / gpus * (total - leaves.get(leaf, 0)) / total
-        load[leaf] += tx * off
+        share = leaving[first[n] + k] / total[first[n] + k]
+        load[topo.leaf_by_name[topo.nodes[n].nics[k].leaf]] += tx * share
     out = {}
     for leaf, bps in load.items():
         capacity = float(topo.leaf_uplink_total_bw[leaf]) * 1e9

@@ -188,7 +188,7 @@
         if (seen) return [sum, seen === nics.length ? "measured" : "measured on " + seen + " of " + nics.length + " cables"];
       } else if (linkKind(i) === "leaf-spine") {
         const share = measured.links.leaf[links.switches[links.a[i]]];
-        if (share !== undefined) return [share * links.cap[i], "measured"];
+        if (share !== undefined) return [share * links.cap[i], "measured at the NICs, split by the placement"];
       }
     }
     return [links.load[i], "predicted"];
@@ -994,6 +994,10 @@
       ev.preventDefault();
       showPath(document.getElementById("path-a").value, document.getElementById("path-b").value);
     });
+    // Opened from a link with both ends (the job page's): show that path at once.
+    const endA = document.getElementById("path-a").value;
+    const endB = document.getElementById("path-b").value;
+    if (endA && endB) showPath(endA, endB);
   }
   const matrixForm = document.getElementById("matrix-form");
   if (matrixForm) {

@@ -165,6 +165,21 @@ def test_path_view_shows_each_hop_its_bottleneck_and_latency(laptop, live_server
     graph_shot("leaf-matrix", "#leaf-matrix")
 
 
+def test_the_job_page_links_to_the_path_between_two_of_its_gpus(laptop, live_server, scenario):
+    from apps.scheduling.models import Job
+
+    job = Job.objects.filter(cluster__name="pod-256", status="running").order_by("-gpus").first()
+    page = laptop()
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    link = page.locator("#job-path a")
+    expect(link).to_contain_text("Path between rank 0")
+    link.click()
+    page.wait_for_url("**/clusters/pod-256/?path_a=*")
+    # The cluster page shows that path at once, hop by hop.
+    expect(page.locator("#path-result")).to_contain_text("GB/s")
+    assert page.locator("#path-a").input_value() and page.locator("#path-b").input_value()
+
+
 def test_zoomed_out_bars_show_which_job_is_where_and_the_free_blocks(
     laptop, live_server, transactional_db, graph_shot
 ):

@@ -518,3 +518,22 @@ def test_nul_and_invalid_utf8_output_keeps_the_node_up_and_every_log_whole(agent
     second = services.job_submit(user=user, spec=spec(tmp_path, "after", 16))
     wait_for(status_is(second, JobStatus.COMPLETED, JobStatus.FAILED), what="the next job to finish")
     assert second.status == JobStatus.COMPLETED, second.pending_reason
+
+
+def test_an_agent_ships_its_sysfs_nic_counters_and_the_server_turns_them_into_rates(agents, tmp_path):
+    from apps.metrics.models import NicLatest
+
+    counters = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+    counters.mkdir(parents=True)
+    (counters / "port_xmit_data").write_text("1000\n")  # 4-byte words
+    (counters / "port_rcv_data").write_text("500\n")
+    agents.start("node-a", extra=["--sysfs-root", str(tmp_path / "sys")])
+
+    def row():
+        return NicLatest.objects.filter(node__name="node-a", device="mlx5_0", port="1").first()
+
+    wait_for(lambda: row() is not None, what="the first counters")
+    assert (row().tx_bytes_total, row().rx_bytes_total) == (4000, 2000)
+    (counters / "port_xmit_data").write_text("26000\n")  # 100,000 bytes more
+    wait_for(lambda: row().tx_bytes_total == 104_000 and row().tx_Bps, what="a rate from two syncs")
+    assert row().tx_Bps > 0 and row().rx_Bps == 0

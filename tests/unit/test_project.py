@@ -52,7 +52,7 @@ def test_embedded_default_needs_no_services():
     s = loaded({})
     assert s["engine"] == "django.db.backends.sqlite3"
     assert s["name"] == str(REPO / "db.sqlite3")
-    assert (s["eager"], s["broker"]) == (True, "memory://")
+    assert (s["eager"], s["broker"]) == (True, "memory://localhost/")
     assert s["debug"] is False
     assert s["hosts"] == ["localhost", "127.0.0.1"]
     assert s["secret"] == (REPO / ".secret_key").read_text().strip()

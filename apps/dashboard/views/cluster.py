@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 from django.contrib.auth.decorators import login_required
@@ -50,6 +51,10 @@ def cluster_pick(request):
     return redirect("dashboard:cluster", name=cluster.name)
 
 
+# One end of a linked path (`node` or `node:gpu`); anything else leaves the form empty.
+PATH_END = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}(:[0-9]{1,3})?$")
+
+
 @login_required
 @require_GET
 def cluster_page(request, name: str | None = None):
@@ -79,6 +84,10 @@ def cluster_page(request, name: str | None = None):
     context["hotspots"] = list(open_hotspots(cluster=cluster))
     context["health"] = cluster_health(cluster_id=cluster.pk)
     context["slurm"] = slurm_executor(cluster=cluster)
+    # A link to a path (the job page's): the form's two ends, shown at once by the page's script.
+    for end in ("a", "b"):
+        raw = request.GET.get(f"path_{end}", "")
+        context[f"path_{end}"] = raw if PATH_END.match(raw) else ""
     return render(request, "dashboard/cluster.html", context)
 
 

@@ -62,6 +62,29 @@ def rank_grid(topo, gids) -> tuple[list[dict], int]:
     return rows, width
 
 
+def path_pair(topo, gids) -> dict | None:
+    """Two of the job's GPUs whose path the job page links to (the cluster page's path view):
+    rank 0 and the first rank under another leaf, else on another node, else rank 1; None for a
+    one-GPU job. Each end as `node:gpu`."""
+    if len(gids) < 2:
+        return None
+    first = int(gids[0])
+
+    def far(key) -> int | None:
+        return next((r for r, g in enumerate(gids) if key[int(g)] != key[first]), None)
+
+    rank = far(topo.gpu_leaf)
+    if rank is None:
+        rank = far(topo.gpu_node)
+    rank = 1 if rank is None else rank
+
+    def end(gid: int) -> str:
+        node, index = topo.gpu_key(int(gid))
+        return f"{node}:{index}"
+
+    return {"rank_a": 0, "rank_b": rank, "a": end(first), "b": end(gids[rank])}
+
+
 def last_placement(job) -> list[dict]:
     """Per node of a finished job's last placement, in node-rank order: node name, GPU indices
     and ranks, as booked (the node may since have left the topology)."""
@@ -192,6 +215,7 @@ def job_page(request, pk: int):
         "grid": grid,
         "grid_width": range(grid_width),
         "grid_hidden": placed and not grid,
+        "path": path_pair(topo, active.gids) if placed else None,
         "history": history,
         "groups": group_summary(view) if view else [],
         "whatif": whatif_rows,

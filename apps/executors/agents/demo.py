@@ -50,7 +50,8 @@ def start_demo_agents(
             )
             run_in_thread(agent)
             started.append(agent)
-    log.warning(
+    # The demo's own choice, not a problem: said once, at info.
+    log.info(
         "started %d demo node agents in single-user mode: every rank runs as this server's user,"
         " without cgroups (rank output in %s)",
         len(started),

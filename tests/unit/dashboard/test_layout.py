@@ -1,10 +1,13 @@
 """The layered drawing's geometry: tiers, node boxes, leaves over their nodes, rails."""
 
 import numpy as np
+import pytest
 
 from apps.dashboard import layout as geo
 from apps.dashboard.layout import cluster_layout, gpu_grid
 from apps.placement.topology import load_topology
+
+from .conftest import generated
 
 
 def test_each_gpu_sits_inside_its_nodes_box(leafspine):
@@ -103,3 +106,19 @@ def test_gpu_grid_is_taller_than_wide_and_at_most_four_rows():
     assert gpu_grid(1) == (1, 1)
     cols, rows = gpu_grid(72)
     assert rows == 4 and cols * rows >= 72
+
+
+def test_nic_markers_of_a_node_never_overlap():
+    """One NIC per GPU on a grid two columns wide put four NIC markers on one spot: they are
+    spread over the node's box, in the order of their GPUs' positions, and stay inside it."""
+    topo = load_topology(generated("leaf-spine"))
+    lay = cluster_layout(topo)
+    for i, node in enumerate(topo.nodes):
+        xs = sorted(float(lay.nic_x[k]) for k in range(lay.n_nics) if lay.nic_node[k] == i)
+        assert len(xs) == len(node.nics) == 8
+        assert min(b - a for a, b in zip(xs, xs[1:], strict=False)) >= 0.2
+        assert lay.node_x0[i] <= xs[0] and xs[-1] <= lay.node_x1[i]
+    # A node's only NIC stays above its GPUs.
+    one = load_topology(generated("leaf-spine", nics_per_node=1))
+    lay = cluster_layout(one)
+    assert lay.nic_x[0] == pytest.approx(float(lay.gpu_x[:8].mean()))

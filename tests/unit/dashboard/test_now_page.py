@@ -35,6 +35,7 @@ def test_now_page_lists_what_is_broken_with_links(client, people, naive_case44):
         exited_at=now,
         log_tail="step 10\nstep 11\nRuntimeError: NCCL timeout",
     )
+    Node.objects.filter(pk=a.pk).update(dcgm_url="http://node-a:9400/metrics")
     NodeScrape.objects.create(node=a, state="error", last_error="connection refused", last_error_at=now)
     client.force_login(people["alice"])
     html = client.get("/now/").content.decode()
@@ -119,3 +120,55 @@ def test_ranks_stopping_show_on_the_now_page_and_their_node_page_with_since_when
     RankRun.objects.filter(job=naive_case44).update(state="exited", exit_code=-15, exited_at=timezone.now())
     assert "No rank is stopping" in client.get("/now/").content.decode()
     assert 'id="node-stopping"' not in client.get("/clusters/case-4-4/nodes/node-a/").content.decode()
+
+
+def test_a_failed_job_names_its_failing_rank_first_and_its_box_says_why_it_failed(
+    client, people, naive_case44
+):
+    """Rank 3 exited 3; TopoWeb then stopped the others (exit -15, cause stopped), whose reports
+    came in the same sync: the Now page and the job page name rank 3 first, and the job page's
+    box is "Why it failed", not "Why pending"."""
+    a, b = Node.objects.filter(cluster=naive_case44.cluster).order_by("position")
+    now = timezone.now()
+    Job.objects.filter(pk=naive_case44.pk).update(
+        status=JobStatus.FAILED, finished_at=now, pending_reason="rank 3 on node node-a exited with code 3"
+    )
+    for rank, code, cause in (
+        (0, -15, "stopped"),
+        (1, -15, "stopped"),
+        (3, 3, "exited"),
+        (9, -15, "stopped"),
+    ):
+        RankRun.objects.create(
+            job=naive_case44,
+            generation=naive_case44.generation,
+            rank=rank,
+            node=a if rank < 8 else b,
+            state="exited",
+            exit_code=code,
+            exit_cause=cause,
+            exited_at=now,
+            log_tail=f"rank {rank} output",
+        )
+    client.force_login(people["alice"])
+    now_html = client.get("/now/").content.decode()
+    assert "rank 3 on" in now_html and "exit 3" in now_html and "exit -15" not in now_html
+    job_html = client.get(f"/jobs/{naive_case44.pk}/").content.decode()
+    assert "<strong>Why it failed:</strong>" in job_html and "Why pending" not in job_html
+    listed = [job_html.index(f"rank {r} on") for r in (3, 0, 1, 9)]
+    assert listed == sorted(listed)  # the failing rank first, then the ones TopoWeb stopped
+
+
+def test_a_node_without_an_exporter_is_no_metrics_alarm(client, people, case44_db):
+    a, b = Node.objects.filter(cluster=case44_db).order_by("position")
+    now = timezone.now()
+    for node in (a, b):
+        NodeScrape.objects.create(
+            node=node, state="error", last_error="no dcgm_url for this node", last_error_at=now
+        )
+    client.force_login(people["alice"])
+    assert "no dcgm_url for this node" not in client.get("/now/").content.decode()
+    Node.objects.filter(pk=a.pk).update(dcgm_url="http://node-a:9400/metrics")
+    NodeScrape.objects.filter(node=a).update(last_error="connection refused")
+    html = client.get("/now/").content.decode()
+    assert "connection refused" in html and "no dcgm_url" not in html

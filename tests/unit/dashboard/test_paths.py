@@ -1,6 +1,8 @@
 """The path view: hops that add up to the core's path model, endpoint parsing, the leaf matrix,
 and the JSON views with their 400s."""
 
+import re
+
 import pytest
 
 from apps.dashboard.layout import cluster_layout
@@ -106,3 +108,29 @@ def test_measured_link_values_map_nic_counters_to_the_graphs_nic_numbers(client,
     # node-b's one NIC is NIC number 1 (node-a's is 0); its two ports add up, in GB/s.
     assert body["nic_GBps"] == {"1": 6.0}
     assert body["leaf_uplink"] == {}  # one leaf, no uplinks
+
+
+@pytest.mark.django_db
+def test_the_job_page_links_to_a_path_between_two_of_its_gpus_the_cluster_page_fills_in(
+    client, people, naive_case44
+):
+    client.force_login(people["alice"])
+    html = client.get(f"/jobs/{naive_case44.pk}/").content.decode()
+    # The naive placement spans both nodes: rank 0's GPU and the first rank on the other node.
+    link = re.search(
+        r'id="job-path"><a href="([^"]+)">Path between rank 0 \((node-\w:\d)\) and rank (\d+)', html
+    )
+    assert link is not None
+    url, a = link.group(1).replace("&amp;", "&"), link.group(2)
+    assert url.startswith("/clusters/case-4-4/?path_a=") and "&path_b=node-" in url
+    page = client.get(url).content.decode()
+    assert 'id="path-a" name="a"' in page and f'value="{a}"' in page
+    b = re.search(r"path_b=([^&#]+)", url).group(1).replace("%3A", ":")
+    assert b.split(":")[0] != a.split(":")[0] and f'value="{b}"' in page
+    # Anything but a node[:gpu] is not put in the form.
+    page = client.get('/clusters/case-4-4/?path_a="><script>&path_b=node-a:99999').content.decode()
+    assert (
+        'id="path-a" name="a" type="text" list="node-names" placeholder="node or node:gpu" maxlength="200" required value=""'
+        in page
+    )
+    assert "<script>&" not in page and 'value="node-a:99999"' not in page

@@ -3,8 +3,10 @@ starts scheduling's, metrics' and the executors' in-process background work)."""
 
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -60,3 +62,57 @@ def test_serve_embedded_serves_health_and_static_files_with_debug_off(tmp_path):
     assert "TopoWeb on http://127.0.0.1:" in output
     assert "Watching for file changes" not in output
     assert "No directory at" not in output
+
+
+def _count(db, sql: str) -> int:
+    with sqlite3.connect(f"file:{db}/db.sqlite3?mode=ro", uri=True, timeout=30) as conn:
+        return conn.execute(sql).fetchone()[0]
+
+
+def synced(db) -> int:
+    return _count(db, "SELECT COUNT(*) FROM scheduling_nodeagent WHERE last_seen IS NOT NULL")
+
+
+def nodes(db) -> int:
+    return _count(db, "SELECT COUNT(*) FROM topology_node")
+
+
+def test_make_run_logs_no_warning_at_start(tmp_path):
+    """The demo as `make run` starts it (migrate, load_demo, serve_embedded): its agents start once
+    the server listens, so none of their first polls fails, and nothing else warns."""
+    port = free_port()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONUNBUFFERED": "1",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
+        "HOME": str(tmp_path),
+    }
+    for command in (["migrate", "--noinput"], ["load_demo"]):
+        subprocess.run(
+            [sys.executable, "manage.py", *command], cwd=REPO, env=env, check=True, capture_output=True
+        )
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_embedded", "--addr", f"127.0.0.1:{port}", "--dcgm-port", "0"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True)
+    reader.start()
+    try:
+        get(f"http://127.0.0.1:{port}/healthz", timeout_s=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and synced(tmp_path) < nodes(tmp_path):
+            time.sleep(0.5)
+        assert synced(tmp_path) == nodes(tmp_path) > 0, "".join(
+            lines[-20:]
+        )  # every agent's first poll answered
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        reader.join(timeout=10)
+    problems = [line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+    assert problems == [], "".join(problems[:10])

@@ -147,3 +147,22 @@ def test_the_exporter_answers_404_for_unknown_nodes(simulated_case44):
     port = exporter.server.server_address[1]
     assert httpx.get(f"http://127.0.0.1:{port}/clusters/case-4-4/nodes/node-z/metrics").status_code == 404
     assert httpx.get(f"http://127.0.0.1:{port}/clusters/case-4-4/nodes/node-a/metrics").status_code == 200
+
+
+def test_a_hotspot_closes_when_its_job_fails(simulated_case44, client):
+    from django.contrib.auth import get_user_model
+
+    from apps.scheduling.choices import JobStatus
+
+    cluster, exporter = simulated_case44
+    _three_passes(cluster, exporter)
+    job = Job.objects.get(cluster=cluster)
+    hotspot = Hotspot.objects.get(cluster=cluster, kind=HotspotKind.COMM_SHARE, job=job)
+    assert hotspot.is_open
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.FAILED, finished_at=timezone.now())
+    exporter.refresh()
+    metrics_collect(cluster=cluster, now=timezone.now())
+    hotspot.refresh_from_db()
+    assert not hotspot.is_open and hotspot.closed_at is not None
+    client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
+    assert f"job {job.pk} bert-large-16" not in client.get("/clusters/case-4-4/").content.decode()

@@ -50,6 +50,21 @@ def test_submit_prints_the_job_and_status_reads_it_back(cli, tmp_path, django_ca
     assert code == 0 and "cli-job" in out and out.splitlines()[0].startswith("ID")
 
 
+def test_status_of_one_job_prints_its_whole_wait_reason(cli, tmp_path, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        _, out, _ = cli("--json", "submit", spec_file(tmp_path))
+    job_id = json.loads(out)["id"]
+    reason = (
+        "waits for 8 free GPUs under one leaf: " + "leaf-1 has 3, leaf-2 has 2, leaf-3 has 0, leaf-4 has 1"
+    )
+    Job.objects.filter(pk=job_id).update(status=JobStatus.QUEUED, pending_reason=reason)
+    code, out, _ = cli("status", str(job_id))
+    assert code == 0 and len(reason) > commands.CELL_MAX
+    assert f"reason: {reason}" in out.splitlines()
+    code, out, _ = cli("status")  # the list keeps its cells short
+    assert reason not in out and reason[: commands.CELL_MAX - 3] + "..." in out
+
+
 def test_submit_wait_exits_1_when_the_job_does_not_complete(cli, tmp_path, monkeypatch, alice):
     def cancel_it(_seconds):
         # Someone cancels the job while the CLI waits (the cycle has not placed it here).

@@ -77,3 +77,14 @@ def test_the_admin_revokes_node_tokens(case44):
     assert token.revoked_at is not None
     assert sync_as(key).status_code == 401
     assert client.get("/admin/scheduling/nodetoken/add/").status_code == 403
+
+
+def test_the_admin_token_list_names_each_tokens_cluster(case44, pod256):
+    for cluster, node in (("case-4-4", "node-a"), ("pod-256", "node-001")):
+        call_command("create_node_token", cluster, node, stdout=io.StringIO())
+    client = APIClient()
+    client.force_login(get_user_model().objects.create_superuser("root", password="pw"))
+    body = client.get("/admin/scheduling/nodetoken/").content.decode()
+    assert "column-cluster" in body
+    assert '<td class="field-cluster">case-4-4</td>' in body
+    assert '<td class="field-cluster">pod-256</td>' in body

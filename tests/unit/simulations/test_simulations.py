@@ -143,3 +143,18 @@ def test_the_demo_simulation_is_run_once_and_finished(pod256):
     assert set(run.result["policies"]) == {"topo", "tree_best_fit", "first_fit", "naive"}
     assert load_demo_simulation().pk == run.pk
     assert SimulationRun.objects.count() == 1
+
+
+def test_the_header_says_the_load_reached_beside_the_load_asked(pod256, staff_client):
+    """The demo asks 0.9; the trace's arrivals reach less on pod-256: the header says both, never
+    the asked load alone as if it had been offered."""
+    from apps.simulations.demo import load_demo_simulation
+
+    run = load_demo_simulation()
+    reached = run.result["trace"]["scaled_load"]
+    assert reached is not None and reached < run.load
+    page = staff_client.get(f"/simulations/{run.pk}/").content.decode()
+    header = page[
+        page.index('id="simulation-load"') : page.index("</span>", page.index('id="simulation-load"'))
+    ]
+    assert f"{reached:.2f} reached of {run.load:g} asked" in header

@@ -6,7 +6,10 @@ stays single), static files served by WhiteNoise so it works with DEBUG off.
 
 import logging
 import signal
+import socket
 import sys
+import threading
+import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
@@ -17,6 +20,22 @@ from django.db import DatabaseError
 def _quiet_agent_polls(record: logging.LogRecord) -> bool:
     """False for a successful node-agent poll's request-log line (errors are still logged)."""
     return "/api/v1/agents/sync/" not in record.getMessage() or getattr(record, "status_code", 200) >= 400
+
+
+LISTEN_WAIT_S = 120.0  # how long the demo agents wait for the server to listen before starting anyway
+
+
+def wait_listening(host: str, port: int, *, timeout_s: float = LISTEN_WAIT_S, step_s: float = 0.1) -> bool:
+    """Whether host:port accepts a TCP connection within `timeout_s` (tried every `step_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=step_s):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(step_s)
 
 
 class Command(BaseCommand):
@@ -36,6 +55,31 @@ class Command(BaseCommand):
             help="do not run the simulated nodes' agents in this process",
         )
 
+    def _start_agents(self, addr: str, agents: list) -> None:
+        """Start the demo's node agents once the server answers on `addr` (into `agents`)."""
+        from django.db import close_old_connections
+
+        from apps.executors.agents.demo import start_demo_agents
+
+        host, port = addr.rsplit(":", 1)
+        if not wait_listening(host or "127.0.0.1", int(port)):
+            self.stderr.write(
+                f"the server did not listen on {addr} within {LISTEN_WAIT_S:.0f} s; no node agents"
+            )
+            return
+        try:
+            agents.extend(start_demo_agents(server=f"http://{addr}"))
+        except (DatabaseError, ImproperlyConfigured) as exc:
+            # An unmigrated database serves its pages (and errors) without agents.
+            self.stderr.write(f"no node agents: {exc}")
+            return
+        finally:
+            close_old_connections()
+        self.stdout.write(
+            f"{len(agents)} node agents run the demo nodes' ranks in this process, in single-user"
+            " mode: every rank runs as this server's user, without cgroups"
+        )
+
     def handle(self, *args, addr: str, dcgm_port: int, no_agents: bool = False, **options):
         self.stdout.write(f"TopoWeb on http://{addr}/ (admin at http://{addr}/admin/)")
         # No celery beat in the embedded default: a thread runs the scheduling cycles instead.
@@ -46,20 +90,13 @@ class Command(BaseCommand):
         from apps.metrics.embedded import start_embedded_metrics
 
         start_embedded_metrics(host=addr.rsplit(":", 1)[0] or "127.0.0.1", port=dcgm_port)
-        agents = []
+        agents: list = []
         if not no_agents:
-            # The demo's nodes run their agents here: jobs run real (dummy) rank processes.
-            from apps.executors.agents.demo import start_demo_agents
-
-            try:
-                agents = start_demo_agents(server=f"http://{addr}")
-            except (DatabaseError, ImproperlyConfigured) as exc:
-                # An unmigrated database serves its pages (and errors) without agents.
-                self.stderr.write(f"no node agents: {exc}")
-            self.stdout.write(
-                f"{len(agents)} node agents run the demo nodes' ranks in this process, in single-user"
-                " mode: every rank runs as this server's user, without cgroups"
-            )
+            # The demo's nodes run their agents here: jobs run real (dummy) rank processes. They
+            # start once the server listens: a poll before that would only fail and warn.
+            threading.Thread(
+                target=self._start_agents, args=(addr, agents), name="demo-agents-start", daemon=True
+            ).start()
             # The demo's jobs come back as they finish, so the graph stays busy however long it runs.
             from apps.scheduling.demo import start_demo_workload
 

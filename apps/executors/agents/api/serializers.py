@@ -98,6 +98,20 @@ class OrphanSerializer(serializers.Serializer):
     )
 
 
+MAX_NICS = 64
+MAX_NIC_BYTES = 2**63 - 1  # what a 64-bit counter holds (and the JSON parser takes)
+
+
+class NicCounterSerializer(serializers.Serializer):
+    """One NIC port's cumulative byte counters as the agent read them from sysfs (InfiniBand
+    port_xmit_data and port_rcv_data already in bytes; a network interface as port "0")."""
+
+    device = serializers.RegexField(r"^[A-Za-z0-9_.:-]+$", max_length=64)
+    port = serializers.RegexField(r"^[0-9]{1,3}$", max_length=3)
+    tx_bytes = serializers.IntegerField(min_value=0, max_value=MAX_NIC_BYTES, allow_null=True, required=False)
+    rx_bytes = serializers.IntegerField(min_value=0, max_value=MAX_NIC_BYTES, allow_null=True, required=False)
+
+
 class AgentSyncSerializer(serializers.Serializer):
     """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
 
@@ -157,6 +171,12 @@ class AgentSyncSerializer(serializers.Serializer):
         min_value=0, max_value=MAX_EPOCH_S, required=False, help_text="When the agent started (epoch s)."
     )
     orphans = OrphanSerializer(many=True, required=False, max_length=MAX_ORPHANS)
+    nics = NicCounterSerializer(
+        many=True,
+        required=False,
+        max_length=MAX_NICS,
+        help_text="The node's NIC byte counters (sysfs): measured NIC and uplink load.",
+    )
 
     def validate(self, attrs):
         attrs.setdefault("running", [])

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.parsers import BaseParser
@@ -22,6 +23,7 @@ from apps.api.throttling import NodeSyncThrottle
 from apps.placement.topology import SpecLimits
 from apps.scheduling.api.authentication import NodeAuthentication
 from apps.topology.retry import retry_when_locked
+from apps.topology.signals import nic_counters_received
 
 from .. import services as agents
 from ..selectors import node_work, sync_node
@@ -151,6 +153,14 @@ class AgentSyncView(APIView):
         agent = retry_when_locked(
             lambda: agents.agent_heartbeat(node=node, beat=beat, agent=known), what="agent heartbeat"
         )
+        if data.get("nics"):
+            counters = [dict(c) for c in data["nics"]]
+            retry_when_locked(
+                lambda: nic_counters_received.send(
+                    sender=AgentSyncView, node_id=node.pk, counters=counters, at=timezone.now()
+                ),
+                what="agent NIC counters",
+            )
         if unknown:
             refused += [
                 {**_key(r), "reason": "no such rank was ever placed (its job may have been deleted)"}
