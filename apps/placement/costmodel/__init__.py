@@ -15,7 +15,10 @@ the placed GPUs' peak TFLOPS * 1e12).
 
 How one group is priced, with B its bottleneck bandwidth (the slowest member pair, the bucket
 effect, `Topology.group_path`) and a its latency:
-- inside one NVLink domain: the flat closed form of its collective over NVLink;
+- inside one NVLink domain: as NCCL runs it (`domain_ms`), the best of the ring's flat closed form
+  over NVLink, the tree (allreduce) and, where the domain's switches support NVLS
+  (`Topology.domain_nvls`: NVSwitch gen 3 in H100/H200 baseboards, NVL72 racks), NVLS at NCCL's
+  published latency and efficiency (`formulas`, NCCL 2.30.7 src/graph/tuning.cc); all-to-all flat;
 - allreduce over several domains: hierarchical. Reduce-scatter inside each domain (the fullest
   domain, k_max members, over the slowest such domain), a ring allreduce between the domains over
   the parallel rails (the fewest NICs any of its domains uses, S/rails per rail, B = the slowest
@@ -59,9 +62,14 @@ its bytes) summed over its entries, over the step (max(step_ms, comm_ms)), to ad
 from .formulas import (
     FLAT_FORMS,
     HIERARCHICAL_FORMS,
+    NVLS_COLLECTIVES,
+    NVLS_EFFICIENCY_BLACKWELL,
+    NVLS_EFFICIENCY_HOPPER,
+    NVLS_LATENCY_US,
     allgather_ms,
     alltoall_ms,
     alltoall_spanning_ms,
+    domain_ms,
     entry_exposed_ms,
     exposed_ms,
     hierarchical_allgather_ms,
@@ -69,6 +77,7 @@ from .formulas import (
     hierarchical_reducescatter_ms,
     mfu,
     most_hidden_share,
+    nvls_ms,
     p2p_ms,
     pipeline_compute_ms,
     pipelined_ms,
@@ -76,6 +85,7 @@ from .formulas import (
     ring_allreduce_ms,
     spanning_ms,
     step_ms,
+    tree_allreduce_ms,
     volume_ms,
 )
 from .paths import KindStats, kind_stats, pair_paths
@@ -84,6 +94,13 @@ from .prediction import GroupCost, Prediction, check_gids, evaluate, load_array
 __all__ = [
     "FLAT_FORMS",
     "HIERARCHICAL_FORMS",
+    "NVLS_COLLECTIVES",
+    "NVLS_EFFICIENCY_BLACKWELL",
+    "NVLS_EFFICIENCY_HOPPER",
+    "NVLS_LATENCY_US",
+    "domain_ms",
+    "nvls_ms",
+    "tree_allreduce_ms",
     "GroupCost",
     "KindStats",
     "Prediction",

@@ -15,7 +15,9 @@ from ..topology import LEVELS, Topology
 from .formulas import (
     FLAT_FORMS,
     HIERARCHICAL_FORMS,
+    NVLS_COLLECTIVES,
     alltoall_spanning_ms,
+    domain_ms,
     exposed_ms,
     mfu,
     p2p_ms,
@@ -303,7 +305,12 @@ def _entry(
     # Groups of one kind that cross the same NIC at once share its rate.
     share = np.minimum(share, st.nic_share)
     eff_bw = np.minimum(st.path_bw, share)
-    t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
+    if collective in NVLS_COLLECTIVES:
+        # Groups inside one domain run as NCCL would there: ring, tree or NVLS (`domain_ms`).
+        nvls = np.where(st.spans, 0.0, topo.domain_nvls[topo.gpu_domain[st.members[:, 0]]])
+        t = np.array(domain_ms(collective, n, nbytes, eff_bw, st.path_lat, nvls), dtype=float, ndmin=1)
+    else:
+        t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
     t = np.broadcast_to(t, eff_bw.shape).copy()
     if collective == "alltoall" and st.spans.any():
         sp = st.spans
