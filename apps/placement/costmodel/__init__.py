@@ -51,7 +51,8 @@ uplinks (to the spines), on that leaf while the entry runs:
 Each flow offers the rate its path allows unshared (volume: the group's bottleneck; the others: the
 network path capped by its NIC's share among the kind's groups). A leaf's uplinks
 (`Topology.leaf_uplink_total_bw`, C GB/s) are shared in proportion to the rates offered on them:
-other jobs' mean rates L (`link_load[leaf]`, GB/s) plus this entry's D, each flow getting its
+other jobs' mean rates L (`link_load`, GB/s: per leaf, plus the hottest of its uplinks when
+spines or single links are named, `linkload`) plus this entry's D, each flow getting its
 offered rate times min(1, C / (L + D)), the least such factor over the leaves (and pods' core
 links, the same way) it spans. So a light job sharing an uplink with a heavy one takes little of it.
 `Prediction.flows` is this job's mean offered rate per leaf (GB/s, and per pod's core links on
@@ -88,8 +89,9 @@ from .formulas import (
     tree_allreduce_ms,
     volume_ms,
 )
+from .linkload import load_array
 from .paths import KindStats, kind_stats, pair_paths
-from .prediction import GroupCost, Prediction, check_gids, evaluate, load_array
+from .prediction import GroupCost, Prediction, check_gids, evaluate
 
 __all__ = [
     "FLAT_FORMS",

@@ -161,7 +161,7 @@ def test_mfu_uses_the_placed_gpus_peak(hetero):
         ([0, 1, 2], None, "has 4 ranks, got 3 GPUs"),
         ([0, 1, 2, 2], None, "more than one rank"),
         ([0, 1, 2, 99], None, "must lie in 0..15"),
-        ([0, 1, 2, 3], {"leaf-9": 1}, "unknown leaf 'leaf-9'"),
+        ([0, 1, 2, 3], {"leaf-9": 1}, "link_load: unknown switch 'leaf-9'"),
         ([0, 1, 2, 3], {"leaf-1": -1}, "must be non-negative"),
     ],
 )
