@@ -190,6 +190,36 @@ def test_an_nvlink_domain_spanning_nodes_is_stored_once(db):
     assert export("nvl") == topology_to_spec(load_topology(spec))
 
 
+def test_an_nvlink_domains_nvls_setting_survives_the_round_trip(db):
+    # Set on one domain, silent (the GPU model's default) on the other.
+    spec = topology_to_spec(
+        load_topology(
+            {
+                "version": 1,
+                "name": "nvls",
+                "generate": {
+                    "shape": "leaf-spine",
+                    "spines": 1,
+                    "leaves": 1,
+                    "nodes_per_leaf": 2,
+                    "gpus_per_node": 8,
+                    "gpu_model": "H100-SXM5-80GB",
+                    "peak_tflops": 989,
+                    "nvlink_bw_GBps": 450,
+                    "nic_bw_GBps": 50,
+                    "nics_per_node": 8,
+                    "uplink_bw_GBps": 400,
+                },
+            }
+        )
+    )
+    spec["nodes"][0]["nvlink"]["nvls"] = False
+    cluster = services.cluster_import(data=spec)
+    assert dict(cluster.nvlink_domains.values_list("name", "nvls")) == {"node-001": False, "node-002": None}
+    assert export("nvls") == spec
+    assert load_topology(export("nvls")).domain_nvls.tolist() == [0.0, 0.85]
+
+
 def test_exporting_an_unknown_cluster_names_the_known_ones(case44):
     with pytest.raises(CommandError, match=r"no cluster named 'nope' \(clusters: case-4-4\)"):
         call_command("export_topology", "nope")
