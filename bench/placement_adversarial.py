@@ -285,7 +285,7 @@ def latency_dp_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
     dp = int(rng.choice([d for d in (16, 32, 48, 64) if d <= max_gpus]))
     nbytes, count = float(rng.choice((1e5, 1e6, 1e7))), int(rng.choice((20, 50, 100)))
     comm = [{"group": "dp", "collective": "allreduce", "bytes": nbytes, "count": count}]
-    return job_spec(f"latency-dp{dp}-{nbytes:.0e}x{count}", 1, 1, dp, 1, comm)
+    return job_spec(f"latency-dp{dp}-{int(nbytes)}B-x{count}", 1, 1, dp, 1, comm)
 
 
 def hot_spine(rng: np.random.Generator) -> Topology:
