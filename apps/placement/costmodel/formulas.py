@@ -215,13 +215,11 @@ def nvls_ms(collective, n, bytes, bw_GBps, efficiency):
     than NCCL's own estimate."""
     n = np.asarray(n, dtype=float)
     eff = np.asarray(efficiency, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if collective == "allreduce":
-            rate = np.minimum(1.0, 2 * eff)
-            t = NVLS_LATENCY_US / 1e3 + 2 * (n - 1) / n * _ms(bytes, np.multiply(bw_GBps, rate))
-        else:
-            rate = np.minimum(1.0, eff * (n - 1) / n)
-            t = NVLS_LATENCY_US / 1e3 + _ms(bytes, np.multiply(bw_GBps, rate))
+    part = (n - 1) / np.maximum(n, 1.0)
+    if collective == "allreduce":
+        t = NVLS_LATENCY_US / 1e3 + 2 * part * _ms(bytes, np.multiply(bw_GBps, np.minimum(1.0, 2 * eff)))
+    else:
+        t = NVLS_LATENCY_US / 1e3 + _ms(bytes, np.multiply(bw_GBps, np.minimum(1.0, eff * part)))
     return _out(np.where(n > 1, np.where(eff > 0, t, np.inf), 0.0))
 
 
@@ -241,10 +239,11 @@ def domain_ms(collective, n, bytes, bw_GBps, latency_us, nvls=0.0):
     """A collective of n ranks inside one NVLink domain, in ms, as NCCL runs it: the best of the
     ring (`FLAT_FORMS`), the tree (allreduce) and, where the domain's switches support NVLS
     (`nvls` > 0: their efficiency), NVLS (allreduce, allgather, reduce-scatter). All-to-all is
-    the flat form alone. Monotone: slower with latency, faster with bandwidth and efficiency."""
+    the flat form alone. Monotone: slower with latency, faster with bandwidth and efficiency.
+    The tree is not computed: inside a domain it has the ring's 2(n-1) latency steps and moves
+    S/(0.46 B) against the ring's 2(n-1)/n S/B < 2 S/B, so it is never the best
+    (`tree_allreduce_ms`; the formulas' tests check it)."""
     t = FLAT_FORMS[collective](n, bytes, bw_GBps, latency_us)
-    if collective == "allreduce":
-        t = np.minimum(t, tree_allreduce_ms(n, bytes, bw_GBps, latency_us))
     if collective in NVLS_COLLECTIVES and np.any(np.asarray(nvls) > 0):
         t = np.minimum(t, nvls_ms(collective, n, bytes, bw_GBps, nvls))
     return _out(t)

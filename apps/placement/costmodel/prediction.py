@@ -242,7 +242,7 @@ def _entry(
     # Groups of one kind that cross the same NIC at once share its rate.
     share = np.minimum(share, st.nic_share)
     eff_bw = np.minimum(st.path_bw, share)
-    if collective in NVLS_COLLECTIVES:
+    if collective in NVLS_COLLECTIVES and topo.any_nvls:
         # Groups inside one domain run as NCCL would there: ring, tree or NVLS (`domain_ms`).
         nvls = np.where(st.spans, 0.0, topo.domain_nvls[topo.gpu_domain[st.members[:, 0]]])
         t = np.array(domain_ms(collective, n, nbytes, eff_bw, st.path_lat, nvls), dtype=float, ndmin=1)

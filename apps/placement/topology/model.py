@@ -190,6 +190,11 @@ class Topology:
             out[d] = nvls_efficiency(models) if on else 0.0
         return out
 
+    @cached_property
+    def any_nvls(self) -> bool:
+        """Whether some domain's switches run NVLS (`domain_nvls`)."""
+        return bool(self.domain_nvls.any())
+
     @property
     def n_gpus(self) -> int:
         return int(self.gpu_node.shape[0])
