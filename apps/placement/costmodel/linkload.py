@@ -26,6 +26,7 @@ import numpy as np
 from ..topology import Topology
 
 _LINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class FabricLinks:
     spine_pod: Mapping[str, int]  # each spine with core links -> its pod
     tier: Mapping[str, str]  # switch name -> tier
     index: Mapping[tuple[str, str], tuple[str, int]]  # (lower, upper switch) -> ("up" | "core", i)
+    # A switch's links: spine -> its uplinks from leaves, spine or core -> its spine-core links.
+    spine_ups: Mapping[str, np.ndarray]
+    switch_cores: Mapping[str, np.ndarray]
 
     def named(self, a: str, b: str) -> tuple[str, int] | None:
         """("up" or "core", index) of the link joining switches a and b (either order), None if none."""
@@ -68,6 +72,13 @@ def fabric_links(topo: Topology) -> FabricLinks:
     ]
     index = {(a, b): ("up", i) for i, (a, b, _) in enumerate(ups)}
     index |= {(a, b): ("core", i) for i, (a, b, _) in enumerate(cores)}
+    spine_ups: dict[str, list[int]] = {}
+    for i, (_, b, _) in enumerate(ups):
+        spine_ups.setdefault(b, []).append(i)
+    switch_cores: dict[str, list[int]] = {}
+    for i, (a, b, _) in enumerate(cores):
+        switch_cores.setdefault(a, []).append(i)
+        switch_cores.setdefault(b, []).append(i)
     out = FabricLinks(
         up_leaf=np.array([topo.leaf_by_name[u[0]] for u in ups], dtype=np.int64),
         up_spine=tuple(u[1] for u in ups),
@@ -79,6 +90,8 @@ def fabric_links(topo: Topology) -> FabricLinks:
         spine_pod={s: spine_pod[s] for s in sorted({c[0] for c in cores})},
         tier=tier,
         index=index,
+        spine_ups={k: np.array(v, dtype=np.int64) for k, v in spine_ups.items()},
+        switch_cores={k: np.array(v, dtype=np.int64) for k, v in switch_cores.items()},
     )
     _LINKS[topo] = out
     return out
@@ -123,12 +136,10 @@ def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | Non
         kind = fab.tier.get(name) if isinstance(name, str) else None
         if kind == "leaf" and name in topo.leaf_by_name:
             out[topo.leaf_by_name[name]] += flows
-        elif kind == "spine" and name in fab.spine_pod:
-            _spread(core, np.array([s == name for s in fab.core_spine], dtype=bool), fab.core_bw, flows)
+        elif (kind == "spine" and name in fab.spine_pod) or kind == "core":
+            _spread(core, fab.switch_cores.get(name, _NONE), fab.core_bw, flows)
         elif kind == "spine":
-            _spread(up, np.array([s == name for s in fab.up_spine], dtype=bool), fab.up_bw, flows)
-        elif kind == "core":
-            _spread(core, np.array([c == name for c in fab.core_core], dtype=bool), fab.core_bw, flows)
+            _spread(up, fab.spine_ups.get(name, _NONE), fab.up_bw, flows)
         elif isinstance(name, str) and name.count("/") == 1 and (hit := fab.named(*name.split("/"))):
             (up if hit[0] == "up" else core)[hit[1]] += flows
         elif isinstance(name, str) and name.count("/") == 1:
@@ -161,9 +172,7 @@ def core_flow_names(topo: Topology, core_flows: np.ndarray) -> dict[str, float]:
     if not core_flows.any():
         return {}
     fab = fabric_links(topo)
-    spine_bw: dict[str, float] = {}
-    for s, bw in zip(fab.core_spine, fab.core_bw.tolist(), strict=True):
-        spine_bw[s] = spine_bw.get(s, 0.0) + bw
+    spine_bw = {s: float(fab.core_bw[fab.switch_cores[s]].sum()) for s in fab.spine_pod}
     out: dict[str, float] = {}
     for pod in np.flatnonzero(core_flows):
         spines = [s for s, p in fab.spine_pod.items() if p == pod]
