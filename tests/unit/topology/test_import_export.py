@@ -11,6 +11,7 @@ from django.db import IntegrityError
 from apps.placement.topology import SpecError, load_topology, read_spec_file, topology_to_spec
 from apps.topology import services
 from apps.topology.models import Cluster, Gpu, Nic, Node
+from tests.unit.placement.specs import generated
 
 pytestmark = pytest.mark.django_db
 
@@ -192,27 +193,8 @@ def test_an_nvlink_domain_spanning_nodes_is_stored_once(db):
 
 def test_an_nvlink_domains_nvls_setting_survives_the_round_trip(db):
     # Set on one domain, silent (the GPU model's default) on the other.
-    spec = topology_to_spec(
-        load_topology(
-            {
-                "version": 1,
-                "name": "nvls",
-                "generate": {
-                    "shape": "leaf-spine",
-                    "spines": 1,
-                    "leaves": 1,
-                    "nodes_per_leaf": 2,
-                    "gpus_per_node": 8,
-                    "gpu_model": "H100-SXM5-80GB",
-                    "peak_tflops": 989,
-                    "nvlink_bw_GBps": 450,
-                    "nic_bw_GBps": 50,
-                    "nics_per_node": 8,
-                    "uplink_bw_GBps": 400,
-                },
-            }
-        )
-    )
+    gen = generated(spines=1, leaves=1, gpus_per_node=8, nics_per_node=8, gpu_model="H100-SXM5-80GB")
+    spec = topology_to_spec(load_topology(gen | {"name": "nvls"}))
     spec["nodes"][0]["nvlink"]["nvls"] = False
     cluster = services.cluster_import(data=spec)
     assert dict(cluster.nvlink_domains.values_list("name", "nvls")) == {"node-001": False, "node-002": None}
