@@ -9,7 +9,10 @@ and 8-GPU nodes, 1-NIC nodes next to 8-NIC nodes, slow and fast NICs side by sid
 DGX-1 cube-mesh nodes (`intra` links) beside NVLink nodes, 24-GPU NVLink domains straddling leaves
 with DP-only jobs of 16-48 ranks, every node with 3, 5, 6, 7 or 8 GPUs free (half the jobs TP6),
 and per-node NIC speeds (8 x 100, 8 x 25 or 4 x 50 GB/s) under one leaf; and mixed GPU
-generations (A100 and H100 nodes), where the oracle and the ratios use step time, not comm. Jobs are otherwise drawn
+generations (A100 and H100 nodes), where the oracle and the ratios use step time, not comm; GB200
+NVL72 racks with 4 NICs a tray (NVLS switches, half the jobs small frequent DP allreduces of 16-64
+ranks); and a hot spine (other jobs' rates on one spine or on single leaf-spine links, spread as
+ECMP does). Jobs are otherwise drawn
 per scenario from pipeline-heavy, TP-heavy, DP-heavy, MoE and mixed LLM shapes of 8 to 64 GPUs.
 
 The oracle knows nothing of topo: it is simulated annealing over rank -> GPU maps that calls
@@ -253,6 +256,59 @@ def nic_per_node(rng: np.random.Generator) -> Topology:
     return _full("nic-per-node", 1, 1, 800, nodes)
 
 
+# --- GB200 NVL72 racks with 4 NICs a tray, and a hot spine ------------------------------------
+
+
+def gb200_nvl72_4nic(rng: np.random.Generator) -> Topology:
+    """Four GB200 NVL72 racks: 18 trays of 4 GPUs a rack, one NVLink domain (NVL72 switches run
+    NVLS: `Topology.domain_nvls`), 4 x 50 GB/s NICs a tray on 4 rails; 2 rail-optimized units of
+    2 racks, non-blocking uplinks over 4 spines."""
+    return _generated(
+        "gb200-nvl72",
+        shape="rail-optimized",
+        gpu_model="GB200",
+        peak_tflops=2500,
+        spines=4,
+        leaves=8,
+        nodes_per_leaf=36,
+        gpus_per_node=4,
+        nics_per_node=4,
+        nvlink_bw_GBps=900,
+        nvlink_domain_nodes=18,
+        uplink_bw_GBps=450,
+    )
+
+
+def latency_dp_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
+    """A data-parallel job of 16 to 64 ranks whose allreduce is small and frequent (latency-bound:
+    0.1 to 10 MB, 20 to 100 calls a step), the kind one NVLink rack should hold."""
+    dp = int(rng.choice([d for d in (16, 32, 48, 64) if d <= max_gpus]))
+    nbytes, count = float(rng.choice((1e5, 1e6, 1e7))), int(rng.choice((20, 50, 100)))
+    comm = [{"group": "dp", "collective": "allreduce", "bytes": nbytes, "count": count}]
+    return job_spec(f"latency-dp{dp}-{int(nbytes)}B-x{count}", 1, 1, dp, 1, comm)
+
+
+def hot_spine(rng: np.random.Generator) -> Topology:
+    """4 leaves x 4 nodes x 8 GPUs (8 x 50 GB/s NICs) under 4 spines at 200 GB/s a link (2:1)."""
+    return _generated(
+        "hot-spine", shape="leaf-spine", spines=4, leaves=4, nodes_per_leaf=4, uplink_bw_GBps=200
+    )
+
+
+def hot_spine_load(topo: Topology, rng: np.random.Generator) -> dict[str, float]:
+    """Other jobs' rates (GB/s) on one hot spine (half to twice its links' capacity, spread over
+    them by ECMP) or, half the time, on one or two single leaf-spine links (`leaf/spine` keys)."""
+    spines = [s.name for s in topo.switches if s.tier == "spine"]
+    if rng.random() < 0.5:
+        spine = str(rng.choice(spines))
+        capacity = sum(lk.bw_GBps for lk in topo.links if spine in (lk.a, lk.b))
+        return {spine: float(rng.uniform(0.5, 2.0) * capacity)}
+    links = [
+        topo.links[int(i)] for i in rng.choice(len(topo.links), size=int(rng.integers(1, 3)), replace=False)
+    ]
+    return {f"{lk.a}/{lk.b}": float(rng.uniform(0.5, 2.0) * lk.bw_GBps) for lk in links}
+
+
 CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "leafspine-4:1": leafspine(4),
     "leafspine-8:1": leafspine(8),
@@ -271,6 +327,8 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "odd-free": leafspine(4),
     "nic-per-node": nic_per_node,
     "mixed-gens": mixed_generations,
+    "gb200-nvl72-4nic": gb200_nvl72_4nic,
+    "hot-spine": hot_spine,
 }
 
 
@@ -383,6 +441,10 @@ def scenario(cls: str, rng: np.random.Generator):
     if cls == "odd-free" and rng.random() < 0.5:
         return topo, free, None, tp6_job(rng, int(free.sum()))
     load = None
+    if cls == "gb200-nvl72-4nic" and rng.random() < 0.5:
+        return topo, free, None, latency_dp_job(rng, int(free.sum()))
+    if cls == "hot-spine":
+        return topo, free, hot_spine_load(topo, rng), random_job(rng, int(free.sum()))
     if cls == "link-load":
         leaves = rng.choice(topo.leaf_names, size=max(1, len(topo.leaf_names) // 2), replace=False)
         # Other jobs' mean rates (GB/s): a quarter to twice each loaded leaf's uplink capacity.

@@ -228,7 +228,7 @@ class LinkAdmin(ClusterRowAdmin):
 
 @admin.register(NvlinkDomain)
 class NvlinkDomainAdmin(ClusterRowAdmin):
-    list_display = ["name", "cluster", "bw_GBps", "latency_us", "gpu_count"]
+    list_display = ["name", "cluster", "bw_GBps", "latency_us", "nvls", "gpu_count"]
     list_filter = ["cluster"]
     list_select_related = ["cluster"]
     search_fields = ["name", "cluster__name"]

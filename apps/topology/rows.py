@@ -86,7 +86,9 @@ def create_rows(*, cluster: Cluster, topo: Topology) -> None:
     )
     domains = NvlinkDomain.objects.bulk_create(
         [
-            NvlinkDomain(cluster=cluster, name=d.name, bw_GBps=d.bw_GBps, latency_us=d.latency_us)
+            NvlinkDomain(
+                cluster=cluster, name=d.name, bw_GBps=d.bw_GBps, latency_us=d.latency_us, nvls=d.nvls
+            )
             for d in topo.domains.values()
         ]
     )
@@ -170,9 +172,9 @@ def rows_to_spec(*, cluster: Cluster) -> tuple[dict[str, Any], list[tuple[str, s
             }
         )
     domains = {
-        pk: (name, bw, lat)
-        for pk, name, bw, lat in NvlinkDomain.objects.filter(cluster=cluster).values_list(
-            "id", "name", "bw_GBps", "latency_us"
+        pk: (name, bw, lat, nvls)
+        for pk, name, bw, lat, nvls in NvlinkDomain.objects.filter(cluster=cluster).values_list(
+            "id", "name", "bw_GBps", "latency_us", "nvls"
         )
     }
     nics_by_node: dict[int, list[tuple]] = defaultdict(list)
@@ -243,8 +245,10 @@ def _node_entry(p, name, model, leaf_id, dcgm_url, standalone, gpus, nics, domai
         )
     if domain_ids:
         if domain_ids[0] in domains:
-            dname, bw, lat = domains[domain_ids[0]]
+            dname, bw, lat, nvls = domains[domain_ids[0]]
             entry["nvlink"] = {"domain": dname, "bw_GBps": bw, "latency_us": lat}
+            if nvls is not None:
+                entry["nvlink"]["nvls"] = nvls
         else:
             problems.append((f"{p}.nvlink.domain", "the NVLink domain belongs to another cluster"))
     if dcgm_url:

@@ -42,6 +42,7 @@ class _Capacity:
     fit_gpus: np.ndarray  # per domain class: the most free GPUs in one of its domains
     fit_bw: np.ndarray  # per domain class: its NVLink bandwidth (GB/s)
     fit_lat: np.ndarray  # per domain class: its NVLink latency (us)
+    fit_nvls: np.ndarray  # per domain class: its switches' NVLS efficiency, 0 without NVLS
     region_gpus: tuple[int, int, int]  # largest region at nvlink, leaf, spine (free GPUs)
     region_counts: tuple[tuple, tuple, tuple]  # per level: ((free GPUs, regions with that many), ...)
     total_gpus: int  # free GPUs in all
@@ -154,7 +155,7 @@ def _layout(topo: Topology) -> _Layout:
     dom_nic, pair_dom = _pairs(dom_net, ids[net])
     region_leaf, pair_region = _pairs(leaf_region[dom_net], leaf_net)
     classes, dom_class = np.unique(
-        np.stack([topo.domain_bw.astype(float), topo.domain_latency.astype(float)]),
+        np.stack([topo.domain_bw.astype(float), topo.domain_latency.astype(float), topo.domain_nvls]),
         axis=1,
         return_inverse=True,
     )
@@ -165,6 +166,7 @@ def _layout(topo: Topology) -> _Layout:
     constants = {
         "fit_bw": classes[0],
         "fit_lat": classes[1],
+        "fit_nvls": classes[2],
         "uplink_total": float(totals.max()) if totals.size and (totals > 0).all() else math.inf,
         "nic_bw": float(topo.gpu_nic_bw[net].max(initial=0.0)),
         "nic_lat": float(topo.gpu_nic_latency[net].min(initial=math.inf)),

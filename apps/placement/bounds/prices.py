@@ -3,7 +3,8 @@ crossing leaf regions together.
 
 Pricing, and why it is low enough. An entry costs its slowest group. Under the placement's own
 assignment every group of K at `nvlink` sits in one domain holding whole blocks of the nvlink kinds
-(priced over the domains that large: best bandwidth, lowest latency), and some group of K at a
+(priced over the domains that large: best bandwidth, lowest latency, best NVLS efficiency, as NCCL
+runs it there: `costmodel.domain_ms`, which falls as each of the three improves), and some group of K at a
 higher level lies outside every region of the level below: at `leaf` it spans domains (best NIC,
 two NIC latencies); at `spine` it also crosses leaves without being rail-aligned (a rail-aligned
 group's domains share a leaf, so they lie in one leaf region): the best uplink and two uplink
@@ -76,7 +77,15 @@ import math
 
 import numpy as np
 
-from ..costmodel import FLAT_FORMS, HIERARCHICAL_FORMS, alltoall_spanning_ms, p2p_ms, spanning_ms, volume_ms
+from ..costmodel import (
+    FLAT_FORMS,
+    HIERARCHICAL_FORMS,
+    alltoall_spanning_ms,
+    domain_ms,
+    p2p_ms,
+    spanning_ms,
+    volume_ms,
+)
 from ..jobs import GROUP_KINDS, JobSpec
 from ..topology import Topology
 from .capacity import _MEMO_SIZE, _Capacity
@@ -99,9 +108,10 @@ def _network(cap: _Capacity, level: str, nic_bw: float | None = None) -> tuple[f
     return bw, lat
 
 
-def _domain_fit(cap: _Capacity, block: int, group: int) -> tuple[float, float]:
-    """Best bandwidth (GB/s) and lowest latency (us) a group of `group` GPUs reaches inside a
-    block of `block` (free) GPUs of one domain, over the domains with room for the block. On a
+def _domain_fit(cap: _Capacity, block: int, group: int) -> tuple[float, float, float]:
+    """Best bandwidth (GB/s), lowest latency (us) and best NVLS efficiency (0: none) a group of
+    `group` GPUs reaches inside a block of `block` (free) GPUs of one domain, over the domains with
+    room for the block (each the best of any such domain: `domain_ms` only falls as they improve). On a
     node with intra links that is its best `group`-subset, not its best `block`-subset: the group
     pays only its own pairs (two TP pairs of a 4-GPU block may both be faster than the block's
     slowest pair)."""
@@ -112,17 +122,24 @@ def _domain_fit(cap: _Capacity, block: int, group: int) -> tuple[float, float]:
         by_size = cap.fit_bw_by_size
         k = min(group, block)
         bw = by_size[fits, k] if by_size is not None and k < by_size.shape[1] else cap.fit_bw[fits]
-        hit = cap.fits[key] = (float(bw.max()), float(cap.fit_lat[fits].min()))
+        hit = cap.fits[key] = (
+            float(bw.max()),
+            float(cap.fit_lat[fits].min()),
+            float(cap.fit_nvls[fits].max()),
+        )
     return hit
 
 
-def _flat(collective: str, n: int, nbytes: float, bw, lat):
+def _flat(collective: str, n: int, nbytes: float, bw, lat, nvls: float = 0.0):
     """Time (ms) of a collective whose every member pair has at least `bw` GB/s and `lat` us
-    (scalars, or arrays priced element by element)."""
+    (scalars, or arrays priced element by element); inside one domain (`nvls` its switches' NVLS
+    efficiency, 0 without) as NCCL runs it there (`domain_ms`)."""
     if collective == "volume":
         return volume_ms(nbytes, bw)
     if collective == "p2p":
         return p2p_ms(nbytes, bw, lat)
+    if nvls > 0:
+        return domain_ms(collective, n, nbytes, bw, lat, nvls)
     return FLAT_FORMS[collective](n, nbytes, bw, lat)
 
 
@@ -272,8 +289,8 @@ class _Prices:
             if len(cap.prices) > _MEMO_SIZE:
                 cap.prices.clear()
             if level == 0:
-                bw, lat = key[3]
-                hit = [(float(_flat(e.collective, n, e.bytes, bw, lat)), bw)]
+                bw, lat, nvls = key[3]
+                hit = [(float(_flat(e.collective, n, e.bytes, bw, lat, nvls)), bw)]
             elif cap.nic_bw <= 0:
                 # Standalone nodes only: a group that leaves its domain cannot communicate at all.
                 hit = [(math.inf, 0.0)] * 3
@@ -309,7 +326,7 @@ class _Prices:
         for c, free, rate, mult in cap.domain_kinds:
             whole = (free // (n if spanning else block0)) * (n if spanning else block0)
             bw = by_size[c, n] if by_size is not None and n < by_size.shape[1] else cap.fit_bw[c]
-            inside = float(_flat(e.collective, n, e.bytes, bw, lat)) if whole else math.inf
+            inside = float(_flat(e.collective, n, e.bytes, bw, lat, cap.fit_nvls[c])) if whole else math.inf
             apart = math.inf
             if across and rate > 0:
                 # A member there: with another member in its domain the NVLink stage runs at

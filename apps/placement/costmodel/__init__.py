@@ -15,7 +15,10 @@ the placed GPUs' peak TFLOPS * 1e12).
 
 How one group is priced, with B its bottleneck bandwidth (the slowest member pair, the bucket
 effect, `Topology.group_path`) and a its latency:
-- inside one NVLink domain: the flat closed form of its collective over NVLink;
+- inside one NVLink domain: as NCCL runs it (`domain_ms`), the best of the ring's flat closed form
+  over NVLink, the tree (allreduce) and, where the domain's switches support NVLS
+  (`Topology.domain_nvls`: NVSwitch gen 3 in H100/H200 baseboards, NVL72 racks), NVLS at NCCL's
+  published latency and efficiency (`formulas`, NCCL 2.30.7 src/graph/tuning.cc); all-to-all flat;
 - allreduce over several domains: hierarchical. Reduce-scatter inside each domain (the fullest
   domain, k_max members, over the slowest such domain), a ring allreduce between the domains over
   the parallel rails (the fewest NICs any of its domains uses, S/rails per rail, B = the slowest
@@ -48,7 +51,8 @@ uplinks (to the spines), on that leaf while the entry runs:
 Each flow offers the rate its path allows unshared (volume: the group's bottleneck; the others: the
 network path capped by its NIC's share among the kind's groups). A leaf's uplinks
 (`Topology.leaf_uplink_total_bw`, C GB/s) are shared in proportion to the rates offered on them:
-other jobs' mean rates L (`link_load[leaf]`, GB/s) plus this entry's D, each flow getting its
+other jobs' mean rates L (`link_load`, GB/s: per leaf, plus the hottest of its uplinks when
+spines or single links are named, `linkload`) plus this entry's D, each flow getting its
 offered rate times min(1, C / (L + D)), the least such factor over the leaves (and pods' core
 links, the same way) it spans. So a light job sharing an uplink with a heavy one takes little of it.
 `Prediction.flows` is this job's mean offered rate per leaf (GB/s, and per pod's core links on
@@ -59,9 +63,14 @@ its bytes) summed over its entries, over the step (max(step_ms, comm_ms)), to ad
 from .formulas import (
     FLAT_FORMS,
     HIERARCHICAL_FORMS,
+    NVLS_COLLECTIVES,
+    NVLS_EFFICIENCY_BLACKWELL,
+    NVLS_EFFICIENCY_HOPPER,
+    NVLS_LATENCY_US,
     allgather_ms,
     alltoall_ms,
     alltoall_spanning_ms,
+    domain_ms,
     entry_exposed_ms,
     exposed_ms,
     hierarchical_allgather_ms,
@@ -69,6 +78,7 @@ from .formulas import (
     hierarchical_reducescatter_ms,
     mfu,
     most_hidden_share,
+    nvls_ms,
     p2p_ms,
     pipeline_compute_ms,
     pipelined_ms,
@@ -76,14 +86,23 @@ from .formulas import (
     ring_allreduce_ms,
     spanning_ms,
     step_ms,
+    tree_allreduce_ms,
     volume_ms,
 )
+from .linkload import load_array
 from .paths import KindStats, kind_stats, pair_paths
-from .prediction import GroupCost, Prediction, check_gids, evaluate, load_array
+from .prediction import GroupCost, Prediction, check_gids, evaluate
 
 __all__ = [
     "FLAT_FORMS",
     "HIERARCHICAL_FORMS",
+    "NVLS_COLLECTIVES",
+    "NVLS_EFFICIENCY_BLACKWELL",
+    "NVLS_EFFICIENCY_HOPPER",
+    "NVLS_LATENCY_US",
+    "domain_ms",
+    "nvls_ms",
+    "tree_allreduce_ms",
     "GroupCost",
     "KindStats",
     "Prediction",

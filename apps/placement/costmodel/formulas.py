@@ -192,6 +192,66 @@ FLAT_FORMS = {
 }
 
 
+# NCCL's tuning model for collectives inside one NVLink domain: NCCL 2.30.7, src/graph/tuning.cc
+# (github.com/NVIDIA/nccl at 5067397), `ncclTopoTuneModel` and its default tuner constants.
+# NVLS (NVLink SHARP, the switch reduces and multicasts): latency hwLatencies[NVLINK][NVLS][SIMPLE]
+# = 25 us, flat in the rank count (baseLatencies[NVLS] = 0, and NCCL sets rather than adds it);
+# bandwidth bwIntra * nvlsEfficiency (Hopper 0.85, Blackwell 0.74), doubled for allreduce ("pipelines
+# two operations") and times (ppn-1)/ppn for allgather and reduce-scatter, capped at the graph's
+# bwInter (= bwIntra on one node). Tree allreduce: busBw * 0.92, bus-to-algorithm ratio 0.5, and
+# 2(n-1) intra-node latency steps like the ring's.
+NVLS_LATENCY_US = 25.0
+NVLS_EFFICIENCY_HOPPER = 0.85
+NVLS_EFFICIENCY_BLACKWELL = 0.74
+TREE_BUS_FACTOR = 0.92
+
+
+def nvls_ms(collective, n, bytes, bw_GBps, efficiency):
+    """NVLS (NVLink SHARP) allreduce, allgather or reduce-scatter of `bytes` per rank over n ranks
+    of one domain whose switches reduce at `efficiency` (NCCL's nvlsEfficiency; 0: no NVLS, inf
+    time), in ms. Allreduce: 25 us + 2(n-1)/n·S/(B·min(1, 2e)); allgather and reduce-scatter:
+    25 us + S/(B·min(1, e·(n-1)/n)) (NCCL prices them at bus bandwidth, with no ring ratio). The
+    channel factor (nChannels-1)/nChannels (15/16 or more) is left out, so this is never slower
+    than NCCL's own estimate."""
+    n = np.asarray(n, dtype=float)
+    eff = np.asarray(efficiency, dtype=float)
+    part = (n - 1) / np.maximum(n, 1.0)
+    if collective == "allreduce":
+        t = NVLS_LATENCY_US / 1e3 + 2 * part * _ms(bytes, np.multiply(bw_GBps, np.minimum(1.0, 2 * eff)))
+    else:
+        t = NVLS_LATENCY_US / 1e3 + _ms(bytes, np.multiply(bw_GBps, np.minimum(1.0, eff * part)))
+    return _out(np.where(n > 1, np.where(eff > 0, t, np.inf), 0.0))
+
+
+def tree_allreduce_ms(n, bytes, bw_GBps, latency_us):
+    """NCCL's tree allreduce inside one domain (a chain there), in ms: 2(n-1)·a + S/(0.5·0.92·B).
+    Its latency steps are the ring's and its rate under half, so the ring never loses to it inside a
+    domain (NCCL's tuner agrees); kept so that `domain_ms` is the best of what NCCL runs."""
+    n = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = 2 * (n - 1) * np.asarray(latency_us) / 1e3 + _ms(
+            bytes, np.multiply(bw_GBps, 0.5 * TREE_BUS_FACTOR)
+        )
+    return _out(np.where(n > 1, t, 0.0))
+
+
+def domain_ms(collective, n, bytes, bw_GBps, latency_us, nvls=0.0):
+    """A collective of n ranks inside one NVLink domain, in ms, as NCCL runs it: the best of the
+    ring (`FLAT_FORMS`), the tree (allreduce) and, where the domain's switches support NVLS
+    (`nvls` > 0: their efficiency), NVLS (allreduce, allgather, reduce-scatter). All-to-all is
+    the flat form alone. Monotone: slower with latency, faster with bandwidth and efficiency.
+    The tree is not computed: inside a domain it has the ring's 2(n-1) latency steps and moves
+    S/(0.46 B) against the ring's 2(n-1)/n S/B < 2 S/B, so it is never the best
+    (`tree_allreduce_ms`; the formulas' tests check it)."""
+    t = FLAT_FORMS[collective](n, bytes, bw_GBps, latency_us)
+    if collective in NVLS_COLLECTIVES and np.any(np.asarray(nvls) > 0):
+        t = np.minimum(t, nvls_ms(collective, n, bytes, bw_GBps, nvls))
+    return _out(t)
+
+
+NVLS_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+
+
 def step_ms(compute_ms: float, overlap: float, comm_ms: float) -> float:
     """Step time in ms: compute_ms + (1 - overlap) * comm_ms."""
     return compute_ms + (1.0 - overlap) * comm_ms

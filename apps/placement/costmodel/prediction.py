@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,7 +14,9 @@ from ..topology import LEVELS, Topology
 from .formulas import (
     FLAT_FORMS,
     HIERARCHICAL_FORMS,
+    NVLS_COLLECTIVES,
     alltoall_spanning_ms,
+    domain_ms,
     exposed_ms,
     mfu,
     p2p_ms,
@@ -23,11 +24,11 @@ from .formulas import (
     spanning_ms,
     volume_ms,
 )
+from .linkload import core_flow_names, fabric_links, load_array
 from .paths import KindStats, kind_stats, nic_ids, nic_sharing, pair_paths, pod_core_total
 from .speed import placed
 
 RING_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
-_SPINE_PODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,41 +58,6 @@ class Prediction:
     # Every group's time summed over the comm entries (count included), ms: an entry costs its
     # slowest group, so this is what moves one of several slow groups for the better.
     group_ms: float = 0.0
-
-
-def load_array(topo: Topology, link_load: Mapping[str, float] | np.ndarray | None) -> np.ndarray:
-    """`link_load` as one array: other jobs' rates (GB/s) on each leaf's uplinks (keyed by leaf
-    name), then on each pod's links to the cores (keyed by the name of a spine with core links,
-    summed over the pod's spines). An array passes through: one value per leaf, optionally then one per pod."""
-    n_leaves, n_pods = len(topo.leaf_names), len(topo.pod_core_bw)
-    out = np.zeros(n_leaves + n_pods)
-    if link_load is None:
-        return out
-    if isinstance(link_load, np.ndarray):
-        if link_load.shape == (n_leaves,):
-            out[:n_leaves] = link_load
-            return out
-        if link_load.shape != out.shape:
-            raise ValueError(
-                f"link_load: expected {n_leaves} values (one per leaf) or {out.size} (then one per pod), "
-                f"got {link_load.shape}"
-            )
-        return link_load.astype(float)
-    index = topo.leaf_by_name
-    pods = spine_pods(topo)
-    for name, flows in link_load.items():
-        if name in index:
-            at = index[name]
-        elif name in pods:
-            at = n_leaves + pods[name]
-        else:
-            raise ValueError(
-                f"link_load: unknown leaf {name!r} (keys name leaves, or spines with core links)"
-            )
-        if not flows >= 0:
-            raise ValueError(f"link_load[{name!r}]: rates (GB/s) must be non-negative, got {flows!r}")
-        out[at] += flows
-    return out
 
 
 def check_gids(topo: Topology, job: JobSpec, gids) -> np.ndarray:
@@ -167,7 +133,7 @@ def evaluate(
         mfu=mfu(job.flops_per_step, step, peak),
         groups=groups,
         flows={topology.leaf_names[i]: float(flows[i]) for i in np.flatnonzero(flows)}
-        | _core_flow_names(topology, core_flows),
+        | core_flow_names(topology, core_flows),
         entry_ms=tuple(entry_ms),
         group_ms=group_ms,
     )
@@ -182,36 +148,9 @@ def _factor(total: np.ndarray, other: np.ndarray, offered: np.ndarray) -> np.nda
         return np.where((offered > 0) & (total > 0) & (demand > total), total / demand, 1.0)
 
 
-def spine_pods(topo: Topology) -> dict[str, int]:
+def spine_pods(topo: Topology) -> Mapping[str, int]:
     """Each spine with links to core switches -> its pod (the key of its core links' load)."""
-    cached = _SPINE_PODS.get(topo)
-    if cached is None:
-        tier = {sw.name: sw.tier for sw in topo.switches}
-        spine_pod: dict[str, int] = {}
-        for lk in topo.links:
-            for leaf, spine in ((lk.a, lk.b), (lk.b, lk.a)):
-                if tier.get(leaf) == "leaf" and tier.get(spine) == "spine" and leaf in topo.leaf_by_name:
-                    spine_pod[spine] = int(topo.leaf_pod[topo.leaf_by_name[leaf]])
-        cored = {s for lk in topo.links for s, c in ((lk.a, lk.b), (lk.b, lk.a)) if tier.get(c) == "core"}
-        cached = {s: p for s, p in sorted(spine_pod.items()) if s in cored}
-        _SPINE_PODS[topo] = cached
-    return cached
-
-
-def _core_flow_names(topo: Topology, core_flows: np.ndarray) -> dict[str, float]:
-    """This job's rates on each pod's core links, spread evenly over the pod's core-linked spines
-    (so that adding them to `link_load` puts them back on the pod)."""
-    if not core_flows.any():
-        return {}
-    by_pod: dict[int, list[str]] = {}
-    for spine, pod in spine_pods(topo).items():
-        by_pod.setdefault(pod, []).append(spine)
-    out: dict[str, float] = {}
-    for pod in np.flatnonzero(core_flows):
-        spines = by_pod.get(int(pod), [])
-        for spine in spines:
-            out[spine] = float(core_flows[pod]) / len(spines)
-    return out
+    return fabric_links(topo).spine_pod
 
 
 def _spread(links: np.ndarray, rings: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -303,7 +242,12 @@ def _entry(
     # Groups of one kind that cross the same NIC at once share its rate.
     share = np.minimum(share, st.nic_share)
     eff_bw = np.minimum(st.path_bw, share)
-    t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
+    if collective in NVLS_COLLECTIVES and topo.any_nvls:
+        # Groups inside one domain run as NCCL would there: ring, tree or NVLS (`domain_ms`).
+        nvls = np.where(st.spans, 0.0, topo.domain_nvls[topo.gpu_domain[st.members[:, 0]]])
+        t = np.array(domain_ms(collective, n, nbytes, eff_bw, st.path_lat, nvls), dtype=float, ndmin=1)
+    else:
+        t = np.array(FLAT_FORMS[collective](n, nbytes, eff_bw, st.path_lat), dtype=float, ndmin=1)
     t = np.broadcast_to(t, eff_bw.shape).copy()
     if collective == "alltoall" and st.spans.any():
         sp = st.spans

@@ -252,6 +252,8 @@ def _one_best_domain(
     bw, lat = topology.domain_bw, topology.domain_latency
     if bw[domain] < bw[room].max() or lat[domain] > lat[room].min():
         return None
+    if topology.domain_nvls[domain] < topology.domain_nvls[room].max():
+        return None
     if topology.gpu_nic_bw.size and bw[domain] < float(topology.gpu_nic_bw.max()):
         return None
     return next(candidate_mappings(idx, job, gset))

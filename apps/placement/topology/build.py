@@ -152,7 +152,10 @@ def _build(name, gpu_models, switches, links, nodes, domains, errs) -> Topology:
         switches=tuple(switches),
         links=tuple(links),
         nodes=tuple(nodes),
-        domains={d: NvlinkDomain(d, v["bw"], v["lat"], tuple(v["nodes"])) for d, v in domains.items()},
+        domains={
+            d: NvlinkDomain(d, v["bw"], v["lat"], tuple(v["nodes"]), v.get("nvls"))
+            for d, v in domains.items()
+        },
         gpu_node=gpu_node,
         gpu_index=gpu_index,
         gpu_domain=gpu_domain,

@@ -46,6 +46,7 @@ _GEN_OPTIONAL = {
     "nic_latency_us",
     "uplink_latency_us",
     "core_uplink_latency_us",
+    "nvls",
 }
 
 
@@ -83,6 +84,10 @@ def generate_spec(name: str, gen: Any) -> dict:
         maximum=MAX_NVLINK_DOMAIN_NODES,
     )
     nvlat = _latency(errs, "generate.nvlink_latency_us", gen.get("nvlink_latency_us", 2.0))
+    nvls = gen.get("nvls")
+    if nvls is not None and not isinstance(nvls, bool):
+        errs.add("generate.nvls", f"must be true or false, got {nvls!r}"[:200])
+        nvls = None
     niclat = _latency(errs, "generate.nic_latency_us", gen.get("nic_latency_us", 1.5))
     uplat = _latency(errs, "generate.uplink_latency_us", gen.get("uplink_latency_us", 1.0))
     corelat = _latency(errs, "generate.core_uplink_latency_us", gen.get("core_uplink_latency_us", 1.0))
@@ -146,7 +151,8 @@ def generate_spec(name: str, gen: Any) -> dict:
                             "domain": f"node-{first:0{width}d}",
                             "bw_GBps": nvbw,
                             "latency_us": nvlat,
-                        },
+                        }
+                        | ({} if nvls is None else {"nvls": nvls}),
                         "nics": nic_list,
                     }
                 )

@@ -20,6 +20,8 @@ def topology_to_spec(topo: Topology) -> dict:
             "gpus": n.gpus,
             "nvlink": {"domain": d.name, "bw_GBps": d.bw_GBps, "latency_us": d.latency_us},
         }
+        if d.nvls is not None:
+            entry["nvlink"]["nvls"] = d.nvls
         if n.dcgm_url:
             entry["dcgm_url"] = n.dcgm_url
         if n.standalone:

@@ -7,6 +7,7 @@ after an O(GPUs) index.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -53,6 +54,34 @@ class GpuModel:
         return self.peak_tflops if self.speed is None else self.speed
 
 
+# GPU families whose baseboards or racks switch NVLink with NVLS-capable NVSwitches (gen 3 on
+# Hopper HGX boards, gen 4 in Blackwell's NVL racks and HGX boards).
+_HOPPER = re.compile(r"(?<![0-9])H(100|200|800|20)(?![0-9])")
+_BLACKWELL = re.compile(r"(?<![0-9])B(100|200|300)(?![0-9])")
+# Fewest GPUs on one NVSwitch fabric: HGX boards of 4 join their GPUs directly, with no switch.
+NVLS_MIN_GPUS = 8
+
+
+def nvls_efficiency(models) -> float:
+    """NCCL's nvlsEfficiency for a domain of these GPU models: Blackwell's (0.74) when any is a
+    Blackwell, else Hopper's (0.85); NCCL 2.30.7 src/graph/tuning.cc."""
+    if any(_BLACKWELL.search(m.upper()) for m in models):
+        return 0.74
+    return 0.85
+
+
+def nvls_default(models, gpus: int, intra: bool) -> bool:
+    """Whether a domain the spec says nothing about runs NVLS: every GPU a Hopper (H100, H200, H800,
+    H20) or Blackwell (B100, B200, B300, GB200, GB300) not on PCIe, at least NVLS_MIN_GPUS of them
+    on one NVSwitch fabric, and no node priced by pair links (`Node.intra`: not a switch)."""
+    if intra or gpus < NVLS_MIN_GPUS or not models:
+        return False
+    names = [m.upper() for m in models]
+    return all(
+        "PCIE" not in m and (_HOPPER.search(m) is not None or _BLACKWELL.search(m) is not None) for m in names
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Switch:
     name: str
@@ -82,6 +111,8 @@ class NvlinkDomain:
     bw_GBps: float
     latency_us: float
     nodes: tuple[str, ...]
+    # Whether its switches run NVLS (NVLink SHARP); None: the spec is silent (`nvls_default`).
+    nvls: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +174,26 @@ class Topology:
     node_rate: np.ndarray = field(repr=False)  # the node's GPU model's `GpuModel.rate`
     # Nodes with intra-node links (`Node.intra`) by node index; their domain is theirs alone.
     node_intra: Mapping[int, IntraLinks] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def domain_nvls(self) -> np.ndarray:
+        """Per domain: the NVLS efficiency of its switches (NCCL's nvlsEfficiency), 0 where they do
+        not run NVLS. The spec's `nvlink.nvls` when given, else `nvls_default`."""
+        out = np.zeros(len(self.domain_names))
+        intra_domains = {int(self.node_domain[i]) for i in self.node_intra}
+        for d, name in enumerate(self.domain_names):
+            dom = self.domains[name]
+            members = [self.nodes[self.node_by_name[n]] for n in dom.nodes]
+            models = {n.gpu_model for n in members}
+            gpus = sum(n.gpus for n in members)
+            on = dom.nvls if dom.nvls is not None else nvls_default(models, gpus, d in intra_domains)
+            out[d] = nvls_efficiency(models) if on else 0.0
+        return out
+
+    @cached_property
+    def any_nvls(self) -> bool:
+        """Whether some domain's switches run NVLS (`domain_nvls`)."""
+        return bool(self.domain_nvls.any())
 
     @property
     def n_gpus(self) -> int:

@@ -194,16 +194,27 @@ def _load_node(errs, p, n, gpu_models, tier_of, domains) -> Node | None:
         dcgm = None
     nv = n["nvlink"]
     domain = nname
-    if _check_keys(errs, f"{p}.nvlink", nv, {"domain", "bw_GBps", "latency_us"}):
+    if _check_keys(errs, f"{p}.nvlink", nv, {"domain", "bw_GBps", "latency_us"}, {"nvls"}):
         domain = _name(errs, f"{p}.nvlink.domain", nv["domain"])
         bw = _bw(errs, f"{p}.nvlink.bw_GBps", nv["bw_GBps"])
         lat = _latency(errs, f"{p}.nvlink.latency_us", nv["latency_us"])
-        d = domains.setdefault(domain, {"bw": bw, "lat": lat, "nodes": []})
+        nvls = nv.get("nvls")
+        if nvls is not None and not isinstance(nvls, bool):
+            errs.add(f"{p}.nvlink.nvls", f"must be true or false, got {cut(nvls)}")
+            nvls = None
+        d = domains.setdefault(domain, {"bw": bw, "lat": lat, "nodes": [], "nvls": nvls})
         if (d["bw"], d["lat"]) != (bw, lat):
             errs.add(
                 f"{p}.nvlink",
                 f"domain {domain!r} already has bw_GBps {d['bw']} and latency_us {d['lat']}; a domain's GPUs share one value",
             )
+        elif nvls is not None and d["nvls"] not in (None, nvls):
+            errs.add(
+                f"{p}.nvlink.nvls",
+                f"domain {domain!r} already has nvls {d['nvls']}; a domain's nodes share one value",
+            )
+        elif nvls is not None:
+            d["nvls"] = nvls
         d["nodes"].append(nname)
     nics: list[Nic] = []
     served: dict[int, str] = {}

@@ -36,6 +36,10 @@ class NvlinkSchema(serializers.Serializer):
     domain = serializers.CharField()
     bw_GBps = serializers.FloatField(min_value=0)
     latency_us = serializers.FloatField(min_value=0)
+    nvls = serializers.BooleanField(
+        required=False,
+        help_text="whether the domain's switches run NVLS (NVLink SHARP); default from the GPU model",
+    )
 
 
 class NicSchema(serializers.Serializer):
@@ -87,6 +91,7 @@ class GenerateSchema(serializers.Serializer):
     nic_latency_us = serializers.FloatField(min_value=0, required=False)
     uplink_latency_us = serializers.FloatField(min_value=0, required=False)
     core_uplink_latency_us = serializers.FloatField(min_value=0, required=False)
+    nvls = serializers.BooleanField(required=False)
 
 
 class TopologySpecGenerateSchema(serializers.Serializer):

@@ -33,6 +33,12 @@ class NvlinkDomain(ClusterRow):
     name = models.CharField(max_length=NAME_MAX_LENGTH, validators=[validate_name])
     bw_GBps = models.FloatField("bandwidth per GPU (GB/s)", validators=[validate_bw_GBps])
     latency_us = models.FloatField("latency (us)", validators=[validate_latency_us])
+    nvls = models.BooleanField(
+        "NVLS",
+        null=True,
+        blank=True,
+        help_text="Whether its switches run NVLS (NVLink SHARP); unset: from the GPU model (H100/H200, NVL72 yes).",
+    )
 
     class Meta:
         ordering = ["cluster_id", "id"]

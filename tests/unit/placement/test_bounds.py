@@ -15,15 +15,16 @@ from hypothesis import strategies as st
 from apps.placement.__main__ import main
 from apps.placement.bounds import _capacity, _most_cells, gap, lower_bound, region_gpus, smallest_level
 from apps.placement.costmodel import (
+    NVLS_EFFICIENCY_HOPPER,
     alltoall_spanning_ms,
+    domain_ms,
     evaluate,
     p2p_ms,
-    ring_allreduce_ms,
     spanning_ms,
 )
 from apps.placement.jobs import COLLECTIVES, GROUP_KINDS
 from apps.placement.solvers import POLICIES, Placement, place
-from apps.placement.topology import load_topology, load_topology_file
+from apps.placement.topology import load_topology, load_topology_file, topology_to_spec
 from tests.unit.placement.specs import generated, job
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -121,7 +122,7 @@ def test_tp_pp_and_dp_cannot_all_stay_on_nvlink_when_their_block_exceeds_a_domai
     # Each node holds one whole TP group, so a DP group has one member per node: 4 domains over
     # one rail and no NVLink stage; PP hops cross one NIC pair.
     expected = (
-        160 * ring_allreduce_ms(8, 4.2e7, 450, 2.0)
+        160 * domain_ms("allreduce", 8, 4.2e7, 450, 2.0, NVLS_EFFICIENCY_HOPPER)
         + 16 * p2p_ms(4.2e7, 50, 3.0)
         + spanning_ms("allreduce", 4, 1, 4, 8.1e8, math.inf, 0.0, 50, 3.0, 1)
     )
@@ -248,6 +249,14 @@ def clusters(hetero, pods, rail, case44):
         generated(nvlink_domain_nodes=2, nodes_per_leaf=4, nics_per_node=2, uplink_bw_GBps=30)
     )
     rail3 = load_topology(generated("rail-optimized", leaves=4, nodes_per_leaf=3, nics_per_node=2))
+    # Racks of 8 H100s whose switches run NVLS (the default), and the same with NVLS off on half
+    # of them: in-domain groups priced at the best of ring, tree and NVLS.
+    nvls = load_topology(
+        generated(nvlink_domain_nodes=2, nodes_per_leaf=4, nics_per_node=2, gpu_model="H100-SXM5-80GB")
+    )
+    half = topology_to_spec(nvls)
+    for node in half["nodes"][: len(half["nodes"]) // 2]:
+        node["nvlink"]["nvls"] = False
     return {
         "hetero": hetero,
         "pods": pods,
@@ -256,6 +265,8 @@ def clusters(hetero, pods, rail, case44):
         "shared_nic": shared_nic,
         "nvl": nvl,
         "rail3": rail3,
+        "nvls": nvls,
+        "nvls_half": load_topology(half),
     }
 
 

@@ -29,8 +29,12 @@ def measured() -> dict[str, dict]:
         return {row["id"]: row for row in csv.DictReader(f)}
 
 
-def cluster(nodes: int, gpus: int, nvlink_GBps: float, nic_GBps: float, nics: int):
-    """Leaf-spine at line rates: `nodes` nodes of `gpus` GPUs and `nics` NICs, non-blocking uplinks."""
+def cluster(
+    nodes: int, gpus: int, nvlink_GBps: float, nic_GBps: float, nics: int, gpu_model: str = "H100-SXM5-80GB"
+):
+    """Leaf-spine at line rates: `nodes` nodes of `gpus` `gpu_model` GPUs and `nics` NICs,
+    non-blocking uplinks. The model decides NVLS (`Topology.domain_nvls`): H100 boards of 8 run
+    it, A100 and A800 boards (NVSwitch gen 2) do not."""
     per_leaf = 32
     leaves = -(-nodes // per_leaf)
     return load_topology(
@@ -43,7 +47,7 @@ def cluster(nodes: int, gpus: int, nvlink_GBps: float, nic_GBps: float, nics: in
                 "leaves": leaves,
                 "nodes_per_leaf": min(nodes, per_leaf),
                 "gpus_per_node": gpus,
-                "gpu_model": "H100",
+                "gpu_model": gpu_model,
                 "peak_tflops": 989,
                 "nvlink_bw_GBps": nvlink_GBps,
                 "nic_bw_GBps": nic_GBps,
@@ -82,7 +86,7 @@ SCENARIOS = [
     ("C13", dict(nodes=1, gpus=8, **H100), "p2p", 2, 1e9, "pp", NVLINK_TOLERANCE),
     (
         "C15b",
-        dict(nodes=1, gpus=8, nvlink_GBps=200, nic_GBps=25, nics=8),
+        dict(nodes=1, gpus=8, nvlink_GBps=200, nic_GBps=25, nics=8, gpu_model="A800-SXM4-80GB"),
         "allreduce",
         8,
         1e9,
@@ -91,7 +95,7 @@ SCENARIOS = [
     ),
     (
         "C14",
-        dict(nodes=2, gpus=8, nvlink_GBps=300, nic_GBps=25, nics=8),
+        dict(nodes=2, gpus=8, nvlink_GBps=300, nic_GBps=25, nics=8, gpu_model="A100-SXM4-80GB"),
         "allreduce",
         16,
         1e9,

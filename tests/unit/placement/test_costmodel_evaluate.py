@@ -14,11 +14,12 @@ from apps.placement.costmodel import (
     evaluate,
     hierarchical_allreduce_ms,
     kind_stats,
+    nvls_ms,
     p2p_ms,
     ring_allreduce_ms,
     volume_ms,
 )
-from apps.placement.topology import LEVELS
+from apps.placement.topology import LEVELS, load_topology, topology_to_spec
 from tests.unit.placement.specs import job
 
 # The seed's first mapping: ranks 0-3 on A 0-3, 4-7 on B 0-3, 8-11 on A 4-7, 12-15 on B 4-7.
@@ -84,8 +85,21 @@ def test_hierarchical_rails_are_the_fewest_nics_of_any_domain(hetero):
     assert p.groups[0].level == "spine" and p.groups[0].bottleneck_GBps == 30.0
 
 
-def test_allreduce_inside_one_domain_is_a_flat_ring(pod256):
+def test_allreduce_inside_one_h100_domain_is_the_best_of_ring_and_nvls(pod256):
+    # H100 SXM nodes of 8 run NVLS by default: 25 us flat against the ring's 14 x 2 us.
     p = evaluate(pod256, job(8, comm=[("dp", "allreduce", 1e9)]), list(range(8, 16)))
+    ring = ring_allreduce_ms(8, 1e9, 450, 2.0)
+    assert p.comm_ms == pytest.approx(nvls_ms("allreduce", 8, 1e9, 450, 0.85)) and p.comm_ms < ring
+    small = evaluate(pod256, job(8, comm=[("dp", "allreduce", 1e3)]), list(range(8, 16)))
+    assert small.comm_ms == pytest.approx(0.025 + 2 * 7 / 8 * 1e3 / 450e6)
+
+
+def test_allreduce_inside_a_domain_without_nvls_is_a_flat_ring(pod256):
+    spec = topology_to_spec(pod256)
+    for n in spec["nodes"]:
+        n["nvlink"]["nvls"] = False
+    topo = load_topology(spec)
+    p = evaluate(topo, job(8, comm=[("dp", "allreduce", 1e9)]), list(range(8, 16)))
     assert p.comm_ms == pytest.approx(ring_allreduce_ms(8, 1e9, 450, 2.0))
 
 
@@ -147,7 +161,7 @@ def test_mfu_uses_the_placed_gpus_peak(hetero):
         ([0, 1, 2], None, "has 4 ranks, got 3 GPUs"),
         ([0, 1, 2, 2], None, "more than one rank"),
         ([0, 1, 2, 99], None, "must lie in 0..15"),
-        ([0, 1, 2, 3], {"leaf-9": 1}, "unknown leaf 'leaf-9'"),
+        ([0, 1, 2, 3], {"leaf-9": 1}, "link_load: unknown switch 'leaf-9'"),
         ([0, 1, 2, 3], {"leaf-1": -1}, "must be non-negative"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -83,3 +84,31 @@ def test_mfu_is_flops_over_step_seconds_times_total_peak():
     assert mfu(2.6e14, 102.6667, 16 * 312) == pytest.approx(2.6e14 / (0.1026667 * 16 * 312e12), rel=1e-6)
     assert mfu(None, 100.0, 312) is None
     assert mfu(1e12, math.inf, 312) == 0.0
+
+
+def test_nvls_costs_25_us_flat_in_the_rank_count_and_the_domain_takes_the_best_algorithm():
+    from apps.placement.costmodel import domain_ms, nvls_ms, tree_allreduce_ms
+
+    # NCCL 2.30.7 tuning.cc: NVLS latency 25 us whatever n; allreduce at the NVLink rate.
+    for n in (4, 8, 32, 72):
+        assert nvls_ms("allreduce", n, 0, 900, 0.74) == pytest.approx(0.025)
+    assert nvls_ms("allreduce", 8, 1e9, 450, 0.85) == pytest.approx(0.025 + 2 * 7 / 8 * 1e9 / 450e6)
+    # Allgather at bus rate B x e x (n-1)/n; no NVLS (e = 0): never chosen.
+    assert nvls_ms("allgather", 8, 1e9, 450, 0.85) == pytest.approx(0.025 + 1e9 / (450e6 * 0.85 * 7 / 8))
+    assert math.isinf(nvls_ms("allreduce", 8, 1e6, 450, 0.0))
+    # A 32-rank allreduce of 1 MB in a 900 GB/s rack: ring 62 x 2 us, NVLS 25 us.
+    ring = ring_allreduce_ms(32, 1e6, 900, 2.0)
+    assert domain_ms("allreduce", 32, 1e6, 900, 2.0, 0.74) == pytest.approx(
+        nvls_ms("allreduce", 32, 1e6, 900, 0.74)
+    )
+    assert domain_ms("allreduce", 32, 1e6, 900, 2.0, 0.0) == pytest.approx(ring)
+    # Small rings beat NVLS on latency (4 ranks: 6 x 2 us); the tree never beats the ring in a domain.
+    assert domain_ms("allreduce", 4, 1e3, 450, 2.0, 0.85) == pytest.approx(
+        ring_allreduce_ms(4, 1e3, 450, 2.0)
+    )
+    for n, s, b, a in itertools.product((2, 8, 72), (0, 1e3, 1e9), (50, 900), (0.5, 3)):
+        assert tree_allreduce_ms(n, s, b, a) >= ring_allreduce_ms(n, s, b, a)
+    # Alltoall has no NVLS form; arrays price element by element.
+    assert domain_ms("alltoall", 8, 1e6, 450, 2.0, 0.85) == pytest.approx(alltoall_ms(8, 1e6, 450, 2.0))
+    both = domain_ms("allreduce", 32, 1e6, 900, 2.0, np.array([0.0, 0.74]))
+    assert both.tolist() == pytest.approx([ring, nvls_ms("allreduce", 32, 1e6, 900, 0.74)])

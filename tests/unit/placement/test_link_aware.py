@@ -8,14 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apps.placement.bounds import lower_bound
-from apps.placement.costmodel import evaluate, ring_allreduce_ms
+from apps.placement.costmodel import evaluate, load_array, ring_allreduce_ms
 from apps.placement.costmodel.prediction import spine_pods
 from apps.placement.groups import group_arrays
 from apps.placement.jobs import job_to_spec, load_job
 from apps.placement.solvers import Placement, place
 from apps.placement.solvers.mapping import traffic_nesting
 from apps.placement.solvers.search import search
-from apps.placement.topology import SpecError, load_topology
+from apps.placement.topology import SpecError, load_topology, topology_to_spec
+from tests.unit.placement.specs import generated
 
 
 def node(name: str, nics: int, leaf: str = "leaf-1", gpus: int = 8, nic_bw: float = 50.0) -> dict:
@@ -320,8 +321,68 @@ def test_other_jobs_core_flows_share_the_pods_core_links_like_uplinks():
     assert beside.comm_ms == pytest.approx(1e9 / (1250 / (other + 100) * 1e6), rel=1e-3)
 
 
-def test_link_load_names_leaves_or_core_linked_spines():
+def test_link_load_names_any_switch_link_and_refuses_other_keys():
     topo = _two_pods_through_thin_cores()
+    # Leaves 800 GB/s of uplinks (2 x 400), pods 50 GB/s of core links (2 spines x 25).
+    assert load_array(topo, {"leaf-1": 10}).tolist() == [10, 0, 0, 0, 0, 0]
+    # One uplink named: priced as if the leaf's whole uplinks were that hot (x C / c).
+    assert load_array(topo, {"leaf-1/spine-1": 10}).tolist() == [20, 0, 0, 0, 0, 0]
+    assert load_array(topo, {"spine-1/leaf-1": 10}).tolist() == [20, 0, 0, 0, 0, 0]
+    # A core-linked spine names its core links; a core spreads over its four spine links.
+    assert load_array(topo, {"spine-1": 5}).tolist() == [0, 0, 0, 0, 10, 0]
+    assert load_array(topo, {"core-1": 10}).tolist() == [0, 0, 0, 0, 5, 5]
+    assert load_array(topo, {"spine-3/core-1": 5}).tolist() == [0, 0, 0, 0, 0, 10]
+    # Spread over every link in proportion to their rates, it prices as the pooled load.
+    even = {f"leaf-{i}/spine-{s}": 5.0 for i, s in ((1, 1), (1, 2), (2, 1), (2, 2))}
+    assert load_array(topo, even).tolist() == [10, 10, 0, 0, 0, 0]
     j = job(tp=4, dp=2, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
-    with pytest.raises(ValueError, match="unknown leaf 'core-1'"):
-        evaluate(topo, j, list(range(8)), {"core-1": 1.0})
+    for bad, message in (
+        ({"leaf-9": 1.0}, "link_load: unknown switch 'leaf-9'"),
+        ({"leaf-1/leaf-2": 1.0}, "link_load: no link joins switches 'leaf-1' and 'leaf-2'"),
+        ({"leaf-1/spine-3": 1.0}, "link_load: no link joins switches 'leaf-1' and 'spine-3'"),
+        ({"a/b/c": 1.0}, "link_load: unknown switch 'a/b/c'"),
+        ({"spine-1": -1.0}, r"link_load\['spine-1'\]: rates \(GB/s\) must be non-negative"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            evaluate(topo, j, list(range(8)), bad)
+
+
+def _two_spine_groups(**gen):
+    # 4 leaves of one 8-GPU node (8 NICs of 50 GB/s), 3 spines, 100 GB/s a link: leaves 1-2 reach
+    # spines 1 and 2, leaves 3-4 spines 2 and 3 (one pod through spine 2).
+    spec = topology_to_spec(
+        load_topology(
+            generated(
+                spines=3,
+                leaves=4,
+                nodes_per_leaf=1,
+                gpus_per_node=8,
+                nics_per_node=8,
+                uplink_bw_GBps=100,
+                gpu_model="H100-SXM5-80GB",
+                **gen,
+            )
+        )
+    )
+    far = {("leaf-1", "spine-3"), ("leaf-2", "spine-3"), ("leaf-3", "spine-1"), ("leaf-4", "spine-1")}
+    spec["links"] = [lk for lk in spec["links"] if (lk["a"], lk["b"]) not in far]
+    return load_topology(spec)
+
+
+def test_a_hot_spine_slows_the_leaves_it_serves_and_placement_avoids_it():
+    topo = _two_spine_groups()
+    # On two tiers a spine key names its links to leaves (it was refused as an unknown leaf).
+    hot = {"spine-1": 90.0}
+    assert load_array(topo, hot).tolist() == [90, 90, 0, 0, 0]  # then one pod's core links
+    j = job(dp=16, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e9}])
+    cold = place(topo, np.ones(topo.n_gpus, dtype=bool), None, j)
+    placed = place(topo, np.ones(topo.n_gpus, dtype=bool), hot, j)
+    leaves = sorted({topo.leaf_names[int(topo.gpu_leaf[g])] for g in placed.gids})
+    assert leaves == ["leaf-3", "leaf-4"]
+    # The flows through spine 1 run slower on leaves 1-2 (ECMP may hash any flow onto it).
+    on_12 = evaluate(topo, j, np.arange(16), hot).comm_ms
+    assert on_12 > placed.prediction.comm_ms == pytest.approx(cold.prediction.comm_ms)
+    # A spine's load spread over its links in proportion to their rates; the same load spread
+    # over all three spines slows each leaf a third as much.
+    spread = {f"spine-{s}": 30.0 for s in (1, 2, 3)}
+    assert load_array(topo, spread).tolist() == pytest.approx([30, 30, 30, 30, 0])

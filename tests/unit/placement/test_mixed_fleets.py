@@ -324,16 +324,29 @@ def test_a_dp48_job_takes_equal_chunks_of_four_24_gpu_domains():
     assert sorted(per_domain[per_domain > 0].tolist()) == [12, 12, 12, 12]
 
 
-@pytest.mark.parametrize(("nbytes", "split"), [(1e6, True), (1e8, True), (1e9, False)])
-def test_a_latency_bound_dp32_job_one_rack_holds_splits_over_two_racks(nbytes, split):
-    # Two NVL72 racks (18 nodes x 4 GPUs, one NVLink domain each). A ring of 32 in one rack pays 62
-    # NVLink latencies; the tree over two racks a chain of 16 in each and one network hop, so a
-    # small allreduce runs faster 16 + 16; a large one stays in the rack (NVLink bandwidth).
-    topo = load_topology(
+def gb200_racks(racks: int, **gen):
+    """GB200 NVL72 racks: 18 trays of 4 GPUs and 4 NICs a rack, one NVLink domain and one leaf each."""
+    return load_topology(
         generated(
-            nodes_per_leaf=18, gpus_per_node=4, nics_per_node=4, nvlink_domain_nodes=18, nvlink_bw_GBps=900
+            leaves=racks,
+            spines=4,
+            nodes_per_leaf=18,
+            gpus_per_node=4,
+            nics_per_node=4,
+            nvlink_domain_nodes=18,
+            nvlink_bw_GBps=900,
+            gpu_model="GB200",
+            **gen,
         )
     )
+
+
+@pytest.mark.parametrize(("nbytes", "split"), [(1e6, True), (1e8, True), (1e9, False)])
+def test_without_nvls_a_latency_bound_dp32_job_one_rack_holds_splits_over_two_racks(nbytes, split):
+    # Two 72-GPU racks whose switches do not run NVLS (`nvls: false`). A ring of 32 in one rack
+    # pays 62 NVLink latencies; the tree over two racks a chain of 16 in each and one network hop,
+    # so a small allreduce runs faster 16 + 16; a large one stays in the rack (NVLink bandwidth).
+    topo = gb200_racks(2, nvls=False)
     j = job(dp=32, comm=[("dp", "allreduce", nbytes, 0)])
     placed = place(topo, np.ones(topo.n_gpus, dtype=bool), None, j)
     one = evaluate(topo, j, np.arange(32)).comm_ms
@@ -342,6 +355,26 @@ def test_a_latency_bound_dp32_job_one_rack_holds_splits_over_two_racks(nbytes, s
     assert placed.prediction.comm_ms == pytest.approx(min(one, halves))
     per_domain = np.bincount(topo.gpu_domain[list(placed.gids)])
     assert sorted(per_domain[per_domain > 0].tolist()) == ([16, 16] if split else [32])
+
+
+@pytest.mark.parametrize("nbytes", [1e3, 1e6, 1e8, 1e9])
+@pytest.mark.parametrize("racks", [2, 8])
+def test_a_dp32_allreduce_one_nvl72_rack_holds_stays_in_one_rack(nbytes, racks):
+    # GB200 NVL72 racks (18 trays of 4 GPUs, 4 NICs a tray): NVLS is the default there, 25 us a
+    # call flat in the rank count (NCCL's tuning constants), so no split over racks is cheaper and
+    # the real solver keeps the job in one rack, from latency-bound to bandwidth-bound sizes.
+    topo = gb200_racks(racks)
+    assert (topo.domain_nvls == 0.74).all()
+    j = job(dp=32, comm=[("dp", "allreduce", nbytes, 0)])
+    placed = place(topo, np.ones(topo.n_gpus, dtype=bool), None, j)
+    per_domain = np.bincount(topo.gpu_domain[list(placed.gids)])
+    assert per_domain.max() == 32
+    # The issue's old placement: 4 GPUs in each of 8 racks (16 in each of 2) prices higher.
+    per_rack = 32 // racks
+    spread = np.concatenate([np.arange(per_rack) + 72 * r for r in range(racks)])
+    assert evaluate(topo, j, spread).comm_ms > placed.prediction.comm_ms
+    bound = lower_bound(topo, j)
+    assert bound.comm_ms <= placed.prediction.comm_ms * (1 + 1e-9)
 
 
 def test_domain_chunks_are_not_tried_where_domains_are_single_nodes():

@@ -8,7 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.placement.bounds import lower_bound
-from apps.placement.costmodel import evaluate, ring_allreduce_ms, spanning_ms
+from apps.placement.costmodel import (
+    NVLS_EFFICIENCY_HOPPER,
+    domain_ms,
+    evaluate,
+    ring_allreduce_ms,
+    spanning_ms,
+)
 from apps.placement.jobs import load_job
 from apps.placement.solvers import POLICIES, NoFit, Placement, place, placement_output
 from apps.placement.solvers.cover import best_fit_cover
@@ -206,16 +212,17 @@ def test_topo_takes_the_whole_free_nodes_for_tp8_when_nodes_are_fragmented(pod):
             np.unique(pod.gpu_node[gids[k * 8 : (k + 1) * 8]], return_counts=True)[1] for k in (0, 1)
         ]
         assert [c.tolist() for c in per_group] == ([[4, 4]] * 2 if split else [[8]] * 2)
-        # The prices, from the closed forms: whole TP groups (TP on NVLink, DP pairs across) and
-        # TP groups 4 + 4 (TP hierarchical over 4 rails a node, DP pairs on NVLink).
-        tp_whole = count * ring_allreduce_ms(8, 4e7, *nvl)
+        # The prices, from the closed forms: whole TP groups (TP on NVLink, where H100 nodes of 8
+        # run NVLS, and DP pairs across) and TP groups 4 + 4 (TP hierarchical over 4 rails a node,
+        # DP pairs on NVLink).
+        tp_whole = count * domain_ms("allreduce", 8, 4e7, *nvl, NVLS_EFFICIENCY_HOPPER)
         tp_split = count * spanning_ms("allreduce", 8, 4, 2, 4e7, *nvl, *net, 4)
         whole = tp_whole + ring_allreduce_ms(2, 5e8, *net)
         halves = tp_split + ring_allreduce_ms(2, 5e8, *nvl)
         assert evaluate(pod, job, whole_nodes).comm_ms == pytest.approx(whole, rel=1e-9)
         assert result.prediction.comm_ms == pytest.approx(min(whole, halves), rel=1e-9)
         if count == 20:
-            assert (halves, whole) == (pytest.approx(8.222, abs=1e-3), pytest.approx(13.681, abs=1e-3))
+            assert (halves, whole) == (pytest.approx(8.222, abs=1e-3), pytest.approx(13.621, abs=1e-3))
             # The split TP all-reduce: 10 MB a rail at 50 GB/s, 0.2 ms of its 0.355.
             assert tp_split / count == pytest.approx(0.3553, abs=1e-4)
 
@@ -360,8 +367,9 @@ def test_topo_cuts_a_pod_wide_pipeline_job_into_two_stages_by_four_replicas_per_
 
 
 def test_topo_splits_a_data_parallel_job_over_two_nvlink_racks_when_that_prices_lower():
-    # 64 ranks fit one 72-GPU rack, but a 64-member NVLink ring pays 126 latencies; the
-    # tree over racks (a chain in each) pays fewer and the spines have room: two racks or more.
+    # 64 ranks fit one 72-GPU rack whose switches do not run NVLS, so a 64-member NVLink ring
+    # pays 126 latencies; the tree over racks (a chain in each) pays fewer and the spines have
+    # room: two racks or more.
     nvl = generated(
         leaves=4,
         spines=4,
@@ -370,6 +378,7 @@ def test_topo_splits_a_data_parallel_job_over_two_nvlink_racks_when_that_prices_
         nodes_per_leaf=18,
         nvlink_domain_nodes=18,
         nvlink_bw_GBps=900,
+        nvls=False,
     )
     job = make_job(dp=64, comm=[{"group": "dp", "collective": "allreduce", "bytes": 1e8}])
     result = place(nvl, nvl.free_mask(), None, job, policy="topo")

@@ -327,3 +327,35 @@ def test_any_single_bad_value_is_a_spec_error_never_a_crash(data):
         load_topology(spec)
     except SpecError as exc:
         assert exc.errors and all(isinstance(f, str) and m for f, m in exc.errors)
+
+
+def test_nvls_defaults_from_the_gpu_model_and_the_spec_may_set_it():
+    def nvls(**gen):
+        return load_topology(generated(**gen)).domain_nvls.tolist()
+
+    # H100 boards of 8 (NVSwitch gen 3) and GB200 racks run NVLS; A100 boards, 4-GPU boards
+    # (no switch) and PCIe cards do not.
+    assert set(nvls(gpus_per_node=8, nics_per_node=8, gpu_model="H100-SXM5-80GB")) == {0.85}
+    assert set(nvls(gpus_per_node=4, nvlink_domain_nodes=2, gpu_model="GB200")) == {0.74}
+    assert set(nvls(gpus_per_node=8, nics_per_node=8, gpu_model="A100-SXM4-80GB")) == {0.0}
+    assert set(nvls(gpus_per_node=4, gpu_model="H100-SXM5-80GB")) == {0.0}
+    assert set(nvls(gpus_per_node=8, nics_per_node=8, gpu_model="H100-PCIe")) == {0.0}
+    # The spec overrides the default either way, and survives the round trip.
+    assert set(nvls(gpus_per_node=8, nics_per_node=8, gpu_model="H100-SXM5-80GB", nvls=False)) == {0.0}
+    assert set(nvls(gpus_per_node=4, gpu_model="A100", nvls=True)) == {0.85}
+    topo = load_topology(generated(gpus_per_node=8, nics_per_node=8, gpu_model="H100", nvls=False))
+    again = load_topology(topology_to_spec(topo))
+    assert again.domain_nvls.tolist() == topo.domain_nvls.tolist() == [0.0] * 4
+
+
+def test_nvls_must_be_a_boolean_and_agree_across_a_domain():
+    with pytest.raises(SpecError, match=r"generate.nvls: must be true or false"):
+        load_topology(generated(nvls="yes"))
+    spec = topology_to_spec(load_topology(generated(nvlink_domain_nodes=2)))
+    spec["nodes"][0]["nvlink"]["nvls"] = 1
+    with pytest.raises(SpecError, match=r"nodes\[0\].nvlink.nvls: must be true or false"):
+        load_topology(spec)
+    spec["nodes"][0]["nvlink"]["nvls"] = True
+    spec["nodes"][1]["nvlink"]["nvls"] = False
+    with pytest.raises(SpecError, match=r"nodes\[1\].nvlink.nvls: domain 'node-001' already has nvls True"):
+        load_topology(spec)

@@ -11,6 +11,7 @@ from django.db import IntegrityError
 from apps.placement.topology import SpecError, load_topology, read_spec_file, topology_to_spec
 from apps.topology import services
 from apps.topology.models import Cluster, Gpu, Nic, Node
+from tests.unit.placement.specs import generated
 
 pytestmark = pytest.mark.django_db
 
@@ -188,6 +189,17 @@ def test_an_nvlink_domain_spanning_nodes_is_stored_once(db):
     assert list(cluster.nvlink_domains.values_list("name", flat=True)) == ["node-001", "node-003"]
     assert cluster.nvlink_domains.get(name="node-001").gpus.count() == 8
     assert export("nvl") == topology_to_spec(load_topology(spec))
+
+
+def test_an_nvlink_domains_nvls_setting_survives_the_round_trip(db):
+    # Set on one domain, silent (the GPU model's default) on the other.
+    gen = generated(spines=1, leaves=1, gpus_per_node=8, nics_per_node=8, gpu_model="H100-SXM5-80GB")
+    spec = topology_to_spec(load_topology(gen | {"name": "nvls"}))
+    spec["nodes"][0]["nvlink"]["nvls"] = False
+    cluster = services.cluster_import(data=spec)
+    assert dict(cluster.nvlink_domains.values_list("name", "nvls")) == {"node-001": False, "node-002": None}
+    assert export("nvls") == spec
+    assert load_topology(export("nvls")).domain_nvls.tolist() == [0.0, 0.85]
 
 
 def test_exporting_an_unknown_cluster_names_the_known_ones(case44):
