@@ -1,0 +1,155 @@
+"""Slurm tasks' output as TopoWeb's rank logs, where the server reaches the job's log directory.
+
+Each Slurm task writes its rank's output to `rank_log_name` in the job's log directory
+(`log_dir`: the executor's `output_dir`, else the job's workdir). The sync records each rank of a
+job Slurm runs as a rank run (`RankRun`, on its node, started) and stores what the file holds
+beyond the stored copy as the agents' shipped chunks (`agents.agent_logs`, the same limit per
+rank), with the end of it as the run's tail: `topoweb logs`, `GET /api/jobs/ID/logs/` and the job
+page read them as they read an agent's. When the Slurm job ends, the rest of each file is stored
+and the runs exit with Slurm's exit code; the GPUs of a run still counted as running are released
+only then, as on agent clusters (a cancelled job's GPUs stay booked until Slurm has stopped it).
+A log directory the server cannot read (no shared filesystem) leaves the runs without output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+from django.db import models
+from django.db.models import Exists, F, OuterRef
+
+from apps.agent.logs import CHUNK_BYTES, LogFile, read_tail, safe_text
+from apps.placement.jobs import load_job
+from apps.scheduling import lifecycle
+from apps.scheduling.choices import ExitCause, RankState
+from apps.scheduling.models import Allocation, Job, RankLogChunk, RankRun
+
+from ..agents import services as agents
+from ..models import ClusterExecutor, SlurmSubmission
+from .rest import SlurmJob
+from .script import rank_log_name
+
+READ_BYTES = 256 * 1024  # read from one rank's file per sync at most
+FINAL_READ_BYTES = 4 * 1024 * 1024  # and when its job ended
+TAIL_BYTES = 4096  # the run's tail, as the agent reports it
+LIVE_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
+
+
+def log_dir(executor: ClusterExecutor, job: Job) -> Path:
+    """Where the job's Slurm tasks write their rank logs (as `sync._submit_one` tells them)."""
+    launch = load_job(job.spec).launch
+    return Path(executor.output_dir or launch.workdir or "/tmp")
+
+
+def ranks_started(job: Job, generation: int, now: datetime) -> None:
+    """Record each rank of the job's generation as a run on its node (once)."""
+    rows = Allocation.objects.filter(job=job, generation=generation, live=True).values_list(
+        "rank", "gpu__node_id"
+    )
+    RankRun.objects.bulk_create(
+        [RankRun(job=job, generation=generation, rank=r, node_id=n, started_at=now) for r, n in rows],
+        ignore_conflicts=True,
+    )
+
+
+def ship(executor: ClusterExecutor, job: Job, generation: int, *, final: bool = False) -> int:
+    """Store what each rank's file holds beyond the stored copy (`final`: the job ended, read to
+    the end); update the runs' tails. Returns the bytes stored."""
+    runs = list(RankRun.objects.filter(job=job, generation=generation).select_related("node"))
+    if not runs:
+        return 0
+    directory = log_dir(executor, job)
+    ends = dict(
+        RankLogChunk.objects.filter(run__in=runs)
+        .values("run_id")
+        .annotate(end=models.Max(F("offset") + F("size")))
+        .values_list("run_id", "end")
+    )
+    by_node: dict[int, tuple[object, list[agents.LogChunk]]] = {}
+    tails: list[RankRun] = []
+    budget = FINAL_READ_BYTES if final else READ_BYTES
+    for run in runs:
+        path = directory / rank_log_name(job.pk, generation, run.rank)
+        logfile = LogFile(path)
+        logfile.shipped_to(int(ends.get(run.pk) or 0))
+        read = 0
+        while read < budget:
+            piece = logfile.chunk(min(CHUNK_BYTES, budget - read), final=final)
+            if piece is None:
+                break
+            by_node.setdefault(run.node_id, (run.node, []))[1].append(
+                agents.LogChunk(job.pk, generation, run.rank, piece["offset"], piece["size"], piece["data"])
+            )
+            logfile.shipped_to(piece["offset"] + piece["size"])
+            read += piece["size"]
+        if read:
+            tail = safe_text(read_tail(path, TAIL_BYTES))
+            if tail != run.log_tail:
+                run.log_tail = tail
+                tails.append(run)
+    stored = 0
+    for node, chunks in by_node.values():
+        agents.agent_logs(node=node, chunks=chunks)
+        stored += sum(c.size for c in chunks)
+    if tails:
+        RankRun.objects.bulk_update(tails, ["log_tail"])
+    return stored
+
+
+def exit_of(state: str, comps: Iterable[SlurmJob]) -> tuple[int | None, str]:
+    """(exit code, `ExitCause`) of each rank of a Slurm job that ended in `state`: Slurm keeps one
+    exit code per job (negative: the signal that ended it)."""
+    comps = list(comps)
+    code = next((c.exit_code for c in comps if c.exit_code), None)
+    sig = next((c.signal for c in comps if c.signal), None)
+    if state == "COMPLETED":
+        return 0, ExitCause.EXITED
+    value = code if code is not None else (-sig if sig else None)
+    if state == "NODE_FAIL":
+        return value, ExitCause.NODE_DOWN
+    if state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"):
+        return value, ExitCause.STOPPED
+    return value, ExitCause.EXITED
+
+
+def ranks_ended(
+    executor: ClusterExecutor,
+    job: Job,
+    generation: int,
+    *,
+    exit_code: int | None,
+    cause: str,
+    now: datetime,
+) -> int:
+    """The job's Slurm job for `generation` ended: every rank is a run (a job that started and
+    ended between two syncs included), the rest of its output is stored and the runs still
+    counted as running exit with `exit_code` for `cause`. Returns how many exited."""
+    ranks_started(job, generation, now)
+    ship(executor, job, generation, final=True)
+    return RankRun.objects.filter(job=job, generation=generation, state=RankState.STARTED).update(
+        state=RankState.EXITED, exit_code=exit_code, exit_cause=cause, exited_at=now
+    )
+
+
+def close_stopped(executor: ClusterExecutor, now: datetime) -> list[int]:
+    """Runs still counted as running whose Slurm job no longer runs (TopoWeb stopped it, or its
+    generation was left): stored to the end, exited as stopped, their GPUs released. Returns the
+    ids of their jobs."""
+    live = SlurmSubmission.objects.filter(
+        job_id=OuterRef("job_id"), generation=OuterRef("generation"), state__in=LIVE_STATES
+    )
+    stale = sorted(
+        set(
+            RankRun.objects.filter(job__cluster_id=executor.cluster_id, state=RankState.STARTED)
+            .exclude(Exists(live))
+            .values_list("job_id", "generation")
+        )
+    )
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in={j for j, _ in stale})}
+    for job_id, generation in stale:
+        ranks_ended(executor, jobs[job_id], generation, exit_code=None, cause=ExitCause.STOPPED, now=now)
+    for job_id in jobs:
+        lifecycle.release_exited(job_id=job_id, now=now)
+    return sorted(jobs)
