@@ -8,23 +8,30 @@ rank), with the end of it as the run's tail: `topoweb logs`, `GET /api/jobs/ID/l
 page read them as they read an agent's. When the Slurm job ends, the rest of each file is stored
 and the runs exit with Slurm's exit code; the GPUs of a run still counted as running are released
 only then, as on agent clusters (a cancelled job's GPUs stay booked until Slurm has stopped it).
-A log directory the server cannot read (no shared filesystem) leaves the runs without output.
+A log directory the server cannot read (no shared filesystem) leaves the runs without output; a
+rank log that is a symbolic link, not a regular file, or not owned by the account the tasks run as
+(when that account exists on the server's host) is not read.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
+import stat
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from django.db import models
 from django.db.models import Exists, F, OuterRef
 
-from apps.agent.logs import CHUNK_BYTES, LogFile, read_tail, safe_text
+from apps.agent.logs import CHUNK_BYTES, safe_text, utf8_cut
 from apps.placement.jobs import load_job
 from apps.scheduling import lifecycle
 from apps.scheduling.choices import ExitCause, RankState
 from apps.scheduling.models import Allocation, Job, RankLogChunk, RankRun
+from apps.scheduling.selectors import rank_log_max_bytes
 
 from ..agents import services as agents
 from ..models import ClusterExecutor, SlurmSubmission
@@ -54,41 +61,87 @@ def ranks_started(job: Job, generation: int, now: datetime) -> None:
     )
 
 
+def _open_log(path: Path, account: str) -> BinaryIO | None:
+    """The rank's log file opened for reading, or None when it is missing or not the task's: the
+    server reads a path its user names, so never through a symbolic link, only a regular file,
+    and, when `account` (the Unix account the tasks run as) exists on this host, only a file
+    that account owns."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    fh = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    uid = _local_uid(account)
+    if not stat.S_ISREG(info.st_mode) or (uid is not None and info.st_uid != uid):
+        fh.close()
+        return None
+    return fh
+
+
+def _local_uid(account: str) -> int | None:
+    try:
+        return pwd.getpwnam(account).pw_uid if account else None
+    except KeyError:
+        return None
+
+
+def _piece(fh: BinaryIO, offset: int, limit: int, final: bool) -> bytes:
+    """Up to `limit` bytes from `offset`, ending on a whole UTF-8 character unless `final`."""
+    fh.seek(offset)
+    data = fh.read(limit)
+    if final or not data:
+        return data
+    return data[: utf8_cut(data)]
+
+
 def ship(executor: ClusterExecutor, job: Job, generation: int, *, final: bool = False) -> int:
     """Store what each rank's file holds beyond the stored copy (`final`: the job ended, read to
-    the end); update the runs' tails. Returns the bytes stored."""
+    the end), within the server's limit per rank; update the runs' tails. Returns the bytes
+    stored."""
     runs = list(RankRun.objects.filter(job=job, generation=generation).select_related("node"))
     if not runs:
         return 0
     directory = log_dir(executor, job)
+    account = (
+        SlurmSubmission.objects.filter(job=job, generation=generation)
+        .values_list("slurm_user", flat=True)
+        .first()
+        or executor.slurm_user
+    )
     ends = dict(
         RankLogChunk.objects.filter(run__in=runs)
         .values("run_id")
         .annotate(end=models.Max(F("offset") + F("size")))
         .values_list("run_id", "end")
     )
+    limit = rank_log_max_bytes()
     by_node: dict[int, tuple[object, list[agents.LogChunk]]] = {}
     tails: list[RankRun] = []
     budget = FINAL_READ_BYTES if final else READ_BYTES
     for run in runs:
-        path = directory / rank_log_name(job.pk, generation, run.rank)
-        logfile = LogFile(path)
-        logfile.shipped_to(int(ends.get(run.pk) or 0))
-        read = 0
-        while read < budget:
-            piece = logfile.chunk(min(CHUNK_BYTES, budget - read), final=final)
-            if piece is None:
-                break
-            by_node.setdefault(run.node_id, (run.node, []))[1].append(
-                agents.LogChunk(job.pk, generation, run.rank, piece["offset"], piece["size"], piece["data"])
-            )
-            logfile.shipped_to(piece["offset"] + piece["size"])
-            read += piece["size"]
-        if read:
-            tail = safe_text(read_tail(path, TAIL_BYTES))
-            if tail != run.log_tail:
-                run.log_tail = tail
-                tails.append(run)
+        fh = _open_log(directory / rank_log_name(job.pk, generation, run.rank), account)
+        if fh is None:
+            continue
+        with fh:
+            offset = int(ends.get(run.pk) or 0)
+            read = 0
+            while read < budget and offset < limit:
+                data = _piece(fh, offset, min(CHUNK_BYTES, budget - read, limit - offset), final)
+                if not data:
+                    break
+                by_node.setdefault(run.node_id, (run.node, []))[1].append(
+                    agents.LogChunk(job.pk, generation, run.rank, offset, len(data), safe_text(data))
+                )
+                offset += len(data)
+                read += len(data)
+            if read:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, size - TAIL_BYTES))
+                tail = safe_text(fh.read(TAIL_BYTES))
+                if tail != run.log_tail:
+                    run.log_tail = tail
+                    tails.append(run)
     stored = 0
     for node, chunks in by_node.values():
         agents.agent_logs(node=node, chunks=chunks)

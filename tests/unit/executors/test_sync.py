@@ -699,14 +699,21 @@ def test_each_ranks_output_is_stored_while_it_runs_and_to_the_end(cluster, fake,
     logs = {r: tmp_path / rank_log_name(job.pk, job.generation, r) for r in rows}
     for rank, path in logs.items():
         path.write_text(f"hello {rank}\n")
+    # A rank log that is a symbolic link (to a file the job's user may not read) is never read.
+    secret = tmp_path / "secret"
+    secret.write_text("not yours\n")
+    logs[3].unlink()
+    logs[3].symlink_to(secret)
     sync(cluster, fake)
     assert not RankRun.objects.filter(job=job).exists()  # not running in Slurm yet
     fake.run(sub.slurm_job_id, {rows[0].node_name: sorted(a.gpu_index for a in rows.values())})
     sync(cluster, fake)
     runs = {r.rank: r for r in RankRun.objects.filter(job=job)}
     assert sorted(runs) == [0, 1, 2, 3] and {r.state for r in runs.values()} == {RankState.STARTED}
-    assert all(runs[r].log_tail == f"hello {r}\n" for r in runs)
+    assert all(runs[r].log_tail == f"hello {r}\n" for r in (0, 1, 2)) and runs[3].log_tail == ""
     assert rank_log_page(run=runs[2], offset=0, limit=1024)["text"] == "hello 2\n"
+    logs[3].unlink()
+    logs[3].write_text("hello 3\n")
     for rank, path in logs.items():
         with path.open("a") as fh:
             fh.write(f"bye {rank}\n")
