@@ -30,7 +30,7 @@ from apps.agent.logs import CHUNK_BYTES, safe_text, utf8_cut
 from apps.placement.jobs import load_job
 from apps.scheduling import lifecycle
 from apps.scheduling.choices import ExitCause, RankState
-from apps.scheduling.models import Allocation, Job, RankLogChunk, RankRun
+from apps.scheduling.models import Job, RankLogChunk, RankRun
 from apps.scheduling.selectors import rank_log_max_bytes
 
 from ..agents import services as agents
@@ -48,17 +48,6 @@ def log_dir(executor: ClusterExecutor, job: Job) -> Path:
     """Where the job's Slurm tasks write their rank logs (as `sync._submit_one` tells them)."""
     launch = load_job(job.spec).launch
     return Path(executor.output_dir or launch.workdir or "/tmp")
-
-
-def ranks_started(job: Job, generation: int, now: datetime) -> None:
-    """Record each rank of the job's generation as a run on its node (once)."""
-    rows = Allocation.objects.filter(job=job, generation=generation, live=True).values_list(
-        "rank", "gpu__node_id"
-    )
-    RankRun.objects.bulk_create(
-        [RankRun(job=job, generation=generation, rank=r, node_id=n, started_at=now) for r, n in rows],
-        ignore_conflicts=True,
-    )
 
 
 def _open_log(path: Path, account: str) -> BinaryIO | None:
@@ -179,10 +168,10 @@ def ranks_ended(
     """The job's Slurm job for `generation` ended: every rank is a run (a job that started and
     ended between two syncs included), the rest of its output is stored and the runs still
     counted as running exit with `exit_code` for `cause`. Returns how many exited."""
-    ranks_started(job, generation, now)
+    lifecycle.ranks_running(job=job, generation=generation, now=now)
     ship(executor, job, generation, final=True)
-    return RankRun.objects.filter(job=job, generation=generation, state=RankState.STARTED).update(
-        state=RankState.EXITED, exit_code=exit_code, exit_cause=cause, exited_at=now
+    return lifecycle.ranks_ended(
+        job_id=job.pk, generation=generation, exit_code=exit_code, exit_cause=cause, now=now
     )
 
 

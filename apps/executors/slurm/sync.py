@@ -395,7 +395,7 @@ def _sync_submissions(
                 if lifecycle.start(job=locked, now=now):
                     result.started.append(job.pk)
         # Once its map is final: each rank a run, its output stored as Slurm's task writes it.
-        rank_output.ranks_started(job, job.generation, now)
+        lifecycle.ranks_running(job=job, generation=job.generation, now=now)
         rank_output.ship(executor, job, job.generation)
 
 
