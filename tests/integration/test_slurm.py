@@ -718,7 +718,9 @@ def test_every_task_runs_as_its_owner_and_passes_the_launch_contract(cluster, sh
             assert rec["problems"] == [], (job.pk, rank, rec)
             assert rec["uid"] == uids[job.owner_id], (job.pk, rank, rec["uid"])
             assert (rec["node"], rec["gpu"]) == (node, gpu), (job.pk, rank, rec)
-            assert rec["env"]["MASTER_ADDR"] == planned[0][0] and rec["env"]["WORLD_SIZE"] == str(job.gpus)
+            # Rank 0's node's address as Slurm reports it (NodeAddr), as the rank map shows it.
+            master = NodeHealth.objects.get(node__cluster=cluster, node__name=planned[0][0]).addr
+            assert rec["env"]["MASTER_ADDR"] == master and rec["env"]["WORLD_SIZE"] == str(job.gpus)
             assert rec["env"]["USER"] == UnixAccount.objects.get(user_id=job.owner_id).name
             checked += 1
         assert job.status == JobStatus.COMPLETED, job.pending_reason
