@@ -7,6 +7,12 @@
 #   scripts/slurm-local.sh env      # prints SLURM_CONF=..., TOPOWEB_SLURMRESTD=... and
 #                                   # TOPOWEB_SLURM_JWT_KEY=... lines to eval
 #
+# Another shape beside it (bench/slurm_vs_topo.py compares on both): its own directory and ports,
+#   TOPOWEB_SLURM_DIR=/tmp/topoweb-slurm-b TOPOWEB_SLURM_CTLD_PORT=16917 TOPOWEB_SLURM_NODE_PORT=17101 \
+#   TOPOWEB_SLURM_NODES=12 TOPOWEB_SLURM_GPUS=4 TOPOWEB_SLURM_LEAF_NODES=3 scripts/slurm-local.sh start
+# (TOPOWEB_SLURM_NODES nodes of TOPOWEB_SLURM_GPUS GPUs, leaves of TOPOWEB_SLURM_LEAF_NODES nodes;
+# defaults 16, 8 and 4).
+#
 # Needs root and Debian's slurm-wlm, slurmrestd, slurm-wlm-jwt-plugin and munge (Slurm 22.05).
 # Every node is a `slurmd -N` on localhost with its own port; the GPUs are character devices made
 # with mknod (Slurm refuses regular files in gres.conf), each its own device number (195:N, the
@@ -30,9 +36,10 @@ set -euo pipefail
 
 BASE=${TOPOWEB_SLURM_DIR:-/tmp/topoweb-slurm}
 NODES=${TOPOWEB_SLURM_NODES:-16}
-GPUS=8
+GPUS=${TOPOWEB_SLURM_GPUS:-8}
+LEAF_NODES=${TOPOWEB_SLURM_LEAF_NODES:-4}
 CTLD_PORT=${TOPOWEB_SLURM_CTLD_PORT:-16817}
-FIRST_NODE_PORT=17001
+FIRST_NODE_PORT=${TOPOWEB_SLURM_NODE_PORT:-17001}
 SOCKET="$BASE/rest/slurmrestd.sock"
 CONF="$BASE/etc/slurm.conf"
 MUNGE_SOCKET="$BASE/munge/munge.socket"
@@ -119,11 +126,11 @@ EOF
   cat >"$BASE/etc/gres.conf" <<EOF
 NodeName=gpu[01-${last#gpu}] Name=gpu File=$BASE/dev/nvidia[0-$((GPUS - 1))]
 EOF
-  # Leaves of 4 nodes under one spine.
+  # Leaves of LEAF_NODES nodes under one spine.
   : >"$BASE/etc/topology.conf"
-  local leaves=$(((NODES + 3) / 4))
+  local leaves=$(((NODES + LEAF_NODES - 1) / LEAF_NODES))
   for l in $(seq 1 "$leaves"); do
-    local lo=$(((l - 1) * 4 + 1)) hi=$((l * 4))
+    local lo=$(((l - 1) * LEAF_NODES + 1)) hi=$((l * LEAF_NODES))
     test "$hi" -le "$NODES" || hi=$NODES
     printf 'SwitchName=leaf%d Nodes=gpu[%02d-%02d]\n' "$l" "$lo" "$hi" >>"$BASE/etc/topology.conf"
   done

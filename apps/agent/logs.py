@@ -27,7 +27,7 @@ def safe_text(data: bytes) -> str:
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
-def _utf8_cut(data: bytes) -> int:
+def utf8_cut(data: bytes) -> int:
     """How many leading bytes of `data` end on a character boundary (a multi-byte character cut
     at the end is left for the next chunk)."""
     end = len(data)
@@ -108,7 +108,7 @@ class LogFile:
             except OSError:
                 data = b""
             if data:
-                cut = len(data) if start + len(data) == self.rotated else _utf8_cut(data)
+                cut = len(data) if start + len(data) == self.rotated else utf8_cut(data)
                 return {"offset": start, "size": cut, "data": safe_text(data[:cut])} if cut else None
             # `<path>.1` is gone: its unshipped output is skipped.
             start = self.rotated
@@ -120,7 +120,7 @@ class LogFile:
             return None
         if not data:
             return None
-        cut = len(data) if final else _utf8_cut(data)
+        cut = len(data) if final else utf8_cut(data)
         if cut == 0:
             return None
         return {"offset": start, "size": cut, "data": safe_text(data[:cut])}

@@ -641,6 +641,33 @@ def _advance(job: Job, now: datetime) -> None:
     release_exited(job_id=job.pk, now=now)
 
 
+def ranks_running(*, job: Job, generation: int, now: datetime) -> int:
+    """An executor that starts the ranks itself (Slurm) runs the job's `generation`: each rank of
+    its live allocations is recorded as a run on its node, once. Returns how many were new."""
+    rows = Allocation.objects.filter(job=job, generation=generation, live=True).values_list(
+        "rank", "gpu__node_id"
+    )
+    known = set(RankRun.objects.filter(job=job, generation=generation).values_list("rank", flat=True))
+    new = [
+        RankRun(job=job, generation=generation, rank=r, node_id=n, started_at=now)
+        for r, n in rows
+        if r not in known
+    ]
+    RankRun.objects.bulk_create(new, ignore_conflicts=True)
+    return len(new)
+
+
+def ranks_ended(
+    *, job_id: int, generation: int, exit_code: int | None, exit_cause: str, now: datetime
+) -> int:
+    """Such an executor's job for `generation` ended: its runs still counted as running exit with
+    `exit_code` for `exit_cause`. The job is not moved along (its executor ends it: `finish`,
+    `requeue`); their GPUs are released by that, or by `release_exited`. Returns how many exited."""
+    return RankRun.objects.filter(job_id=job_id, generation=generation, state=RankState.STARTED).update(
+        state=RankState.EXITED, exit_code=exit_code, exit_cause=exit_cause, exited_at=now
+    )
+
+
 def ranks_lost(*, node: Node, why: str, now: datetime | None = None) -> list[int]:
     """The ranks still counted as running on `node` are gone (its node is down and fenced, or its
     executor has no trace of them): each is recorded exited with `why` and its GPU released; the

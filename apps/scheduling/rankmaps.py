@@ -53,15 +53,21 @@ def _bash_array(values: Sequence[Any]) -> str:
     return "(" + " ".join(_q(v) if str(v) else "''" for v in values) + ")"
 
 
-def _master_env(ordered: Sequence[dict[str, Any]], master_port: int | None) -> list[tuple[str, str]]:
-    """MASTER_ADDR (the node of rank 0) and MASTER_PORT, when a port is given."""
+def _master_env(
+    ordered: Sequence[dict[str, Any]], master_port: int | None, master_addr: str | None
+) -> list[tuple[str, str]]:
+    """MASTER_ADDR (`master_addr`, else the node of rank 0) and MASTER_PORT, when a port is given."""
     if master_port is None or not ordered:
         return []
-    return [("MASTER_ADDR", str(ordered[0]["node"])), ("MASTER_PORT", str(int(master_port)))]
+    return [("MASTER_ADDR", str(master_addr or ordered[0]["node"])), ("MASTER_PORT", str(int(master_port)))]
 
 
 def openmpi_appfile(
-    ranks: Sequence[dict[str, Any]], *, entrypoint: str = "train.py", master_port: int | None = None
+    ranks: Sequence[dict[str, Any]],
+    *,
+    entrypoint: str = "train.py",
+    master_port: int | None = None,
+    master_addr: str | None = None,
 ) -> str:
     """Open MPI appfile (`mpirun --app F`): one `-np 1 --host H -x CUDA_VISIBLE_DEVICES=G` line
     per rank, in rank order, so MPI_COMM_WORLD rank N is line N and sees only its planned GPU
@@ -73,7 +79,7 @@ def openmpi_appfile(
         "# Run: mpirun --app this-file (each line is one process; its GPU via CUDA_VISIBLE_DEVICES).\n",
     ]
     program = " ".join(_q(a) for a in ("python", entrypoint))
-    master = [f"-x {_q(f'{k}={v}')}" for k, v in _master_env(ordered, master_port)]
+    master = [f"-x {_q(f'{k}={v}')}" for k, v in _master_env(ordered, master_port, master_addr)]
     for r in ordered:
         env = [f"-x {_q('CUDA_VISIBLE_DEVICES=' + str(r['gpu']))}", *master]
         hca = nccl_ib_hca(r["nic"])
@@ -94,6 +100,7 @@ def slurm_script(
     entrypoint: str = "train.py",
     job: str = "job",
     master_port: int | None = None,
+    master_addr: str | None = None,
 ) -> str:
     """A bash script for a Slurm allocation holding the job's nodes: it writes SLURM_HOSTFILE
     (task N on the host of rank N) and runs `srun --distribution=arbitrary` through a wrapper that
@@ -118,7 +125,7 @@ def slurm_script(
         slurm_hostfile(ordered),
         "TOPOWEB_HOSTS\n",
         f'export SLURM_HOSTFILE="$PWD"/{_q(hostfile)}\n',
-        *(f"export {k}={_q(v)}\n" for k, v in _master_env(ordered, master_port)),
+        *(f"export {k}={_q(v)}\n" for k, v in _master_env(ordered, master_port, master_addr)),
         f"srun --ntasks={len(ordered)} --distribution=arbitrary"
         f" bash -c {_q(wrapper)} _ python {_q(entrypoint)}\n",
     ]
@@ -136,6 +143,7 @@ def torchrun_commands(
     *,
     entrypoint: str = "train.py",
     master_port: int = DEFAULT_MASTER_PORT,
+    master_addr: str | None = None,
 ) -> str:
     """One torchrun command per node (`--nnodes --node-rank --nproc-per-node --master-addr`).
 
@@ -149,7 +157,7 @@ def torchrun_commands(
     nodes = nodes_in_rank_order(ranks)
     if not nodes:
         return ""
-    master = nodes[0]["node"]
+    master = master_addr or nodes[0]["node"]
     world = sum(len(n["ranks"]) for n in nodes)
     out = [
         f"# {world} ranks on {len(nodes)} nodes; run each block on its node;"
@@ -184,7 +192,11 @@ def torchrun_commands(
 
 
 def rankmap_json(
-    ranks: Sequence[dict[str, Any]], *, job: str = "", master_port: int = DEFAULT_MASTER_PORT
+    ranks: Sequence[dict[str, Any]],
+    *,
+    job: str = "",
+    master_port: int = DEFAULT_MASTER_PORT,
+    master_addr: str | None = None,
 ) -> dict:
     """The rank map as data: world size, master, per-node ranks and per-rank GPU, NIC and env."""
     nodes = nodes_in_rank_order(ranks)
@@ -211,7 +223,7 @@ def rankmap_json(
     return {
         "job": job,
         "world_size": len(per_rank),
-        "master_addr": nodes[0]["node"] if nodes else None,
+        "master_addr": (master_addr or nodes[0]["node"]) if nodes else None,
         "master_port": master_port,
         "nodes": [
             {"node": n["node"], "node_rank": n["node_rank"], "ranks": [r["rank"] for r in n["ranks"]]}

@@ -29,6 +29,7 @@ from .models import (
     Job,
     LauncherToken,
     MigrationProposal,
+    NodeHealth,
     RankLogChunk,
     RankRun,
     SchedulingCycle,
@@ -213,6 +214,26 @@ def master_port(job_id: int, generation: int) -> int:
     port of TOPOWEB_MASTER_PORTS from its job and generation); see `lifecycle.assign_master_ports`."""
     low, high = settings.TOPOWEB_MASTER_PORTS
     return low + (job_id * 64 + generation) % (high - low + 1)
+
+
+def rendezvous_addrs(*, cluster_id: int, nodes: list[str]) -> dict[str, str]:
+    """MASTER_ADDR for a rank 0 on each of `nodes`: the address its node health records (the node
+    agent's --addr; on a Slurm cluster, Slurm's NodeAddr), else its name. Every executor gives
+    the ranks this address and every rank map shows it."""
+    addrs = dict(
+        NodeHealth.objects.filter(node__cluster_id=cluster_id, node__name__in=list(nodes))
+        .exclude(addr="")
+        .values_list("node__name", "addr")
+    )
+    return {n: addrs.get(n, n) for n in nodes}
+
+
+def job_master_addr(*, job: Job, ranks: list[dict[str, Any]]) -> str | None:
+    """The MASTER_ADDR of the job's rank map `ranks` (`rendezvous_addrs` of rank 0's node)."""
+    first = min(ranks, key=lambda r: r["rank"], default=None)
+    if first is None:
+        return None
+    return rendezvous_addrs(cluster_id=job.cluster_id, nodes=[first["node"]])[first["node"]]
 
 
 def generation_master_port(job_id: int, generation: int) -> int:

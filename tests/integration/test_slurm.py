@@ -223,8 +223,99 @@ def test_job_runs_each_rank_on_its_planned_node_and_gpu(cluster, user, shared_di
         assert env["WORLD_SIZE"] == "12"
         assert gpu in [int(g) for g in env["TOPOWEB_SLURM_GRANTED_GPUS"].split(",")]
         masters.add((env["MASTER_ADDR"], env["MASTER_PORT"]))
-    # The rank map's MASTER_ADDR: rank 0's node.
-    assert len(masters) == 1 and masters.pop()[0] == ranks[0][0]
+    # Every task and the rank map agree on MASTER_ADDR: rank 0's node's address as Slurm
+    # reports it (NodeAddr; 127.0.0.1 on the local Slurm, whose node names do not resolve).
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(user)
+    rankmap = api.get(f"/api/v1/jobs/{job.pk}/rankmap/").json()
+    addr = NodeHealth.objects.get(node__cluster=cluster, node__name=ranks[0][0]).addr
+    assert addr and masters == {(rankmap["master_addr"], str(rankmap["master_port"]))}
+    assert rankmap["master_addr"] == addr
+
+
+def test_each_ranks_output_reaches_topoweb_logs_and_the_job_page(cluster, user, shared_dir):
+    """Every task writes its rank's output to its own file; the sync stores it as the agents'
+    shipped logs while the job runs and to the end when it ends: `topoweb logs JOB --rank N`
+    (the API it pages) and the job page show each rank's own lines."""
+    from rest_framework.test import APIClient
+
+    from apps.cli.commands import rank_log
+    from apps.scheduling.choices import RankState
+    from apps.scheduling.models import RankRun
+
+    shared_dir.joinpath("go").unlink(missing_ok=True)
+    cmd = [
+        "sh",
+        "-c",
+        f"echo early $RANK of $WORLD_SIZE; echo warn $RANK >&2; "
+        f"while [ ! -e {shared_dir}/go ]; do sleep 0.2; done; seq 1 2000 | sed s/^/line-$RANK-/; echo late $RANK",
+    ]
+    s = {**spec("talk", 12, cmd, tp=4), "workdir": str(shared_dir)}
+    job = place(cluster, user, s)
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    api = APIClient()
+    api.force_authenticate(user)
+    # While it runs: every rank is a running rank run with its early output.
+    deadline = time.monotonic() + 60
+    while True:
+        slurm_sync(executor=cluster.executor)
+        runs = {r.rank: r for r in RankRun.objects.filter(job=job, generation=job.generation)}
+        if len(runs) == 12 and all("early" in r.log_tail for r in runs.values()):
+            break
+        assert time.monotonic() < deadline, {r: x.log_tail for r, x in runs.items()}
+        time.sleep(0.5)
+    assert all(r.state == RankState.STARTED for r in runs.values())
+    page = api.get(f"/api/v1/jobs/{job.pk}/logs/7/").json()
+    assert page["text"] == "early 7 of 12\nwarn 7\n" and page["state"] == "started", page
+    (shared_dir / "go").touch()
+    job = sync_until(cluster, job, (JobStatus.COMPLETED, JobStatus.FAILED))
+    assert job.status == JobStatus.COMPLETED, job.pending_reason
+
+    class Api:  # the CLI's client, over the test API client
+        def json(self, method, path, params=None):
+            return api.get(f"/api/v1/{path}", params).json()
+
+    for rank in range(12):
+        out = StringIO()
+        rank_log(Api(), job.pk, rank, None, out=out)
+        lines = out.getvalue().splitlines()
+        assert lines[:2] == [f"early {rank} of 12", f"warn {rank}"], lines[:3]
+        assert lines[2:-1] == [f"line-{rank}-{i}" for i in range(1, 2001)]
+        assert lines[-1] == f"late {rank}"
+    runs = api.get(f"/api/v1/jobs/{job.pk}/logs/").json()
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in runs] == [(r, "exited", 0) for r in range(12)]
+    assert all(r["log_tail"].endswith(f"late {r['rank']}\n") for r in runs)
+    node = Allocation.objects.get(job=job, rank=5).node_name
+    assert {r["node"] for r in runs if r["rank"] == 5} == {node}
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(user)
+    html = browser.get(f"/jobs/{job.pk}/?log_rank=5").content.decode()
+    assert "rank 5 on" in html and "late 5" in html and "late 4" not in html
+
+
+def test_a_cancelled_jobs_ranks_stop_and_its_gpus_free_once_slurm_stopped_it(cluster, user, shared_dir):
+    from apps.scheduling.choices import RankState
+    from apps.scheduling.models import RankRun
+
+    job = place(
+        cluster,
+        user,
+        {**spec("stopme", 4, ["sh", "-c", "echo up; exec sleep 300"], tp=4), "workdir": str(shared_dir)},
+    )
+    job = sync_until(cluster, job, (JobStatus.RUNNING,))
+    job_cancel(job=job)
+    deadline = time.monotonic() + 60
+    while Allocation.objects.filter(job=job, live=True).exists():
+        assert time.monotonic() < deadline
+        slurm_sync(executor=cluster.executor)
+        time.sleep(0.5)
+    runs = list(RankRun.objects.filter(job=job))
+    assert len(runs) == 4 and {(r.state, r.exit_cause) for r in runs} == {(RankState.EXITED, "stopped")}
+    assert all("up" in r.log_tail for r in runs)
 
 
 def test_failure_exit_code_and_cancel(cluster, user):
@@ -627,7 +718,9 @@ def test_every_task_runs_as_its_owner_and_passes_the_launch_contract(cluster, sh
             assert rec["problems"] == [], (job.pk, rank, rec)
             assert rec["uid"] == uids[job.owner_id], (job.pk, rank, rec["uid"])
             assert (rec["node"], rec["gpu"]) == (node, gpu), (job.pk, rank, rec)
-            assert rec["env"]["MASTER_ADDR"] == planned[0][0] and rec["env"]["WORLD_SIZE"] == str(job.gpus)
+            # Rank 0's node's address as Slurm reports it (NodeAddr), as the rank map shows it.
+            master = NodeHealth.objects.get(node__cluster=cluster, node__name=planned[0][0]).addr
+            assert rec["env"]["MASTER_ADDR"] == master and rec["env"]["WORLD_SIZE"] == str(job.gpus)
             assert rec["env"]["USER"] == UnixAccount.objects.get(user_id=job.owner_id).name
             checked += 1
         assert job.status == JobStatus.COMPLETED, job.pending_reason

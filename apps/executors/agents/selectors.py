@@ -16,7 +16,7 @@ from django.db import connection
 from apps.placement.jobs import load_job
 from apps.scheduling.choices import JobStatus, RankState
 from apps.scheduling.models import Allocation, Job, NodeHealth, RankRun
-from apps.scheduling.selectors import master_port
+from apps.scheduling.selectors import master_port, rendezvous_addrs
 from apps.topology.models import Cluster, Gpu, Nic, Node
 
 from ..models import ClusterExecutor
@@ -220,12 +220,7 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
                 ],
             }
         )
-    addrs = dict(
-        NodeHealth.objects.filter(node__cluster_id=node.cluster_id, node__name__in=list(masters))
-        .exclude(addr="")
-        .values_list("node__name", "addr")
-    )
+    addrs = rendezvous_addrs(cluster_id=node.cluster_id, nodes=list(masters))
     for entry in work:
-        master = entry.pop("master_node")
-        entry["master_addr"] = addrs.get(master, master)
+        entry["master_addr"] = addrs[entry.pop("master_node")]
     return work, stops

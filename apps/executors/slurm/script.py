@@ -16,6 +16,12 @@ position among the GPUs Slurm granted the step (Slurm renumbers them from 0). Wh
 other indexes than planned, the node's ranks take the granted GPUs in the order of their planned
 indexes (`bind_granted`), and the server, reading the granted indexes back, records and re-prices
 that binding.
+
+Output: each task writes its rank's output (stdout and stderr) to its own file in the job's log
+directory, `rank_log_name` (the node agent's rank logs, one file per rank); the Slurm sync reads
+those files where the server reaches that directory and stores them as the agent's shipped logs
+(apps/executors/slurm/output.py). The Slurm job's own output file keeps Slurm's and srun's
+messages.
 """
 
 from __future__ import annotations
@@ -69,6 +75,14 @@ def parse_comment(text: str) -> Tag | None:
         return Tag(parts[1], int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
     except ValueError:
         return None
+
+
+RANK_LOG = "topoweb-{job}-{generation}-rank{rank}.out"
+
+
+def rank_log_name(job_id: int, generation: int, rank: int) -> str:
+    """The file, in the job's log directory, a Slurm task writes its rank's output to."""
+    return RANK_LOG.format(job=int(job_id), generation=int(generation), rank=int(rank))
 
 
 def node_order(slots: Sequence[RankSlot]) -> list[str]:
@@ -166,12 +180,16 @@ def _wrapper(
     port: int,
     job_id: int,
     generation: int,
+    log_dir: str,
 ) -> str:
     """The bash text every task runs (given as `bash -c`): each rank's launch contract is
     `apps.agent.env.plan_env`'s, as the node agent sets it, but for CUDA_VISIBLE_DEVICES, which
-    names the planned GPUs as Slurm exposes them (`_BIND_GPUS`)."""
+    names the planned GPUs as Slurm exposes them (`_BIND_GPUS`); the rank's output goes to its
+    own file in `log_dir` (`rank_log_name`; left to Slurm's output file when it cannot be
+    written)."""
     by_rank = sorted(slots, key=lambda s: s.rank)
     nodes = node_order(by_rank)
+    head, tail = RANK_LOG.format(job=int(job_id), generation=int(generation), rank="\0").split("\0")
     ranks = [{"rank": s.rank, "node": s.node, "gpu": s.gpu, "nic": s.nic} for s in by_rank]
     lines = ["set -e", 'case "${SLURMD_NODENAME}:${SLURM_LOCALID}" in']
     for node_rank, node in enumerate(nodes):
@@ -194,6 +212,8 @@ def _wrapper(
     lines += [
         '  *) echo "topoweb: no rank planned for task ${SLURMD_NODENAME}:${SLURM_LOCALID}" >&2; exit 97 ;;',
         "esac",
+        f'LOG={shlex.quote(log_dir.rstrip("/") + "/" + head)}"$RANK"{shlex.quote(tail)}',
+        'if : 2>/dev/null >"$LOG"; then exec >>"$LOG" 2>&1; else echo "topoweb: cannot write $LOG" >&2; fi',
         _BIND_GPUS.rstrip("\n"),
         "exec " + " ".join(shlex.quote(a) for a in command),
     ]
@@ -217,6 +237,7 @@ def submission(
     output: str = "",
     time_limit_min: int | None = None,
     server: str = "",
+    log_dir: str = "",
 ) -> dict[str, Any]:
     """The slurmrestd v0.0.38 submission body for one job generation (see the module doc).
 
@@ -272,7 +293,8 @@ def submission(
             if time_limit_min:
                 comp["time_limit"] = int(time_limit_min)
         components.append(comp)
-    wrapper = _wrapper(slots, command, len(slots), master_addr, master_port, job_id, generation)
+    logs = log_dir or out.rsplit("/", 1)[0] or "/"
+    wrapper = _wrapper(slots, command, len(slots), master_addr, master_port, job_id, generation, logs)
     if len(components) == 1:
         srun = f'srun --kill-on-bad-exit=1 -n {counts[nodes[0]]} bash -c "$W" topoweb-rank'
     else:

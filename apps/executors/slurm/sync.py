@@ -47,10 +47,11 @@ from apps.scheduling import snapshot as snap
 from apps.scheduling.choices import ACTIVE_STATUSES, JobStatus, NodeState
 from apps.scheduling.cycle import queue_cycle, schedule_cluster
 from apps.scheduling.models import Allocation, Job, NodeHealth
-from apps.scheduling.selectors import generation_master_port, run_as
+from apps.scheduling.selectors import generation_master_port, rendezvous_addrs, run_as
 from apps.topology.models import Cluster, Node
 
 from ..models import ClusterExecutor, ExecutorKind, ForeignAllocation, SlurmSubmission
+from . import output as rank_output
 from .connect import slurm_env
 from .orphans import CANCEL, Verdict, claims, judge, owner
 from .rest import FINISHED_STATES, SlurmError, SlurmJob, SlurmNode, SlurmRest, group
@@ -170,6 +171,7 @@ def slurm_sync(
     stopped: set[int] = set()
     _sync_submissions(executor, client, groups, result, now, stopped)
     _stop_orphans(executor, client, groups, known, result, now, stopped)
+    rank_output.close_stopped(executor, now)
     _submit_placed(executor, client, nodes, result, now)
     if result.requeued:
         # Re-plan at once: the released jobs are placed again and submitted in this same sync.
@@ -375,7 +377,7 @@ def _sync_submissions(
             if any(c.live for c in comps):
                 _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
             SlurmSubmission.objects.filter(pk=sub.pk).update(state="CANCELLED", reason=broken)
-            _ended(job, sub, comps, "NODE_FAIL" if requeued else state, result, now, why=broken)
+            _ended(executor, job, sub, comps, "NODE_FAIL" if requeued else state, result, now, why=broken)
         elif state == "PENDING":
             _pending(job, sub, comps, foreign, client, result, now, stopped)
         elif state in ("RUNNING", "CONFIGURING", "COMPLETING"):
@@ -384,7 +386,7 @@ def _sync_submissions(
             if state != "COMPLETED" and any(c.live for c in comps):
                 # A component still completing may yet be requeued by Slurm: end it now.
                 _cancel(client, sub.slurm_job_id, sub.slurm_user, stopped)
-            _ended(job, sub, comps, state, result, now)
+            _ended(executor, job, sub, comps, state, result, now)
     _rebind(cluster, running, result, now)
     for job, _ in running:
         if job.status == JobStatus.PLACING:
@@ -392,6 +394,9 @@ def _sync_submissions(
                 locked = Job.objects.select_for_update().get(pk=job.pk)
                 if lifecycle.start(job=locked, now=now):
                     result.started.append(job.pk)
+        # Once its map is final: each rank a run, its output stored as Slurm's task writes it.
+        lifecycle.ranks_running(job=job, generation=job.generation, now=now)
+        rank_output.ship(executor, job, job.generation)
 
 
 def _broken(comps: list[SlurmJob], status: str) -> tuple[bool, str]:
@@ -605,8 +610,11 @@ def _rebind(
     return [job.pk for job, _, _ in moved]
 
 
-def _ended(job, sub, comps, state, result, now, why: str = "") -> None:
-    """The job ended in Slurm in `state` (`why`: TopoWeb stopped it there, and why)."""
+def _ended(executor, job, sub, comps, state, result, now, why: str = "") -> None:
+    """The job ended in Slurm in `state` (`why`: TopoWeb stopped it there, and why): its ranks'
+    output is stored and their runs exit first, so that ending the job releases every GPU."""
+    code, cause = rank_output.exit_of(state, comps)
+    rank_output.ranks_ended(executor, job, sub.generation, exit_code=code, cause=cause, now=now)
     jid = sub.slurm_job_id
     stop = f"; cancelled in Slurm: {why}" if why else ""
     if state == "COMPLETED":
@@ -797,14 +805,15 @@ def _submit_one(executor, client, job, foreign, all_nodes, result, now) -> None:
             command=list(launch.command) or ["true"],
             env=dict(launch.env),
             workdir=workdir,
-            # The rank map's MASTER_ADDR (`rankmaps.rankmap_json`): rank 0's node, as Slurm names it.
-            master_addr=rows[0][1],
+            # The rank map's MASTER_ADDR: rank 0's node's address as Slurm reports it (NodeAddr).
+            master_addr=rendezvous_addrs(cluster_id=job.cluster_id, nodes=[rows[0][1]])[rows[0][1]],
             master_port=generation_master_port(job.pk, job.generation),
             all_nodes=all_nodes,
             partition=executor.partition,
             output=output,
             time_limit_min=launch.time_limit_min,
             server=executor.server_id,
+            log_dir=str(rank_output.log_dir(executor, job)),
         )
         slurm_id = client.submit(body, user=user)
     except (SlurmError, ValueError) as exc:

@@ -341,19 +341,29 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             high=65535,
             default=generation_master_port(job.pk, job.generation),
         )
+        # The address the executors give the ranks (the node's recorded address, else its name).
+        addr = selectors.job_master_addr(job=job, ranks=ranks)
         fmt = request.accepted_renderer.format
         entry = request.query_params.get("entrypoint", "train.py")
         if len(entry) > 1024 or "\x00" in entry:
             return Response({"entrypoint": ["must be at most 1024 characters, without NUL"]}, status=400)
         if fmt == "openmpi":
-            return Response(rankmaps.openmpi_appfile(ranks, entrypoint=entry, master_port=port))
+            return Response(
+                rankmaps.openmpi_appfile(ranks, entrypoint=entry, master_port=port, master_addr=addr)
+            )
         if fmt == "slurm":
-            return Response(rankmaps.slurm_script(ranks, entrypoint=entry, job=job.name, master_port=port))
+            return Response(
+                rankmaps.slurm_script(
+                    ranks, entrypoint=entry, job=job.name, master_port=port, master_addr=addr
+                )
+            )
         if fmt == "slurm-hostfile":
             return Response(rankmaps.slurm_hostfile(ranks))
         if fmt == "torchrun":
-            return Response(rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port))
-        return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port))
+            return Response(
+                rankmaps.torchrun_commands(ranks, entrypoint=entry, master_port=port, master_addr=addr)
+            )
+        return Response(rankmaps.rankmap_json(ranks, job=job.name, master_port=port, master_addr=addr))
 
     @extend_schema(
         summary="The job's effective priority and its weighted terms",

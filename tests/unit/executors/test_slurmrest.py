@@ -8,9 +8,11 @@ import hmac
 import json
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,14 @@ from apps.executors.slurm.rest import (
     parse_node,
     topology_conf,
 )
-from apps.executors.slurm.script import RankSlot, bind_granted, comment, parse_comment, submission
+from apps.executors.slurm.script import (
+    RankSlot,
+    bind_granted,
+    comment,
+    parse_comment,
+    rank_log_name,
+    submission,
+)
 
 KEY = bytes(range(32))  # a cluster's jwt_hs256.key: 32 random bytes
 
@@ -196,8 +205,13 @@ def test_topology_conf_from_scontrol_output():
 NODES = [f"gpu{i:02d}" for i in range(1, 9)]
 
 
-def _body(slots, command=("python", "train.py", "--name", "it's $HOME; `x`"), env=None):
+# Where the wrappers run by these tests write each rank's output (`_run_wrapper` reads it back).
+RANK_LOGS = Path(tempfile.mkdtemp(prefix="topoweb-wrapper-test-"))
+
+
+def _body(slots, command=("python", "train.py", "--name", "it's $HOME; `x`"), env=None, log_dir=RANK_LOGS):
     return submission(
+        log_dir=str(log_dir),
         cluster="pod",
         job_id=5,
         generation=2,
@@ -254,6 +268,12 @@ def _run_wrapper(body, node, localid, granted, visible=None, check=True):
     out = subprocess.run(
         ["bash", "-c", "\n".join(lines)], env=env, capture_output=True, text=True, check=check
     )
+    # The rank's output went to its rank log (stdout and stderr both), read here as both.
+    logged = ""
+    for path in sorted(RANK_LOGS.glob("topoweb-5-2-rank*.out")):
+        logged += path.read_text()
+        path.unlink()
+    out = subprocess.CompletedProcess(out.args, out.returncode, out.stdout + logged, out.stderr + logged)
     if not check:
         return out
     return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
@@ -323,6 +343,21 @@ def test_wrapper_quotes_every_value(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"{hostile}|*|"
     assert not (tmp_path / "pwned").exists()
+
+
+def test_each_rank_writes_its_output_to_its_own_log_or_else_to_slurms(tmp_path):
+    """Rank 1 (gpu07's only task) writes stdout and stderr, in order, to topoweb-5-2-rank1.out in
+    the log directory; a directory it cannot write leaves its output to Slurm's file, with why."""
+    command = ("sh", "-c", "echo out $RANK; echo err $RANK >&2; echo end")
+    body = _body(SLOTS, command=command, log_dir=tmp_path)
+    out = _run_wrapper(body, "gpu07", 0, "0", check=False)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out
+    assert (tmp_path / rank_log_name(5, 2, 1)).read_text() == "out 1\nerr 1\nend\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["topoweb-5-2-rank1.out"]
+    missing = tmp_path / "not-there"
+    out = _run_wrapper(_body(SLOTS, command=command, log_dir=missing), "gpu03", 2, "4,5,7", check=False)
+    assert out.returncode == 0 and out.stdout == "out 3\nend\n", out
+    assert f"cannot write {missing}/topoweb-5-2-rank3.out" in out.stderr and "err 3" in out.stderr
 
 
 def test_submission_refuses_bad_input():

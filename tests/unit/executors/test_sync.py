@@ -679,3 +679,69 @@ def test_an_outage_is_named_with_since_when(cluster, fake):
     assert result.error.startswith("controller (slurmctld) unreachable since ")
     cluster.executor.refresh_from_db()
     assert cluster.executor.last_error == result.error
+
+
+def test_each_ranks_output_is_stored_while_it_runs_and_to_the_end(cluster, fake, user, tmp_path):
+    """The tasks' rank logs (here written by the test) become rank runs with their output, as an
+    agent's shipped logs: what is there at each sync, the rest when Slurm says the job ended."""
+    from apps.executors.slurm.script import rank_log_name
+    from apps.scheduling.choices import RankState
+    from apps.scheduling.models import RankRun
+    from apps.scheduling.selectors import rank_log_page
+
+    job = placed(cluster, user, 4, workdir=str(tmp_path))
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    rows = {a.rank: a for a in Allocation.objects.filter(job=job)}
+    # MASTER_ADDR: rank 0's node's address as Slurm reports it, as every rank map shows it.
+    master = NodeHealth.objects.get(node__cluster=cluster, node__name=rows[0].node_name).addr
+    assert master.startswith("10.0.0.") and f"MASTER_ADDR={master}" in fake.submitted[-1]["script"]
+    logs = {r: tmp_path / rank_log_name(job.pk, job.generation, r) for r in rows}
+    for rank, path in logs.items():
+        path.write_text(f"hello {rank}\n")
+    # A rank log that is a symbolic link (to a file the job's user may not read) is never read.
+    secret = tmp_path / "secret"
+    secret.write_text("not yours\n")
+    logs[3].unlink()
+    logs[3].symlink_to(secret)
+    sync(cluster, fake)
+    assert not RankRun.objects.filter(job=job).exists()  # not running in Slurm yet
+    fake.run(sub.slurm_job_id, {rows[0].node_name: sorted(a.gpu_index for a in rows.values())})
+    sync(cluster, fake)
+    runs = {r.rank: r for r in RankRun.objects.filter(job=job)}
+    assert sorted(runs) == [0, 1, 2, 3] and {r.state for r in runs.values()} == {RankState.STARTED}
+    assert all(runs[r].log_tail == f"hello {r}\n" for r in (0, 1, 2)) and runs[3].log_tail == ""
+    assert rank_log_page(run=runs[2], offset=0, limit=1024)["text"] == "hello 2\n"
+    logs[3].unlink()
+    logs[3].write_text("hello 3\n")
+    for rank, path in logs.items():
+        with path.open("a") as fh:
+            fh.write(f"bye {rank}\n")
+    fake.end(sub.slurm_job_id, "COMPLETED", 0)
+    sync(cluster, fake)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    for run in RankRun.objects.filter(job=job):
+        assert (run.state, run.exit_code, run.exit_cause) == (RankState.EXITED, 0, "exited")
+        assert rank_log_page(run=run, offset=0, limit=1024)["text"] == f"hello {run.rank}\nbye {run.rank}\n"
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+
+
+def test_a_cancelled_jobs_gpus_stay_booked_until_slurm_has_stopped_it(cluster, fake, user, tmp_path):
+    from apps.scheduling.choices import RankState
+    from apps.scheduling.models import RankRun
+
+    job = placed(cluster, user, 8, workdir=str(tmp_path))
+    sync(cluster, fake)
+    sub = SlurmSubmission.objects.get(job=job)
+    fake.run(sub.slurm_job_id, {Allocation.objects.filter(job=job).first().node_name: list(range(8))})
+    sync(cluster, fake)
+    job_cancel(job=job)
+    # Its ranks still run in Slurm: their GPUs are not handed to another job yet.
+    assert Allocation.objects.filter(job=job, live=True).count() == 8
+    fake.cancel(sub.slurm_job_id)
+    sync(cluster, fake)
+    assert not Allocation.objects.filter(job=job, live=True).exists()
+    assert set(RankRun.objects.filter(job=job).values_list("state", "exit_cause")) == {
+        (RankState.EXITED, "stopped")
+    }

@@ -718,3 +718,21 @@ def test_a_bad_log_chunk_is_refused_alone(nodes, alice, committed):
         "reason"
     ]
     assert answer["logs"] == {f"{job.pk}:1:{rank}": 2}
+
+
+def test_the_rank_map_shows_the_master_addr_the_agents_give_the_ranks(nodes, alice, alice_api, committed):
+    """Rank 0's node agent syncs with --addr 10.9.0.1: every node's work and every rank-map
+    format name that address as MASTER_ADDR, not the node's name."""
+    job = submit(alice, committed, "j", 16)
+    addrs = {"node-a": "10.9.0.1", "node-b": "10.9.0.2"}
+    for node, addr in addrs.items():
+        sync(nodes, node, addr=addr)
+    given = {w["master_addr"] for n, a in addrs.items() for w in sync(nodes, n, addr=a).json()["work"]}
+    assert given == {"10.9.0.1"}
+    url = f"/api/v1/jobs/{job.pk}/rankmap/"
+    assert alice_api.get(url).json()["master_addr"] == "10.9.0.1"
+    torchrun = alice_api.get(url, {"format": "torchrun"}).content.decode()
+    assert torchrun.count("--master-addr=10.9.0.1") == 2 and "--master-addr=node-a" not in torchrun
+    for fmt in ("openmpi", "slurm"):
+        text = alice_api.get(url, {"format": fmt}).content.decode()
+        assert "MASTER_ADDR=10.9.0.1" in text and "MASTER_ADDR=node-a" not in text, fmt
