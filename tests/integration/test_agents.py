@@ -302,7 +302,10 @@ def test_an_agent_restarted_after_more_than_its_lease_of_silence_asks_before_it_
     the server (which still counts them) before its bounded retry window ends, so nothing is
     fenced and the job runs on."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 8.0
+    # The lease, and the slack as long: the restarted agent has lease_s - 1 s to start and reach
+    # the server before it would fence (Python's start-up alone takes seconds at load 15).
+    lease_s = 12.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = lease_s
     for node in ("node-a", "node-b"):
         agents.start(node)
     job = services.job_submit(user=user, spec=spec(tmp_path, "kept", 8, BEHAVIOUR="sleep"))
@@ -312,15 +315,19 @@ def test_an_agent_restarted_after_more_than_its_lease_of_silence_asks_before_it_
     assert len(pids) == 8 and all(_alive(p) for p in pids)
     agents.kill(node)
     lease = _lease(tmp_path, node)
-    assert lease["fence_after_s"] == 8.0 and lease["fence_slack_s"] == 8.0
+    assert lease["fence_after_s"] == lease_s and lease["fence_slack_s"] == lease_s
     # More than the lease of silence (not more than the lease and its slack).
-    while time.time() < lease["contact"] + 9.0:
+    while time.time() < lease["contact"] + lease_s + 1:
         time.sleep(0.1)
     agents.start(node)
     log = tmp_path / f"agent-{node}.out"
-    wait_for(lambda: _lease(tmp_path, node)["contact"] > lease["contact"], timeout_s=8, what="a new contact")
+    wait_for(
+        lambda: _lease(tmp_path, node)["contact"] > lease["contact"],
+        timeout_s=lease_s - 1,
+        what="a new contact",
+    )
     # Past the longest a restarted agent could wait before it fences (contact + lease + slack).
-    while time.time() < lease["contact"] + 18.0:
+    while time.time() < lease["contact"] + 2 * lease_s + 2:
         time.sleep(0.2)
     assert "fenced" not in log.read_text()
     assert all(_alive(p) for p in pids)
