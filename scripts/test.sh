@@ -39,22 +39,21 @@ skip() {
 
 # -- system packages and services ---------------------------------------------------------------
 APT_UPDATED=0
-apt_install() { # apt_install WHY PACKAGE...: installs, or records why it could not
-  local why=$1
-  shift
+WHY="" # why the last apt_install could not install
+apt_install() { # apt_install PACKAGE...: installs, or sets WHY and fails
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    skip "$why: not installed ($*), and installing needs root and apt-get"
+    WHY="installing $* needs root and apt-get"
     return 1
   fi
   if [ $APT_UPDATED = 0 ]; then
     if ! apt-get update -qq >/dev/null 2>&1; then
-      skip "$why: not installed ($*), and apt-get update failed (no network?)"
+      WHY="apt-get update failed (no network?)"
       return 1
     fi
     APT_UPDATED=1
   fi
   if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null 2>&1; then
-    skip "$why: apt-get install $* failed"
+    WHY="apt-get install $* failed"
     return 1
   fi
 }
@@ -69,18 +68,19 @@ redis_up() { "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socke
   "$BROKER_URL" >/dev/null 2>&1; }
 wants() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
+BROWSER_WHY=""
 if wants browser && ! have_chromium; then
-  apt_install "browser stage" chromium chromium-driver
+  apt_install chromium chromium-driver || BROWSER_WHY=$WHY
 fi
 if wants integration; then
   # The fault tests start a private redis-server and look up worker processes with ps; the metrics
   # tests start a real Prometheus (promtool, same package, checks deploy/prometheus/ rules).
   if ! command -v redis-server >/dev/null || ! command -v ps >/dev/null || ! command -v prometheus >/dev/null; then
-    apt_install "Redis, Prometheus tests" redis-server procps prometheus
+    apt_install redis-server procps prometheus || skip "Redis and Prometheus packages: $WHY"
   fi
   # The Slurm executor's tests run against a real Slurm on this host (16 slurmd).
   if ! have_slurm; then
-    apt_install "Slurm tests" slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge
+    apt_install slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge || skip "Slurm packages: $WHY"
   fi
   if [ "$(id -u)" = 0 ] && have_slurm; then
     bash scripts/slurm-local.sh start >/dev/null || skip "Slurm tests: scripts/slurm-local.sh start failed"
@@ -131,7 +131,7 @@ for name in "${STAGES[@]}"; do
     if have_chromium; then
       stage browser "${UNIT_ENV[@]}" "${PYTEST[@]}" -m "not integration" tests/e2e
     else
-      skip "browser stage: no Chromium at $CHROMIUM"
+      skip "browser stage: no Chromium at $CHROMIUM${BROWSER_WHY:+ ($BROWSER_WHY)}"
     fi
     ;;
   integration)
