@@ -8,7 +8,8 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 PORT ?= 8000
 DCGM_PORT ?= $(shell expr $(PORT) + 1400)
 
-.PHONY: run run-slurm test lint format bench venv chaos chaos-fast
+.PHONY: run run-slurm test test-lint test-core test-unit test-browser test-integration lint format bench venv \
+	chaos chaos-fast
 
 venv: .venv/.installed
 
@@ -43,13 +44,19 @@ format: venv
 	.venv/bin/ruff format .
 	.venv/bin/ruff check --fix .
 
-# Unit tests on the embedded default (SQLite, eager Celery), then integration tests on Postgres and Redis.
-test: lint
-	$(PY) manage.py check
-	$(PY) manage.py makemigrations --check --dry-run
-	env -u DATABASE_URL -u CELERY_BROKER_URL TOPOWEB_TESTING=1 $(PY) -m pytest -m "not integration"
-	env DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) TOPOWEB_TESTING=1 \
-		$(PY) -m pytest -m integration
+# Every check in named stages (scripts/test.sh): lint, core (placement and agent without Django),
+# unit (SQLite, eager Celery), browser (tests/e2e, Chromium), integration (Postgres, Redis, Slurm,
+# Prometheus); as root it installs the system packages and starts the services first. The last
+# line names whatever it skipped and why. `make test-unit` (or -core, -browser, -integration,
+# -lint): one stage.
+TEST_STAGES = lint core unit browser integration
+TEST_ENV = TEST_DATABASE_URL=$(TEST_DATABASE_URL) TEST_BROKER_URL=$(TEST_BROKER_URL)
+
+test: venv
+	$(TEST_ENV) bash scripts/test.sh $(TEST_STAGES)
+
+$(addprefix test-,$(TEST_STAGES)): test-%: venv
+	$(TEST_ENV) bash scripts/test.sh $*
 
 # The fault matrix (tests/chaos: root, cgroups, useradd; Postgres and Redis as for `make test`):
 # every class CHAOS_ROUNDS times, the 3-minute web outage included; then the figures' table.

@@ -11,7 +11,13 @@ table sizes Postgres reports (rows and bytes, indexes included): raw samples (ke
 1-minute rollups (kept a day), latest values. The machine's load average is printed too: other
 work on it skews every figure.
 
-    .venv/bin/python bench/metrics_scale.py [--nodes 2048] [--passes 3] [--postgres URL] [--db-name N]
+A/B in the same run (--path both, the default): the passes alternate, in alternating order,
+between the path collection takes now (its own HTTP/1.1 client, the fast parser) and the path
+before it (httpx, looking for sniffio at every request, and prometheus-client's parser); the
+table is the current path's, and a last table compares the two.
+
+    .venv/bin/python bench/metrics_scale.py [--nodes 2048] [--passes 3] [--path both|now|before]
+        [--postgres URL] [--db-name N]
 """
 
 from __future__ import annotations
@@ -130,6 +136,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--port", type=int, default=8137)
+    parser.add_argument("--path", choices=("both", "now", "before"), default="both")
     scratch_db.add_arguments(parser, "metrics")
     args = parser.parse_args()
     with scratch_db.scratch_database(args) as url:
@@ -158,7 +165,8 @@ def run(args, url: str) -> None:
     from django.utils import timezone
 
     from apps.metrics.models import JobSample
-    from apps.metrics.services import metrics_collect, metrics_rollup
+    from apps.metrics.services import metrics_collect, metrics_rollup, source_settings
+    from apps.metrics.sources.dcgm import DcgmSource
 
     with connection.cursor() as cursor:  # TRUNCATE, not DELETE: table sizes without dead rows
         cursor.execute("TRUNCATE metrics_gpusample, metrics_gpurollup, metrics_gpulatest, metrics_nodescrape")
@@ -167,17 +175,39 @@ def run(args, url: str) -> None:
         start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
         warm = metrics_collect(cluster=cluster, now=start)
         print(f"warm-up pass: {warm.nodes_ok} nodes read, {warm.nodes_failed} failed")
-        walls, stages, parse_cpu, main_cpu = [], [], [], []
+        kinds = ("now", "before") if args.path == "both" else (args.path,)
+        timeout_s = source_settings(cluster=cluster).timeout_s
+        runs = {k: {"walls": [], "stages": [], "parse_cpu": [], "main_cpu": []} for k in kinds}
+        at = 0
         for i in range(1, args.passes + 1):
-            t, cpu = time.perf_counter(), time.process_time()
-            r = metrics_collect(cluster=cluster, now=start + timedelta(seconds=INTERVAL_S * i))
-            walls.append(time.perf_counter() - t)
-            main_cpu.append(time.process_time() - cpu)
-            stages.append(r.stage_ms)
-            parse_cpu.append(r.parse_cpu_ms)
-            assert r.nodes_failed == 0, f"{r.nodes_failed} nodes failed"
-            print(f"pass {i}: {walls[-1]:.2f} s, {r.readings} GPU readings, {r.jobs_measured} jobs measured")
-        rolled = metrics_rollup(now=start + timedelta(minutes=5))
+            # Alternating order: neither parser always runs first after the other's pass.
+            for kind in kinds if i % 2 else kinds[::-1]:
+                at += 1
+                if kind == "before":
+                    sys.modules.pop("sniffio", None)  # httpcore searches the import path again
+                    source = DcgmSource(timeout_s=timeout_s, parser="reference", client="httpx")
+                else:
+                    sys.modules.setdefault("sniffio", None)  # as apps/metrics/sources/dcgm.py sets it
+                    source = DcgmSource(timeout_s=timeout_s)
+                t, cpu = time.perf_counter(), time.process_time()
+                r = metrics_collect(
+                    cluster=cluster, source=source, now=start + timedelta(seconds=INTERVAL_S * at)
+                )
+                run_ = runs[kind]
+                run_["walls"].append(time.perf_counter() - t)
+                run_["main_cpu"].append(time.process_time() - cpu)
+                run_["stages"].append(r.stage_ms)
+                run_["parse_cpu"].append(r.parse_cpu_ms)
+                assert r.nodes_failed == 0, f"{r.nodes_failed} nodes failed"
+                print(
+                    f"pass {i} ({kind}): {run_['walls'][-1]:.2f} s, fetch + parse"
+                    f" {r.stage_ms['fetch_parse'] / 1e3:.2f} s, {r.readings} GPU readings,"
+                    f" {r.jobs_measured} jobs measured"
+                )
+        walls, stages, parse_cpu, main_cpu = (
+            runs[kinds[0]][k] for k in ("walls", "stages", "parse_cpu", "main_cpu")
+        )
+        rolled = metrics_rollup(now=start + timedelta(minutes=10))
         with connection.cursor() as cursor:
             sizes = {t: table_bytes(cursor, t) for t in TABLES}
     finally:
@@ -237,6 +267,30 @@ def run(args, url: str) -> None:
     print(f"| latest values | {latest_rows:,} rows, updated in place | | {latest_bytes / 1e6:.1f} MB |")
     per_pass = JobSample.objects.filter(job__cluster=cluster, at__gte=start).count() // (args.passes + 1)
     print(f"| per-job samples | {per_pass} per pass x {passes_per_day:.0f} | | with the job |")
+    if len(kinds) == 2:
+        print()
+        print(f"| A/B in this run, median of {args.passes} passes each | before | now | before / now |")
+        print("|---|---|---|---|")
+        rows = {
+            "fetch + parse (wall)": [
+                statistics.median(s["fetch_parse"] for s in runs[k]["stages"]) / 1e3 for k in kinds
+            ],
+            "parsers' CPU time": [statistics.median(runs[k]["parse_cpu"]) / 1e3 for k in kinds],
+            "collector process CPU time (fetch, store, jobs)": [
+                statistics.median(runs[k]["main_cpu"]) for k in kinds
+            ],
+            "pass time (wall)": [statistics.median(runs[k]["walls"]) for k in kinds],
+        }
+        for label, (now, before) in rows.items():
+            print(f"| {label} | {before:.2f} s | {now:.2f} s | {before / now:.1f}x |")
+        fp = rows["fetch + parse (wall)"]
+        print(
+            f"| fetch + parse / {INTERVAL_S:.0f} s interval | {fp[1] / INTERVAL_S:.2f} | {fp[0] / INTERVAL_S:.2f} | |"
+        )
+        figure("ab.fetch_parse_s.before", fp[1], "s")
+        figure("ab.fetch_parse_s.now", fp[0], "s")
+        figure("ab.parse_cpu_s.before", rows["parsers' CPU time"][1], "s")
+        figure("ab.parse_cpu_s.now", rows["parsers' CPU time"][0], "s")
     print()
     print(f"load average (1 min) before / after: {load_before:.2f} / {load_after:.2f}")
 

@@ -1,7 +1,9 @@
-"""Shared test setup: the testing flag, and guards for tests that need Postgres or Redis.
+"""Shared test setup: the testing flag, Hypothesis' profiles, and guards for tests that need
+Postgres or Redis.
 
 A test that needs a service skips when the service is absent, except under CI=true, where a missing
-service is a failure (CI must run everything).
+service is a failure (CI must run everything). With TOPOWEB_SKIPS_FILE set (scripts/test.sh sets
+it), each skipped test's reason is appended to that file, one line each.
 """
 
 import os
@@ -12,6 +14,12 @@ from pathlib import Path
 os.environ.setdefault("TOPOWEB_TESTING", "1")
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests are budgeted by examples (each test's max_examples), never by wall time: no
+# per-example deadline and no "too slow" health check, which a loaded machine would trip. Under
+# CI, Hypothesis' own "ci" profile (the same, derandomized: each run tries the same examples).
+settings.register_profile("topoweb", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -20,6 +28,21 @@ EXAMPLES = REPO_ROOT / "examples"
 def in_ci() -> bool:
     """True when running under CI (the CI variable set to true/1/yes)."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "topoweb"))
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Append a skipped test's reason to TOPOWEB_SKIPS_FILE (when set)."""
+    path = os.environ.get("TOPOWEB_SKIPS_FILE")
+    if not path or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = " ".join(reason.removeprefix("Skipped: ").split())[:200]
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(reason + "\n")
 
 
 def service_missing(reason: str) -> None:

@@ -1,14 +1,22 @@
-"""dcgm-exporter and node-exporter text, read with prometheus-client's parser (no Django).
+"""dcgm-exporter and node-exporter text (no Django).
 
 `parse_scrape(text, n_gpus=...)` turns one node's scrape into per-GPU readings (one per whole GPU
 and one per MIG instance, `GPU_I_ID`) and per-port InfiniBand byte counters. Only the fields of
 `GPU_FIELDS` are kept; a field the exporter does not send stays absent (never zero), and a value
 outside its physical range is dropped and reported in `rejected`.
+
+Two parsers give the same Scrape: `parse_scrape_reference` reads every sample with
+prometheus-client's parser; `parse_scrape` (what collection uses, several times faster) checks
+each line against the text format as exporters write it (one compiled pattern per line), reads
+labels and values of the kept fields only, and hands any page it does not read that way (escaped
+label values, odd spacing, a field typed counter, garbage) to the reference parser, which parses
+it or raises.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -165,9 +173,10 @@ def add_nic_sample(scrape: Scrape, metric: str, labels: Mapping[str, str], value
     setattr(nic, IB_FIELDS[metric], value)
 
 
-def parse_scrape(text: str, *, n_gpus: int | None = None) -> Scrape:
-    """Parse one node's exporter text. Raises ValueError when the text is not the Prometheus text
-    format (garbage, a truncated line); samples of fields we do not keep are skipped."""
+def parse_scrape_reference(text: str, *, n_gpus: int | None = None) -> Scrape:
+    """Parse one node's exporter text with prometheus-client's parser. Raises ValueError when the
+    text is not the Prometheus text format (garbage, a truncated line); samples of fields we do
+    not keep are skipped."""
     scrape = Scrape()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -177,6 +186,82 @@ def parse_scrape(text: str, *, n_gpus: int | None = None) -> Scrape:
             elif name in GPU_FIELDS:
                 add_gpu_sample(scrape, name, sample.labels, sample.value, gpu_label(sample.labels, n_gpus))
     return scrape
+
+
+# One sample line as exporters write it: a legacy metric name, labels whose values need no escape
+# (names not starting with "__"), a value of at most 40 characters, an optional integer timestamp,
+# spaces between them.
+_LABEL = r'(?:[a-zA-Z]|_[a-zA-Z0-9])[a-zA-Z0-9_]*="[^"\\\n]*"'
+_SAMPLE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"
+    rf"(?:\{{((?:{_LABEL},)*(?:{_LABEL},?)?)\}})?"
+    r" +([-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|NaN|Inf))"
+    r"(?: +-?[0-9]{1,20})?[ \t\r]*"
+)
+_LABEL_PAIR = re.compile(r'([a-zA-Z0-9_]+)="([^"]*)"')
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+# HELP and TYPE lines the reference parser reads alike; TYPE with one of its five types.
+_HELP = re.compile(r"# HELP [a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t].*)?")
+_TYPE = re.compile(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|untyped|summary|histogram)[ \t\r]*")
+# A counter family not named *_total: prometheus-client renames its samples NAME_total.
+_RENAMED_BY_COUNTER = frozenset(GPU_FIELDS) | {name.removesuffix("_total") for name in IB_FIELDS}
+_MAX_VALUE_CHARS = 40
+
+
+class _NotCanonical(Exception):
+    """A line the fast parser does not read; the reference parser decides."""
+
+
+def parse_scrape(text: str, *, n_gpus: int | None = None) -> Scrape:
+    """Parse one node's exporter text: the same Scrape as `parse_scrape_reference` (and the same
+    ValueError on text that is not the Prometheus text format), reading only the kept fields."""
+    try:
+        return _parse_canonical(text, n_gpus)
+    except _NotCanonical:
+        return parse_scrape_reference(text, n_gpus=n_gpus)
+
+
+def _parse_canonical(text: str, n_gpus: int | None) -> Scrape:
+    scrape = Scrape()
+    match_sample = _SAMPLE.fullmatch
+    for line in text.split("\n"):
+        if not line or line.isspace():
+            continue
+        if line[0] == "#":
+            # Other comments are skipped; one that may be a HELP or TYPE line must be canonical.
+            if "HELP" in line or "TYPE" in line or not line.startswith("# "):
+                _comment(line)
+            continue
+        m = match_sample(line)
+        if m is None:
+            raise _NotCanonical
+        name, body = m.group(1, 2)
+        pairs = _LABEL_PAIR.findall(body) if body else ()
+        labels = dict(pairs)
+        if len(labels) != len(pairs):
+            raise _NotCanonical  # a label named twice: an error there
+        if name not in GPU_FIELDS and name not in IB_FIELDS:
+            continue
+        raw = m.group(3)
+        if len(raw) > _MAX_VALUE_CHARS:
+            raise _NotCanonical  # a number too long for a float: not read alike
+        value = int(raw) if _INTEGER.fullmatch(raw) else float(raw)
+        if name in IB_FIELDS:
+            add_nic_sample(scrape, name, labels, value)
+        else:
+            add_gpu_sample(scrape, name, labels, value, gpu_label(labels, n_gpus))
+    return scrape
+
+
+def _comment(line: str) -> None:
+    """A comment line read as the reference parser reads it, or _NotCanonical."""
+    if line.startswith("# HELP "):
+        if _HELP.fullmatch(line) is None:
+            raise _NotCanonical
+        return
+    typed = _TYPE.fullmatch(line)
+    if typed is None or (typed.group(2) == "counter" and typed.group(1) in _RENAMED_BY_COUNTER):
+        raise _NotCanonical
 
 
 def exposition_lines(metric: str, rows: Iterable[tuple[Mapping[str, str], float]], help_text: str) -> str:

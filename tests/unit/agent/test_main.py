@@ -90,7 +90,8 @@ def test_an_agent_restarted_while_cut_off_keeps_counting_its_lease_from_the_last
     again._last_ok = time.monotonic()
     again._load_lease()
     assert again.fence_after_s == 50.0
-    assert 99 < time.monotonic() - again._last_ok < 102
+    # From the contact 100 s ago, not from now (the upper bound leaves a loaded machine room).
+    assert 99 < time.monotonic() - again._last_ok < 130
 
 
 def test_a_failed_sync_without_a_message_is_logged_by_its_kind(tmp_path, caplog):

@@ -43,7 +43,7 @@ def test_the_a100_scrape_stores_tensor_active_for_that_gpu_and_the_mig_instance_
         (("text", "<html>oops</html> {{{\n"), "not exporter text"),
         (("status", 500), "HTTP 500"),
         (("sleep", 1.5), "timeout after 0.5 s"),
-        (("truncated", GOOD), "RemoteProtocolError"),
+        (("truncated", GOOD), "IncompleteReadError"),
     ],
     ids=["garbage", "http-500", "timeout", "truncated"],
 )

@@ -123,7 +123,7 @@ def test_many_large_hostlists_in_a_node_file_are_refused_at_the_budget():
     from apps.placement.convert import Source, import_sources
 
     gres = "".join(f"NodeName=n[1-90000] Name=gpu File=/dev/nvidia{k}\n" for k in range(2000))
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time: the work done, not the wait for a core on a busy machine
     with pytest.raises(SpecError) as exc:
         import_sources(
             "slurm-tree", [Source("topology.conf", "SwitchName=s Nodes=n1\n"), Source("gres.conf", gres)]
@@ -131,7 +131,7 @@ def test_many_large_hostlists_in_a_node_file_are_refused_at_the_budget():
     # Refused at the fifth of 2,000 lines: the work stops at the budget (a loose bound: CI is shared).
     where, message = exc.value.errors[0]
     assert where == "gres.conf:5" and "more than 400000 nodes in all" in message
-    assert time.perf_counter() - started < 30
+    assert time.thread_time() - started < 30
 
 
 def test_a_flat_cluster_default_is_passed_over_with_a_warning_naming_it():
