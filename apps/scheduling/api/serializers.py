@@ -11,7 +11,7 @@ from rest_framework import serializers
 from apps.topology.models import Cluster, Gpu
 
 from ..account_models import DEFAULT_QOS
-from ..models import Job, MigrationProposal, Qos, SchedulingCycle
+from ..models import AccountMembership, Job, MigrationProposal, Qos, SchedulingCycle
 from ..selectors import spec_shown
 
 LIST_FIELDS = [
@@ -41,7 +41,7 @@ LIST_FIELDS = [
     "predicted_step_ms",
     "predicted_mfu",
 ]
-DETAIL_FIELDS = [*LIST_FIELDS, "account", "qos", "borrowed", "predicted", "flows", "spec"]
+DETAIL_FIELDS = [*LIST_FIELDS, "account", "qos", "held", "borrowed", "predicted", "flows", "spec"]
 # The columns a list response reads: the list query loads only these.
 LIST_COLUMNS = [
     *(f for f in LIST_FIELDS if f not in ("cluster_name", "owner", "overdue_reason")),
@@ -119,9 +119,11 @@ class JobSerializer(JobListSerializer):
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
         out = super().to_representation(instance)
-        out["account"] = instance.account_id
-        # By id, as its account (the priority endpoint and the pending reason name it).
-        out["qos"] = instance.qos_id
+        # By name, as a spec names them (`"account": "research"`, `"qos": "high"`), the priority
+        # endpoint and the pending reasons do: a QOS name is unique on the job's cluster.
+        out["account"] = instance.account.name if instance.account_id is not None else None
+        out["qos"] = instance.qos.name if instance.qos_id is not None else None
+        out["held"] = instance.held
         out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows
@@ -216,6 +218,8 @@ class QosSerializer(serializers.ModelSerializer):
             "name",
             "priority",
             "max_gpus_per_job",
+            "max_running_gpus",
+            "max_running_jobs",
             "max_running_gpus_per_user",
             "max_running_jobs_per_user",
             "max_running_gpus_per_account",
@@ -249,3 +253,40 @@ class QosSerializer(serializers.ModelSerializer):
                 {"name": f"cluster {cluster.name} already has a QOS named {name}"}
             )
         return attrs
+
+
+class PrioritySerializer(serializers.Serializer):
+    """Body of a priority change: the job's new requested priority (the caller's limit bounds it)."""
+
+    priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    """A member of an account and the account's QOS they may use (`qos`: ids; none listed on a
+    cluster: all the account's there). Only `qos` is written, by the account's coordinators and
+    by admins."""
+
+    account = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    qos = serializers.PrimaryKeyRelatedField(many=True, queryset=Qos.objects.all(), required=True)
+    qos_names = serializers.SerializerMethodField(help_text="Each listed QOS as cluster/name.")
+
+    class Meta:
+        model = AccountMembership
+        fields = ["id", "account", "user", "is_default", "is_coordinator", "qos", "qos_names"]
+        read_only_fields = ["id", "account", "user", "is_default", "is_coordinator"]
+
+    def get_qos_names(self, obj: AccountMembership) -> list[str]:
+        return [f"{q.cluster.name}/{q.name}" for q in obj.qos.all()]
+
+    def validate_qos(self, value: list[Qos]) -> list[Qos]:
+        if len(value) > 1000:
+            raise serializers.ValidationError("at most 1000 QOS")
+        allowed = set(self.instance.account.qos.values_list("pk", flat=True)) if self.instance else set()
+        outside = sorted(q.name for q in value if q.pk not in allowed)
+        if outside:
+            raise serializers.ValidationError(
+                f"account {self.instance.account.name} may not use {', '.join(outside)}: a member may"
+                " only be given QOS their account lists"
+            )
+        return value
