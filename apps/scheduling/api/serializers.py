@@ -14,6 +14,7 @@ from ..account_models import DEFAULT_QOS
 from ..models import AccountMembership, Job, MigrationProposal, Qos, SchedulingCycle
 from ..selectors import spec_shown
 
+MAX_MEMBER_QOS = 1000
 LIST_FIELDS = [
     "id",
     "name",
@@ -112,6 +113,17 @@ class JobListSerializer(serializers.ModelSerializer):
 class JobSerializer(JobListSerializer):
     """A job: its spec, status, why it waits, predicted costs (ms per step, MFU fraction, the
     placement output's per-group `predicted` block) and its own flows per leaf."""
+
+    account = serializers.CharField(
+        read_only=True, allow_null=True, help_text="The account it was submitted as, by name (null: none)."
+    )
+    qos = serializers.CharField(
+        read_only=True, allow_null=True, help_text="Its QOS, by name (unique on its cluster)."
+    )
+    held = serializers.BooleanField(
+        read_only=True,
+        help_text="Held by an operator or its account's coordinator: not placed until released.",
+    )
 
     class Meta(JobListSerializer.Meta):
         fields = DETAIL_FIELDS
@@ -268,7 +280,9 @@ class MembershipSerializer(serializers.ModelSerializer):
 
     account = serializers.SlugRelatedField(slug_field="name", read_only=True)
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    qos = serializers.PrimaryKeyRelatedField(many=True, queryset=Qos.objects.all(), required=True)
+    qos = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1), max_length=MAX_MEMBER_QOS
+    )
     qos_names = serializers.SerializerMethodField(help_text="Each listed QOS as cluster/name.")
 
     class Meta:
@@ -276,17 +290,40 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["id", "account", "user", "is_default", "is_coordinator", "qos", "qos_names"]
         read_only_fields = ["id", "account", "user", "is_default", "is_coordinator"]
 
-    def get_qos_names(self, obj: AccountMembership) -> list[str]:
-        return [f"{q.cluster.name}/{q.name}" for q in obj.qos.all()]
+    @staticmethod
+    def _listed(instance: AccountMembership) -> list[Qos]:
+        return sorted(instance.qos.all(), key=lambda q: (q.cluster.name, q.name))
 
-    def validate_qos(self, value: list[Qos]) -> list[Qos]:
-        if len(value) > 1000:
-            raise serializers.ValidationError("at most 1000 QOS")
-        allowed = set(self.instance.account.qos.values_list("pk", flat=True)) if self.instance else set()
-        outside = sorted(q.name for q in value if q.pk not in allowed)
+    def get_qos_names(self, instance: AccountMembership) -> list[str]:
+        return [f"{q.cluster.name}/{q.name}" for q in self._listed(instance)]
+
+    def to_representation(self, instance: AccountMembership) -> dict[str, Any]:
+        listed = self._listed(instance)
+        return {
+            "id": instance.pk,
+            "account": instance.account.name,
+            "user": instance.user.get_username(),
+            "is_default": instance.is_default,
+            "is_coordinator": instance.is_coordinator,
+            "qos": [q.pk for q in listed],
+            "qos_names": [f"{q.cluster.name}/{q.name}" for q in listed],
+        }
+
+    def validate_qos(self, value: list[int]) -> list[Qos]:
+        """Only QOS the member's account lists (in one query)."""
+        account = self.instance.account
+        wanted = set(value)
+        found = {q.pk: q for q in account.qos.filter(pk__in=wanted)}
+        outside = sorted(wanted - set(found))
         if outside:
+            names = dict(Qos.objects.filter(pk__in=outside[:20]).values_list("pk", "name"))
+            shown = ", ".join(names.get(pk, f"no QOS {pk}") for pk in outside[:20])
             raise serializers.ValidationError(
-                f"account {self.instance.account.name} may not use {', '.join(outside)}: a member may"
-                " only be given QOS their account lists"
+                f"account {account.name} may not use {shown}: a member may only be given QOS their"
+                " account lists"
             )
-        return value
+        return list(found.values())
+
+    def update(self, instance: AccountMembership, validated_data: dict) -> AccountMembership:
+        instance.qos.set(validated_data["qos"])
+        return instance

@@ -152,3 +152,32 @@ def test_a_coordinator_chooses_which_of_the_accounts_qos_a_member_may_use(resear
         .status_code
         == 403
     )
+
+
+def test_the_job_page_lets_a_coordinator_hold_reprioritise_and_cancel(
+    research, alice, bob, committed, client
+):
+    _, carol, _ = research
+    committed(services.job_submit, user=alice, spec=small_spec("all", 16))
+    job = committed(services.job_submit, user=alice, spec=small_spec("w", 8))
+    client.force_login(carol)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'action="/jobs/{job.pk}/hold/"' in page and f'action="/jobs/{job.pk}/priority/"' in page
+    assert client.post(f"/jobs/{job.pk}/hold/").status_code == 302
+    assert reloaded(job).held
+    assert f'action="/jobs/{job.pk}/release/"' in client.get(f"/jobs/{job.pk}/").content.decode()
+    assert client.post(f"/jobs/{job.pk}/priority/", {"priority": "30"}).status_code == 302
+    assert reloaded(job).priority == 30
+    assert client.post(f"/jobs/{job.pk}/priority/", {"priority": "1e9"}).status_code == 400
+    over = client.post(f"/jobs/{job.pk}/priority/", {"priority": "60"}, follow=True)
+    assert "over the limit of 50 for account research" in over.content.decode()
+    assert reloaded(job).priority == 30
+    # The owner may cancel but not hold; another user does not see the job.
+    client.force_login(alice)
+    assert client.post(f"/jobs/{job.pk}/hold/").status_code == 403
+    assert f'action="/jobs/{job.pk}/hold/"' not in client.get(f"/jobs/{job.pk}/").content.decode()
+    client.force_login(bob)
+    assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 404
+    client.force_login(carol)
+    assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 302
+    assert reloaded(job).status == JobStatus.CANCELLED

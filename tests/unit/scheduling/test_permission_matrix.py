@@ -183,6 +183,21 @@ MATRIX = [
         None,
         cells(200, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, coordinator=200),
     ),
+    # The job page's buttons: the same rule as the API (a redirect back to the page when allowed).
+    (
+        "POST",
+        "/jobs/{waiting}/hold/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, operator=302)
+        | {"admin": 302, "superuser": 302, "coordinator": 302},
+    ),
+    (
+        "POST",
+        "/jobs/{job}/cancel/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, operator=302)
+        | {"owner": 302, "admin": 302, "superuser": 302, "coordinator": 302},
+    ),
     (
         "POST",
         "/jobs/{job}/migrations/{proposal}/apply/",
