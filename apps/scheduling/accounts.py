@@ -459,6 +459,7 @@ def accounts_use(*, clusters: list[Cluster] | None = None, now: datetime | None 
                     "cluster": cluster.name,
                     "running_gpus": standing.held_gpus.get(pk, 0),
                     "max_running_gpus": lim.max_running_gpus if lim else None,
+                    "max_running_jobs": lim.max_running_jobs if lim else None,
                     "gpu_hours_used": standing.used_s(pk, window_h) / 3600.0,
                     "used_since": now - timedelta(hours=window_h),
                     "used_until": now,

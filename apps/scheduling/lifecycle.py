@@ -397,7 +397,8 @@ def finish(*, job: Job, status: str, reason: str = "", now: datetime | None = No
     job.pending_reason = reason
     job.finished_at = now
     job.overdue = False
-    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
+    job.held = False  # a hold only kept a waiting job from being placed
+    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue", "held"])
     _leave_generations(job.pk, job.cluster_id, now)
     return job
 

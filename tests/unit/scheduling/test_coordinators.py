@@ -180,4 +180,4 @@ def test_the_job_page_lets_a_coordinator_hold_reprioritise_and_cancel(
     assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 404
     client.force_login(carol)
     assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 302
-    assert reloaded(job).status == JobStatus.CANCELLED
+    assert reloaded(job).status == JobStatus.CANCELLED and not reloaded(job).held
