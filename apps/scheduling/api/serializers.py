@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.topology.models import Cluster, Gpu
@@ -115,10 +116,16 @@ class JobSerializer(JobListSerializer):
     placement output's per-group `predicted` block) and its own flows per leaf."""
 
     account = serializers.CharField(
-        read_only=True, allow_null=True, help_text="The account it was submitted as, by name (null: none)."
+        source="account.name",
+        read_only=True,
+        allow_null=True,
+        help_text="The account it was submitted as, by name (null: none).",
     )
     qos = serializers.CharField(
-        read_only=True, allow_null=True, help_text="Its QOS, by name (unique on its cluster)."
+        source="qos.name",
+        read_only=True,
+        allow_null=True,
+        help_text="Its QOS, by name (unique on its cluster).",
     )
     held = serializers.BooleanField(
         read_only=True,
@@ -273,6 +280,29 @@ class PrioritySerializer(serializers.Serializer):
     priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000)
 
 
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1},
+        "maxItems": MAX_MEMBER_QOS,
+        "uniqueItems": False,
+    }
+)
+class QosIdsField(serializers.Field):
+    """A list of QOS ids (at most MAX_MEMBER_QOS, each a positive 64-bit integer); a bad one is a
+    single message naming the field, not a nested error per item."""
+
+    def to_internal_value(self, data) -> list[int]:
+        if not isinstance(data, list) or len(data) > MAX_MEMBER_QOS:
+            raise serializers.ValidationError(f"a list of at most {MAX_MEMBER_QOS} QOS ids")
+        if not all(type(v) is int and 1 <= v < 2**63 for v in data):
+            raise serializers.ValidationError("each QOS id is a whole number from 1 to 2**63-1")
+        return data
+
+    def to_representation(self, value) -> list[int]:
+        return [q.pk for q in value.all()]
+
+
 class MembershipSerializer(serializers.ModelSerializer):
     """A member of an account and the account's QOS they may use (`qos`: ids; none listed on a
     cluster: all the account's there). Only `qos` is written, by the account's coordinators and
@@ -280,8 +310,8 @@ class MembershipSerializer(serializers.ModelSerializer):
 
     account = serializers.SlugRelatedField(slug_field="name", read_only=True)
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    qos = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1), max_length=MAX_MEMBER_QOS
+    qos = QosIdsField(
+        help_text=f"The ids of the account's QOS the member may use (at most {MAX_MEMBER_QOS})."
     )
     qos_names = serializers.SerializerMethodField(help_text="Each listed QOS as cluster/name.")
 
