@@ -275,6 +275,60 @@ EXAMPLES: dict[str, dict] = {
         )
     },
     "v1_jobs_start_create": {"response": ("200", {"running": ("The job, now running", JOB)})},
+    "v1_jobs_hold_create": {
+        "response": (
+            "200",
+            {
+                "held": (
+                    "The job, held",
+                    {
+                        **JOB,
+                        "status": "queued",
+                        "held": True,
+                        "pending_reason": "held by carol: it waits until released",
+                    },
+                )
+            },
+        )
+    },
+    "v1_jobs_release_create": {
+        "response": (
+            "200",
+            {
+                "released": (
+                    "The job, released",
+                    {**JOB, "status": "queued", "held": False, "pending_reason": "released by carol"},
+                )
+            },
+        )
+    },
+    "v1_jobs_requeue_create": {
+        "response": (
+            "200",
+            {
+                "requeued": (
+                    "The job, back in the queue",
+                    {
+                        **JOB,
+                        "status": "queued",
+                        "requeues": 1,
+                        "requeue_reason": "by carol",
+                        "pending_reason": "requeued: by carol",
+                    },
+                )
+            },
+        )
+    },
+    "v1_jobs_priority_create": {
+        "request": {
+            media: {"raise": ("Raise the job's requested priority", body)}
+            for media, body in (
+                ("application/json", {"priority": 40}),
+                ("application/yaml", "priority: 40\n"),
+                ("text/yaml", "priority: 40\n"),
+            )
+        }
+    },
     "v1_jobs_complete_create": {
         "response": (
             "200",
@@ -333,6 +387,12 @@ EXAMPLES: dict[str, dict] = {
     "v1_clusters_import_create": {"request": _spec_body(*TOPOLOGY_BODIES, multipart=True)},
     "v1_clusters_update": {"request": CLUSTER_SETTINGS},
     "v1_clusters_partial_update": {"request": CLUSTER_POLICY},
+    "v1_memberships_update": {
+        "request": {"application/json": {"only": ("The member may use QOS 2 and 5 only", {"qos": [2, 5]})}}
+    },
+    "v1_memberships_partial_update": {
+        "request": {"application/json": {"all": ("The member may use every QOS of the account", {"qos": []})}}
+    },
     "v1_qos_create": {"request": QOS_SCAVENGER},
     "v1_qos_update": {"request": QOS_HIGH},
     "v1_qos_partial_update": {

@@ -9,6 +9,8 @@ from . import roles
 from .authentication import launcher_of
 
 LIFECYCLE_ACTIONS = frozenset({"start", "complete", "fail"})
+# Operators' actions on a job that its account's coordinators may take too (and its owner, cancel).
+MANAGE_ACTIONS = frozenset({"cancel", "hold", "release", "requeue", "priority_change"})
 JOB_READS = frozenset({"list", "retrieve", "placement", "rankmap"})
 
 
@@ -43,10 +45,16 @@ class LauncherTokenPermission(BasePermission):
 
 class JobPermission(BasePermission):
     """Users (never launchers): reads for any signed-in user (the queryset hides other users' jobs
-    unless the user may see all); submit with `can_submit`; cancel their own jobs, or any with
-    scheduling.change_job, which the lifecycle actions (start, complete, fail) always need."""
+    unless the user may see all or coordinates their account); submit with `can_submit`; cancel
+    their own jobs; cancel, hold, release, requeue and re-prioritise any job with
+    scheduling.change_job (operators) or, when the view's `coordinates(user, job)` says so, as
+    its account's coordinator; the lifecycle actions (start, complete, fail) always need
+    scheduling.change_job."""
 
-    message = "This needs the operator role (scheduling.change_job) or your own job."
+    message = (
+        "This needs the operator role (scheduling.change_job), a coordinator of the job's account,"
+        " or (to cancel) your own job."
+    )
 
     def has_permission(self, request, view) -> bool:
         user = request.user
@@ -63,9 +71,15 @@ class JobPermission(BasePermission):
         user = request.user
         if roles.can(user, roles.MANAGE_JOBS):
             return True
-        if getattr(view, "action", None) in LIFECYCLE_ACTIONS:
+        action = getattr(view, "action", None)
+        if action in LIFECYCLE_ACTIONS:
             return False
-        return obj.owner_id == user.pk or (request.method in SAFE_METHODS and roles.sees_all_jobs(user))
+        if request.method in SAFE_METHODS:
+            return True  # the queryset shows only the jobs the user may see
+        coordinates = getattr(view, "coordinates", None)
+        if action in MANAGE_ACTIONS and coordinates is not None and coordinates(user, obj):
+            return True
+        return action == "cancel" and obj.owner_id == user.pk
 
 
 def holds(perm: str) -> type[BasePermission]:

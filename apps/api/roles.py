@@ -10,6 +10,13 @@ dashboard all check, so the three agree.
   clusters, edits topology rows, creates launcher tokens.
 
 A superuser has every permission; the staff flag alone only opens the admin site's door.
+
+Beside the roles, a **coordinator** of an account (`AccountMembership.is_coordinator`, Slurm's
+account coordinator) is an operator scoped to that account's jobs: cancels, holds, releases,
+requeues and re-prioritises them, and chooses which of the account's QOS each member may use.
+Everything cluster-wide (settings, drains, imports, QOS definitions) stays with the roles above.
+Who coordinates what is the scheduling app's (`apps.scheduling.selectors.coordinates`); views
+tell the permissions here through their `coordinates(user, obj)` method.
 """
 
 from __future__ import annotations

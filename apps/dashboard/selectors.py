@@ -28,6 +28,7 @@ from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
 from apps.scheduling.node_models import NodeHealth
 from apps.scheduling.nodes import node_state_map, shown_state
+from apps.scheduling.selectors import coordinated_accounts, coordinated_ids
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
 from apps.topology.models import Cluster, Link, Nic, Node, Switch
@@ -48,8 +49,11 @@ def layout_for(topology: Topology) -> ClusterLayout:
 
 
 def can_see_details(user, job: Job) -> bool:
-    """True if `user` may see the job's name, owner, spec, ranks and predictions."""
-    return bool(job.owner_id == user.pk or roles.sees_all_jobs(user))
+    """True if `user` may see the job's name, owner, spec, ranks and predictions: its owner, a
+    viewer (operator, admin) or a coordinator of its account."""
+    if job.owner_id == user.pk or roles.sees_all_jobs(user):
+        return True
+    return job.account_id is not None and job.account_id in coordinated_ids(user)
 
 
 def job_label(user, job: Job) -> str:
@@ -60,9 +64,12 @@ def job_label(user, job: Job) -> str:
 
 
 def visible_jobs(user) -> QuerySet[Job]:
-    """The jobs whose page `user` may open: all with scheduling.view_job, their own otherwise."""
-    jobs = Job.objects.select_related("cluster", "owner")
-    return jobs if roles.sees_all_jobs(user) else jobs.filter(owner=user)
+    """The jobs whose page `user` may open: all with scheduling.view_job, otherwise their own and
+    those of the accounts they coordinate."""
+    jobs = Job.objects.select_related("cluster", "owner", "qos")
+    if roles.sees_all_jobs(user):
+        return jobs
+    return jobs.filter(Q(owner=user) | Q(account_id__in=coordinated_accounts(user)))
 
 
 @dataclass(frozen=True)

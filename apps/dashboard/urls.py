@@ -1,6 +1,6 @@
 """Dashboard pages, mounted at the site root."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from .views import cluster, imports, job, nodes, now, queue, search, usage, vendor
 
@@ -37,6 +37,11 @@ urlpatterns = [
     path("welcome/", now.landing, name="landing"),
     path("queue/", queue.queue_page, name="queue"),
     path("jobs/<int:pk>/", job.job_page, name="job"),
+    re_path(
+        r"^jobs/(?P<pk>[0-9]{1,18})/(?P<action>cancel|hold|release|requeue|priority)/$",
+        job.job_manage,
+        name="job-manage",
+    ),
     path(
         "jobs/<int:pk>/migrations/<int:proposal>/apply/",
         job.proposal_decide,

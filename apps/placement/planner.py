@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from .costmodel import evaluate
-from .planning import AccountQuota, ActiveJob, ClusterSnapshot, QosLimits, QueuedJob
+from .planning import AccountQuota, ActiveJob, ClusterSnapshot, QosLimits, QueuedJob, time_limit_s
 from .solvers import NoFit, Placement, place
 from .solvers.base import shortage
 from .topology import shorten
@@ -132,7 +132,7 @@ def plan_cycle(
     """
     limits = _Limits(quotas or {}, qos or {}, now)
     for a in snapshot.active:
-        limits.hold(a.account, a.owner, a.qos, len(a.gids), a.expected_end)
+        limits.hold(a.account, a.owner, a.qos, len(a.gids), a.charged_until)
     topo = snapshot.topology
     free = snapshot.free.copy()
     load = dict(snapshot.link_load)
@@ -154,7 +154,8 @@ def plan_cycle(
             spec = job.spec
             policy = job.policy or cluster_policy
             quota = limits.quotas.get(job.account) if job.account is not None else None
-            over, borrowing = limits.why(job, spec.gpus, spec.estimated_runtime_s)
+            limit_s = time_limit_s(spec)
+            over, borrowing = limits.why(job, spec.gpus, limit_s)
             if over and not borrowing:
                 plan.waiting[job.job_id] = over
                 continue
@@ -185,7 +186,7 @@ def plan_cycle(
             if isinstance(result, Placement):
                 _take(free, load, result)
                 plan.bookings.append(Booking(job, result, borrowing))
-                limits.hold(job.account, job.owner, job.qos, spec.gpus, _end(now, spec.estimated_runtime_s))
+                limits.hold(job.account, job.owner, job.qos, spec.gpus, _end(now, limit_s))
                 holders[job.job_id] = _Holder(
                     result.gids, _end(now, spec.estimated_runtime_s), result.prediction.flows
                 )
@@ -232,7 +233,7 @@ def plan_cycle(
                         stopping[list(victim.gids)] = victim.launched
                         _subtract(load, victim.flows)
                         limits.hold(
-                            victim.account, victim.owner, victim.qos, -len(victim.gids), victim.expected_end
+                            victim.account, victim.owner, victim.qos, -len(victim.gids), victim.charged_until
                         )
                         lender = quota.name if reclaim and victim.borrowed else ""
                         why = ""
@@ -244,9 +245,7 @@ def plan_cycle(
                         plan.evictions.append(
                             Eviction(victim, job.job_id, job.priority, victim.launched, lender, why)
                         )
-                    limits.hold(
-                        job.account, job.owner, job.qos, spec.gpus, _end(now, spec.estimated_runtime_s)
-                    )
+                    limits.hold(job.account, job.owner, job.qos, spec.gpus, _end(now, limit_s))
                     if waits:
                         # Held for it: no job behind it takes these GPUs while the ranks stop.
                         free[gids] = False
@@ -320,7 +319,7 @@ class _Limits:
         return self.use.get(key, [0, 0, 0.0])
 
     def why(self, job: QueuedJob, gpus: int, runtime_s: float | None) -> tuple[str, bool]:
-        """Why `job` (`gpus` GPUs for `runtime_s`) is over a limit of its account's or QOS's ("" if
+        """Why `job` (`gpus` GPUs for `runtime_s`, its time limit) is over a limit of its account's or QOS's ("" if
         it is not), and whether it may still run on borrowed capacity: only when every limit it
         is over is a running limit of an account or QOS that may borrow."""
         borrowable = ""
@@ -348,13 +347,19 @@ class _Limits:
                 if not quota.may_borrow:
                     return why, False
                 borrowable = why
+            now_jobs = int(self._get("account", quota.account_id)[1])
+            if quota.max_running_jobs is not None and now_jobs + 1 > quota.max_running_jobs:
+                why = f"account {quota.name} runs {now_jobs} of its limit of {quota.max_running_jobs} running jobs"
+                if not quota.may_borrow:
+                    return why, False
+                borrowable = borrowable or why
         q = self.qos.get(job.qos) if job.qos is not None else None
         if q is not None:
             head = f"QOS {q.name}"
             if q.max_gpus_per_job is not None and gpus > q.max_gpus_per_job:
                 return f"{head}: GPUs per job {gpus} of at most {q.max_gpus_per_job}", False
             if q.max_wall_s is not None and (runtime_s is None or runtime_s > q.max_wall_s):
-                asks = "no estimated_runtime_s" if runtime_s is None else f"estimated_runtime_s {runtime_s:g}"
+                asks = "no time limit" if runtime_s is None else f"a time limit of {runtime_s:g} s"
                 return f"{head}: wall time per job at most {q.max_wall_s:g} s, this job has {asks}", False
             if q.gpu_hours is not None:
                 why = _budget(
@@ -363,6 +368,8 @@ class _Limits:
                 if why:
                     return why, False
             running = [
+                ("running GPUs", q.max_running_gpus, ("qos", q.qos_id), 0, gpus),
+                ("running jobs", q.max_running_jobs, ("qos", q.qos_id), 1, 1),
                 (
                     "running GPUs per user",
                     q.max_running_gpus_per_user,
@@ -413,7 +420,7 @@ def _budget(who: str, budget_h: float, period_h: float, used_h: float, ahead_h: 
         return (
             f"{who} has {max(left, 0.0):.1f} of its {budget_h:g} GPU-hours per {period_h:g} h left"
             f" ({used_h:.1f} used, {ahead_h:.1f} held by running jobs' time limits); this job's"
-            f" GPUs x estimated_runtime_s need {need_h:.1f}, it waits until it could finish within the budget"
+            f" GPUs x time limit need {need_h:.1f}, it waits until it could finish within the budget"
         )
     return ""
 

@@ -52,10 +52,25 @@ class ActiveJob:
     # Its owner's user id and its QOS id (None: none, no QOS limits).
     owner: int | None = None
     qos: int | None = None
+    # When its time limit runs out (begin + time_limit_min, else + estimated_runtime_s): what the
+    # GPU-hour budgets charge it up to. None: `expected_end`.
+    limit_end: datetime | None = None
 
     @property
     def rank(self) -> float:
         return float(self.priority) if self.effective is None else self.effective
+
+    @property
+    def charged_until(self) -> datetime | None:
+        return self.limit_end if self.limit_end is not None else self.expected_end
+
+
+def time_limit_s(spec: JobSpec) -> float | None:
+    """A job's time limit in seconds, as the budgets charge it and a QOS's max wall time bounds
+    it: its `time_limit_min` when set (what the agents and Slurm enforce), else its
+    `estimated_runtime_s`; None without either."""
+    minutes = spec.launch.time_limit_min
+    return minutes * 60.0 if minutes is not None else spec.estimated_runtime_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +95,15 @@ class QueuedJob:
 
 @dataclass(frozen=True, slots=True)
 class AccountQuota:
-    """An account's limits on one cluster and its use of them: at most `max_running_gpus` GPUs held
-    at once (None: no limit), at most `gpu_hours` GPU-hours in the trailing `period_h` hours (None:
+    """An account's limits on one cluster and its use of them: at most `max_running_gpus` GPUs and
+    `max_running_jobs` jobs held at once (None: no limit), at most `gpu_hours` GPU-hours in the trailing `period_h` hours (None:
     no limit) of which `used_gpu_hours` are spent; `may_borrow`: beyond its running limit it may
     take GPUs that are idle, as preemptible borrowed capacity."""
 
     account_id: int
     name: str
     max_running_gpus: int | None = None
+    max_running_jobs: int | None = None
     gpu_hours: float | None = None
     period_h: float = 24.0
     used_gpu_hours: float = 0.0
@@ -97,7 +113,7 @@ class AccountQuota:
 @dataclass(frozen=True, slots=True)
 class QosLimits:
     """A QOS's limits on its cluster (None: no limit) and how its jobs share capacity: GPUs per
-    job, the longest `estimated_runtime_s`, GPUs and jobs held at once per user and per account,
+    job, the longest time limit, GPUs and jobs held at once by all its jobs, per user and per account,
     `gpu_hours` in the trailing `period_h` hours (`used_gpu_hours` spent); `may_borrow`: beyond its
     running limits its jobs may run on idle GPUs as borrowed capacity; `preemptible`: jobs of a
     QOS that is not may preempt its jobs, whatever the priorities."""
@@ -107,6 +123,8 @@ class QosLimits:
     priority: int = 0
     max_gpus_per_job: int | None = None
     max_wall_s: float | None = None
+    max_running_gpus: int | None = None
+    max_running_jobs: int | None = None
     max_running_gpus_per_user: int | None = None
     max_running_jobs_per_user: int | None = None
     max_running_gpus_per_account: int | None = None

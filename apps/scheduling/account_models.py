@@ -29,7 +29,36 @@ def _count(help_text: str) -> models.PositiveIntegerField:
     )
 
 
-class Qos(models.Model):
+class GroupLimits(models.Model):
+    """The limits an account (on one cluster, `AccountLimit`) and a QOS (`Qos`) both set on all
+    their jobs together, blank meaning none: GPUs and jobs held at once (Slurm's GrpTRES=gres/gpu
+    and GrpJobs), GPU-hours in a trailing period (GrpTRESMins, charged ahead), and whether their
+    jobs may run beyond the running limits on idle GPUs, as borrowed capacity."""
+
+    max_running_gpus = _count("GPUs all its jobs may hold at once (GrpTRES=gres/gpu).")
+    max_running_jobs = _count("Jobs of it that may run at once (GrpJobs).")
+    gpu_hours_per_period = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1e9)],
+        help_text="GPU-hours all its jobs may use in the trailing period, charged ahead (GrpTRESMins).",
+    )
+    period_h = models.FloatField(
+        default=24.0,
+        validators=[MinValueValidator(1.0), MaxValueValidator(MAX_PERIOD_H)],
+        help_text="Length of the trailing period, in hours.",
+    )
+    may_borrow = models.BooleanField(
+        default=False,
+        help_text="Beyond its running limits its jobs may run on idle GPUs, as borrowed capacity"
+        " (preempted first when others need them).",
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Qos(GroupLimits):
     """A class of service on one cluster (Slurm's QOS): its jobs' priority term, their limits
     (blank: none) and how they share capacity. Every cluster has `normal`, without limits."""
 
@@ -58,21 +87,6 @@ class Qos(models.Model):
         blank=True,
         validators=[MinValueValidator(1.0), MaxValueValidator(MAX_WALL_S)],
         help_text="The longest estimated_runtime_s (its time limit) a job of this QOS may ask for (MaxWall).",
-    )
-    gpu_hours_per_period = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.0), MaxValueValidator(1e9)],
-        help_text="GPU-hours all jobs of this QOS may use in the trailing period (GrpTRESMins).",
-    )
-    period_h = models.FloatField(
-        default=24.0,
-        validators=[MinValueValidator(1.0), MaxValueValidator(MAX_PERIOD_H)],
-        help_text="Length of the trailing period, in hours.",
-    )
-    may_borrow = models.BooleanField(
-        default=False,
-        help_text="Beyond its running limits its jobs may run on idle GPUs, as borrowed capacity.",
     )
     preemptible = models.BooleanField(
         default=False,
@@ -113,6 +127,10 @@ class Account(models.Model):
         related_name="accounts",
         help_text="The QOS its jobs may use (none listed on a cluster: only normal there).",
     )
+    max_queued_jobs = _count(
+        "Jobs of its members that may wait at once, on every cluster together (MaxSubmitJobs of"
+        " the account's association)."
+    )
     default_qos = models.SlugField(
         max_length=64,
         default=DEFAULT_QOS,
@@ -136,6 +154,17 @@ class AccountMembership(models.Model):
     is_default = models.BooleanField(
         default=False, help_text="The account the user's jobs go to when they name none (one per user)."
     )
+    is_coordinator = models.BooleanField(
+        default=False,
+        help_text="Coordinator of the account: may cancel, hold, release, requeue and re-prioritise its"
+        " jobs and choose which of its QOS each member may use.",
+    )
+    qos = models.ManyToManyField(
+        Qos,
+        blank=True,
+        related_name="memberships",
+        help_text="The account's QOS this member may use (none listed on a cluster: all the account's there).",
+    )
 
     class Meta:
         ordering = ["account", "user"]
@@ -150,32 +179,11 @@ class AccountMembership(models.Model):
         return f"{self.user_id} in {self.account}"
 
 
-class AccountLimit(models.Model):
+class AccountLimit(GroupLimits):
     """An account's limits on one cluster (blank: no limit)."""
 
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="limits")
     cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="account_limits")
-    max_running_gpus = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MaxValueValidator(10_000_000)],
-        help_text="GPUs its jobs may hold at once on this cluster.",
-    )
-    gpu_hours_per_period = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.0), MaxValueValidator(1e9)],
-        help_text="GPU-hours its jobs may use in the trailing period.",
-    )
-    period_h = models.FloatField(
-        default=24.0,
-        validators=[MinValueValidator(1.0), MaxValueValidator(MAX_PERIOD_H)],
-        help_text="Length of the trailing period, in hours.",
-    )
-    may_borrow = models.BooleanField(
-        default=False,
-        help_text="Beyond max_running_gpus its jobs may run on idle GPUs, preempted first when others need them.",
-    )
 
     class Meta:
         ordering = ["cluster", "account"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import FilteredRelation, Q
+from django.db.models import Exists, FilteredRelation, OuterRef, Q
 from django.utils import timezone
 
 from apps.placement.planning import AccountQuota, ClusterSnapshot, QosLimits, QueuedJob
@@ -33,7 +33,14 @@ from . import usage as booked
 from .account_models import DEFAULT_QOS
 from .models import Account, AccountLimit, AccountMembership, Job, Qos
 
-LIMIT_FIELDS = ("id", "max_running_gpus", "gpu_hours_per_period", "period_h", "may_borrow")
+LIMIT_FIELDS = (
+    "id",
+    "max_running_gpus",
+    "max_running_jobs",
+    "gpu_hours_per_period",
+    "period_h",
+    "may_borrow",
+)
 HALF_LIVES_KEPT = 5  # usage older than this many half-lives weighs under 3% and is not read
 USE_WINDOW_H = 24.0  # the Accounts table's GPU-hours of an account without a GPU-hours limit
 
@@ -72,13 +79,29 @@ def account_of(user, name: str | None = None) -> Account | None:
     return found.account if found is not None else None
 
 
-def qos_for(*, cluster: Cluster, account: Account | None, name: str | None) -> Qos:
+def qos_for(*, cluster: Cluster, account: Account | None, name: str | None, user=None) -> Qos:
     """The QOS a job of `account` on `cluster` runs in: the one named, else the account's default
     (when it may use it there), else `normal`. An account may use the QOS it lists on the cluster,
-    or only `normal` when it lists none there; a user in no account, only `normal`. Raises
-    SpecError on `qos` (a QOS the account may not use, or that does not exist)."""
-    listed = list(account.qos.filter(cluster=cluster)) if account is not None and account.pk else []
-    if not listed:
+    or only `normal` when it lists none there; a user in no account, only `normal`. A member
+    (`user`) whose membership lists QOS of the cluster (set by the account's coordinators) may
+    use only those of the account's. One query. Raises SpecError on `qos` (a QOS the account or
+    member may not use, or that does not exist)."""
+    listed: list[Qos] = []
+    if account is not None and account.pk:
+        rows = account.qos.filter(cluster=cluster)
+        if user is not None:
+            mine = AccountMembership.qos.through.objects.filter(
+                accountmembership__user_id=user.pk,
+                accountmembership__account_id=account.pk,
+                qos__cluster=cluster,
+            )
+            rows = rows.annotate(member_may=Exists(mine.filter(qos_id=OuterRef("pk"))), limited=Exists(mine))
+        listed = list(rows)
+        lists_any = bool(listed)
+        listed = [q for q in listed if user is None or not q.limited or q.member_may]
+    else:
+        lists_any = False
+    if not lists_any:
         listed = [Qos.objects.get_or_create(cluster=cluster, name=DEFAULT_QOS)[0]]
     by_name = {q.name: q for q in listed}
     wanted = name
@@ -87,7 +110,11 @@ def qos_for(*, cluster: Cluster, account: Account | None, name: str | None) -> Q
         wanted = default if default in by_name else DEFAULT_QOS
     if wanted in by_name:
         return by_name[wanted]
-    whose = f"account {account.name}" if account is not None else "a user in no account"
+    whose = (
+        f"account {account.name}" + (f" (for {user.get_username()})" if user is not None else "")
+        if account is not None
+        else "a user in no account"
+    )
     if name is None:
         raise SpecError(
             [
@@ -107,7 +134,13 @@ def qos_for(*, cluster: Cluster, account: Account | None, name: str | None) -> Q
     )
 
 
-def check_qos_job(qos: Qos, *, gpus: int, runtime_s: float | None) -> None:
+def time_limit_s(runtime_s: float | None, time_limit_min: int | None) -> float | None:
+    """A job's time limit in seconds: its `time_limit_min` when set (the limit the agents and
+    Slurm enforce), else its `estimated_runtime_s`; None without either."""
+    return time_limit_min * 60.0 if time_limit_min is not None else runtime_s
+
+
+def check_qos_job(qos: Qos, *, gpus: int, runtime_s: float | None, time_limit_min: int | None = None) -> None:
     """Refuse (SpecError) a job that its QOS's per-job limits could never let start."""
     errors = []
     if qos.max_gpus_per_job is not None and gpus > qos.max_gpus_per_job:
@@ -117,12 +150,15 @@ def check_qos_job(qos: Qos, *, gpus: int, runtime_s: float | None) -> None:
                 f"QOS {qos.name} allows at most {qos.max_gpus_per_job} GPUs per job, this job asks for {gpus}",
             )
         )
-    if qos.max_wall_s is not None and (runtime_s is None or runtime_s > qos.max_wall_s):
-        asks = "none" if runtime_s is None else f"{runtime_s:g} s"
+    limit_s = time_limit_s(runtime_s, time_limit_min)
+    if qos.max_wall_s is not None and (limit_s is None or limit_s > qos.max_wall_s):
+        field = "time_limit_min" if time_limit_min is not None else "estimated_runtime_s"
+        asks = "none" if limit_s is None else f"{limit_s:g} s"
         errors.append(
             (
-                "estimated_runtime_s",
-                f"QOS {qos.name} allows jobs of at most {qos.max_wall_s:g} s (its time limit); this job asks for {asks}",
+                field,
+                f"QOS {qos.name} allows jobs of at most {qos.max_wall_s:g} s (its time limit:"
+                f" time_limit_min, else estimated_runtime_s); this job asks for {asks}",
             )
         )
     if errors:
@@ -151,11 +187,22 @@ class QueuedCap:
 def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[QueuedCap]:
     """Every cap on waiting jobs that holds for `user` submitting into the (account, QOS) pairs
     `qos`, each checked on its own. Without any configuration: TOPOWEB_MAX_QUEUED_PER_USER over
-    the user's jobs on every cluster; each QOS adds its caps on the user's jobs in it and on its
-    account's (MaxSubmitJobsPerUser/Account), the lowest binding first."""
+    the user's jobs on every cluster; an account's `max_queued_jobs` its members' jobs on every
+    cluster (MaxSubmitJobs of the account); each QOS adds its caps on the user's jobs in it and
+    on its account's (MaxSubmitJobsPerUser/Account), the lowest binding first."""
     caps = [QueuedCap("TOPOWEB_MAX_QUEUED_PER_USER", settings.MAX_QUEUED_PER_USER, Q(owner_id=user.pk))]
     seen: set[tuple] = set()
     for acct, q in qos:
+        if acct is not None and acct.max_queued_jobs is not None and ("acct", acct.pk) not in seen:
+            seen.add(("acct", acct.pk))
+            caps.append(
+                QueuedCap(
+                    f"account {acct.name}: queued jobs",
+                    acct.max_queued_jobs,
+                    Q(account=acct),
+                    account_id=acct.pk,
+                )
+            )
         if q.max_queued_per_user is not None and ("user", q.pk) not in seen:
             seen.add(("user", q.pk))
             caps.append(
@@ -214,6 +261,8 @@ def _usage(cluster: Cluster, since: datetime, by: str = "account") -> list[booke
 QOS_LIMIT_FIELDS = (
     "max_gpus_per_job",
     "max_wall_s",
+    "max_running_gpus",
+    "max_running_jobs",
     "max_running_gpus_per_user",
     "max_running_jobs_per_user",
     "max_running_gpus_per_account",
@@ -310,6 +359,7 @@ def cluster_accounts(*, cluster: Cluster, now: datetime | None = None) -> Cluste
             account_id=pk,
             name=accounts[pk].name,
             max_running_gpus=lim.max_running_gpus,
+            max_running_jobs=lim.max_running_jobs,
             gpu_hours=lim.gpu_hours_per_period,
             period_h=lim.period_h,
             used_gpu_hours=0.0,
@@ -409,6 +459,7 @@ def accounts_use(*, clusters: list[Cluster] | None = None, now: datetime | None 
                     "cluster": cluster.name,
                     "running_gpus": standing.held_gpus.get(pk, 0),
                     "max_running_gpus": lim.max_running_gpus if lim else None,
+                    "max_running_jobs": lim.max_running_jobs if lim else None,
                     "gpu_hours_used": standing.used_s(pk, window_h) / 3600.0,
                     "used_since": now - timedelta(hours=window_h),
                     "used_until": now,

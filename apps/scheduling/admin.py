@@ -66,7 +66,7 @@ class JobAdmin(admin.ModelAdmin):
         *(f.name for f in Job._meta.concrete_fields if f.name not in ("id", "spec")),
     ]
     inlines = [AllocationInline]
-    actions = ["cancel_jobs", "run_cycle"]
+    actions = ["cancel_jobs", "hold_jobs", "release_jobs", "run_cycle"]
     exclude = ["spec"]
 
     @admin.display(description="spec")
@@ -78,16 +78,27 @@ class JobAdmin(admin.ModelAdmin):
         # Jobs enter through job_submit (REST or the dashboard), which validates the spec.
         return False
 
-    @admin.action(description="Cancel the selected jobs")
+    @admin.action(description="Cancel the selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):
+        self._each(request, queryset, services.job_cancel, "Cancelled")
+
+    @admin.action(description="Hold the selected waiting jobs", permissions=["change"])
+    def hold_jobs(self, request, queryset):
+        self._each(request, queryset, services.job_hold, "Held")
+
+    @admin.action(description="Release the selected held jobs", permissions=["change"])
+    def release_jobs(self, request, queryset):
+        self._each(request, queryset, services.job_release, "Released")
+
+    def _each(self, request, queryset, service, done_text: str) -> None:
         done = 0
         for job in queryset:
             try:
-                services.job_cancel(job=job, user=request.user)
+                service(job=job, user=request.user)
                 done += 1
             except services.JobStateError as exc:
                 self.message_user(request, str(exc), messages.WARNING)
-        self.message_user(request, f"Cancelled {done} jobs.")
+        self.message_user(request, f"{done_text} {done} jobs.")
 
     @admin.action(description="Run a scheduling cycle on the selected jobs' clusters")
     def run_cycle(self, request, queryset):
@@ -225,20 +236,27 @@ class AccountMembershipInline(admin.TabularInline):
     model = AccountMembership
     extra = 0
     raw_id_fields = ["user"]
-    fields = ["user", "is_default"]
+    fields = ["user", "is_default", "is_coordinator", "qos"]
 
 
 class AccountLimitInline(admin.TabularInline):
     model = AccountLimit
     extra = 0
-    fields = ["cluster", "max_running_gpus", "gpu_hours_per_period", "period_h", "may_borrow"]
+    fields = [
+        "cluster",
+        "max_running_gpus",
+        "max_running_jobs",
+        "gpu_hours_per_period",
+        "period_h",
+        "may_borrow",
+    ]
 
 
 @admin.register(Account)
 class AccountAdmin(admin.ModelAdmin):
     """Accounts with their members and per-cluster limits (the model validators bound every number)."""
 
-    list_display = ["name", "share", "max_priority", "default_qos", "description"]
+    list_display = ["name", "share", "max_priority", "max_queued_jobs", "default_qos", "description"]
     search_fields = ["name", "memberships__user__username"]
     filter_horizontal = ["qos"]
     inlines = [AccountMembershipInline, AccountLimitInline]
@@ -254,6 +272,7 @@ class QosAdmin(admin.ModelAdmin):
         "cluster",
         "priority",
         "max_gpus_per_job",
+        "max_running_gpus",
         "max_running_gpus_per_user",
         "max_running_gpus_per_account",
         "max_queued_per_user",

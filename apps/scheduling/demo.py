@@ -260,6 +260,9 @@ DEMO_QOS = (
 )
 # alice works for both teams: research pays unless her job names "account": "product".
 DEMO_SECOND_MEMBERSHIPS = (("alice", "product"),)
+# Each team's coordinator (docs/accounts.md, "Coordinators"): holds, releases, requeues,
+# re-prioritises and cancels the team's jobs and picks which of its QOS each member may use.
+DEMO_COORDINATORS = (("alice", "research"), ("bob", "product"))
 
 
 def _accounts(users: dict) -> None:
@@ -293,6 +296,8 @@ def _accounts(users: dict) -> None:
                 )
     for member, name in DEMO_SECOND_MEMBERSHIPS:
         AccountMembership.objects.get_or_create(user=users[member], account=Account.objects.get(name=name))
+    for member, name in DEMO_COORDINATORS:
+        AccountMembership.objects.filter(user=users[member], account__name=name).update(is_coordinator=True)
 
 
 def _submit_and_start(

@@ -151,16 +151,17 @@ def place(*, snapshot: ClusterSnapshot, bookings: Sequence[Booking], now: dateti
         return []
     ids = [b.job_id for b in bookings]
     # Locked, and only those still waiting: a job cancelled since the snapshot stays cancelled and
-    # gets no GPUs; a cancel arriving now waits for this commit and then releases what it got.
+    # gets no GPUs (nor does one held since); a cancel arriving now waits for this commit and then
+    # releases what it got.
     # A job whose previous generation still holds GPUs is left out too (the cycle holds those
     # back already; this is the guard for any other caller).
     generations = {
         pk: generation + 1
-        for pk, generation, held in Job.objects.select_for_update()
-        .filter(pk__in=ids, status__in=WAITING_STATUSES)
-        .annotate(held=Exists(Allocation.objects.filter(job_id=OuterRef("pk"), live=True)))
-        .values_list("id", "generation", "held")
-        if not held
+        for pk, generation, holding in Job.objects.select_for_update()
+        .filter(pk__in=ids, status__in=WAITING_STATUSES, held=False)
+        .annotate(holding=Exists(Allocation.objects.filter(job_id=OuterRef("pk"), live=True)))
+        .values_list("id", "generation", "holding")
+        if not holding
     }
     booked = [b for b in bookings if b.job_id in generations]
     if not booked:
@@ -396,7 +397,8 @@ def finish(*, job: Job, status: str, reason: str = "", now: datetime | None = No
     job.pending_reason = reason
     job.finished_at = now
     job.overdue = False
-    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue"])
+    job.held = False  # a hold only kept a waiting job from being placed
+    job.save(update_fields=["status", "pending_reason", "finished_at", "overdue", "held"])
     _leave_generations(job.pk, job.cluster_id, now)
     return job
 

@@ -55,6 +55,10 @@ class Job(models.Model):
     predicted = models.JSONField(null=True, blank=True, help_text="The placement output's predicted block.")
     flows = models.JSONField(default=dict, blank=True, help_text="Own flows per leaf, GB/s-weighted.")
     overdue = models.BooleanField(default=False, help_text="Running past twice its estimated runtime.")
+    held = models.BooleanField(
+        default=False,
+        help_text="Held by an operator or its account's coordinator: waiting, never placed until released.",
+    )
     preemptions = models.PositiveIntegerField(default=0)
     requeues = models.PositiveIntegerField(
         default=0,

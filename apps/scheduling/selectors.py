@@ -25,6 +25,7 @@ from .choices import (
     RankState,
 )
 from .models import (
+    AccountMembership,
     Allocation,
     Job,
     LauncherToken,
@@ -37,11 +38,37 @@ from .models import (
 )
 
 
+def coordinated_accounts(user):
+    """The ids of the accounts `user` coordinates, as a subquery (no query of its own)."""
+    return AccountMembership.objects.filter(user_id=user.pk, is_coordinator=True).values("account_id")
+
+
+def coordinated_ids(user) -> frozenset[int]:
+    """The ids of the accounts `user` coordinates, read once per user object (one query)."""
+    if user is None or not user.is_authenticated:
+        return frozenset()
+    ids = getattr(user, "_coordinated_ids", None)
+    if ids is None:
+        ids = frozenset(coordinated_accounts(user).values_list("account_id", flat=True))
+        user._coordinated_ids = ids
+    return ids
+
+
+def coordinates(user, account_id: int | None) -> bool:
+    """True if `user` is a coordinator of account `account_id` (one query; none for no account)."""
+    if account_id is None or user is None or not user.is_authenticated:
+        return False
+    return AccountMembership.objects.filter(
+        user_id=user.pk, account_id=account_id, is_coordinator=True
+    ).exists()
+
+
 def jobs_visible_to(
     *, user: AbstractBaseUser | AnonymousUser, launcher: LauncherToken | None = None
 ) -> QuerySet[Job]:
     """Jobs a caller may see: a launcher token its cluster's, a user holding scheduling.view_job
-    (viewer, operator, admin) all, another user their own."""
+    (viewer, operator, admin) all, another user their own and those of the accounts they
+    coordinate."""
     base = Job.objects.select_related("cluster", "owner")
     if launcher is not None:
         return base.filter(cluster_id=launcher.cluster_id)
@@ -49,7 +76,7 @@ def jobs_visible_to(
         return base.all()
     if not getattr(user, "is_authenticated", False):
         return base.none()
-    return base.filter(owner=user)
+    return base.filter(Q(owner=user) | Q(account_id__in=coordinated_accounts(user)))
 
 
 MASKED = "********"

@@ -24,7 +24,7 @@ from apps.topology.selectors import forget_recent_clusters
 from . import accounts, lifecycle
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
-from .cycle import schedule_cluster
+from .cycle import queue_cycle, schedule_cluster
 from .executor import owner_refusal
 from .lifecycle import JobStateError
 from .models import Account, Job, LauncherToken, new_launcher_key
@@ -39,7 +39,11 @@ __all__ = [
     "job_cancel",
     "job_complete",
     "job_fail",
+    "job_hold",
     "job_preempt",
+    "job_release",
+    "job_requeue",
+    "job_set_priority",
     "job_start",
     "job_submit",
     "job_submit_once",
@@ -124,7 +128,11 @@ def job_submit_once(
     digest = submission_digest(spec=spec, cluster_name=cluster.name if cluster else None)
 
     def first() -> Job | None:
-        job = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        job = (
+            Job.objects.select_related("account", "qos")
+            .filter(owner=user, idempotency_key=idempotency_key)
+            .first()
+        )
         if job is not None and job.idempotency_digest != digest:
             raise IdempotencyConflict(job)
         return job
@@ -181,7 +189,7 @@ def _submit(
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
     _check_owner(user, target)
     fields["account"] = accounts.account_of(user, fields["spec"].get("account"))
-    fields["qos"] = _qos(target, fields)
+    fields["qos"] = _qos(target, fields, user)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
     if fields["priority"] > limit:
         whose = f"account {fields['account'].name}" if fields["account"] else "your role"
@@ -203,11 +211,18 @@ def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
         raise SpecError([("owner", why)])
 
 
-def _qos(cluster: Cluster, fields: dict[str, Any]):
+def _qos(cluster: Cluster, fields: dict[str, Any], user: AbstractBaseUser):
     """The QOS of a job about to be queued (named in its spec, else its account's default),
-    refusing one it may not use or whose per-job limits it is over (SpecError)."""
-    qos = accounts.qos_for(cluster=cluster, account=fields["account"], name=fields["spec"].get("qos"))
-    accounts.check_qos_job(qos, gpus=fields["gpus"], runtime_s=fields["estimated_runtime_s"])
+    refusing one it or its owner may not use or whose per-job limits it is over (SpecError)."""
+    qos = accounts.qos_for(
+        cluster=cluster, account=fields["account"], name=fields["spec"].get("qos"), user=user
+    )
+    accounts.check_qos_job(
+        qos,
+        gpus=fields["gpus"],
+        runtime_s=fields["estimated_runtime_s"],
+        time_limit_min=fields.get("time_limit_min"),
+    )
     return qos
 
 
@@ -235,7 +250,7 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
             if account_name is not None and account_name not in named:
                 named[account_name] = accounts.account_of(user, account_name)
             fields["account"] = default if account_name is None else named[account_name]
-            fields["qos"] = _qos(target, fields)
+            fields["qos"] = _qos(target, fields, user)
             _check_owner(user, target)
         except SpecError as exc:
             errors.extend((f"[{i}].{path}" if path else f"[{i}]", message) for path, message in exc.errors)
@@ -272,6 +287,63 @@ def job_cancel(*, job: Job, user: AbstractBaseUser | None = None) -> Job:
             raise JobStateError(job, "cancel", ("queued", "preempted", "placing", "running"))
         who = f" by {user.get_username()}" if user is not None else ""
         return lifecycle.finish(job=job, status=JobStatus.CANCELLED, reason=f"cancelled{who}")
+
+
+def job_hold(*, job: Job, user: AbstractBaseUser) -> Job:
+    """Hold a waiting job: it stays in the queue (counted against the caps on waiting jobs) but no
+    cycle places it until it is released. Holding a held job changes nothing."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status not in WAITING_STATUSES:
+            raise JobStateError(job, "hold", ("queued", "preempted"))
+        if not job.held:
+            job.held = True
+            job.pending_reason = f"held by {user.get_username()}: it waits until released"
+            job.save(update_fields=["held", "pending_reason"])
+        return job
+
+
+def job_release(*, job: Job, user: AbstractBaseUser) -> Job:
+    """Release a held job: the next cycle may place it again (one is requested on commit)."""
+    with transaction.atomic():
+        job = _locked(job)
+        if not job.held:
+            raise JobStateError(job, "release", ("held",))
+        job.held = False
+        job.pending_reason = f"released by {user.get_username()}"
+        job.save(update_fields=["held", "pending_reason"])
+        queue_cycle(job.cluster_id)
+        return job
+
+
+def job_requeue(*, job: Job, user: AbstractBaseUser) -> Job:
+    """Send a placing or running job back to the queue (its ranks are stopped; it keeps its
+    submission time). Counts as a requeue in `Job.requeues`, as Slurm's `scontrol requeue` does."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status not in ACTIVE_STATUSES:
+            raise JobStateError(job, "requeue", ("placing", "running"))
+        lifecycle.requeue(job_id=job.pk, why=f"by {user.get_username()}", now=timezone.now())
+        job.refresh_from_db()
+        return job
+
+
+def job_set_priority(*, job: Job, user: AbstractBaseUser, priority: int) -> Job:
+    """Change an unfinished job's requested priority, within the highest `user` may give a job
+    of its account (`accounts.priority_limit`; SpecError on `priority` over it)."""
+    with transaction.atomic():
+        job = _locked(job)
+        if job.status in FINISHED_STATUSES:
+            raise JobStateError(job, "change the priority of", ("queued", "preempted", "placing", "running"))
+        limit = accounts.priority_limit(user, job.account, priority)
+        if priority > limit:
+            whose = f"account {job.account.name}" if job.account_id else "your role"
+            raise SpecError([("priority", f"{priority} is over the limit of {limit} for {whose}")])
+        job.priority = priority
+        job.save(update_fields=["priority"])
+        if job.status in WAITING_STATUSES:
+            queue_cycle(job.cluster_id)
+        return job
 
 
 def job_start(*, job: Job) -> Job:

@@ -126,6 +126,7 @@ def read_holds(
         "placed_at",
         "started_at",
         "estimated_runtime_s",
+        "time_limit_min",
         "overdue",
         "generation",
         "submitted_at",
@@ -142,6 +143,7 @@ def read_holds(
         placed_at,
         started_at,
         runtime_s,
+        time_limit_min,
         overdue,
         generation,
         submitted_at,
@@ -175,6 +177,9 @@ def read_holds(
                 submitted_at=submitted_at,
                 owner=owner_id,
                 qos=qos_id,
+                limit_end=None
+                if begin is None or time_limit_min is None
+                else begin + timedelta(minutes=time_limit_min),
             ),
             generation=generation,
             migrating=migrating,
@@ -261,14 +266,14 @@ _SPEC_LOCK = threading.Lock()
 
 
 def queued_jobs(*, cluster: Cluster, unreadable: dict[int, str] | None = None) -> list[QueuedJob]:
-    """The cluster's waiting jobs (queued or preempted) by priority, then age.
+    """The cluster's waiting jobs (queued or preempted, not held) by priority, then age.
 
     A job's spec never changes after submission, so parsed specs are cached per process (keyed by
     id and submission time) and only new jobs' spec JSON is read. A stored spec that no longer
     loads (stored before a rule it breaks) is left out, with the reason in `unreadable` by job id.
     """
     rows = list(
-        Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES)
+        Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES, held=False)
         .order_by("-priority", "submitted_at", "id")
         .values_list(
             "id", "priority", "submitted_at", "policy", "pending_reason", "account_id", "owner_id", "qos_id"

@@ -98,15 +98,22 @@ def test_racing_clients_of_one_user_stay_within_the_cap(transactional_db, settin
     assert all(queued + size > CAP for size, r in outcomes if r == "refused")
 
 
-def test_racing_members_of_one_account_stay_within_its_qos_cap(transactional_db, monkeypatch):
-    """A QOS's cap on an account's waiting jobs counts every member's: members racing each other
-    (each locking only their own user row would let them all pass) stay within it."""
+@pytest.mark.parametrize("where", ["qos", "account"])
+def test_racing_members_of_one_account_stay_within_its_cap(transactional_db, monkeypatch, where):
+    """A cap on an account's waiting jobs, a QOS's (MaxSubmitJobsPerAccount) or the account's own
+    (`max_queued_jobs`), counts every member's: members racing each other (each locking only
+    their own user row would let them all pass) stay within it."""
     from apps.scheduling.models import Account, AccountMembership, Qos
 
     cluster = topology_services.cluster_import(data=read_spec_file(EXAMPLES / "case-4-4.yaml"))
-    team = Account.objects.create(name="team")
-    high = Qos.objects.create(cluster=cluster, name="high", max_queued_per_account=CAP)
+    team = Account.objects.create(name="team", max_queued_jobs=CAP if where == "account" else None)
+    high = Qos.objects.create(
+        cluster=cluster, name="high", max_queued_per_account=CAP if where == "qos" else None
+    )
     team.qos.add(high)
+    expected_limit = (
+        "QOS high: queued jobs per account (team)" if where == "qos" else "account team: queued jobs"
+    )
     members = [get_user_model().objects.create_user(f"member-{i}") for i in range(CLIENTS)]
     for user in members:
         AccountMembership.objects.create(user=user, account=team, is_default=True)
@@ -129,7 +136,7 @@ def test_racing_members_of_one_account_stay_within_its_qos_cap(transactional_db,
             services.job_submit_many(user=members[i], specs=specs)
             result = "queued"
         except services.QueuedCapExceeded as exc:
-            assert exc.limit == "QOS high: queued jobs per account (team)"
+            assert exc.limit == expected_limit
             result = "refused"
         except Exception as exc:
             result = repr(exc)

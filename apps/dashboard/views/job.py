@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -25,6 +26,8 @@ from apps.dashboard.whatif import what_if
 from apps.metrics import selectors as metrics
 from apps.placement.bounds import lower_bound
 from apps.placement.jobs import load_job
+from apps.placement.topology import SpecError
+from apps.scheduling import services
 from apps.scheduling.accounts import job_priority
 from apps.scheduling.accounts import weights as priority_weights
 from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, ProposalStatus
@@ -32,7 +35,7 @@ from apps.scheduling.models import MigrationProposal
 from apps.scheduling.proposals import ProposalStateError
 from apps.scheduling.rankmaps import USAGE as RANKMAP_USAGE
 from apps.scheduling.rankmaps import nodes_in_rank_order
-from apps.scheduling.selectors import job_generations, job_rank_logs, job_ranks
+from apps.scheduling.selectors import coordinates, job_generations, job_rank_logs, job_ranks
 from apps.scheduling.services import migration_apply, migration_reject
 
 from .common import perm_required, script_json
@@ -205,6 +208,8 @@ def job_page(request, pk: int):
         }
     if any(r.fits for r in whatif_rows):
         charts["whatif"] = whatif_figure(whatif_rows)
+    unfinished = job.status not in FINISHED_STATUSES
+    managed = unfinished and manages(request.user, job)
     context = {
         "job": job,
         "spec": spec,
@@ -232,6 +237,8 @@ def job_page(request, pk: int):
         "generations": job_generations(job=job),
         "logs": logs,
         "priority": job_priority(job=job) if job.status not in FINISHED_STATUSES else None,
+        "manages": managed,
+        "may_cancel": managed or (unfinished and job.owner_id == request.user.pk),
         "priority_weights": priority_weights(),
         "charts": script_json(charts),
         "plotly_js_url": plotly_js_url("basic"),
@@ -262,4 +269,46 @@ def proposal_decide(request, pk: int, proposal: int, action: str):
         messages.warning(request, f"Migration {prop.pk} is stale and was not applied: {prop.reason}")
     else:
         messages.info(request, f"Migration {prop.pk} {prop.status}.")
+    return redirect("dashboard:job", pk=pk)
+
+
+def manages(user, job) -> bool:
+    """Whether `user` may hold, release, requeue, re-prioritise and cancel `job` (operators, its
+    account's coordinators), as the API decides."""
+    return roles.can(user, roles.MANAGE_JOBS) or coordinates(user, job.account_id)
+
+
+MANAGE_SERVICES = {
+    "cancel": lambda job, user, _: services.job_cancel(job=job, user=user),
+    "hold": lambda job, user, _: services.job_hold(job=job, user=user),
+    "release": lambda job, user, _: services.job_release(job=job, user=user),
+    "requeue": lambda job, user, _: services.job_requeue(job=job, user=user),
+    "priority": lambda job, user, value: services.job_set_priority(job=job, user=user, priority=value),
+}
+
+
+@login_required
+@require_POST
+def job_manage(request, pk: str, action: str):
+    """POST from the job page: cancel, hold, release, requeue or re-prioritise the job (operators
+    and its account's coordinators; its owner may cancel). Others who see the job get a 403."""
+    job = get_object_or_404(visible_jobs(request.user), pk=int(pk))
+    if not (manages(request.user, job) or (action == "cancel" and job.owner_id == request.user.pk)):
+        raise PermissionDenied("this needs the operator role or a coordinator of the job's account")
+    value = None
+    if action == "priority":
+        raw = request.POST.get("priority", "").strip()
+        if not (raw.lstrip("-").isascii() and raw.lstrip("-").isdigit() and len(raw) <= 8):
+            return HttpResponseBadRequest("priority: a whole number from -1,000,000 to 1,000,000")
+        value = int(raw)
+        if not -1_000_000 <= value <= 1_000_000:
+            return HttpResponseBadRequest("priority: a whole number from -1,000,000 to 1,000,000")
+    try:
+        MANAGE_SERVICES[action](job, request.user, value)
+    except services.JobStateError as exc:
+        messages.error(request, str(exc))
+    except SpecError as exc:
+        messages.error(request, "; ".join(message for _, message in exc.errors))
+    else:
+        messages.success(request, f"Job {job.pk}: {action} done.")
     return redirect("dashboard:job", pk=pk)

@@ -29,7 +29,8 @@ class NamedFilterBackend(DjangoFilterBackend):
 
 
 class JobFilter(FilterSet):
-    """?status=queued&status=running, ?owner=<username or id>, ?cluster=<name or id>, ?overdue=true."""
+    """?status=queued&status=running, ?owner=<username or id>, ?cluster=<name or id>, ?overdue=true,
+    ?account=<name or id>, ?qos=<name or id> (a name matches that QOS on every cluster), ?held=true."""
 
     # distinct=False: a status is a column of the row, no join can repeat it (DISTINCT over a
     # million rows cost 0.9 s per page).
@@ -39,10 +40,13 @@ class JobFilter(FilterSet):
     priority_min = IntegerFilter(field_name="priority", lookup_expr="gte")
     overdue = django_filters.BooleanFilter()
     name = django_filters.CharFilter(lookup_expr="icontains")
+    account = IdOrNameFilter(path="account")
+    qos = IdOrNameFilter(path="qos")
+    held = django_filters.BooleanFilter()
 
     class Meta:
         model = Job
-        fields = ["status", "owner", "cluster", "priority_min", "overdue", "name"]
+        fields = ["status", "owner", "cluster", "priority_min", "overdue", "name", "account", "qos", "held"]
 
 
 class MigrationProposalFilter(FilterSet):

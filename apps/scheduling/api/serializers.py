@@ -6,14 +6,16 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.topology.models import Cluster, Gpu
 
 from ..account_models import DEFAULT_QOS
-from ..models import Job, MigrationProposal, Qos, SchedulingCycle
+from ..models import AccountMembership, Job, MigrationProposal, Qos, SchedulingCycle
 from ..selectors import spec_shown
 
+MAX_MEMBER_QOS = 1000
 LIST_FIELDS = [
     "id",
     "name",
@@ -41,7 +43,7 @@ LIST_FIELDS = [
     "predicted_step_ms",
     "predicted_mfu",
 ]
-DETAIL_FIELDS = [*LIST_FIELDS, "account", "qos", "borrowed", "predicted", "flows", "spec"]
+DETAIL_FIELDS = [*LIST_FIELDS, "account", "qos", "held", "borrowed", "predicted", "flows", "spec"]
 # The columns a list response reads: the list query loads only these.
 LIST_COLUMNS = [
     *(f for f in LIST_FIELDS if f not in ("cluster_name", "owner", "overdue_reason")),
@@ -113,15 +115,34 @@ class JobSerializer(JobListSerializer):
     """A job: its spec, status, why it waits, predicted costs (ms per step, MFU fraction, the
     placement output's per-group `predicted` block) and its own flows per leaf."""
 
+    account = serializers.CharField(
+        source="account.name",
+        read_only=True,
+        allow_null=True,
+        help_text="The account it was submitted as, by name (null: none).",
+    )
+    qos = serializers.CharField(
+        source="qos.name",
+        read_only=True,
+        allow_null=True,
+        help_text="Its QOS, by name (unique on its cluster).",
+    )
+    held = serializers.BooleanField(
+        read_only=True,
+        help_text="Held by an operator or its account's coordinator: not placed until released.",
+    )
+
     class Meta(JobListSerializer.Meta):
         fields = DETAIL_FIELDS
         read_only_fields = fields
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
         out = super().to_representation(instance)
-        out["account"] = instance.account_id
-        # By id, as its account (the priority endpoint and the pending reason name it).
-        out["qos"] = instance.qos_id
+        # By name, as a spec names them (`"account": "research"`, `"qos": "high"`), the priority
+        # endpoint and the pending reasons do: a QOS name is unique on the job's cluster.
+        out["account"] = instance.account.name if instance.account_id is not None else None
+        out["qos"] = instance.qos.name if instance.qos_id is not None else None
+        out["held"] = instance.held
         out["borrowed"] = instance.borrowed
         out["predicted"] = instance.predicted
         out["flows"] = instance.flows
@@ -216,6 +237,8 @@ class QosSerializer(serializers.ModelSerializer):
             "name",
             "priority",
             "max_gpus_per_job",
+            "max_running_gpus",
+            "max_running_jobs",
             "max_running_gpus_per_user",
             "max_running_jobs_per_user",
             "max_running_gpus_per_account",
@@ -249,3 +272,88 @@ class QosSerializer(serializers.ModelSerializer):
                 {"name": f"cluster {cluster.name} already has a QOS named {name}"}
             )
         return attrs
+
+
+class PrioritySerializer(serializers.Serializer):
+    """Body of a priority change: the job's new requested priority (the caller's limit bounds it)."""
+
+    priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000)
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1},
+        "maxItems": MAX_MEMBER_QOS,
+        "uniqueItems": False,
+    }
+)
+class QosIdsField(serializers.Field):
+    """A list of QOS ids (at most MAX_MEMBER_QOS, each a positive 64-bit integer); a bad one is a
+    single message naming the field, not a nested error per item."""
+
+    def to_internal_value(self, data) -> list[int]:
+        if not isinstance(data, list) or len(data) > MAX_MEMBER_QOS:
+            raise serializers.ValidationError(f"a list of at most {MAX_MEMBER_QOS} QOS ids")
+        if not all(type(v) is int and 1 <= v < 2**63 for v in data):
+            raise serializers.ValidationError("each QOS id is a whole number from 1 to 2**63-1")
+        return data
+
+    def to_representation(self, value) -> list[int]:
+        return [q.pk for q in value.all()]
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    """A member of an account and the account's QOS they may use (`qos`: ids; none listed on a
+    cluster: all the account's there). Only `qos` is written, by the account's coordinators and
+    by admins."""
+
+    account = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    qos = QosIdsField(
+        help_text=f"The ids of the account's QOS the member may use (at most {MAX_MEMBER_QOS})."
+    )
+    qos_names = serializers.SerializerMethodField(help_text="Each listed QOS as cluster/name.")
+
+    class Meta:
+        model = AccountMembership
+        fields = ["id", "account", "user", "is_default", "is_coordinator", "qos", "qos_names"]
+        read_only_fields = ["id", "account", "user", "is_default", "is_coordinator"]
+
+    @staticmethod
+    def _listed(instance: AccountMembership) -> list[Qos]:
+        return sorted(instance.qos.all(), key=lambda q: (q.cluster.name, q.name))
+
+    def get_qos_names(self, instance: AccountMembership) -> list[str]:
+        return [f"{q.cluster.name}/{q.name}" for q in self._listed(instance)]
+
+    def to_representation(self, instance: AccountMembership) -> dict[str, Any]:
+        listed = self._listed(instance)
+        return {
+            "id": instance.pk,
+            "account": instance.account.name,
+            "user": instance.user.get_username(),
+            "is_default": instance.is_default,
+            "is_coordinator": instance.is_coordinator,
+            "qos": [q.pk for q in listed],
+            "qos_names": [f"{q.cluster.name}/{q.name}" for q in listed],
+        }
+
+    def validate_qos(self, value: list[int]) -> list[Qos]:
+        """Only QOS the member's account lists (in one query)."""
+        account = self.instance.account
+        wanted = set(value)
+        found = {q.pk: q for q in account.qos.filter(pk__in=wanted)}
+        outside = sorted(wanted - set(found))
+        if outside:
+            names = dict(Qos.objects.filter(pk__in=outside[:20]).values_list("pk", "name"))
+            shown = ", ".join(names.get(pk, f"no QOS {pk}") for pk in outside[:20])
+            raise serializers.ValidationError(
+                f"account {account.name} may not use {shown}: a member may only be given QOS their"
+                " account lists"
+            )
+        return list(found.values())
+
+    def update(self, instance: AccountMembership, validated_data: dict) -> AccountMembership:
+        instance.qos.set(validated_data["qos"])
+        return instance

@@ -8,6 +8,7 @@ from .views import (
     AccountListView,
     GpuViewSet,
     JobViewSet,
+    MembershipViewSet,
     MigrationProposalViewSet,
     PlacementPreviewView,
     QosViewSet,
@@ -21,6 +22,7 @@ router.register("cycles", SchedulingCycleViewSet, basename="cycle")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("node-health", NodeHealthViewSet, basename="node-health")
 router.register("qos", QosViewSet, basename="qos")
+router.register("memberships", MembershipViewSet, basename="membership")
 
 urlpatterns = [
     path("placements/preview/", PlacementPreviewView.as_view(), name="placement-preview"),

@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Q, Subquery
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,7 +44,15 @@ from .. import accounts, rankmaps, selectors, services
 from ..account_models import DEFAULT_QOS
 from ..choices import ProposalStatus
 from ..cycle import cycles_run_inline
-from ..models import IDEMPOTENCY_KEY_MAX_LENGTH, Allocation, Job, MigrationProposal, Qos, SchedulingCycle
+from ..models import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    AccountMembership,
+    Allocation,
+    Job,
+    MigrationProposal,
+    Qos,
+    SchedulingCycle,
+)
 from ..proposals import ProposalStateError
 from ..selectors import generation_master_port
 from .authentication import AUTHENTICATION
@@ -56,7 +64,9 @@ from .serializers import (
     JobFailSerializer,
     JobListSerializer,
     JobSerializer,
+    MembershipSerializer,
     MigrationProposalSerializer,
+    PrioritySerializer,
     QosSerializer,
     SchedulingCycleSerializer,
 )
@@ -146,9 +156,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     throttle_classes = [CallerRateThrottle, ScopedCallerThrottle]
     queryset = Job.objects.none()
 
+    @staticmethod
+    def coordinates(user, job: Job) -> bool:
+        """Whether `user` coordinates `job`'s account (JobPermission asks)."""
+        return selectors.coordinates(user, job.account_id)
+
     def get_queryset(self):
         jobs = selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
-        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs
+        # The detail names the job's account and QOS: joined, not read one query each.
+        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs.select_related("account", "qos")
 
     serializer_class = JobSerializer
 
@@ -243,6 +259,46 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except services.JobStateError as exc:
             return state_error(exc, exc.job.status)
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(
+        summary="Hold a waiting job: it stays queued but is not placed until released (operators, its account's coordinators)",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
+    )
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, pk=None) -> Response:
+        """Hold the queued or preempted job."""
+        return self._manage(lambda job: services.job_hold(job=job, user=request.user))
+
+    @extend_schema(
+        summary="Release a held job (operators, its account's coordinators)",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk=None) -> Response:
+        """Release the held job: the next cycle may place it."""
+        return self._manage(lambda job: services.job_release(job=job, user=request.user))
+
+    @extend_schema(
+        summary="Send a placing or running job back to the queue (operators, its account's coordinators)",
+        request=None,
+        responses={200: JobSerializer, 409: STATE_ERROR_RESPONSE},
+    )
+    @action(detail=True, methods=["post"])
+    def requeue(self, request: Request, pk=None) -> Response:
+        """Stop the job's ranks and queue it again (it keeps its submission time)."""
+        return self._manage(lambda job: services.job_requeue(job=job, user=request.user))
+
+    def _manage(self, service) -> Response:
+        job = self.get_object()
+        try:
+            job = service(job)
+        except services.JobStateError as exc:
+            return state_error(exc, exc.job.status)
+        return Response(
+            JobSerializer(self.get_queryset().get(pk=job.pk), context=self.get_serializer_context()).data
+        )
 
     @extend_schema(
         summary="Launcher: the job started",
@@ -379,6 +435,30 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def priority(self, request: Request, pk=None) -> Response:
         """The effective priority of the job now, with its terms."""
         job = self.get_object()
+        return Response(priority_body(job))
+
+    @extend_schema(
+        summary="Change an unfinished job's requested priority (operators, its account's coordinators)",
+        description=(
+            "Bounded as at submission: the job's account's `max_priority`, else"
+            " TOPOWEB_MAX_PRIORITY_USER; operators up to TOPOWEB_MAX_PRIORITY_OPERATOR. Answers the"
+            " effective priority as GET does."
+        ),
+        request=PrioritySerializer,
+        responses={200: OpenApiTypes.OBJECT, 400: SPEC_ERRORS, 409: STATE_ERROR_RESPONSE},
+    )
+    @priority.mapping.post
+    def priority_change(self, request: Request, pk=None) -> Response:
+        """Set the job's requested priority."""
+        job = self.get_object()
+        body = PrioritySerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        try:
+            job = services.job_set_priority(
+                job=job, user=request.user, priority=body.validated_data["priority"]
+            )
+        except services.JobStateError as exc:
+            return state_error(exc, exc.job.status)
         return Response(priority_body(job))
 
 
@@ -577,3 +657,54 @@ class QosViewSet(viewsets.ModelViewSet):
                 "name", f"QOS {instance.name} still has jobs; it can be deleted once they are gone"
             )
         instance.delete()
+
+
+class MembershipPermission(BasePermission):
+    """Reads: signed-in users (the queryset shows what they may see). Changes (which of its
+    account's QOS a member may use): the account's coordinators, and holders of
+    scheduling.change_accountmembership (admins)."""
+
+    message = "This needs a coordinator of the member's account or scheduling.change_accountmembership."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        if request.method in SAFE_METHODS:
+            return True
+        user = request.user
+        return roles.can(user, CHANGE_MEMBERSHIPS) or selectors.coordinates(user, obj.account_id)
+
+
+CHANGE_MEMBERSHIPS = "scheduling.change_accountmembership"
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Account memberships: yours, your coordinated accounts' (all for viewers, operators, admins)"
+    ),
+    retrieve=extend_schema(summary="One membership and the QOS its member may use"),
+    update=extend_schema(
+        summary="Set which of its account's QOS a member may use (the account's coordinators, admins)"
+    ),
+    partial_update=extend_schema(
+        summary="Set which of its account's QOS a member may use (the account's coordinators, admins)"
+    ),
+)
+class MembershipViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet
+):
+    """Members of accounts and the QOS each may use (docs/accounts.md, "Coordinators")."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [MembershipPermission]
+    serializer_class = MembershipSerializer
+    pagination_class = StandardPagination
+    queryset = AccountMembership.objects.none()
+
+    def get_queryset(self):
+        user = self.request.user
+        rows = AccountMembership.objects.select_related("account", "user").prefetch_related("qos__cluster")
+        if not roles.can(user, roles.SEE_ALL_JOBS) and not roles.can(user, CHANGE_MEMBERSHIPS):
+            rows = rows.filter(Q(user_id=user.pk) | Q(account_id__in=selectors.coordinated_accounts(user)))
+        return rows.order_by("account__name", "user__username")

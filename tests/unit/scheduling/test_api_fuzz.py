@@ -1,5 +1,5 @@
 """Schemathesis against the served OpenAPI schema, in-process through the WSGI app, as a normal
-user and as an admin: no 5xx, and every response's status, content type and body conform to the
+user (the coordinator of their account) and as an admin: no 5xx, and every response's status, content type and body conform to the
 schema. Derandomized with a fixed number of examples per operation, so a CI run is repeatable
 and takes a known time (about 2,000 cases)."""
 
@@ -20,6 +20,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from schemathesis.config import SchemathesisConfig
 
 from apps.scheduling import services
+from apps.scheduling.models import Account, AccountMembership, Qos
 
 from .conftest import small_spec
 
@@ -51,6 +52,11 @@ def api_schema(db, case44, make_user, committed, monkeypatch):
     cache.clear()
     owner = make_user("fuzz-user")
     make_user("fuzz-admin", staff=True)
+    # The user coordinates their own account: its jobs' hold, release, requeue and priority and its
+    # memberships' QOS are fuzzed past the permission check too.
+    team = Account.objects.create(name="fuzz-team")
+    team.qos.add(Qos.objects.get(cluster=case44, name="normal"))
+    AccountMembership.objects.create(user=owner, account=team, is_default=True, is_coordinator=True)
     # Some ids the generated paths may hit: a placed job, a queued one, a launcher token.
     committed(services.job_submit, user=owner, spec=small_spec("placed", 8))
     committed(services.job_submit, user=owner, spec=small_spec("waiting", 16))

@@ -12,7 +12,7 @@ from apps.scheduling import services, tasks
 from apps.scheduling.choices import JobStatus, ProposalStatus
 from apps.scheduling.demo import demo_workload_refill, load_demo_jobs
 from apps.scheduling.embedded import PeriodicScheduler, start_periodic_scheduler
-from apps.scheduling.models import Job, LauncherToken, MigrationProposal, SchedulingCycle
+from apps.scheduling.models import AccountMembership, Job, LauncherToken, MigrationProposal, SchedulingCycle
 from apps.scheduling.node_models import node_key_hash
 
 from .conftest import small_spec
@@ -98,6 +98,12 @@ def test_demo_jobs_load_once_with_a_waiting_job_and_a_proposal(pod256, case44, s
     assert bert.predicted_step_ms == pytest.approx(209.09, abs=0.01)
     assert load_demo_jobs() == {"pod-256": 0, "su-h100": 0, "case-4-4": 0}
     assert Job.objects.count() == 12
+    # Each demo team has its coordinator.
+    coordinators = AccountMembership.objects.filter(is_coordinator=True)
+    assert set(coordinators.values_list("user__username", "account__name")) == {
+        ("alice", "research"),
+        ("bob", "product"),
+    }
 
 
 def test_finished_demo_jobs_come_back_and_active_ones_are_not_doubled(pod256, case44, committed):

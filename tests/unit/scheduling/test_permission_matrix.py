@@ -1,6 +1,7 @@
 """The permission matrix: every API endpoint and dashboard page, called by an anonymous client, the
 job's owner, another user, the cluster's launcher token, each role (viewer, submitter, operator,
-admin; staff so the admin site lets them in) and a superuser. Each cell is the status the
+admin; staff so the admin site lets them in), a superuser, the coordinator of the owner's account
+("coordinator") and the coordinator of another account ("rival"), neither with a role. Each cell is the status the
 documented rules give (docs/guide.md, "Roles and permissions"); every call runs in a savepoint that is
 rolled back, so the cells do not change each other's world (and one world serves them all)."""
 
@@ -18,7 +19,7 @@ from rest_framework.test import APIClient
 from apps.api.roles import role_grant
 from apps.placement.topology import read_spec_file
 from apps.scheduling import services
-from apps.scheduling.models import Qos, SchedulingCycle
+from apps.scheduling.models import Account, AccountMembership, Qos, SchedulingCycle
 from apps.topology import services as topology_services
 from apps.topology.models import Gpu, Link, Node, Switch
 
@@ -26,15 +27,31 @@ from .conftest import EXAMPLES, small_spec, token_client
 
 pytestmark = pytest.mark.django_db
 
-CALLERS = ("anonymous", "owner", "other", "launcher", "viewer", "submitter", "operator", "admin", "superuser")
+CALLERS = (
+    "anonymous",
+    "owner",
+    "other",
+    "launcher",
+    "viewer",
+    "submitter",
+    "operator",
+    "admin",
+    "superuser",
+    "coordinator",
+    "rival",
+)
+# Coordinators hold no role: where a row does not name them they answer as another user does.
+COORDINATORS = ("coordinator", "rival")
 ROLES = ("viewer", "submitter", "operator", "admin")
 # Expected cells that are redirects: to the site's login page, or to the admin site's.
 LOGIN, ADMIN_LOGIN = "login", "admin-login"
 
 
 def cells(default, **special) -> dict:
-    """Every caller's expected answer: `default`, except the named callers."""
-    return {caller: special.get(caller, default) for caller in CALLERS}
+    """Every caller's expected answer: `default`, except the named callers (coordinators, unless
+    named, as "other")."""
+    other = special.get("other", default)
+    return {caller: special.get(caller, other if caller in COORDINATORS else default) for caller in CALLERS}
 
 
 def api_read(**special) -> dict:
@@ -52,9 +69,12 @@ def admins(code, **special) -> dict:
     return cells(403, **({"anonymous": 401, "admin": code, "superuser": code} | special))
 
 
-# The owner's job as each caller sees it: the launcher of its cluster too, other users not at all.
-JOB_READ = api_read(launcher=200, other=404, submitter=404)
-LIFECYCLE = operators(200, launcher=200)
+# The owner's job as each caller sees it: the launcher of its cluster and its account's coordinator
+# too, other users (another account's coordinator among them) not at all.
+JOB_READ = api_read(launcher=200, other=404, submitter=404, coordinator=200)
+LIFECYCLE = operators(200, launcher=200, coordinator=403)
+# Operators' actions on one job that its account's coordinator may take too.
+MANAGE = operators(200, owner=403, other=404, submitter=404, coordinator=200)
 PAGE = cells(200, anonymous=LOGIN, launcher=LOGIN)
 ADMIN_PAGE = cells(ADMIN_LOGIN, viewer=200, submitter=200, operator=200, admin=200, superuser=200)
 
@@ -62,7 +82,12 @@ MATRIX = [
     # Node agents: only a node's own token syncs (no user, launcher or superuser credential does).
     ("POST", "/api/v1/agents/sync/", {"version": "1"}, cells(401)),
     # Rank logs: users who may see the job; not the launcher token.
-    ("GET", "/api/v1/jobs/{job}/logs/", None, api_read(launcher=401, other=404, submitter=404)),
+    (
+        "GET",
+        "/api/v1/jobs/{job}/logs/",
+        None,
+        api_read(launcher=401, other=404, submitter=404, coordinator=200),
+    ),
     # Topology API.
     ("GET", "/api/v1/clusters/", None, api_read()),
     ("GET", "/api/v1/clusters/{cluster}/", None, api_read()),
@@ -99,7 +124,30 @@ MATRIX = [
     ("GET", "/api/v1/jobs/{job}/placement/", None, JOB_READ),
     ("GET", "/api/v1/jobs/{job}/rankmap/", None, JOB_READ),
     ("GET", "/api/v1/jobs/{job}/rankmap/?format=torchrun", None, JOB_READ),
-    ("POST", "/api/v1/jobs/{job}/cancel/", None, operators(200, owner=200, other=404, submitter=404)),
+    ("POST", "/api/v1/jobs/{job}/cancel/", None, MANAGE | {"owner": 200}),
+    ("POST", "/api/v1/jobs/{waiting}/hold/", None, MANAGE),
+    ("POST", "/api/v1/jobs/{held}/release/", None, MANAGE),
+    ("POST", "/api/v1/jobs/{job}/requeue/", None, MANAGE),
+    ("GET", "/api/v1/jobs/{job}/priority/", None, JOB_READ | {"launcher": 403}),
+    ("POST", "/api/v1/jobs/{waiting}/priority/", {"priority": 5}, MANAGE),
+    # Another account's jobs: its coordinator is a stranger to them.
+    (
+        "POST",
+        "/api/v1/jobs/{rivals_job}/hold/",
+        None,
+        operators(200, owner=404, other=404, submitter=404, rival=200),
+    ),
+    # Which of its account's QOS a member may use: the account's coordinator and admins.
+    ("GET", "/api/v1/memberships/", None, api_read()),
+    ("GET", "/api/v1/memberships/{membership}/", None, JOB_READ | {"launcher": 403}),
+    (
+        "PATCH",
+        "/api/v1/memberships/{membership}/",
+        {"qos": []},
+        admins(200, other=404, submitter=404, coordinator=200),
+    ),
+    # Cluster-wide: drains stay with operators (a coordinator is refused like any user).
+    ("POST", "/api/v1/node-health/{node}/drain/", {"reason": "maintenance"}, operators(200, launcher=401)),
     ("POST", "/api/v1/jobs/{job}/start/", None, LIFECYCLE),
     ("POST", "/api/v1/jobs/{job}/complete/", None, LIFECYCLE),
     ("POST", "/api/v1/jobs/{job}/fail/", {"reason": "ECC"}, LIFECYCLE),
@@ -129,7 +177,27 @@ MATRIX = [
     ("GET", "/clusters/case-4-4/", None, PAGE),
     ("GET", "/clusters/case-4-4/version/", None, PAGE),
     ("GET", "/queue/", None, PAGE),
-    ("GET", "/jobs/{job}/", None, cells(200, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404)),
+    (
+        "GET",
+        "/jobs/{job}/",
+        None,
+        cells(200, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, coordinator=200),
+    ),
+    # The job page's buttons: the same rule as the API (a redirect back to the page when allowed).
+    (
+        "POST",
+        "/jobs/{waiting}/hold/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, operator=302)
+        | {"admin": 302, "superuser": 302, "coordinator": 302},
+    ),
+    (
+        "POST",
+        "/jobs/{job}/cancel/",
+        None,
+        cells(403, anonymous=LOGIN, launcher=LOGIN, other=404, submitter=404, operator=302)
+        | {"owner": 302, "admin": 302, "superuser": 302, "coordinator": 302},
+    ),
     (
         "POST",
         "/jobs/{job}/migrations/{proposal}/apply/",
@@ -194,11 +262,23 @@ def world(case44, committed):
         people[role] = users.create_user(role, is_staff=True)
         role_grant(user=people[role], role=role)
     people["superuser"] = users.create_superuser("root")
+    people["coordinator"] = users.create_user("coordinator")
+    people["rival"] = users.create_user("rival")
+    team, rivals = Account.objects.create(name="team"), Account.objects.create(name="rivals")
+    membership = AccountMembership.objects.create(user=people["owner"], account=team, is_default=True)
+    AccountMembership.objects.create(user=people["coordinator"], account=team, is_coordinator=True)
+    AccountMembership.objects.create(user=people["rival"], account=rivals, is_coordinator=True)
+    rival_member = users.create_user("rival-member")
+    AccountMembership.objects.create(user=rival_member, account=rivals, is_default=True)
     spare_spec = {"version": 1, "name": "spare", "generate": SPARE}
     spare = topology_services.cluster_import(data=copy.deepcopy(spare_spec))
     job = committed(services.job_submit, user=people["owner"], spec=small_spec("spread", 8, policy="naive"))
     committed(services.job_start, job=job)
     [proposal] = services.migrations_propose(cluster=case44)
+    waiting = committed(services.job_submit, user=people["owner"], spec=small_spec("wide", 16))
+    held = committed(services.job_submit, user=people["owner"], spec=small_spec("wider", 16))
+    services.job_hold(job=held, user=people["superuser"])
+    rivals_job = committed(services.job_submit, user=rival_member, spec=small_spec("theirs", 16))
     ids = {
         "cluster": case44.pk,
         "spare": spare.pk,
@@ -210,6 +290,10 @@ def world(case44, committed):
         "node": Node.objects.filter(cluster=case44).values_list("pk", flat=True).first(),
         "gpu": Gpu.objects.filter(node__cluster=case44).values_list("pk", flat=True).first(),
         "qos": Qos.objects.create(cluster=spare, name="scratch").pk,
+        "waiting": waiting.pk,
+        "held": held.pk,
+        "rivals_job": rivals_job.pk,
+        "membership": membership.pk,
     }
     bodies = {
         "new-spec": read_spec_file(EXAMPLES / "case-4-4.yaml") | {"name": "fresh"},

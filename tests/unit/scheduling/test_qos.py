@@ -125,7 +125,7 @@ def test_max_tres_per_user_holds_the_next_job_with_the_limit_named(team, alice, 
     assert reloaded(others).status == JobStatus.PLACING
     # The job API shows the QOS and the reason.
     body = token_client(alice).get(f"/api/v1/jobs/{second.pk}/").json()
-    assert body["qos"] == high.pk and body["pending_reason"].startswith("QOS high: running GPUs per user")
+    assert body["qos"] == "high" and body["pending_reason"].startswith("QOS high: running GPUs per user")
 
 
 def test_max_jobs_per_user(team, alice, committed):
