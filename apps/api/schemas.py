@@ -59,8 +59,9 @@ COMMON = {
 
 
 def error_responses(result, generator, request, public):
-    """drf-spectacular postprocessing hook: the shared error components, and 400/401/403/404/429/503 on
-    every operation that does not document them itself."""
+    """drf-spectacular postprocessing hook: the shared error components, and 400/401/403/404/429/503
+    (and 415 where the operation reads a body) on every operation that does not document them
+    itself."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in COMPONENTS.items():
         schemas.setdefault(name, schema)
@@ -71,6 +72,12 @@ def error_responses(result, generator, request, public):
             responses = operation.setdefault("responses", {})
             common = dict(COMMON)
             common["404"] = ("ErrorDetail", "No such object, or not one you may see; or no such page.")
+            if "requestBody" in operation:
+                common["415"] = (
+                    "ErrorDetail",
+                    "Unsupported media type: the body's Content-Type (or a multipart body without its"
+                    " boundary) is none this operation reads.",
+                )
             # An error comes in the format the request asked for (?format=yaml gives a YAML body,
             # a text format the same object as JSON text).
             media = {"application/json"} | {m for r in responses.values() for m in r.get("content", {})}

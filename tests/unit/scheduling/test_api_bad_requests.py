@@ -107,6 +107,16 @@ def test_non_object_bodies_are_a_400(case44, admin_raw, url, body):
     assert response.status_code == 400, response.content[:300]
 
 
+def test_a_body_of_a_media_type_no_parser_reads_is_a_documented_415(case44, admin_raw, client):
+    response = admin_raw.generic(
+        "POST", "/api/v1/clusters/", b"--x\r\n", content_type="application/x-unheard-of"
+    )
+    assert response.status_code == 415 and "application/x-unheard-of" in response.json()["detail"]
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    assert "415" in schema["paths"]["/api/v1/clusters/"]["post"]["responses"]
+    assert "415" not in schema["paths"]["/api/v1/clusters/"]["get"]["responses"]
+
+
 def test_errors_render_as_yaml_when_yaml_is_asked_for(case44, admin_raw):
     response = admin_raw.get("/api/v1/clusters/999999/export/?format=yaml")
     assert response.status_code == 404
