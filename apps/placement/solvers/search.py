@@ -17,7 +17,13 @@ split count: an entry is priced by its slowest group, so repairing one of two TP
 - half move: for a TP group of 4 or more split over nodes, another node b with room ends with half
   of it (or all of it): its members on neither b nor the node holding most of it (a) go first,
   then members from a, exchanging with the job's other ranks on b or taking b's free GPUs
-  (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped).
+  (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped);
+- gather: a group a node could hold whole (TP, CP, EP, a PP or DP group) but split over nodes goes
+  whole onto one of its nodes, its members elsewhere exchanging with the ranks there, the members
+  of another group of its kind first (two TP groups split 4 + 4 over two nodes become whole in
+  one move; a rank move or swap at a time only passes through dearer maps on the way);
+- re-nest: the map's own GPU set laid out again in one of the nested mappings (`mapping.py`), at
+  random: from a mixed start the whole groups and their node order come back in one move.
 It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
 improve nothing or after `max_evals` moves, whichever comes first. The budget counts moves, not
 seconds, and the moves are seeded: the same inputs give the same map on a busy machine as on an
@@ -32,14 +38,17 @@ from ..costmodel import evaluate
 from ..groups import group_arrays
 from ..jobs import JobSpec
 from ..topology import Topology
-from .mapping import declared_traffic
+from .base import hierarchy
+from .blocks import canonical
+from .mapping import candidate_mappings, declared_traffic
 
 # Target nodes a node move may pick from: the best by free network rate per GPU.
 TARGET_NODES = 48
 # Moves in a row that improve neither the cost nor the spread before the search gives up.
 STALL_EVALS = 200
-# How often each move is tried: node move, group swap, rank swap, rank move, half move.
-MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25)
+# How often each move is tried: node move, group swap, rank swap, rank move, half move, gather,
+# re-nest.
+MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25, 0.2, 0.1)
 
 
 def search(
@@ -94,8 +103,29 @@ def search(
     def half(topology, rng, cur, owner, free, targets, groups):
         return _half_move(topology, rng, cur, owner, free, targets, tp_groups)
 
-    moves = (_node_move, _group_swap, _rank_swap, _rank_move, half)
-    weights = np.array(MOVE_WEIGHTS) * [1, bool(groups), 1, 1, tp_groups is not None]
+    # Kinds whose groups a node could hold whole, smallest groups first.
+    node_max = int(topology.node_gpu_count.max())
+    gatherable = sorted(
+        (a for a in arrays.values() if a.shape[0] > 1 and 1 < a.shape[1] <= node_max),
+        key=lambda a: a.shape[1],
+    )
+
+    def gather(topology, rng, cur, owner, free, targets, groups):
+        return _gather_move(topology, rng, cur, owner, free, gatherable)
+
+    def renest(topology, rng, cur, owner, free, targets, groups):
+        return _renest(topology, rng, job, cur)
+
+    moves = (_node_move, _group_swap, _rank_swap, _rank_move, half, gather, renest)
+    weights = np.array(MOVE_WEIGHTS) * [
+        1,
+        bool(groups),
+        1,
+        1,
+        tp_groups is not None,
+        bool(gatherable),
+        bool(groups),
+    ]
     weights /= weights.sum()
     evals = stalled = 0
     while evals < max_evals and stalled < stall_evals and cur_cost[1] > stop:
@@ -106,9 +136,9 @@ def search(
             continue
         c = cost(trial)
         evals += 1
-        if move is half:
+        if move is half or move is gather or move is renest:
             # Kept only when it lowers exposed, all or every group's comm ms, the split count
-            # aside: what makes 3 + 1 into 2 + 2.
+            # aside: what makes 3 + 1 into 2 + 2, or one of two slow groups whole.
             order = -1 if _compare(tuple(c[:3]), tuple(cur_cost[:3])) < 0 else 1
         else:
             # Exposed, then all comm ms, then the spread, priced only on a tie.
@@ -255,3 +285,62 @@ def _half_move(topology, rng, cur, owner, free, targets, kind):
     back = displaced >= 0
     trial[displaced[back]] = cur[moved][back]
     return trial
+
+
+def _gather_move(topology, rng, cur, owner, free, kinds):
+    """One split group of a kind a node could hold whole goes whole onto one of its nodes that
+    has room (job ranks outside the group or unused free GPUs); the ranks it displaces take the
+    GPUs its members leave. Displaced first: ranks of another group of the same kind with members
+    on the nodes the gathered members leave (so both groups end whole), then free GPUs, then the
+    rest. None when no group is split or no node has room."""
+    split_kinds = []
+    for arr in kinds:
+        node_of = topology.gpu_node[cur[arr]]
+        split = np.flatnonzero((node_of != node_of[:, :1]).any(axis=1))
+        if split.size:
+            split_kinds.append((arr, node_of, split))
+    if not split_kinds:
+        return None
+    arr, node_of, split = split_kinds[int(rng.integers(len(split_kinds)))]
+    row = int(rng.choice(split))
+    ranks, nodes = arr[row], node_of[row]
+    held, count = np.unique(nodes, return_counts=True)
+    in_group = np.zeros(cur.size, dtype=bool)
+    in_group[ranks] = True
+    group_of = np.empty(cur.size, dtype=np.int64)
+    group_of[arr] = np.arange(arr.shape[0])[:, None]
+    options = []
+    for b in held[np.argsort(-count, kind="stable")]:
+        b = int(b)
+        need = ranks.size - int(np.count_nonzero(nodes == b))
+        gb = _node_gids(topology, b)
+        holder = owner[gb]
+        mine = holder >= 0
+        usable = (mine & ~in_group[np.maximum(holder, 0)]) | (~mine & free[gb])
+        slots = gb[usable]
+        if slots.size < need:
+            continue
+        # A kind-mate scores by its members on the nodes the gathered members leave.
+        on_left = np.count_nonzero(np.isin(node_of, held[held != b]), axis=1)
+        mate = on_left[group_of[np.maximum(holder[usable], 0)]]
+        # Mates first (highest score), then free GPUs, then other ranks.
+        score = np.where(mine[usable], np.where(mate > 0, 1.0 + mate, -1.0), 1.0)
+        options.append((slots[np.argsort(-score, kind="stable")][:need], b))
+    if not options:
+        return None
+    slots, b = options[0] if rng.random() < 0.7 else options[int(rng.integers(len(options)))]
+    moved = ranks[nodes != b]
+    trial = cur.copy()
+    trial[moved] = slots
+    displaced = owner[slots]
+    back = displaced >= 0
+    trial[displaced[back]] = cur[moved][back]
+    return trial
+
+
+def _renest(topology, rng, job, cur):
+    """The GPUs of `cur` in one of their nested mappings, at random; None when that is `cur`."""
+    idx = hierarchy(topology)
+    maps = list(candidate_mappings(idx, job, canonical(idx, cur)))
+    trial = maps[int(rng.integers(len(maps)))]
+    return None if np.array_equal(trial, cur) else trial

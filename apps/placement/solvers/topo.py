@@ -26,7 +26,8 @@
 4. On irregular free sets, swaps against the cost model (`refine.py`); then, for any job still
    above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`),
    and ranks moved off NICs they share onto free GPUs of the same node behind NICs the job does
-   not use (`rails.py`).
+   not use (`rails.py`); last, the nested mappings of the set the search ended on, so its answer
+   is never dearer than the plain nestings of its own GPUs.
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
 """
@@ -197,10 +198,32 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
             # Ranks off NICs they share, onto free GPUs of the same node behind NICs the job
             # leaves unused: moves the search does not make.
             gids = spread_rails(topology, job, gids, free, leaf_load)
+        # No regression by construction: the plain nestings of the GPU set the search ended on
+        # are priced too (swaps from a mixed start may never re-assemble whole groups).
+        gids = _nested_on_set(topology, idx, job, gids, leaf_load, priced)
     prediction = whole.get(np.asarray(gids, dtype=np.int64).tobytes())
     if prediction is None:
         prediction = evaluate(topology, job, gids, leaf_load)
     return Placement("topo", tuple(np.asarray(gids).tolist()), prediction)
+
+
+def _nested_on_set(
+    topology: Topology,
+    idx: HierarchyIndex,
+    job: JobSpec,
+    gids: np.ndarray,
+    leaf_load: np.ndarray,
+    priced: dict[bytes, tuple[float, float]],
+) -> np.ndarray:
+    """`gids`, or the cheapest (exposed, then all comm ms) nested mapping of its GPU set where
+    one is cheaper."""
+    gids = np.asarray(gids, dtype=np.int64)
+    best = _key(topology, job, gids, leaf_load, 0.0, priced)[:2]
+    for trial in candidate_mappings(idx, job, canonical(idx, gids)):
+        key = _key(topology, job, trial, leaf_load, 0.0, priced)[:2]
+        if key < best:
+            best, gids = key, trial
+    return gids
 
 
 def _link_aware_sets(
