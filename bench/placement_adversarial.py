@@ -27,7 +27,7 @@ for a 1,024-GPU job on 16,384 GPUs (p99 < 1 s) and a 16,384-GPU job on 131,072 G
 each cluster warmed by one small placement first (its per-topology index, as the scheduler has).
 
     .venv/bin/python bench/placement_adversarial.py [--quick] [--seed N] [--per-class K] [--evals E]
-        [--classes a,b] [--table] [--no-speed]
+        [--classes a,b] [--table] [--no-speed] [--against REF]
 """
 
 from __future__ import annotations
@@ -47,13 +47,17 @@ sys.path.insert(0, str(ROOT))
 from apps.placement.bounds import gap as bound_gap  # noqa: E402
 from apps.placement.bounds import lower_bound  # noqa: E402
 from apps.placement.costmodel import evaluate  # noqa: E402
-from apps.placement.jobs import JobSpec  # noqa: E402
+from apps.placement.costmodel.speed import allowed  # noqa: E402
+from apps.placement.jobs import JobSpec, job_to_spec  # noqa: E402
 from apps.placement.solvers import NoFit, place  # noqa: E402
-from apps.placement.topology import Topology, load_topology  # noqa: E402
+from apps.placement.topology import Topology, load_topology, topology_to_spec  # noqa: E402
 from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec  # noqa: E402
 from bench.placement_quality import job_spec  # noqa: E402
+from bench.placement_ref import RefPlacer  # noqa: E402
 
 ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET, STEP_TARGET_MAX = 1.02, 1.10, 1.05, 1.02
+# --against REF: a scenario where topo prices more than this much above REF's placement fails.
+AGAINST_TOLERANCE = 0.005
 SPEED_TARGET_1K_P99_MS, SPEED_TARGET_16K_MS = 1000.0, 2000.0
 BASELINE_STARTS = ("first_fit", "naive", "tree_best_fit")
 
@@ -483,10 +487,13 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None = None) -> list[dict]:
-    """One row per scenario: class, job, topo and oracle comm ms, the free-set bound. `classes`
-    (default all) picks classes by name; a scenario's seed depends only on its class's place in
-    CLUSTERS, so a filtered run reproduces the same scenarios."""
+def run_quality(
+    seed: int, per_class: int, evals: int, classes: list[str] | None = None, ref: RefPlacer | None = None
+) -> list[dict]:
+    """One row per scenario: class, job, topo and oracle comm ms, the free-set bound, and with
+    `ref` REF's placement priced by today's model. `classes` (default all) picks classes by name;
+    a scenario's seed depends only on its class's place in CLUSTERS, so a filtered run reproduces
+    the same scenarios."""
     rows = []
     for ci, cls in enumerate(CLUSTERS):
         if classes and cls not in classes:
@@ -508,8 +515,11 @@ def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None
             best_baseline = min(
                 (b.prediction.step_ms for b in baselines if not isinstance(b, NoFit)), default=math.inf
             )
+            ref_ms, ref_note = (math.nan, "") if ref is None else ref_price(ref, topo, free, load, job, gens)
             rows.append(
                 {
+                    "ref_ms": ref_ms,
+                    "ref_note": ref_note,
                     "class": cls,
                     "k": k,
                     "job": job.name,
@@ -524,6 +534,55 @@ def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None
                 }
             )
     return rows
+
+
+def ref_price(
+    ref: RefPlacer, topo: Topology, free: np.ndarray, load, job: JobSpec, gens: bool
+) -> tuple[float, str]:
+    """REF's placement of the scenario priced by today's model (step ms on a fleet of several GPU
+    models, else comm ms, as topo_ms), or nan and why REF gave none."""
+    ok = allowed(topo, job)
+    mask = free if ok is None else free & ok
+    got = ref.place(topology_to_spec(topo), np.flatnonzero(mask).tolist(), load, job_to_spec(job))
+    if isinstance(got, str):
+        return math.nan, got
+    node_at = {n.name: i for i, n in enumerate(topo.nodes)}
+    gids = np.array([int(topo.node_first_gid[node_at[n]]) + i for n, i in got], dtype=np.int64)
+    pred = evaluate(topo, job, gids, load, detail=False)
+    return (pred.step_ms if gens else pred.comm_ms), ""
+
+
+def report_against(rows: list[dict], ref_name: str) -> int:
+    """Per class, topo / REF (geomean, max) and the scenarios where topo is more than
+    AGAINST_TOLERANCE worse than REF's placement; the number of those."""
+    print(f"\ntopo against {ref_name}'s placements, both priced by today's model, per scenario class")
+    print(f"{'class':<16}{'n':>4}{'geo t/ref':>11}{'max t/ref':>11}{'worse':>7}{'no ref':>8}")
+    by_class: dict[str, list[dict]] = {}
+    for r in rows:
+        by_class.setdefault(r["class"], []).append(r)
+    for cls, rs in [*by_class.items(), ("all", rows)]:
+        ratios = [_ref_ratio(r) for r in rs if math.isfinite(r["ref_ms"])]
+        worse = sum(x > 1 + AGAINST_TOLERANCE for x in ratios)
+        print(
+            f"{cls:<16}{len(rs):>4}{_geomean(ratios):>11.3f}{max(ratios, default=math.nan):>11.3f}"
+            f"{worse:>7}{len(rs) - len(ratios):>8}"
+        )
+    bad = [r for r in rows if math.isfinite(r["ref_ms"]) and _ref_ratio(r) > 1 + AGAINST_TOLERANCE]
+    for r in bad:
+        print(
+            f"  REGRESSION {r['class']} k={r['k']} {r['job']}: topo {r['topo_ms']:.2f} ms, "
+            f"{ref_name} {r['ref_ms']:.2f} ms ({_ref_ratio(r):.3f})"
+        )
+    for r in rows:
+        if r["ref_note"]:
+            print(f"  {ref_name} gave no placement on {r['class']} k={r['k']} {r['job']}: {r['ref_note']}")
+    return len(bad)
+
+
+def _ref_ratio(r: dict) -> float:
+    if r["ref_ms"] <= 0:
+        return 1.0 if r["topo_ms"] <= 0 else math.inf
+    return r["topo_ms"] / r["ref_ms"]
 
 
 def _ratio(r: dict) -> float:
@@ -670,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", default="", help="comma-separated scenario classes (default all)")
     parser.add_argument("--table", action="store_true", help="print every scenario's row")
     parser.add_argument("--no-speed", action="store_true", help="skip the large-cluster latency runs")
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="also price REF's topo placements (a release in CHANGELOG.md or a commit) with today's model;"
+        f" exit 1 where topo is more than {AGAINST_TOLERANCE:.1%} worse",
+    )
     args = parser.parse_args(argv)
     per_class, evals = (1, 300) if args.quick else (args.per_class, args.evals)
     classes = [c for c in args.classes.split(",") if c]
@@ -677,10 +742,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--classes: unknown {', '.join(unknown)}; known: {', '.join(CLUSTERS)}")
     start = time.perf_counter()
-    rows = run_quality(args.seed, per_class, evals, classes)
+    ref = RefPlacer(args.against) if args.against else None
+    try:
+        rows = run_quality(args.seed, per_class, evals, classes, ref)
+    finally:
+        if ref is not None:
+            ref.close()
     if args.table:
         print_table(rows)
     q = report_quality(rows)
+    regressions = report_against(rows, args.against) if args.against else 0
     speed = {} if args.no_speed else run_speed(args.seed, 1 if args.quick else 12, args.quick)
     if speed:
         print("\nspeed (topo)")
@@ -725,8 +796,10 @@ def main(argv: list[str] | None = None) -> int:
     for text, ok in checks:
         print(f"  {text}: {'met' if ok else 'NOT met'}")
     print(f"  empty clusters where the oracle beat topo by > 2%: {q['empty_beaten']} of {q['empty']}")
+    if args.against:
+        print(f"  scenarios where topo is > {AGAINST_TOLERANCE:.1%} worse than {args.against}: {regressions}")
     print(f"\n({time.perf_counter() - start:.1f} s)")
-    return 0
+    return 1 if regressions else 0
 
 
 if __name__ == "__main__":
