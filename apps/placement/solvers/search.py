@@ -17,13 +17,14 @@ split count: an entry is priced by its slowest group, so repairing one of two TP
 - half move: for a TP group of 4 or more split over nodes, another node b with room ends with half
   of it (or all of it): its members on neither b nor the node holding most of it (a) go first,
   then members from a, exchanging with the job's other ranks on b or taking b's free GPUs
-  (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped);
-- gather: a group a node could hold whole (TP, CP, EP, a PP or DP group) but split over nodes goes
-  whole onto one of its nodes, its members elsewhere exchanging with the ranks there, the members
-  of another group of its kind first (two TP groups split 4 + 4 over two nodes become whole in
-  one move; a rank move or swap at a time only passes through dearer maps on the way);
-- re-nest: the map's own GPU set laid out again in one of the nested mappings (`mapping.py`), at
-  random: from a mixed start the whole groups and their node order come back in one move.
+  (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped).
+Then a regroup pass, within `regroup_evals` more prices: the map's own GPU set in each nested
+mapping (`mapping.py`), so a mixed map gets its whole groups and their node order back; and each
+group of a kind a node could hold whole (TP, CP, EP, a PP or DP group) that is split over nodes
+tried whole on each of its nodes with room, its members elsewhere exchanging with the ranks
+there, the members of another group of its kind first (two TP groups split 4 + 4 over two nodes
+become whole in one move, where single swaps pass through dearer maps). Kept as half moves are;
+the pass runs after the seeded moves, so it changes none of their draws.
 It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
 improve nothing or after `max_evals` moves, whichever comes first. The budget counts moves, not
 seconds, and the moves are seeded: the same inputs give the same map on a busy machine as on an
@@ -31,6 +32,9 @@ idle one.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -46,9 +50,10 @@ from .mapping import candidate_mappings, declared_traffic
 TARGET_NODES = 48
 # Moves in a row that improve neither the cost nor the spread before the search gives up.
 STALL_EVALS = 200
-# How often each move is tried: node move, group swap, rank swap, rank move, half move, gather,
-# re-nest.
-MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25, 0.2, 0.1)
+# How often each move is tried: node move, group swap, rank swap, rank move, half move.
+MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25)
+# Prices the regroup pass may spend after the moves (gathers of split groups, nested re-layouts).
+REGROUP_EVALS = 32
 
 
 def search(
@@ -62,6 +67,7 @@ def search(
     seed: int = 0,
     max_evals: int = 600,
     stall_evals: int = STALL_EVALS,
+    regroup_evals: int | None = None,
 ) -> tuple[np.ndarray, float]:
     """A map at most as costly (predicted exposed, then all comm ms) as `gids` on the `free` GPUs,
     and its comm ms."""
@@ -103,29 +109,8 @@ def search(
     def half(topology, rng, cur, owner, free, targets, groups):
         return _half_move(topology, rng, cur, owner, free, targets, tp_groups)
 
-    # Kinds whose groups a node could hold whole, smallest groups first.
-    node_max = int(topology.node_gpu_count.max())
-    gatherable = sorted(
-        (a for a in arrays.values() if a.shape[0] > 1 and 1 < a.shape[1] <= node_max),
-        key=lambda a: a.shape[1],
-    )
-
-    def gather(topology, rng, cur, owner, free, targets, groups):
-        return _gather_move(topology, rng, cur, owner, free, gatherable)
-
-    def renest(topology, rng, cur, owner, free, targets, groups):
-        return _renest(topology, rng, job, cur)
-
-    moves = (_node_move, _group_swap, _rank_swap, _rank_move, half, gather, renest)
-    weights = np.array(MOVE_WEIGHTS) * [
-        1,
-        bool(groups),
-        1,
-        1,
-        tp_groups is not None,
-        bool(gatherable),
-        bool(groups),
-    ]
+    moves = (_node_move, _group_swap, _rank_swap, _rank_move, half)
+    weights = np.array(MOVE_WEIGHTS) * [1, bool(groups), 1, 1, tp_groups is not None]
     weights /= weights.sum()
     evals = stalled = 0
     while evals < max_evals and stalled < stall_evals and cur_cost[1] > stop:
@@ -136,9 +121,9 @@ def search(
             continue
         c = cost(trial)
         evals += 1
-        if move is half or move is gather or move is renest:
+        if move is half:
             # Kept only when it lowers exposed, all or every group's comm ms, the split count
-            # aside: what makes 3 + 1 into 2 + 2, or one of two slow groups whole.
+            # aside: what makes 3 + 1 into 2 + 2.
             order = -1 if _compare(tuple(c[:3]), tuple(cur_cost[:3])) < 0 else 1
         else:
             # Exposed, then all comm ms, then the spread, priced only on a tie.
@@ -150,6 +135,31 @@ def search(
             owner[cur] = -1
             cur, cur_cost = trial, c
             owner[cur] = np.arange(cur.size)
+    # The regroup pass: gathers of split groups, then the set's nested mappings, as long as one
+    # improves and the budget lasts.
+    node_max = int(topology.node_gpu_count.max())
+    kinds = sorted(
+        (a for a in arrays.values() if a.shape[0] > 1 and 1 < a.shape[1] <= node_max),
+        key=lambda a: a.shape[1],
+    )
+    # No more than the moves had: large jobs price few maps.
+    left = min(REGROUP_EVALS, max_evals) if regroup_evals is None else regroup_evals
+    improved = True
+    while improved and left > 0 and cur_cost[1] > stop:
+        improved = False
+        for trial in itertools.chain(
+            _renests(topology, job, cur), _gathers(topology, cur, owner, free, kinds)
+        ):
+            if left <= 0:
+                break
+            left -= 1
+            c = cost(trial)
+            if _compare(tuple(c[:3]), tuple(cur_cost[:3])) < 0:
+                owner[cur] = -1
+                cur, cur_cost = trial, c
+                owner[cur] = np.arange(cur.size)
+                improved = True
+                break
     return cur, cur_cost[1]
 
 
@@ -287,60 +297,48 @@ def _half_move(topology, rng, cur, owner, free, targets, kind):
     return trial
 
 
-def _gather_move(topology, rng, cur, owner, free, kinds):
-    """One split group of a kind a node could hold whole goes whole onto one of its nodes that
-    has room (job ranks outside the group or unused free GPUs); the ranks it displaces take the
-    GPUs its members leave. Displaced first: ranks of another group of the same kind with members
-    on the nodes the gathered members leave (so both groups end whole), then free GPUs, then the
-    rest. None when no group is split or no node has room."""
-    split_kinds = []
+def _gathers(topology, cur, owner, free, kinds) -> Iterator[np.ndarray]:
+    """For each split group of `kinds` (smallest groups first), the map with it whole on each of
+    its nodes that has room (the job's ranks outside the group, or unused free GPUs), the node
+    holding most of it first; the ranks it displaces take the GPUs its members leave. Displaced
+    first: ranks of another group of its kind with members on the nodes the gathered members
+    leave (so both groups end whole), most such members first, then free GPUs, then the rest."""
     for arr in kinds:
         node_of = topology.gpu_node[cur[arr]]
-        split = np.flatnonzero((node_of != node_of[:, :1]).any(axis=1))
-        if split.size:
-            split_kinds.append((arr, node_of, split))
-    if not split_kinds:
-        return None
-    arr, node_of, split = split_kinds[int(rng.integers(len(split_kinds)))]
-    row = int(rng.choice(split))
-    ranks, nodes = arr[row], node_of[row]
-    held, count = np.unique(nodes, return_counts=True)
-    in_group = np.zeros(cur.size, dtype=bool)
-    in_group[ranks] = True
-    group_of = np.empty(cur.size, dtype=np.int64)
-    group_of[arr] = np.arange(arr.shape[0])[:, None]
-    options = []
-    for b in held[np.argsort(-count, kind="stable")]:
-        b = int(b)
-        need = ranks.size - int(np.count_nonzero(nodes == b))
-        gb = _node_gids(topology, b)
-        holder = owner[gb]
-        mine = holder >= 0
-        usable = (mine & ~in_group[np.maximum(holder, 0)]) | (~mine & free[gb])
-        slots = gb[usable]
-        if slots.size < need:
-            continue
-        # A kind-mate scores by its members on the nodes the gathered members leave.
-        on_left = np.count_nonzero(np.isin(node_of, held[held != b]), axis=1)
-        mate = on_left[group_of[np.maximum(holder[usable], 0)]]
-        # Mates first (highest score), then free GPUs, then other ranks.
-        score = np.where(mine[usable], np.where(mate > 0, 1.0 + mate, -1.0), 1.0)
-        options.append((slots[np.argsort(-score, kind="stable")][:need], b))
-    if not options:
-        return None
-    slots, b = options[0] if rng.random() < 0.7 else options[int(rng.integers(len(options)))]
-    moved = ranks[nodes != b]
-    trial = cur.copy()
-    trial[moved] = slots
-    displaced = owner[slots]
-    back = displaced >= 0
-    trial[displaced[back]] = cur[moved][back]
-    return trial
+        group_of = np.empty(cur.size, dtype=np.int64)
+        group_of[arr] = np.arange(arr.shape[0])[:, None]
+        in_group = np.zeros(cur.size, dtype=bool)
+        for row in np.flatnonzero((node_of != node_of[:, :1]).any(axis=1)):
+            ranks, nodes = arr[row], node_of[row]
+            held, count = np.unique(nodes, return_counts=True)
+            in_group[:] = False
+            in_group[ranks] = True
+            for b in held[np.argsort(-count, kind="stable")].tolist():
+                need = ranks.size - int(np.count_nonzero(nodes == b))
+                gb = _node_gids(topology, b)
+                holder = owner[gb]
+                mine = holder >= 0
+                usable = (mine & ~in_group[np.maximum(holder, 0)]) | (~mine & free[gb])
+                if np.count_nonzero(usable) < need:
+                    continue
+                slots, holder, mine = gb[usable], holder[usable], mine[usable]
+                # A kind-mate scores by its members on the nodes the gathered members leave.
+                on_left = np.count_nonzero(np.isin(node_of, held[held != b]), axis=1)
+                mate = on_left[group_of[np.maximum(holder, 0)]]
+                score = np.where(mine, np.where(mate > 0, 1.0 + mate, -1.0), 1.0)
+                slots = slots[np.argsort(-score, kind="stable")][:need]
+                moved = ranks[nodes != b]
+                trial = cur.copy()
+                trial[moved] = slots
+                displaced = owner[slots]
+                back = displaced >= 0
+                trial[displaced[back]] = cur[moved][back]
+                yield trial
 
 
-def _renest(topology, rng, job, cur):
-    """The GPUs of `cur` in one of their nested mappings, at random; None when that is `cur`."""
+def _renests(topology, job, cur) -> Iterator[np.ndarray]:
+    """The GPUs of `cur` in each of their nested mappings other than `cur` itself."""
     idx = hierarchy(topology)
-    maps = list(candidate_mappings(idx, job, canonical(idx, cur)))
-    trial = maps[int(rng.integers(len(maps)))]
-    return None if np.array_equal(trial, cur) else trial
+    for trial in candidate_mappings(idx, job, canonical(idx, cur)):
+        if not np.array_equal(trial, cur):
+            yield trial

@@ -14,7 +14,7 @@ from apps.placement.solvers import topo as topo_module
 from apps.placement.solvers.base import hierarchy
 from apps.placement.solvers.blocks import canonical
 from apps.placement.solvers.mapping import candidate_mappings
-from apps.placement.solvers.search import _gather_move, search
+from apps.placement.solvers.search import _gathers, search
 from apps.placement.solvers.topo import search_evals
 
 from .test_adversarial_cases import cluster, job, node
@@ -82,25 +82,23 @@ def test_a_gather_makes_two_interleaved_groups_whole_in_one_move():
     owner = np.full(topo.n_gpus, -1, dtype=np.int64)
     owner[mixed] = np.arange(j.gpus)
     free = np.ones(topo.n_gpus, dtype=bool)
-    rng = np.random.default_rng(0)
-    for _ in range(10):
-        trial = _gather_move(topo, rng, mixed, owner, free, [tp])
-        assert trial is not None and sorted(trial.tolist()) == sorted(mixed.tolist())
+    trials = list(_gathers(topo, mixed, owner, free, [tp]))
+    # Groups 2 and 3, each whole on node 2 or on node 3.
+    assert len(trials) == 4
+    for trial in trials:
+        assert sorted(trial.tolist()) == sorted(mixed.tolist())
         nodes = topo.gpu_node[trial[tp]]
-        if (nodes == nodes[:, :1]).all():
-            break
-    else:
-        pytest.fail("no gather made every TP group whole")
+        assert (nodes == nodes[:, :1]).all()
+        assert np.array_equal(trial[tp[:2]], mixed[tp[:2]])
 
 
-def test_nothing_left_unsplit_gives_no_gather():
+def test_nothing_split_gives_no_gather():
     topo, j = four_nodes(), job(8, 2, 2, TP_HEAVY)
     plain, _ = plain_and_mixed(j)
     owner = np.full(topo.n_gpus, -1, dtype=np.int64)
     owner[plain] = np.arange(j.gpus)
     tp = group_arrays(j)["tp"]
-    rng = np.random.default_rng(0)
-    assert _gather_move(topo, rng, plain, owner, np.ones(topo.n_gpus, dtype=bool), [tp]) is None
+    assert list(_gathers(topo, plain, owner, np.ones(topo.n_gpus, dtype=bool), [tp])) == []
 
 
 @pytest.mark.parametrize("seed", range(8))
