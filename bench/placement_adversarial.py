@@ -9,7 +9,11 @@ and 8-GPU nodes, 1-NIC nodes next to 8-NIC nodes, slow and fast NICs side by sid
 DGX-1 cube-mesh nodes (`intra` links) beside NVLink nodes, 24-GPU NVLink domains straddling leaves
 with DP-only jobs of 16-48 ranks, every node with 3, 5, 6, 7 or 8 GPUs free (half the jobs TP6),
 and per-node NIC speeds (8 x 100, 8 x 25 or 4 x 50 GB/s) under one leaf; and mixed GPU
-generations (A100 and H100 nodes), where the oracle and the ratios use step time, not comm. Jobs are otherwise drawn
+generations (A100 and H100 nodes), where the oracle and the ratios use step time, not comm; and
+classes nobody tuned for: failed NICs (a neighbour NIC serving two GPUs) and slower NICs, 8:1
+oversubscribed cores on 3 tiers, 2,048-rank jobs on 8,192 GPUs (the oracle limited to
+CLASS_EVALS there), context parallelism with expert parallelism, and 90%-busy clusters in odd
+patterns (one rail free per node, two GPUs on every other node, a few whole nodes, scattered). Jobs are otherwise drawn
 per scenario from pipeline-heavy, TP-heavy, DP-heavy, MoE and mixed LLM shapes of 8 to 64 GPUs.
 
 The oracle knows nothing of topo: it is simulated annealing over rank -> GPU maps that calls
@@ -17,7 +21,9 @@ The oracle knows nothing of topo: it is simulated annealing over rank -> GPU map
 exchange the ranks of two nodes), started from random maps, random whole nodes in rank order,
 the baselines' placements (first_fit, naive, tree_best_fit) and topo's own answer taken as one
 more map (so topo / oracle >= 1: how much a search could still improve topo). Both are priced by
-the same model with the same link load.
+the same model with the same link load. With `--against REF` each scenario is also placed by REF's
+topo (`placement_ref.py`: a release named in CHANGELOG.md, or a commit), priced by today's model;
+the run exits 1 where today's topo is more than 0.5% worse.
 
 Printed per class: scenarios, geomean and max of topo / oracle, how many the oracle beat by more
 than 2% and by more than 20%, topo's gap to the free-set lower bound (p50, p90), geomean and max
@@ -48,9 +54,9 @@ from apps.placement.bounds import gap as bound_gap  # noqa: E402
 from apps.placement.bounds import lower_bound  # noqa: E402
 from apps.placement.costmodel import evaluate  # noqa: E402
 from apps.placement.costmodel.speed import allowed  # noqa: E402
-from apps.placement.jobs import JobSpec, job_to_spec  # noqa: E402
+from apps.placement.jobs import JobSpec, job_to_spec, load_job  # noqa: E402
 from apps.placement.solvers import NoFit, place  # noqa: E402
-from apps.placement.topology import Topology, load_topology, topology_to_spec  # noqa: E402
+from apps.placement.topology import Topology, generate_spec, load_topology, topology_to_spec  # noqa: E402
 from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec  # noqa: E402
 from bench.placement_quality import job_spec  # noqa: E402
 from bench.placement_ref import RefPlacer  # noqa: E402
@@ -257,6 +263,134 @@ def nic_per_node(rng: np.random.Generator) -> Topology:
     return _full("nic-per-node", 1, 1, 800, nodes)
 
 
+def nic_faults(rng: np.random.Generator) -> Topology:
+    """Two leaves of 6 8-NIC nodes at 50 GB/s where some NICs failed (the node's GPUs behind it
+    moved to its neighbour NIC, which then serves two) and some run slower (a 25 or 12.5 GB/s
+    link after a bad cable or a fallback), at random."""
+    spec = generate_spec(
+        "nic-faults",
+        {
+            "gpu_model": "H100",
+            "peak_tflops": 989,
+            "nvlink_bw_GBps": 450,
+            "nic_bw_GBps": 50,
+            "gpus_per_node": 8,
+            "nics_per_node": 8,
+            "shape": "leaf-spine",
+            "spines": 2,
+            "leaves": 2,
+            "nodes_per_leaf": 6,
+            "uplink_bw_GBps": 400,
+        },
+    )
+    for node in spec["nodes"]:
+        nics = node["nics"]
+        for k in rng.choice(len(nics), size=int(rng.choice((0, 1, 1, 2))), replace=False):
+            nics[k]["bw_GBps"] = float(rng.choice((25.0, 12.5)))
+        if rng.random() < 0.4:
+            k = int(rng.integers(len(nics)))
+            partner = nics[k - 1] if k else nics[1]
+            partner["gpus"] = sorted(partner["gpus"] + nics[k]["gpus"])
+            del nics[k]
+    return load_topology(spec)
+
+
+def three_tier_8to1(rng: np.random.Generator) -> Topology:
+    # As 3tier-core-4:1 with 4 pods, each pod's 2 spines reaching the 2 cores at an eighth of its demand.
+    return _generated(
+        "3tier-8to1",
+        shape="leaf-spine",
+        spines=2,
+        leaves=2,
+        nodes_per_leaf=4,
+        uplink_bw_GBps=800,
+        pods=4,
+        cores=2,
+        core_uplink_bw_GBps=100,
+    )
+
+
+def gpus_8k(rng: np.random.Generator) -> Topology:
+    # 8,192 GPUs: 4 pods x 8 leaves x 32 nodes, cores 2:1.
+    return _generated(
+        "3tier-8k",
+        shape="leaf-spine",
+        spines=8,
+        leaves=8,
+        nodes_per_leaf=32,
+        uplink_bw_GBps=800,
+        pods=4,
+        cores=8,
+        core_uplink_bw_GBps=400,
+    )
+
+
+def leafspine_512(rng: np.random.Generator) -> Topology:
+    # 8 leaves x 8 nodes x 8 GPUs at 8 x 50 GB/s, 2:1 up over 4 spines.
+    return _generated("ls-512", shape="leaf-spine", spines=4, leaves=8, nodes_per_leaf=8, uplink_bw_GBps=200)
+
+
+def busy_odd(topology: Topology, rng: np.random.Generator) -> np.ndarray:
+    """About 90% of the GPUs busy in one of four patterns: one rail free on every node (GPU k),
+    two GPUs free on every other node, the free GPUs of whole leaves but one in four nodes, or
+    scattered single GPUs."""
+    n = topology.n_gpus
+    free = np.zeros(n, dtype=bool)
+    first, count = topology.node_first_gid, topology.node_gpu_count
+    pattern = int(rng.integers(4))
+    for node, (f, c) in enumerate(zip(first.tolist(), count.tolist(), strict=True)):
+        if pattern == 0:
+            free[f + int(rng.integers(c)) if rng.random() < 0.15 else f + node % c] = True
+        elif pattern == 1 and node % 2:
+            free[f + rng.choice(c, size=2, replace=False)] = True
+        elif pattern == 2 and node % 4 == 0 and topology.gpu_leaf[f] % 2 == 0:
+            free[f : f + c] = rng.random(c) < 0.9
+    if pattern == 3 or free.sum() < 8:
+        free[rng.choice(n, size=n // 10, replace=False)] = True
+    return free
+
+
+def cp_ep_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
+    """Context parallelism with expert parallelism (a long-context MoE): tp 1-4, cp 2-4, ep 2-8."""
+    while True:
+        tp, cp, ep = int(rng.choice((1, 2, 4))), int(rng.choice((2, 4))), int(rng.choice((2, 4, 8)))
+        dp = ep * int(rng.choice((1, 2)))
+        pp = int(rng.choice((1, 2)))
+        gpus = tp * cp * pp * dp
+        if 8 <= gpus <= min(64, max_gpus):
+            break
+    comm = [
+        {"group": "cp", "collective": "p2p", "bytes": 3.2e7, "count": 48},
+        {"group": "ep", "collective": "alltoall", "bytes": 6.4e7, "count": 32},
+        {"group": "dp", "collective": "allreduce", "bytes": 5e8},
+    ]
+    if tp > 1:
+        comm.append({"group": "tp", "collective": "allreduce", "bytes": 2e7, "count": 64})
+    if pp > 1:
+        comm.append({"group": "pp", "collective": "p2p", "bytes": 6e7, "count": 32})
+    return load_job(
+        {
+            "version": 1,
+            "name": f"cp-ep-tp{tp}-cp{cp}-pp{pp}-dp{dp}-ep{ep}",
+            "gpus": gpus,
+            "parallelism": {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep},
+            "step": {"compute_ms": 500},
+            "comm": comm,
+        }
+    )
+
+
+def job_2k(rng: np.random.Generator, max_gpus: int) -> JobSpec:
+    """A 2,048-rank LLM job: tp 8 x pp 4 or 8 x dp the rest."""
+    pp = int(rng.choice((4, 8)))
+    comm = [
+        {"group": "tp", "collective": "allreduce", "bytes": 4.2e7, "count": 96},
+        {"group": "pp", "collective": "p2p", "bytes": 4.2e7, "count": 16},
+        {"group": "dp", "collective": "allreduce", "bytes": float(rng.choice((8e8, 2e9)))},
+    ]
+    return job_spec(f"llm-2k-tp8-pp{pp}-dp{2048 // (8 * pp)}", 8, pp, 2048 // (8 * pp), 1, comm)
+
+
 CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "leafspine-4:1": leafspine(4),
     "leafspine-8:1": leafspine(8),
@@ -275,7 +409,14 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "odd-free": leafspine(4),
     "nic-per-node": nic_per_node,
     "mixed-gens": mixed_generations,
+    "nic-faults": nic_faults,
+    "3tier-core-8:1": three_tier_8to1,
+    "2k-on-8k": gpus_8k,
+    "cp-ep": leafspine(4),
+    "busy-90-odd": leafspine_512,
 }
+# Oracle evaluations per scenario where a 2,048-rank job makes each one slow.
+CLASS_EVALS = {"2k-on-8k": 150}
 
 
 def fragment(topology: Topology, fraction: float, rng: np.random.Generator) -> np.ndarray:
@@ -381,7 +522,18 @@ def scenario(cls: str, rng: np.random.Generator):
     """(topology, free mask, link load, job) of one scenario of class `cls`."""
     topo = CLUSTERS[cls](rng)
     busy = {"busy": float(rng.choice((0.3, 0.5, 0.6)))}.get(cls, float(rng.choice((0.0, 0.0, 0.25))))
-    free = odd_free(topo, rng) if cls == "odd-free" else fragment(topo, busy, rng)
+    if cls == "odd-free":
+        free = odd_free(topo, rng)
+    elif cls == "busy-90-odd":
+        free = busy_odd(topo, rng)
+    else:
+        free = fragment(topo, busy, rng)
+    if cls == "2k-on-8k":
+        return topo, free, None, job_2k(rng, int(free.sum()))
+    if cls == "cp-ep":
+        return topo, free, None, cp_ep_job(rng, int(free.sum()))
+    if cls == "busy-90-odd":
+        return topo, free, None, random_job(rng, int(free.sum()))
     if cls == "straddle-24-dp":
         return topo, free, None, dp_job(rng, int(free.sum()))
     if cls == "odd-free" and rng.random() < 0.5:
@@ -507,7 +659,9 @@ def run_quality(
             if isinstance(placed, NoFit):
                 continue
             # topo's own answer is one more start, used as a black box: the search can only improve it.
-            oracle, oracle_step = Oracle(topo, job, free, load, rng).search(evals, [np.asarray(placed.gids)])
+            oracle, oracle_step = Oracle(topo, job, free, load, rng).search(
+                min(evals, CLASS_EVALS.get(cls, evals)), [np.asarray(placed.gids)]
+            )
             gens = len(topo.model_rates) > 1
             bound = lower_bound(topo, job, free=free)
             bound = bound.step_ms if gens else bound.comm_ms
