@@ -71,16 +71,18 @@ BASELINE_STARTS = ("first_fit", "naive", "tree_best_fit")
 # --- clusters -----------------------------------------------------------------------------------
 
 
+GEN_BASE = {
+    "gpu_model": "H100",
+    "peak_tflops": 989,
+    "nvlink_bw_GBps": 450,
+    "nic_bw_GBps": 50,
+    "gpus_per_node": 8,
+    "nics_per_node": 8,
+}
+
+
 def _generated(name: str, **gen) -> Topology:
-    base = {
-        "gpu_model": "H100",
-        "peak_tflops": 989,
-        "nvlink_bw_GBps": 450,
-        "nic_bw_GBps": 50,
-        "gpus_per_node": 8,
-        "nics_per_node": 8,
-    }
-    return load_topology({"version": 1, "name": name, "generate": {**base, **gen}})
+    return load_topology({"version": 1, "name": name, "generate": {**GEN_BASE, **gen}})
 
 
 def _node(
@@ -142,18 +144,18 @@ def rail_su(rng: np.random.Generator) -> Topology:
     )
 
 
-def three_tier(rng: np.random.Generator) -> Topology:
-    # Non-blocking leaves; each pod's 2 spines reach the 2 cores at a quarter of the pod's demand.
-    return _generated(
-        "3tier-4to1",
+def three_tier(ratio: int, pods: int) -> Callable[[np.random.Generator], Topology]:
+    # Non-blocking leaves; each pod's 2 spines reach the 2 cores at 1/ratio of the pod's demand.
+    return lambda rng: _generated(
+        f"3tier-{ratio}to1",
         shape="leaf-spine",
         spines=2,
         leaves=2,
         nodes_per_leaf=4,
         uplink_bw_GBps=800,
-        pods=3,
+        pods=pods,
         cores=2,
-        core_uplink_bw_GBps=200,
+        core_uplink_bw_GBps=800 / ratio,
     )
 
 
@@ -267,22 +269,8 @@ def nic_faults(rng: np.random.Generator) -> Topology:
     """Two leaves of 6 8-NIC nodes at 50 GB/s where some NICs failed (the node's GPUs behind it
     moved to its neighbour NIC, which then serves two) and some run slower (a 25 or 12.5 GB/s
     link after a bad cable or a fallback), at random."""
-    spec = generate_spec(
-        "nic-faults",
-        {
-            "gpu_model": "H100",
-            "peak_tflops": 989,
-            "nvlink_bw_GBps": 450,
-            "nic_bw_GBps": 50,
-            "gpus_per_node": 8,
-            "nics_per_node": 8,
-            "shape": "leaf-spine",
-            "spines": 2,
-            "leaves": 2,
-            "nodes_per_leaf": 6,
-            "uplink_bw_GBps": 400,
-        },
-    )
+    gen = {"shape": "leaf-spine", "spines": 2, "leaves": 2, "nodes_per_leaf": 6, "uplink_bw_GBps": 400}
+    spec = generate_spec("nic-faults", {**GEN_BASE, **gen})
     for node in spec["nodes"]:
         nics = node["nics"]
         for k in rng.choice(len(nics), size=int(rng.choice((0, 1, 1, 2))), replace=False):
@@ -295,34 +283,12 @@ def nic_faults(rng: np.random.Generator) -> Topology:
     return load_topology(spec)
 
 
-def three_tier_8to1(rng: np.random.Generator) -> Topology:
-    # As 3tier-core-4:1 with 4 pods, each pod's 2 spines reaching the 2 cores at an eighth of its demand.
-    return _generated(
-        "3tier-8to1",
-        shape="leaf-spine",
-        spines=2,
-        leaves=2,
-        nodes_per_leaf=4,
-        uplink_bw_GBps=800,
-        pods=4,
-        cores=2,
-        core_uplink_bw_GBps=100,
-    )
+# 8,192 GPUs: 4 pods x 8 leaves x 32 nodes, non-blocking leaves, cores 2:1.
+GEN_8K = {"shape": "leaf-spine", "spines": 8, "leaves": 8, "nodes_per_leaf": 32, "uplink_bw_GBps": 800}
 
 
 def gpus_8k(rng: np.random.Generator) -> Topology:
-    # 8,192 GPUs: 4 pods x 8 leaves x 32 nodes, cores 2:1.
-    return _generated(
-        "3tier-8k",
-        shape="leaf-spine",
-        spines=8,
-        leaves=8,
-        nodes_per_leaf=32,
-        uplink_bw_GBps=800,
-        pods=4,
-        cores=8,
-        core_uplink_bw_GBps=400,
-    )
+    return _generated("3tier-8k", pods=4, cores=8, core_uplink_bw_GBps=400, **GEN_8K)
 
 
 def leafspine_512(rng: np.random.Generator) -> Topology:
@@ -395,7 +361,7 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "leafspine-4:1": leafspine(4),
     "leafspine-8:1": leafspine(8),
     "rail-su": rail_su,
-    "3tier-core-4:1": three_tier,
+    "3tier-core-4:1": three_tier(4, 3),
     "nvl72": nvl72,
     "nvl-straddle": straddling,
     "mixed-4-8": mixed_4_8,
@@ -410,7 +376,7 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "nic-per-node": nic_per_node,
     "mixed-gens": mixed_generations,
     "nic-faults": nic_faults,
-    "3tier-core-8:1": three_tier_8to1,
+    "3tier-core-8:1": three_tier(8, 4),
     "2k-on-8k": gpus_8k,
     "cp-ep": leafspine(4),
     "busy-90-odd": leafspine_512,

@@ -288,7 +288,11 @@ def _half_move(topology, rng, cur, owner, free, targets, kind):
         return None
     need, slots, b = options[int(rng.integers(len(options)))]
     moved = np.concatenate([ranks[(nodes != a) & (nodes != b)], ranks[nodes == a]])[:need]
-    slots = rng.permutation(slots)[:need]
+    return _exchange(cur, owner, moved, rng.permutation(slots)[:need])
+
+
+def _exchange(cur: np.ndarray, owner: np.ndarray, moved: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """`cur` with ranks `moved` on GPUs `slots`, the job's ranks there taking the GPUs they left."""
     trial = cur.copy()
     trial[moved] = slots
     displaced = owner[slots]
@@ -327,13 +331,7 @@ def _gathers(topology, cur, owner, free, kinds) -> Iterator[np.ndarray]:
                 mate = on_left[group_of[np.maximum(holder, 0)]]
                 score = np.where(mine, np.where(mate > 0, 1.0 + mate, -1.0), 1.0)
                 slots = slots[np.argsort(-score, kind="stable")][:need]
-                moved = ranks[nodes != b]
-                trial = cur.copy()
-                trial[moved] = slots
-                displaced = owner[slots]
-                back = displaced >= 0
-                trial[displaced[back]] = cur[moved][back]
-                yield trial
+                yield _exchange(cur, owner, ranks[nodes != b], slots)
 
 
 def _renests(topology, job, cur) -> Iterator[np.ndarray]:
