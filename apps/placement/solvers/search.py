@@ -337,6 +337,6 @@ def _gathers(topology, cur, owner, free, kinds) -> Iterator[np.ndarray]:
 def _renests(topology, job, cur) -> Iterator[np.ndarray]:
     """The GPUs of `cur` in each of their nested mappings other than `cur` itself."""
     idx = hierarchy(topology)
-    for trial in candidate_mappings(idx, job, canonical(idx, cur)):
+    for trial in candidate_mappings(idx, job, canonical(idx, cur), wider=True):
         if not np.array_equal(trial, cur):
             yield trial

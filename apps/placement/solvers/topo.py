@@ -219,7 +219,7 @@ def _nested_on_set(
     one is cheaper."""
     gids = np.asarray(gids, dtype=np.int64)
     best = _key(topology, job, gids, leaf_load, 0.0, priced)[:2]
-    for trial in candidate_mappings(idx, job, canonical(idx, gids)):
+    for trial in candidate_mappings(idx, job, canonical(idx, gids), wider=True):
         key = _key(topology, job, trial, leaf_load, 0.0, priced)[:2]
         if key < best:
             best, gids = key, trial

@@ -13,7 +13,7 @@ from apps.placement.solvers import Placement, place
 from apps.placement.solvers import topo as topo_module
 from apps.placement.solvers.base import hierarchy
 from apps.placement.solvers.blocks import canonical
-from apps.placement.solvers.mapping import candidate_mappings
+from apps.placement.solvers.mapping import candidate_mappings, nestings
 from apps.placement.solvers.search import _gathers, search
 from apps.placement.solvers.topo import search_evals
 
@@ -123,3 +123,14 @@ def test_topo_is_never_dearer_than_the_plain_nestings_of_its_own_gpus(seed):
 
     nested = min(key(g) for g in candidate_mappings(idx, j, canonical(idx, np.asarray(got.gids))))
     assert key(np.asarray(got.gids)) <= nested
+
+
+def test_the_wider_nestings_add_the_second_heaviest_kind_innermost():
+    j = job(8, 2, 1, TP_HEAVY)
+    plain = nestings(j)
+    wider = nestings(j, wider=True)
+    assert wider[: len(plain)] == plain
+    (extra,) = wider[len(plain) :]
+    assert extra[:2] == ("pp", "tp")
+    # A job moving nothing over its second kind gets nothing more.
+    assert nestings(job(8, 1, 2, TP_HEAVY[:1]), wider=True) == nestings(job(8, 1, 2, TP_HEAVY[:1]))
