@@ -11,8 +11,12 @@ with DP-only jobs of 16-48 ranks, every node with 3, 5, 6, 7 or 8 GPUs free (hal
 and per-node NIC speeds (8 x 100, 8 x 25 or 4 x 50 GB/s) under one leaf; and mixed GPU
 generations (A100 and H100 nodes), where the oracle and the ratios use step time, not comm; GB200
 NVL72 racks with 4 NICs a tray (NVLS switches, half the jobs small frequent DP allreduces of 16-64
-ranks); and a hot spine (other jobs' rates on one spine or on single leaf-spine links, spread as
-ECMP does). Jobs are otherwise drawn
+ranks); a hot spine (other jobs' rates on one spine or on single leaf-spine links, spread as
+ECMP does); and classes nobody tuned for: failed NICs (a neighbour NIC serving two GPUs) and
+slower NICs, 8:1 oversubscribed cores on 3 tiers, 2,048-rank jobs on 8,192 GPUs (the oracle
+limited to CLASS_EVALS there), context parallelism with expert parallelism, and 90%-busy
+clusters in odd patterns (one rail free per node, two GPUs on every other node, a few whole
+nodes, scattered). Jobs are otherwise drawn
 per scenario from pipeline-heavy, TP-heavy, DP-heavy, MoE and mixed LLM shapes of 8 to 64 GPUs.
 
 The oracle knows nothing of topo: it is simulated annealing over rank -> GPU maps that calls
@@ -20,7 +24,9 @@ The oracle knows nothing of topo: it is simulated annealing over rank -> GPU map
 exchange the ranks of two nodes), started from random maps, random whole nodes in rank order,
 the baselines' placements (first_fit, naive, tree_best_fit) and topo's own answer taken as one
 more map (so topo / oracle >= 1: how much a search could still improve topo). Both are priced by
-the same model with the same link load.
+the same model with the same link load. With `--against REF` each scenario is also placed by REF's
+topo (`placement_ref.py`: a release named in CHANGELOG.md, or a commit), priced by today's model;
+the run exits 1 where today's topo is more than 0.5% worse.
 
 Printed per class: scenarios, geomean and max of topo / oracle, how many the oracle beat by more
 than 2% and by more than 20%, topo's gap to the free-set lower bound (p50, p90), geomean and max
@@ -30,7 +36,7 @@ for a 1,024-GPU job on 16,384 GPUs (p99 < 1 s) and a 16,384-GPU job on 131,072 G
 each cluster warmed by one small placement first (its per-topology index, as the scheduler has).
 
     .venv/bin/python bench/placement_adversarial.py [--quick] [--seed N] [--per-class K] [--evals E]
-        [--classes a,b] [--table] [--no-speed]
+        [--classes a,b] [--table] [--no-speed] [--against REF]
 """
 
 from __future__ import annotations
@@ -50,13 +56,17 @@ sys.path.insert(0, str(ROOT))
 from apps.placement.bounds import gap as bound_gap  # noqa: E402
 from apps.placement.bounds import lower_bound  # noqa: E402
 from apps.placement.costmodel import evaluate  # noqa: E402
-from apps.placement.jobs import JobSpec  # noqa: E402
+from apps.placement.costmodel.speed import allowed  # noqa: E402
+from apps.placement.jobs import JobSpec, job_to_spec, load_job  # noqa: E402
 from apps.placement.solvers import NoFit, place  # noqa: E402
-from apps.placement.topology import Topology, load_topology  # noqa: E402
+from apps.placement.topology import Topology, generate_spec, load_topology, topology_to_spec  # noqa: E402
 from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, intra_spec  # noqa: E402
 from bench.placement_quality import job_spec  # noqa: E402
+from bench.placement_ref import RefPlacer  # noqa: E402
 
 ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET, STEP_TARGET_MAX = 1.02, 1.10, 1.05, 1.02
+# --against REF: a scenario where topo prices more than this much above REF's placement fails.
+AGAINST_TOLERANCE = 0.005
 SPEED_TARGET_1K_P99_MS, SPEED_TARGET_16K_MS = 1000.0, 2000.0
 BASELINE_STARTS = ("first_fit", "naive", "tree_best_fit")
 
@@ -64,16 +74,18 @@ BASELINE_STARTS = ("first_fit", "naive", "tree_best_fit")
 # --- clusters -----------------------------------------------------------------------------------
 
 
+GEN_BASE = {
+    "gpu_model": "H100",
+    "peak_tflops": 989,
+    "nvlink_bw_GBps": 450,
+    "nic_bw_GBps": 50,
+    "gpus_per_node": 8,
+    "nics_per_node": 8,
+}
+
+
 def _generated(name: str, **gen) -> Topology:
-    base = {
-        "gpu_model": "H100",
-        "peak_tflops": 989,
-        "nvlink_bw_GBps": 450,
-        "nic_bw_GBps": 50,
-        "gpus_per_node": 8,
-        "nics_per_node": 8,
-    }
-    return load_topology({"version": 1, "name": name, "generate": {**base, **gen}})
+    return load_topology({"version": 1, "name": name, "generate": {**GEN_BASE, **gen}})
 
 
 def _node(
@@ -135,18 +147,18 @@ def rail_su(rng: np.random.Generator) -> Topology:
     )
 
 
-def three_tier(rng: np.random.Generator) -> Topology:
-    # Non-blocking leaves; each pod's 2 spines reach the 2 cores at a quarter of the pod's demand.
-    return _generated(
-        "3tier-4to1",
+def three_tier(ratio: int, pods: int) -> Callable[[np.random.Generator], Topology]:
+    # Non-blocking leaves; each pod's 2 spines reach the 2 cores at 1/ratio of the pod's demand.
+    return lambda rng: _generated(
+        f"3tier-{ratio}to1",
         shape="leaf-spine",
         spines=2,
         leaves=2,
         nodes_per_leaf=4,
         uplink_bw_GBps=800,
-        pods=3,
+        pods=pods,
         cores=2,
-        core_uplink_bw_GBps=200,
+        core_uplink_bw_GBps=800 / ratio,
     )
 
 
@@ -309,11 +321,103 @@ def hot_spine_load(topo: Topology, rng: np.random.Generator) -> dict[str, float]
     return {f"{lk.a}/{lk.b}": float(rng.uniform(0.5, 2.0) * lk.bw_GBps) for lk in links}
 
 
+def nic_faults(rng: np.random.Generator) -> Topology:
+    """Two leaves of 6 8-NIC nodes at 50 GB/s where some NICs failed (the node's GPUs behind it
+    moved to its neighbour NIC, which then serves two) and some run slower (a 25 or 12.5 GB/s
+    link after a bad cable or a fallback), at random."""
+    gen = {"shape": "leaf-spine", "spines": 2, "leaves": 2, "nodes_per_leaf": 6, "uplink_bw_GBps": 400}
+    spec = generate_spec("nic-faults", {**GEN_BASE, **gen})
+    for node in spec["nodes"]:
+        nics = node["nics"]
+        for k in rng.choice(len(nics), size=int(rng.choice((0, 1, 1, 2))), replace=False):
+            nics[k]["bw_GBps"] = float(rng.choice((25.0, 12.5)))
+        if rng.random() < 0.4:
+            k = int(rng.integers(len(nics)))
+            partner = nics[k - 1] if k else nics[1]
+            partner["gpus"] = sorted(partner["gpus"] + nics[k]["gpus"])
+            del nics[k]
+    return load_topology(spec)
+
+
+# 8,192 GPUs: 4 pods x 8 leaves x 32 nodes, non-blocking leaves, cores 2:1.
+GEN_8K = {"shape": "leaf-spine", "spines": 8, "leaves": 8, "nodes_per_leaf": 32, "uplink_bw_GBps": 800}
+
+
+def gpus_8k(rng: np.random.Generator) -> Topology:
+    return _generated("3tier-8k", pods=4, cores=8, core_uplink_bw_GBps=400, **GEN_8K)
+
+
+def leafspine_512(rng: np.random.Generator) -> Topology:
+    # 8 leaves x 8 nodes x 8 GPUs at 8 x 50 GB/s, 2:1 up over 4 spines.
+    return _generated("ls-512", shape="leaf-spine", spines=4, leaves=8, nodes_per_leaf=8, uplink_bw_GBps=200)
+
+
+def busy_odd(topology: Topology, rng: np.random.Generator) -> np.ndarray:
+    """About 90% of the GPUs busy in one of four patterns: one rail free on every node (GPU k),
+    two GPUs free on every other node, the free GPUs of whole leaves but one in four nodes, or
+    scattered single GPUs."""
+    n = topology.n_gpus
+    free = np.zeros(n, dtype=bool)
+    first, count = topology.node_first_gid, topology.node_gpu_count
+    pattern = int(rng.integers(4))
+    for node, (f, c) in enumerate(zip(first.tolist(), count.tolist(), strict=True)):
+        if pattern == 0:
+            free[f + int(rng.integers(c)) if rng.random() < 0.15 else f + node % c] = True
+        elif pattern == 1 and node % 2:
+            free[f + rng.choice(c, size=2, replace=False)] = True
+        elif pattern == 2 and node % 4 == 0 and topology.gpu_leaf[f] % 2 == 0:
+            free[f : f + c] = rng.random(c) < 0.9
+    if pattern == 3 or free.sum() < 8:
+        free[rng.choice(n, size=n // 10, replace=False)] = True
+    return free
+
+
+def cp_ep_job(rng: np.random.Generator, max_gpus: int) -> JobSpec:
+    """Context parallelism with expert parallelism (a long-context MoE): tp 1-4, cp 2-4, ep 2-8."""
+    while True:
+        tp, cp, ep = int(rng.choice((1, 2, 4))), int(rng.choice((2, 4))), int(rng.choice((2, 4, 8)))
+        dp = ep * int(rng.choice((1, 2)))
+        pp = int(rng.choice((1, 2)))
+        gpus = tp * cp * pp * dp
+        if 8 <= gpus <= min(64, max_gpus):
+            break
+    comm = [
+        {"group": "cp", "collective": "p2p", "bytes": 3.2e7, "count": 48},
+        {"group": "ep", "collective": "alltoall", "bytes": 6.4e7, "count": 32},
+        {"group": "dp", "collective": "allreduce", "bytes": 5e8},
+    ]
+    if tp > 1:
+        comm.append({"group": "tp", "collective": "allreduce", "bytes": 2e7, "count": 64})
+    if pp > 1:
+        comm.append({"group": "pp", "collective": "p2p", "bytes": 6e7, "count": 32})
+    return load_job(
+        {
+            "version": 1,
+            "name": f"cp-ep-tp{tp}-cp{cp}-pp{pp}-dp{dp}-ep{ep}",
+            "gpus": gpus,
+            "parallelism": {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep},
+            "step": {"compute_ms": 500},
+            "comm": comm,
+        }
+    )
+
+
+def job_2k(rng: np.random.Generator, max_gpus: int) -> JobSpec:
+    """A 2,048-rank LLM job: tp 8 x pp 4 or 8 x dp the rest."""
+    pp = int(rng.choice((4, 8)))
+    comm = [
+        {"group": "tp", "collective": "allreduce", "bytes": 4.2e7, "count": 96},
+        {"group": "pp", "collective": "p2p", "bytes": 4.2e7, "count": 16},
+        {"group": "dp", "collective": "allreduce", "bytes": float(rng.choice((8e8, 2e9)))},
+    ]
+    return job_spec(f"llm-2k-tp8-pp{pp}-dp{2048 // (8 * pp)}", 8, pp, 2048 // (8 * pp), 1, comm)
+
+
 CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "leafspine-4:1": leafspine(4),
     "leafspine-8:1": leafspine(8),
     "rail-su": rail_su,
-    "3tier-core-4:1": three_tier,
+    "3tier-core-4:1": three_tier(4, 3),
     "nvl72": nvl72,
     "nvl-straddle": straddling,
     "mixed-4-8": mixed_4_8,
@@ -329,7 +433,14 @@ CLUSTERS: dict[str, Callable[[np.random.Generator], Topology]] = {
     "mixed-gens": mixed_generations,
     "gb200-nvl72-4nic": gb200_nvl72_4nic,
     "hot-spine": hot_spine,
+    "nic-faults": nic_faults,
+    "3tier-core-8:1": three_tier(8, 4),
+    "2k-on-8k": gpus_8k,
+    "cp-ep": leafspine(4),
+    "busy-90-odd": leafspine_512,
 }
+# Oracle evaluations per scenario where a 2,048-rank job makes each one slow.
+CLASS_EVALS = {"2k-on-8k": 150}
 
 
 def fragment(topology: Topology, fraction: float, rng: np.random.Generator) -> np.ndarray:
@@ -435,7 +546,18 @@ def scenario(cls: str, rng: np.random.Generator):
     """(topology, free mask, link load, job) of one scenario of class `cls`."""
     topo = CLUSTERS[cls](rng)
     busy = {"busy": float(rng.choice((0.3, 0.5, 0.6)))}.get(cls, float(rng.choice((0.0, 0.0, 0.25))))
-    free = odd_free(topo, rng) if cls == "odd-free" else fragment(topo, busy, rng)
+    if cls == "odd-free":
+        free = odd_free(topo, rng)
+    elif cls == "busy-90-odd":
+        free = busy_odd(topo, rng)
+    else:
+        free = fragment(topo, busy, rng)
+    if cls == "2k-on-8k":
+        return topo, free, None, job_2k(rng, int(free.sum()))
+    if cls == "cp-ep":
+        return topo, free, None, cp_ep_job(rng, int(free.sum()))
+    if cls == "busy-90-odd":
+        return topo, free, None, random_job(rng, int(free.sum()))
     if cls == "straddle-24-dp":
         return topo, free, None, dp_job(rng, int(free.sum()))
     if cls == "odd-free" and rng.random() < 0.5:
@@ -545,10 +667,13 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None = None) -> list[dict]:
-    """One row per scenario: class, job, topo and oracle comm ms, the free-set bound. `classes`
-    (default all) picks classes by name; a scenario's seed depends only on its class's place in
-    CLUSTERS, so a filtered run reproduces the same scenarios."""
+def run_quality(
+    seed: int, per_class: int, evals: int, classes: list[str] | None = None, ref: RefPlacer | None = None
+) -> list[dict]:
+    """One row per scenario: class, job, topo and oracle comm ms, the free-set bound, and with
+    `ref` REF's placement priced by today's model. `classes` (default all) picks classes by name;
+    a scenario's seed depends only on its class's place in CLUSTERS, so a filtered run reproduces
+    the same scenarios."""
     rows = []
     for ci, cls in enumerate(CLUSTERS):
         if classes and cls not in classes:
@@ -562,7 +687,9 @@ def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None
             if isinstance(placed, NoFit):
                 continue
             # topo's own answer is one more start, used as a black box: the search can only improve it.
-            oracle, oracle_step = Oracle(topo, job, free, load, rng).search(evals, [np.asarray(placed.gids)])
+            oracle, oracle_step = Oracle(topo, job, free, load, rng).search(
+                min(evals, CLASS_EVALS.get(cls, evals)), [np.asarray(placed.gids)]
+            )
             gens = len(topo.model_rates) > 1
             bound = lower_bound(topo, job, free=free)
             bound = bound.step_ms if gens else bound.comm_ms
@@ -570,8 +697,11 @@ def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None
             best_baseline = min(
                 (b.prediction.step_ms for b in baselines if not isinstance(b, NoFit)), default=math.inf
             )
+            ref_ms, ref_note = (math.nan, "") if ref is None else ref_price(ref, topo, free, load, job, gens)
             rows.append(
                 {
+                    "ref_ms": ref_ms,
+                    "ref_note": ref_note,
                     "class": cls,
                     "k": k,
                     "job": job.name,
@@ -586,6 +716,55 @@ def run_quality(seed: int, per_class: int, evals: int, classes: list[str] | None
                 }
             )
     return rows
+
+
+def ref_price(
+    ref: RefPlacer, topo: Topology, free: np.ndarray, load, job: JobSpec, gens: bool
+) -> tuple[float, str]:
+    """REF's placement of the scenario priced by today's model (step ms on a fleet of several GPU
+    models, else comm ms, as topo_ms), or nan and why REF gave none."""
+    ok = allowed(topo, job)
+    mask = free if ok is None else free & ok
+    got = ref.place(topology_to_spec(topo), np.flatnonzero(mask).tolist(), load, job_to_spec(job))
+    if isinstance(got, str):
+        return math.nan, got
+    node_at = {n.name: i for i, n in enumerate(topo.nodes)}
+    gids = np.array([int(topo.node_first_gid[node_at[n]]) + i for n, i in got], dtype=np.int64)
+    pred = evaluate(topo, job, gids, load, detail=False)
+    return (pred.step_ms if gens else pred.comm_ms), ""
+
+
+def report_against(rows: list[dict], ref_name: str) -> int:
+    """Per class, topo / REF (geomean, max) and the scenarios where topo is more than
+    AGAINST_TOLERANCE worse than REF's placement; the number of those."""
+    print(f"\ntopo against {ref_name}'s placements, both priced by today's model, per scenario class")
+    print(f"{'class':<16}{'n':>4}{'geo t/ref':>11}{'max t/ref':>11}{'worse':>7}{'no ref':>8}")
+    by_class: dict[str, list[dict]] = {}
+    for r in rows:
+        by_class.setdefault(r["class"], []).append(r)
+    for cls, rs in [*by_class.items(), ("all", rows)]:
+        ratios = [_ref_ratio(r) for r in rs if math.isfinite(r["ref_ms"])]
+        worse = sum(x > 1 + AGAINST_TOLERANCE for x in ratios)
+        print(
+            f"{cls:<16}{len(rs):>4}{_geomean(ratios):>11.3f}{max(ratios, default=math.nan):>11.3f}"
+            f"{worse:>7}{len(rs) - len(ratios):>8}"
+        )
+    bad = [r for r in rows if math.isfinite(r["ref_ms"]) and _ref_ratio(r) > 1 + AGAINST_TOLERANCE]
+    for r in bad:
+        print(
+            f"  REGRESSION {r['class']} k={r['k']} {r['job']}: topo {r['topo_ms']:.2f} ms, "
+            f"{ref_name} {r['ref_ms']:.2f} ms ({_ref_ratio(r):.3f})"
+        )
+    for r in rows:
+        if r["ref_note"]:
+            print(f"  {ref_name} gave no placement on {r['class']} k={r['k']} {r['job']}: {r['ref_note']}")
+    return len(bad)
+
+
+def _ref_ratio(r: dict) -> float:
+    if r["ref_ms"] <= 0:
+        return 1.0 if r["topo_ms"] <= 0 else math.inf
+    return r["topo_ms"] / r["ref_ms"]
 
 
 def _ratio(r: dict) -> float:
@@ -732,6 +911,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", default="", help="comma-separated scenario classes (default all)")
     parser.add_argument("--table", action="store_true", help="print every scenario's row")
     parser.add_argument("--no-speed", action="store_true", help="skip the large-cluster latency runs")
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="also price REF's topo placements (a release in CHANGELOG.md or a commit) with today's model;"
+        # argparse %-formats help texts: a percent sign is written %%.
+        f" exit 1 where topo is more than {AGAINST_TOLERANCE * 100:.1f}%% worse",
+    )
     args = parser.parse_args(argv)
     per_class, evals = (1, 300) if args.quick else (args.per_class, args.evals)
     classes = [c for c in args.classes.split(",") if c]
@@ -739,10 +925,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--classes: unknown {', '.join(unknown)}; known: {', '.join(CLUSTERS)}")
     start = time.perf_counter()
-    rows = run_quality(args.seed, per_class, evals, classes)
+    ref = RefPlacer(args.against) if args.against else None
+    try:
+        rows = run_quality(args.seed, per_class, evals, classes, ref)
+    finally:
+        if ref is not None:
+            ref.close()
     if args.table:
         print_table(rows)
     q = report_quality(rows)
+    regressions = report_against(rows, args.against) if args.against else 0
     speed = {} if args.no_speed else run_speed(args.seed, 1 if args.quick else 12, args.quick)
     if speed:
         print("\nspeed (topo)")
@@ -787,8 +979,10 @@ def main(argv: list[str] | None = None) -> int:
     for text, ok in checks:
         print(f"  {text}: {'met' if ok else 'NOT met'}")
     print(f"  empty clusters where the oracle beat topo by > 2%: {q['empty_beaten']} of {q['empty']}")
+    if args.against:
+        print(f"  scenarios where topo is > {AGAINST_TOLERANCE:.1%} worse than {args.against}: {regressions}")
     print(f"\n({time.perf_counter() - start:.1f} s)")
-    return 0
+    return 1 if regressions else 0
 
 
 if __name__ == "__main__":

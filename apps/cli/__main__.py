@@ -24,6 +24,12 @@ def parser() -> argparse.ArgumentParser:
         help="wait until it finishes; exit 0 completed, 1 otherwise (Ctrl-C: 130, the job keeps running"
         " unless you cancel it when asked)",
     )
+    s.add_argument(
+        "--gpu-models",
+        metavar="MODEL[,MODEL...]",
+        help="run only on these GPU models of the cluster (sets the spec's gpu_models; as Slurm's"
+        " --gpus=h100:8 or a Kueue resource flavor)",
+    )
     s.add_argument("--poll-s", type=float, default=2.0)
     s.add_argument(
         "--timeout-s",

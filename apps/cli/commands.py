@@ -63,6 +63,25 @@ def read_spec(path: str) -> bytes:
         raise CliError(f"{path}: {exc}") from exc
 
 
+def with_gpu_models(path: str, content: bytes, models: str) -> bytes:
+    """The spec as JSON with `gpu_models` set to the comma-separated `models`, read by the loader
+    the server uses (so the rest of the spec reaches it as the file says); the server checks the
+    names against the cluster's models."""
+    from apps.placement.topology import JOB_LIMITS, SpecError, parse_spec_text
+
+    names = [m.strip() for m in models.split(",")]
+    if not models.strip() or not all(names):
+        raise CliError(f"--gpu-models: a comma-separated list of GPU model names, got {models!r}")
+    try:
+        data = parse_spec_text(content, JOB_LIMITS)
+    except SpecError as exc:
+        raise CliError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: a job spec is a mapping, got {type(data).__name__}")
+    data["gpu_models"] = names
+    return json.dumps(data).encode()
+
+
 class WaitTimeout(CliError):
     """`--timeout-s` passed while the job was still unfinished (exit code EXIT_TIMEOUT)."""
 
@@ -98,12 +117,15 @@ def wait_job(api: Api, job_id: int, *, poll_s: float = 2.0, timeout_s: float | N
 
 def submit(api: Api, args) -> int:
     params = {"cluster": args.cluster} if args.cluster else None
+    content, content_type = read_spec(args.file), "application/yaml"
+    if getattr(args, "gpu_models", None) is not None:
+        content, content_type = with_gpu_models(args.file, content, args.gpu_models), "application/json"
     job = api.json(
         "POST",
         "jobs/",
-        content=read_spec(args.file),
+        content=content,
         # A retry of this submission (a busy server's 503 or 429) returns the job it queued.
-        headers={"Content-Type": "application/yaml", "Idempotency-Key": f"cli-{uuid.uuid4().hex}"},
+        headers={"Content-Type": content_type, "Idempotency-Key": f"cli-{uuid.uuid4().hex}"},
         params=params,
     )
     if not args.wait:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ..topology.ranges import GPU_MODEL_RE
 from .base import NameBudget, Source, at, check_size, fail, hosts
 from .hardware import gres_kind
 from .hostlist import HostlistError, expand
@@ -64,14 +65,16 @@ def _pairs(line: str, where: str) -> list[tuple[str, str]]:
 
 
 def _gres_model(value: str) -> str | None:
-    """The GPU model a Gres value's typed gpu entries name (`gpu:h100:8` -> H100-SXM5-80GB), None
-    when untyped, of unknown type, or of more than one model."""
+    """The GPU model a Gres value's typed gpu entries name: a known type's SXM model (`gpu:h100:8`
+    -> H100-SXM5-80GB), any other type as it is (`gpu:l40s:8` -> l40s, so a job's `gpu_models`
+    can ask for it as Slurm's `--gpus=l40s:8` does); None when untyped or of more than one model."""
     kinds = set()
     for item in re.split(r",(?![^(]*\))", value):
         m = _GRES_GPU.match(item.strip())
         if m:
-            kind = gres_kind(m.group(1) or "")
-            kinds.add(kind.model if kind else None)
+            gres_type = m.group(1) or ""
+            kind = gres_kind(gres_type)
+            kinds.add(kind.model if kind else gres_type if GPU_MODEL_RE.match(gres_type) else None)
     return kinds.pop() if len(kinds) == 1 else None
 
 

@@ -17,7 +17,7 @@ from ..solvers import POLICIES
 from ..topology import Topology
 from .engine import PolicyRun, Replay, SimConfig, arrival_window, ideal_steps
 from .metrics import chart_series, summarize
-from .profiles import assign_profiles
+from .profiles import assign_profiles, unknown_models
 from .traces import FORMATS, TraceError, TraceJob, TraceRead, read_trace
 
 MAX_LOAD = 10.0
@@ -138,6 +138,9 @@ def simulate(
         "arrival_scale": scale,
         "scaled_load": scaled,
         "profiles": dict(sorted(mix.items())),
+        # Jobs limited to some of the cluster's GPU models, and jobs naming only models it lacks.
+        "gpu_model_constrained": sum(1 for p in profiles if p.spec.gpu_models),
+        "gpu_models_unknown": unknown_models(jobs, topology),
         "seed": seed,
     }
     out = Comparison(topology.name, topology.n_gpus, facts)

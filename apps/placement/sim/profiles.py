@@ -14,6 +14,9 @@ The mix, drawn per job from one seeded generator (same seed, same specs):
   rank's shard (params / (tp x pp) x 2 bytes).
 Compute time is `flops_per_step / (gpus x peak x 0.5)`, peak the topology's mean per-GPU TFLOPS:
 jobs are sized so that the ideal placement spends a realistic share of the step communicating.
+A trace job's GPU models (Alibaba's `gpu_spec`) become its spec's `gpu_models`, those the topology
+has: a job naming only models the cluster lacks runs unconstrained (`unknown_models` counts them),
+so a trace of one fleet's types replays on another cluster as before.
 """
 
 from __future__ import annotations
@@ -58,12 +61,24 @@ def assign_profiles(
     out = []
     for job in jobs:
         kind, shape = _draw(job.gpus, rng, moe_share)
-        key = (kind, job.gpus, shape)
+        models = cluster_models(job, topology)
+        key = (kind, job.gpus, shape, models)
         base = cache.get(key)
         if base is None:
-            base = cache[key] = _spec(job.gpus, kind, shape, peak_flops)
+            base = cache[key] = replace(_spec(job.gpus, kind, shape, peak_flops), gpu_models=models)
         out.append(Profile(kind, key, replace(base, name=job.name, estimated_runtime_s=job.duration_s)))
     return out
+
+
+def cluster_models(job: TraceJob, topology: Topology) -> tuple[str, ...]:
+    """The trace job's GPU models the topology has, in the trace's order; () for any model
+    (none named, or none of them in the cluster)."""
+    return tuple(m for m in job.gpu_models if m in topology.gpu_models)
+
+
+def unknown_models(jobs: list[TraceJob], topology: Topology) -> int:
+    """Trace jobs that name GPU models of which the topology has none (they run unconstrained)."""
+    return sum(1 for j in jobs if j.gpu_models and not cluster_models(j, topology))
 
 
 def _draw(gpus: int, rng: np.random.Generator, moe_share: float) -> tuple[str, tuple]:

@@ -9,7 +9,8 @@ Formats (detected from the CSV header, or named with `fmt`):
   `ignored`). A fractional GPU (`gpu_milli` < 1000) counts as one whole GPU: sharing is not
   modelled. Lists without time columns (`multigpu50`) take each pod's times from the `default`
   list beside them when it holds the pod's name; other pods get a duration drawn (seeded) from the
-  timed pods' durations and an arrival drawn from the timed pods' arrivals.
+  timed pods' durations and an arrival drawn from the timed pods' arrivals. A pod's `gpu_spec`
+  (`P100|V100M16|V100M32`: the GPU types it may run on; empty for any) becomes its `gpu_models`.
 - `tiresias`: Tiresias' `job_id,num_gpu,submit_time,iterations,model_name,duration,interval`.
 - `pollux`: Pollux workload files (`name,time,application,num_replicas,batch_size`); they carry no
   duration, so each application gets an assumed runtime (`POLLUX_RUNTIME_S`, our assumption, not
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
+
+from ..topology.ranges import GPU_MODEL_RE, MAX_JOB_GPU_MODELS
 
 FORMATS = ("philly", "alibaba", "tiresias", "pollux")
 MAX_TRACE_BYTES = 256 * 2**20
@@ -63,13 +66,14 @@ class TraceError(ValueError):
 @dataclass(frozen=True, slots=True)
 class TraceJob:
     """One job of a trace: arrival (s after the trace's start), GPUs, duration (s), application
-    name when the trace gives one."""
+    name and the GPU models it may run on when the trace gives them (none: any)."""
 
     name: str
     arrival_s: float
     gpus: int
     duration_s: float
     app: str = ""
+    gpu_models: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -233,11 +237,12 @@ _ALIBABA_TIMES = ("creation_time", "deletion_time", "scheduled_time")
 def _alibaba(rows, header: list[str], out: TraceRead, path: str, seed: int) -> None:
     timed = all(c in header for c in _ALIBABA_TIMES)
     times = {} if timed else _alibaba_companion_times(path)
-    untimed: list[tuple[str, int]] = []
+    untimed: list[tuple[str, int, tuple[str, ...]]] = []
     for line, row, bad in rows:
         try:
             gpus = _gpus(row, "num_gpu", lo=0)
             _number(row, "gpu_milli", 0, 1000 * MAX_GPUS_PER_JOB)
+            models = _gpu_spec(row.get("gpu_spec") or "")
         except ValueError as exc:
             bad(line, str(exc))
             continue
@@ -250,7 +255,7 @@ def _alibaba(rows, header: list[str], out: TraceRead, path: str, seed: int) -> N
         else:
             got = times.get(name, "untimed")
             if got == "untimed":
-                untimed.append((name, gpus))
+                untimed.append((name, gpus, models))
                 continue
         if isinstance(got, str):
             if got.startswith("never"):
@@ -258,9 +263,20 @@ def _alibaba(rows, header: list[str], out: TraceRead, path: str, seed: int) -> N
             else:
                 bad(line, got)
             continue
-        out.jobs.append(TraceJob(name, got[0], gpus, got[1]))
+        out.jobs.append(TraceJob(name, got[0], gpus, got[1], gpu_models=models))
     if untimed:
         _alibaba_fill(out, untimed, seed)
+
+
+def _gpu_spec(value: str) -> tuple[str, ...]:
+    """The GPU models of a `gpu_spec` value (`A|B|B`: distinct, in order); () when empty."""
+    models = tuple(dict.fromkeys(m.strip() for m in value.split("|") if m.strip()))
+    bad = next((m for m in models if not GPU_MODEL_RE.match(m)), None)
+    if bad is not None:
+        raise ValueError(f"gpu_spec: {bad[:40]!r} is not a GPU model name")
+    if len(models) > MAX_JOB_GPU_MODELS:
+        raise ValueError(f"gpu_spec: {len(models)} models; the limit is {MAX_JOB_GPU_MODELS}")
+    return models
 
 
 def _alibaba_row_times(row: dict) -> tuple[float, float] | str:
@@ -292,7 +308,7 @@ def _alibaba_companion_times(path: str) -> dict[str, tuple[float, float] | str]:
         return {row["name"][:64]: _alibaba_row_times(row) for row in reader if row.get("name")}
 
 
-def _alibaba_fill(out: TraceRead, untimed: list[tuple[str, int]], seed: int) -> None:
+def _alibaba_fill(out: TraceRead, untimed: list[tuple[str, int, tuple[str, ...]]], seed: int) -> None:
     """Give pods without times a seeded duration and arrival, each drawn from the timed pods'
     (independently): the drawn pods arrive as the timed ones do, not spread over a span that a few
     early pods stretch."""
@@ -303,10 +319,10 @@ def _alibaba_fill(out: TraceRead, untimed: list[tuple[str, int]], seed: int) -> 
     timed_arrivals = np.array([j.arrival_s for j in out.jobs])
     picks = rng.integers(len(durations), size=len(untimed))
     arrivals = timed_arrivals[rng.integers(len(timed_arrivals), size=len(untimed))]
-    for (name, gpus), pick, at in zip(untimed, picks, arrivals, strict=True):
-        out.jobs.append(TraceJob(name, float(at), gpus, float(durations[pick])))
+    for (name, gpus, models), pick, at in zip(untimed, picks, arrivals, strict=True):
+        out.jobs.append(TraceJob(name, float(at), gpus, float(durations[pick]), gpu_models=models))
     out.ignored["times drawn (no times in the trace)"] = len(untimed)
 
 
 def _shifted(job: TraceJob, by_s: float) -> TraceJob:
-    return TraceJob(job.name, job.arrival_s + by_s, job.gpus, job.duration_s, job.app)
+    return TraceJob(job.name, job.arrival_s + by_s, job.gpus, job.duration_s, job.app, job.gpu_models)

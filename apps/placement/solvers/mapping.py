@@ -6,7 +6,9 @@ nesting follows the job's declared traffic (`traffic_nesting`: the kind moving t
 rank innermost, so its groups fill consecutive slots of one domain; a long pipeline with large
 activations and small TP keeps its stages inside a node and splits TP across same-rail nodes).
 Then the rank order, and TP fastest followed by EP, DP and PP in either order (PP outermost
-keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs). A second slot
+keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs); the
+search's regroup pass and topo's last check also try the second-heaviest kind innermost (stages
+inside a node, TP split over two nodes of a leaf). A second slot
 order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
 TP-sharded jobs that leave part of each node free still meet on one rail's leaf; where NVLink
 domains straddle leaves, one walks each domain leaf by leaf (`domain_major`); the last is plain
@@ -78,13 +80,21 @@ def _all_dims(job: JobSpec) -> tuple[str, ...]:
     return tuple(dims)
 
 
-def nestings(job: JobSpec) -> list[tuple[str, ...]]:
+def nestings(job: JobSpec, wider: bool = False) -> list[tuple[str, ...]]:
     """Distinct dimension nestings (fastest first) to try, by declared traffic first; size-1
-    dimensions do not count."""
+    dimensions do not count. `wider` adds the second-heaviest kind innermost."""
     sizes = _sizes(job)
     out: list[tuple[str, ...]] = []
     seen: set[tuple[str, ...]] = set()
-    for nest in (traffic_nesting(job), _all_dims(job), *NESTINGS):
+    by_traffic = traffic_nesting(job)
+    extra = []
+    if wider:
+        traffic = declared_traffic(job)
+        if sizes[by_traffic[1]] > 1 and traffic[by_traffic[1]] > 0:
+            # The second-heaviest kind innermost too: a pipeline kept inside a node that splits
+            # TP over two nodes of one leaf can beat whole TP groups whose stages cross the spine.
+            extra.append((by_traffic[1], by_traffic[0], *by_traffic[2:]))
+    for nest in (by_traffic, _all_dims(job), *NESTINGS, *extra):
         effective = tuple(d for d in nest if sizes[d] > 1)
         if effective not in seen:
             seen.add(effective)
@@ -130,8 +140,11 @@ def lay_out(job: JobSpec, slots: np.ndarray, nest: tuple[str, ...]) -> np.ndarra
     return gids
 
 
-def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> Iterator[np.ndarray]:
-    """Distinct nested mappings of `slots` (a GPU set in hierarchy order), best guesses first."""
+def candidate_mappings(
+    idx: HierarchyIndex, job: JobSpec, slots: np.ndarray, wider: bool = False
+) -> Iterator[np.ndarray]:
+    """Distinct nested mappings of `slots` (a GPU set in hierarchy order), best guesses first;
+    `wider` adds the second-heaviest kind innermost (`nestings`)."""
     slot_orders = [slots]
     if 1 < job.tp < slots.size:
         slot_orders.append(rail_major(idx, slots, job.tp))
@@ -142,7 +155,7 @@ def candidate_mappings(idx: HierarchyIndex, job: JobSpec, slots: np.ndarray) -> 
     slot_orders.append(np.sort(slots))
     seen: set[bytes] = set()
     for order in slot_orders:
-        for nest in nestings(job):
+        for nest in nestings(job, wider):
             gids = lay_out(job, order, nest)
             key = gids.tobytes()
             if key not in seen:

@@ -18,6 +18,13 @@ split count: an entry is priced by its slowest group, so repairing one of two TP
   of it (or all of it): its members on neither b nor the node holding most of it (a) go first,
   then members from a, exchanging with the job's other ranks on b or taking b's free GPUs
   (3 + 1 to 2 + 2, also on a third node; 4 + 0 to 2 + 2 and back; two groups' halves swapped).
+Then a regroup pass, within `regroup_evals` more prices: the map's own GPU set in each nested
+mapping (`mapping.py`), so a mixed map gets its whole groups and their node order back; and each
+group of a kind a node could hold whole (TP, CP, EP, a PP or DP group) that is split over nodes
+tried whole on each of its nodes with room, its members elsewhere exchanging with the ranks
+there, the members of another group of its kind first (two TP groups split 4 + 4 over two nodes
+become whole in one move, where single swaps pass through dearer maps). Kept as half moves are;
+the pass runs after the seeded moves, so it changes none of their draws.
 It stops at the free-set lower bound (nothing is cheaper), after `stall_evals` moves in a row that
 improve nothing or after `max_evals` moves, whichever comes first. The budget counts moves, not
 seconds, and the moves are seeded: the same inputs give the same map on a busy machine as on an
@@ -26,13 +33,18 @@ idle one.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import numpy as np
 
 from ..costmodel import evaluate
 from ..groups import group_arrays
 from ..jobs import JobSpec
 from ..topology import Topology
-from .mapping import declared_traffic
+from .base import hierarchy
+from .blocks import canonical
+from .mapping import candidate_mappings, declared_traffic
 
 # Target nodes a node move may pick from: the best by free network rate per GPU.
 TARGET_NODES = 48
@@ -40,6 +52,8 @@ TARGET_NODES = 48
 STALL_EVALS = 200
 # How often each move is tried: node move, group swap, rank swap, rank move, half move.
 MOVE_WEIGHTS = (0.35, 0.25, 0.25, 0.15, 0.25)
+# Prices the regroup pass may spend after the moves (gathers of split groups, nested re-layouts).
+REGROUP_EVALS = 32
 
 
 def search(
@@ -53,6 +67,7 @@ def search(
     seed: int = 0,
     max_evals: int = 600,
     stall_evals: int = STALL_EVALS,
+    regroup_evals: int | None = None,
 ) -> tuple[np.ndarray, float]:
     """A map at most as costly (predicted exposed, then all comm ms) as `gids` on the `free` GPUs,
     and its comm ms."""
@@ -120,6 +135,31 @@ def search(
             owner[cur] = -1
             cur, cur_cost = trial, c
             owner[cur] = np.arange(cur.size)
+    # The regroup pass: gathers of split groups, then the set's nested mappings, as long as one
+    # improves and the budget lasts.
+    node_max = int(topology.node_gpu_count.max())
+    kinds = sorted(
+        (a for a in arrays.values() if a.shape[0] > 1 and 1 < a.shape[1] <= node_max),
+        key=lambda a: a.shape[1],
+    )
+    # No more than the moves had: large jobs price few maps.
+    left = min(REGROUP_EVALS, max_evals) if regroup_evals is None else regroup_evals
+    improved = True
+    while improved and left > 0 and cur_cost[1] > stop:
+        improved = False
+        for trial in itertools.chain(
+            _renests(topology, job, cur), _gathers(topology, cur, owner, free, kinds)
+        ):
+            if left <= 0:
+                break
+            left -= 1
+            c = cost(trial)
+            if _compare(tuple(c[:3]), tuple(cur_cost[:3])) < 0:
+                owner[cur] = -1
+                cur, cur_cost = trial, c
+                owner[cur] = np.arange(cur.size)
+                improved = True
+                break
     return cur, cur_cost[1]
 
 
@@ -248,10 +288,55 @@ def _half_move(topology, rng, cur, owner, free, targets, kind):
         return None
     need, slots, b = options[int(rng.integers(len(options)))]
     moved = np.concatenate([ranks[(nodes != a) & (nodes != b)], ranks[nodes == a]])[:need]
-    slots = rng.permutation(slots)[:need]
+    return _exchange(cur, owner, moved, rng.permutation(slots)[:need])
+
+
+def _exchange(cur: np.ndarray, owner: np.ndarray, moved: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """`cur` with ranks `moved` on GPUs `slots`, the job's ranks there taking the GPUs they left."""
     trial = cur.copy()
     trial[moved] = slots
     displaced = owner[slots]
     back = displaced >= 0
     trial[displaced[back]] = cur[moved][back]
     return trial
+
+
+def _gathers(topology, cur, owner, free, kinds) -> Iterator[np.ndarray]:
+    """For each split group of `kinds` (smallest groups first), the map with it whole on each of
+    its nodes that has room (the job's ranks outside the group, or unused free GPUs), the node
+    holding most of it first; the ranks it displaces take the GPUs its members leave. Displaced
+    first: ranks of another group of its kind with members on the nodes the gathered members
+    leave (so both groups end whole), most such members first, then free GPUs, then the rest."""
+    for arr in kinds:
+        node_of = topology.gpu_node[cur[arr]]
+        group_of = np.empty(cur.size, dtype=np.int64)
+        group_of[arr] = np.arange(arr.shape[0])[:, None]
+        in_group = np.zeros(cur.size, dtype=bool)
+        for row in np.flatnonzero((node_of != node_of[:, :1]).any(axis=1)):
+            ranks, nodes = arr[row], node_of[row]
+            held, count = np.unique(nodes, return_counts=True)
+            in_group[:] = False
+            in_group[ranks] = True
+            for b in held[np.argsort(-count, kind="stable")].tolist():
+                need = ranks.size - int(np.count_nonzero(nodes == b))
+                gb = _node_gids(topology, b)
+                holder = owner[gb]
+                mine = holder >= 0
+                usable = (mine & ~in_group[np.maximum(holder, 0)]) | (~mine & free[gb])
+                if np.count_nonzero(usable) < need:
+                    continue
+                slots, holder, mine = gb[usable], holder[usable], mine[usable]
+                # A kind-mate scores by its members on the nodes the gathered members leave.
+                on_left = np.count_nonzero(np.isin(node_of, held[held != b]), axis=1)
+                mate = on_left[group_of[np.maximum(holder, 0)]]
+                score = np.where(mine, np.where(mate > 0, 1.0 + mate, -1.0), 1.0)
+                slots = slots[np.argsort(-score, kind="stable")][:need]
+                yield _exchange(cur, owner, ranks[nodes != b], slots)
+
+
+def _renests(topology, job, cur) -> Iterator[np.ndarray]:
+    """The GPUs of `cur` in each of their nested mappings other than `cur` itself."""
+    idx = hierarchy(topology)
+    for trial in candidate_mappings(idx, job, canonical(idx, cur), wider=True):
+        if not np.array_equal(trial, cur):
+            yield trial

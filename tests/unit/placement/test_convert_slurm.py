@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from apps.placement.convert import Defaults, Source, export_topology, import_sources
 from apps.placement.convert.hostlist import expand
+from apps.placement.jobs import load_job
+from apps.placement.solvers import place
 from apps.placement.topology import SpecError, load_topology
 from tests.unit.placement.specs import generated, switch_node_sets
 
@@ -221,3 +224,30 @@ def test_node_gres_count_without_a_type_is_the_count(gres, gpus):
     )
     topo = imported.topology()
     assert topo.n_gpus == 2 * gpus
+
+
+def test_typed_gres_become_models_a_job_can_ask_for():
+    # Known types become their SXM model; any other type is a model of its own name.
+    nodes = Source("slurm.conf", "NodeName=a[1-2] Gres=gpu:h100:8\nNodeName=b[1-2] Gres=gpu:l40s:8\n")
+    tree = Source("topology.conf", "SwitchName=s1 Nodes=a[1-2],b[1-2]\n")
+    topo = import_sources("slurm-tree", [tree, nodes], Defaults()).topology()
+    assert {n.name: n.gpu_model for n in topo.nodes} == {
+        "a1": "H100-SXM5-80GB",
+        "a2": "H100-SXM5-80GB",
+        "b1": "l40s",
+        "b2": "l40s",
+    }
+    assert topo.gpu_models["H100-SXM5-80GB"].peak_tflops == 989.0
+    job = load_job(
+        {
+            "version": 1,
+            "name": "l40s-only",
+            "gpus": 8,
+            "gpu_models": ["l40s"],
+            "parallelism": {"dp": 8},
+            "step": {"compute_ms": 10},
+            "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+        }
+    )
+    got = place(topo, np.ones(topo.n_gpus, dtype=bool), None, job)
+    assert {topo.nodes[topo.gpu_node[g]].gpu_model for g in got.gids} == {"l40s"}

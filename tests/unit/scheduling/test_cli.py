@@ -158,6 +158,19 @@ def test_submit_reads_yaml_as_the_server_does(cli, tmp_path, django_capture_on_c
     assert code == 2 and "refused (400)" in err
 
 
+def test_submit_gpu_models_constrains_the_job_and_an_unknown_model_is_refused_by_name(
+    cli, tmp_path, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        code, out, err = cli("--json", "submit", spec_file(tmp_path), "--gpu-models", "A100-SXM4-80GB")
+    assert code == 0, err
+    assert Job.objects.get(pk=json.loads(out)["id"]).spec["gpu_models"] == ["A100-SXM4-80GB"]
+    code, _, err = cli("submit", spec_file(tmp_path), "--gpu-models", "A100-SXM4-80GB,H100-SXM5-80GB")
+    assert code == 2 and "gpu_models[1]" in err and "H100-SXM5-80GB" in err
+    code, _, err = cli("submit", spec_file(tmp_path), "--gpu-models", "A100-SXM4-80GB,")
+    assert code == 2 and "--gpu-models" in err
+
+
 def test_a_wait_timeout_has_its_own_exit_code(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(commands.time, "sleep", lambda _s: None)
     code, _, err = cli("submit", spec_file(tmp_path), "--wait", "--poll-s", "0", "--timeout-s", "0")
