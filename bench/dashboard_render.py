@@ -317,7 +317,6 @@ def main() -> int:
         setup(sizes, args.mix, args.shape)
         return 0
     db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
-    fresh = not db.exists()
     env = dict(
         os.environ,
         DATABASE_URL=f"sqlite:///{db.resolve()}",
@@ -329,8 +328,8 @@ def main() -> int:
     )
     env.pop("CELERY_BROKER_URL", None)
     py = sys.executable
-    if fresh:
-        subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    # A reused database may be from before a migration of this checkout.
+    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     setup_cmd = [py, __file__, "--setup", "--sizes", args.sizes, "--mix", args.mix, "--shape", args.shape]
     subprocess.run(setup_cmd, cwd=ROOT, env=env, check=True)
     port = _free_port()

@@ -158,8 +158,8 @@ def main() -> int:
     )
     env.pop("CELERY_BROKER_URL", None)
     py = sys.executable
-    if not db.exists():
-        subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    # A reused database may be from before a migration of this checkout.
+    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     render = str(ROOT / "bench" / "dashboard_render.py")
     setup = [py, render, "--setup", "--sizes", str(args.gpus), "--mix", args.mix, "--shape", "rail"]
     subprocess.run(setup, cwd=ROOT, env=env, check=True)

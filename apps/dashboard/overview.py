@@ -26,6 +26,10 @@ Y_CORE = 10
 Y_BAR_TOP = 130
 Y_BAR_BOTTOM = 280
 MAX_SWITCH_MARKS = 64  # more spines than this draw as one band with their count
+# The load labels' width per character at their 11px font (an upper bound, in viewBox units) and
+# the least room between two of them.
+LABEL_CHAR_W = 7.0
+LABEL_GAP = 4.0
 
 # Bar hatches as SVG patterns, by the graph's (Plotly) pattern shape.
 HATCH_PATHS = {
@@ -180,12 +184,20 @@ def overview_svg(client: dict) -> str:
         )
         if hatch in HATCH_PATHS:
             bar_parts.append(f'<rect {rect} fill="url(#ov-hatch-{_hatch_id(hatch)})" pointer-events="none"/>')
+    # Each group's uplink share over its bar, where it fits: a label that would touch the last one
+    # drawn is left out (its bundle's tooltip still says it), so 64 groups never run together.
+    drawn_to = float("-inf")
     for g, up in enumerate(ups):
         if up["count"]:
             x = x_of((client["group_x0"][g] + client["group_x1"][g]) / 2)
             share = up["load"] / up["cap"] if up["cap"] else 0.0
+            text = f"{share:.0%}"
+            half = LABEL_CHAR_W * len(text) / 2
+            if x - half < drawn_to + LABEL_GAP:
+                continue
+            drawn_to = x + half
             bar_parts.append(
-                f'<text class="ov-load" x="{x:.1f}" y="{base[g] - 3:.1f}" text-anchor="middle">{share:.0%}</text>'
+                f'<text class="ov-load" x="{x:.1f}" y="{base[g] - 3:.1f}" text-anchor="middle">{text}</text>'
             )
     label = (
         f"Overview of {client['cluster']}: {len(spines)} spines, {len(groups)} leaf groups; "

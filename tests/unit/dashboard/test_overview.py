@@ -98,3 +98,26 @@ def test_legend_rows_list_the_largest_jobs_first_and_count_the_rest(leafspine):
     ]
     assert more == 6
     assert all(r["color"] == client["jobs"][r["index"]]["color"] for r in rows)
+
+
+@pytest.mark.parametrize("leaves, all_shown", [(4, True), (96, False)])
+def test_load_labels_never_touch_each_other(leaves, all_shown):
+    """64 leaf groups of a 16k cluster ran their labels together ("0%0%0%..."): a label that would
+    touch the last one drawn is left out, and a few groups keep all theirs."""
+    from apps.dashboard.overview import LABEL_CHAR_W, LABEL_GAP
+
+    topo = load_topology(
+        generated("leaf-spine", spines=4, leaves=leaves, nodes_per_leaf=1, gpus_per_node=1, nics_per_node=1)
+    )
+    client = cluster_figure(cluster_layout(topo), []).client
+    labels = parse(overview_svg(client)).findall(f"{NS}text[@class='ov-load']")
+    spans = sorted(
+        (
+            float(t.get("x")) - LABEL_CHAR_W * len(t.text) / 2,
+            float(t.get("x")) + LABEL_CHAR_W * len(t.text) / 2,
+        )
+        for t in labels
+    )
+    assert spans and all(b[0] - a[1] >= LABEL_GAP for a, b in zip(spans, spans[1:], strict=False))
+    groups = sum(1 for u in group_uplinks(client) if u["count"])
+    assert (len(labels) == groups) is all_shown
