@@ -209,6 +209,38 @@ def setup(sizes: list[int], mix: str, shape: str) -> None:
         )
 
 
+def prepare(db: str | None, sizes: str, mix: str, shape: str) -> dict[str, str]:
+    """The scratch SQLite database (`db`, else a new temporary file) migrated and holding the
+    clusters of `sizes` with their jobs; returns the environment that runs this checkout on it."""
+    path = Path(db) if db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
+    env = dict(
+        os.environ,
+        DATABASE_URL=f"sqlite:///{path.resolve()}",
+        DJANGO_SETTINGS_MODULE="topoweb.settings",
+        TOPOWEB_LOG_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+        # The `many` mix queues thousands of jobs of one user at once, over the default cap.
+        TOPOWEB_MAX_QUEUED_PER_USER="100000",
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    py = sys.executable
+    # A reused database may be from before a migration of this checkout.
+    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    setup_cmd = [
+        py,
+        str(Path(__file__).resolve()),
+        "--setup",
+        "--sizes",
+        sizes,
+        "--mix",
+        mix,
+        "--shape",
+        shape,
+    ]
+    subprocess.run(setup_cmd, cwd=ROOT, env=env, check=True)
+    return env
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -316,22 +348,8 @@ def main() -> int:
     if args.setup:
         setup(sizes, args.mix, args.shape)
         return 0
-    db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
-    env = dict(
-        os.environ,
-        DATABASE_URL=f"sqlite:///{db.resolve()}",
-        DJANGO_SETTINGS_MODULE="topoweb.settings",
-        TOPOWEB_LOG_LEVEL="WARNING",
-        PYTHONPATH=str(ROOT),
-        # The `many` mix queues thousands of jobs of one user at once, over the default cap.
-        TOPOWEB_MAX_QUEUED_PER_USER="100000",
-    )
-    env.pop("CELERY_BROKER_URL", None)
+    env = prepare(args.db, args.sizes, args.mix, args.shape)
     py = sys.executable
-    # A reused database may be from before a migration of this checkout.
-    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
-    setup_cmd = [py, __file__, "--setup", "--sizes", args.sizes, "--mix", args.mix, "--shape", args.shape]
-    subprocess.run(setup_cmd, cwd=ROOT, env=env, check=True)
     port = _free_port()
     server = subprocess.Popen(
         [py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],

@@ -20,14 +20,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from dashboard_render import MIXES, USER, cluster_name  # noqa: E402
+from dashboard_render import MIXES, USER, cluster_name, prepare  # noqa: E402
 from figures import figure  # noqa: E402
 
 TARGET_MS = 500.0
@@ -146,23 +145,8 @@ def main() -> int:
             )
         )
         return 0
-    db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="topoweb-bench-")) / "bench.sqlite3"
-    env = dict(
-        os.environ,
-        DATABASE_URL=f"sqlite:///{db.resolve()}",
-        DJANGO_SETTINGS_MODULE="topoweb.settings",
-        TOPOWEB_LOG_LEVEL="WARNING",
-        PYTHONPATH=str(ROOT),
-        # The `many` mix queues thousands of jobs of one user at once, over the default cap.
-        TOPOWEB_MAX_QUEUED_PER_USER="100000",
-    )
-    env.pop("CELERY_BROKER_URL", None)
+    env = prepare(args.db, str(args.gpus), args.mix, "rail")
     py = sys.executable
-    # A reused database may be from before a migration of this checkout.
-    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
-    render = str(ROOT / "bench" / "dashboard_render.py")
-    setup = [py, render, "--setup", "--sizes", str(args.gpus), "--mix", args.mix, "--shape", "rail"]
-    subprocess.run(setup, cwd=ROOT, env=env, check=True)
     run = [py, __file__, "--measure", "--runs", str(args.runs), "--gpus", str(args.gpus), "--mix", args.mix]
     return subprocess.run(run, cwd=ROOT, env=env).returncode
 
