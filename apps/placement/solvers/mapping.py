@@ -8,7 +8,8 @@ activations and small TP keeps its stages inside a node and splits TP across sam
 Then the rank order, and TP fastest followed by EP, DP and PP in either order (PP outermost
 keeps stages adjacent and DP groups rail-aligned; DP outermost suits pipeline-heavy jobs); the
 search's regroup pass and topo's last check also try the second-heaviest kind innermost (stages
-inside a node, TP split over two nodes of a leaf). A second slot
+inside a node, TP split over two nodes of a leaf) and the declared traffic reversed (the lighter
+kinds sharing a node, the heaviest across nodes one GPU per node). A second slot
 order walks TP-sized chunks rail by rail across the nodes of a unit, so that DP groups of
 TP-sharded jobs that leave part of each node free still meet on one rail's leaf; where NVLink
 domains straddle leaves, one walks each domain leaf by leaf (`domain_major`); the last is plain
@@ -82,7 +83,8 @@ def _all_dims(job: JobSpec) -> tuple[str, ...]:
 
 def nestings(job: JobSpec, wider: bool = False) -> list[tuple[str, ...]]:
     """Distinct dimension nestings (fastest first) to try, by declared traffic first; size-1
-    dimensions do not count. `wider` adds the second-heaviest kind innermost."""
+    dimensions do not count. `wider` adds the second-heaviest kind innermost, then the declared
+    traffic reversed."""
     sizes = _sizes(job)
     out: list[tuple[str, ...]] = []
     seen: set[tuple[str, ...]] = set()
@@ -94,6 +96,11 @@ def nestings(job: JobSpec, wider: bool = False) -> list[tuple[str, ...]]:
             # The second-heaviest kind innermost too: a pipeline kept inside a node that splits
             # TP over two nodes of one leaf can beat whole TP groups whose stages cross the spine.
             extra.append((by_traffic[1], by_traffic[0], *by_traffic[2:]))
+        # The lightest kind innermost and the heaviest outermost: where the heaviest kind alone
+        # would fill a node, the lighter kinds together may move more (cp, ep and pp of a
+        # long-context MoE job against its tp), and the heaviest kind's groups then take one GPU
+        # per node, each rank on its own NIC.
+        extra.append(by_traffic[::-1])
     for nest in (by_traffic, _all_dims(job), *NESTINGS, *extra):
         effective = tuple(d for d in nest if sizes[d] > 1)
         if effective not in seen:

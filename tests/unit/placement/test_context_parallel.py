@@ -11,6 +11,8 @@ from apps.placement.costmodel import evaluate
 from apps.placement.groups import rank_coordinates, rank_groups
 from apps.placement.solvers import Placement, place
 from tests.unit.placement.specs import job
+from tests.unit.placement.test_adversarial_cases import cluster as adversarial_cluster
+from tests.unit.placement.test_adversarial_cases import node as adversarial_node
 from tests.unit.placement.test_link_aware import cluster, node
 
 
@@ -75,3 +77,29 @@ def test_no_map_of_a_cp_job_beats_its_bound():
     for _ in range(40):
         gids = rng.permutation(topo.n_gpus)[:16]
         assert evaluate(topo, j, gids).comm_ms >= bound * (1 - 1e-9)
+
+
+def test_cp_ep_and_pp_share_a_node_where_together_they_outweigh_tp():
+    """A long-context MoE job (tp4 x cp2 x pp2 x dp2 x ep2) on two leaves of two 8-GPU nodes (4:1
+    uplinks): TP moves the most bytes of any one kind, yet CP, EP (with DP, the same ranks here)
+    and PP move more together. The nestings led by TP (innermost) leave some of them across
+    nodes, 101.36 ms; with the lightest kinds innermost they all stay in a node and each TP group
+    spans the four nodes one rank per node over its own NICs: 50.97 ms, the bound."""
+    topo = adversarial_cluster(
+        2, 200, [adversarial_node(f"n{i}", 8, f"leaf-{i // 2 + 1}", 8) for i in range(4)]
+    )
+    comm = [
+        ("cp", "p2p", 3.2e7, 48),
+        ("ep", "alltoall", 6.4e7, 32),
+        ("dp", "allreduce", 5e8),
+        ("tp", "allreduce", 2e7, 64),
+        ("pp", "p2p", 6e7, 32),
+    ]
+    j = job(32, tp=4, cp=2, pp=2, dp=2, ep=2, comm=comm)
+    placed = place(topo, topo.free_mask(), None, j)
+    assert isinstance(placed, Placement)
+    gids = np.asarray(placed.gids)
+    for kind in ("cp", "ep", "pp"):
+        for group in rank_groups(j)[kind]:
+            assert np.unique(topo.gpu_node[gids[list(group)]]).size == 1
+    assert placed.prediction.comm_ms == pytest.approx(lower_bound(topo, j).comm_ms, rel=1e-9)

@@ -125,12 +125,18 @@ def test_topo_is_never_dearer_than_the_plain_nestings_of_its_own_gpus(seed):
     assert key(np.asarray(got.gids)) <= nested
 
 
-def test_the_wider_nestings_add_the_second_heaviest_kind_innermost():
+def test_the_wider_nestings_add_the_second_heaviest_kind_innermost_and_reversed_traffic():
     j = job(8, 2, 1, TP_HEAVY)
     plain = nestings(j)
     wider = nestings(j, wider=True)
     assert wider[: len(plain)] == plain
     (extra,) = wider[len(plain) :]
     assert extra[:2] == ("pp", "tp")
-    # A job moving nothing over its second kind gets nothing more.
-    assert nestings(job(8, 1, 2, TP_HEAVY[:1]), wider=True) == nestings(job(8, 1, 2, TP_HEAVY[:1]))
+    # A job moving nothing over its second kind gets only the reversed traffic order: its idle
+    # DP pairs inside a node, each TP group across nodes.
+    lone = job(8, 1, 2, TP_HEAVY[:1])
+    plain = nestings(lone)
+    wider = nestings(lone, wider=True)
+    assert wider[: len(plain)] == plain
+    (extra,) = wider[len(plain) :]
+    assert [d for d in extra if d in ("tp", "dp")] == ["dp", "tp"]
