@@ -535,7 +535,12 @@ class Agent:
                         failures += 1
                         # Some errors (a dropped connection, a timeout) have no message: name their kind.
                         why = str(exc) or type(exc).__name__
-                        log.warning("sync with %s failed (%s); retrying in %.1f s", self.server, why, delay)
+                        # One dropped connection retried at once is no problem (a busy server may
+                        # drop one); a second failure in a row is, and warns.
+                        level = logging.INFO if failures == 1 else logging.WARNING
+                        log.log(
+                            level, "sync with %s failed (%s); retrying in %.1f s", self.server, why, delay
+                        )
                         await self._pause(delay)
                 await self._shutdown(client)
         finally:

@@ -126,6 +126,14 @@ def test_a_fenced_rank_requeues_a_requeue_job_instead_of_failing_it(
         assert job.status != JobStatus.FAILED, job.pending_reason
         assert job.requeues == 1
         assert "was fenced: the node agent had no contact with the server" in job.requeue_reason
+        # The first fenced rank's report requeues the job; the other's may come a sync later.
+        wait_for(
+            lambda: not RankRun.objects.filter(job=job, generation=1)
+            .exclude(state=RankState.EXITED)
+            .exists(),
+            timeout_s=20,
+            what="both fenced ranks' exits reported",
+        )
         assert set(RankRun.objects.filter(job=job, generation=1).values_list("exit_cause", flat=True)) == {
             ExitCause.FENCED
         }
