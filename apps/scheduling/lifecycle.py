@@ -448,18 +448,20 @@ def interrupted(*, job: Job, why: str, now: datetime) -> None:
     launch = job_spec(job).launch
     if not launch.requeue:
         finish(job=job, status=JobStatus.FAILED, reason=why, now=now)
-    elif job.requeues >= launch.max_requeues:
-        times = f"{job.requeues} time{'s' if job.requeues != 1 else ''}"
-        finish(
-            job=job,
-            status=JobStatus.FAILED,
-            reason=f"{why}; not requeued: it was requeued {times} already, its max_requeues is"
-            f" {launch.max_requeues}",
-            now=now,
-        )
+    elif (past := past_max_requeues(job, launch.max_requeues, why)) is not None:
+        finish(job=job, status=JobStatus.FAILED, reason=past, now=now)
     else:
         requeue(job_id=job.pk, why=why, now=now)
         job.refresh_from_db()
+
+
+def past_max_requeues(job: Job, limit: int, why: str) -> str | None:
+    """The failure reason of `job` when it was requeued `limit` (its spec's `max_requeues`) times
+    already and must not be again for `why`; None while it may be."""
+    if job.requeues < limit:
+        return None
+    times = f"{job.requeues} time{'s' if job.requeues != 1 else ''}"
+    return f"{why}; not requeued: it was requeued {times} already, its max_requeues is {limit}"
 
 
 def _leave_generations(job_id: int, cluster_id: int, now: datetime, *, cycle_after: bool = True) -> None:

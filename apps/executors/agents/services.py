@@ -539,10 +539,9 @@ def job_requeue_unstarted(*, job: Job, now: datetime | None = None) -> str | Non
             return None
         started = RankRun.objects.filter(job=job, generation=job.generation).count()
         why = f"{started} of {job.gpus} ranks started within the start timeout of {start_timeout_s():.0f} s"
-        limit = snap.job_spec(job).launch.max_requeues
-        if job.requeues >= limit:
-            reason = f"{why}; not requeued: it was requeued {job.requeues} times already, its max_requeues is {limit}"
-            lifecycle.finish(job=job, status=JobStatus.FAILED, reason=reason, now=now)
+        past = lifecycle.past_max_requeues(job, snap.job_spec(job).launch.max_requeues, why)
+        if past is not None:
+            lifecycle.finish(job=job, status=JobStatus.FAILED, reason=past, now=now)
             return "failed_to_start"
         return "requeued" if lifecycle.requeue(job_id=job.pk, why=why, now=now) else None
 
