@@ -10,6 +10,11 @@ before the new file does. A `<name>.1` not yet shipped is not replaced until the
 twice the cap (the disk bound wins: output never shipped by then is skipped). Output the rank
 writes between the copy and the truncation is lost (a few bytes at most: the copy is repeated
 until the file stops growing).
+
+Where the bytes rotated so far are counted is written to a small file beside the rank's other
+records (`state`), so an agent that restarts keeps counting offsets from the same origin as the
+server's copy (counted from zero, everything the rank writes after a rotation would sit below the
+server's end and never ship).
 """
 
 from __future__ import annotations
@@ -71,6 +76,22 @@ class LogFile:
     rotated: int = 0
     old_base: int = 0
     full: bool = False
+    # Where `rotated` and `old_base` are remembered across agent restarts (None: in memory only).
+    state: Path | None = None
+
+    @classmethod
+    def resume(cls, path: Path, state: Path | None) -> LogFile:
+        """The log at `path`, with the rotations recorded in `state` (none when it is missing or
+        unreadable)."""
+        logfile = cls(path, state=state)
+        if state is not None:
+            try:
+                rotated, old_base = (int(v) for v in state.read_text().split())
+            except (OSError, ValueError):
+                return logfile
+            if 0 <= old_base <= rotated:
+                logfile.rotated, logfile.old_base = rotated, old_base
+        return logfile
 
     @property
     def old(self) -> Path:
@@ -160,4 +181,17 @@ class LogFile:
             return False
         self.old_base = self.rotated
         self.rotated += copied
+        self._remember()
         return True
+
+    def _remember(self) -> None:
+        """Record `rotated` and `old_base` in `state` (replaced whole: a crash leaves the old or
+        the new record, never half of one)."""
+        if self.state is None:
+            return
+        tmp = self.state.with_name(self.state.name + ".tmp")
+        try:
+            tmp.write_text(f"{self.rotated} {self.old_base}\n")
+            os.replace(tmp, self.state)
+        except OSError:
+            pass

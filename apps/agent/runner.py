@@ -1272,10 +1272,10 @@ class Agent:
             local.cgroup.remove()
         shutil.rmtree(local.record, ignore_errors=True)
 
-    def _log_file(self, key: Key, path: Path) -> LogFile:
+    def _log_file(self, key: Key, local: LocalRank) -> LogFile:
         found = self.logs.get(key)
-        if found is None or found.path != path:
-            found = self.logs[key] = LogFile(path)
+        if found is None or found.path != local.log_path:
+            found = self.logs[key] = LogFile.resume(local.log_path, local.record / "log-rotated")
         return found
 
     def _log_chunks(self) -> list[dict[str, Any]]:
@@ -1283,7 +1283,7 @@ class Agent:
         for running ranks, at once (and larger) for exited ones and for output rotated to
         `<log>.1` unshipped; within MAX_LOG_BYTES."""
         for key, local in self.ranks.items():
-            self._log_file(key, local.log_path)
+            self._log_file(key, local)
         due = time.monotonic() - self._logs_at >= self.log_every_s
         chunks: list[dict[str, Any]] = []
         size = 0

@@ -82,3 +82,20 @@ def test_a_recorded_shim_that_still_runs_is_re_adopted_running(tmp_path: Path, s
     assert local.status is RankStatus.RUNNING
     assert local.shim_pid == stranger.pid
     assert (*KEY, "exited") not in agent.outbox
+
+
+def test_a_re_adopted_rank_ships_its_log_from_where_the_server_copy_ends_after_rotations(
+    tmp_path: Path, stranger
+):
+    """A previous agent rotated the rank's log (14 bytes moved out); the new agent ships what the
+    rank wrote since from offset 14, where the server's copy ends, not from 0."""
+    agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, single_user=True)
+    _record(agent, stranger.pid, process_start(stranger.pid))
+    (agent.state_dir / "job-7-gen-1-rank-3" / "log-rotated").write_text("14 10\n")
+    (tmp_path / "rank.log").write_bytes(b"since\n")
+    local = _adopt_and_watch(agent, 0.3)
+    assert local.status is RankStatus.RUNNING
+    agent.log_every_s = 0
+    agent._logs_shipped([], {"logs": {"7:1:3": 14}})
+    chunks = agent._log_chunks()
+    assert [(c["offset"], c["data"]) for c in chunks] == [(14, "since\n")]

@@ -80,6 +80,31 @@ def test_a_rotated_file_not_yet_shipped_is_kept_until_the_live_file_reaches_twic
     assert logfile.chunk() == {"offset": 10, "size": 11, "data": "b" * 11}
 
 
+def test_a_restarted_agent_counts_offsets_from_the_recorded_rotations(tmp_path):
+    path, state = tmp_path / "rank.log", tmp_path / "log-rotated"
+    path.write_bytes(b"a" * 10)
+    logfile = LogFile.resume(path, state)
+    assert logfile.rotate(5)
+    logfile.shipped_to(10)
+    path.write_bytes(b"b" * 4)
+    assert logfile.rotate(3)
+    assert state.read_text().split() == ["14", "10"]
+    path.write_bytes(b"new")
+    # The agent restarts; the server's copy ends at 14 (everything before the second rotation).
+    again = LogFile.resume(path, state)
+    again.shipped_to(14)
+    assert (again.rotated, again.old_base, again.size()) == (14, 10, 17)
+    assert again.chunk() == {"offset": 14, "size": 3, "data": "new"}
+    # Without the record the new output would sit below the server's end and never ship.
+    forgetful = LogFile(path)
+    forgetful.shipped_to(14)
+    assert not forgetful.pending()
+    # A corrupt or impossible record counts as none.
+    for text in ("garbage", "3 9", "-1 0"):
+        state.write_text(text)
+        assert LogFile.resume(path, state).rotated == 0
+
+
 def test_the_tail_continues_into_the_rotated_file(tmp_path):
     path = tmp_path / "rank.log"
     path.write_bytes(b"0123456789")
