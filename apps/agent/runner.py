@@ -386,6 +386,8 @@ class Agent:
         self.fence_slack_s = 0.0
         self._fence_not_before = 0.0
         self._stopping = threading.Event()
+        # Set by terminate_ranks: no rank starts any more, one being started is stopped at once.
+        self._terminating = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -456,7 +458,11 @@ class Agent:
 
     def terminate_ranks(self) -> int:
         """SIGTERM every rank this agent runs, from any thread (for a host process that exits
-        without waiting for the loop); returns how many were signalled."""
+        without waiting for the loop), and stop the loop; a rank whose start is under way now gets
+        its SIGTERM as soon as its process exists, and none starts after. Returns how many were
+        signalled here."""
+        self._terminating = True
+        self.stop()
         count = 0
         for local in list(self.ranks.values()):
             if local.status is not RankStatus.EXITED:
@@ -861,6 +867,8 @@ class Agent:
                 if self.orphans:
                     held += 1
                     continue
+                if self._terminating:
+                    continue
                 await self._start(key, plan, entry)
         if held:
             log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
@@ -1088,6 +1096,9 @@ class Agent:
             os.close(fd)
         local.shim_pid = local.proc.pid
         local.shim_start = process_start(local.shim_pid)
+        if self._terminating:
+            # terminate_ranks ran while this rank was being started: it may not have seen its pid.
+            self._signal(local, signal.SIGTERM)
         self._save(local)
         self._report(key, "started", pid=local.shim_pid)
         local.tasks.append(asyncio.ensure_future(self._watch(local)))

@@ -367,3 +367,35 @@ def test_a_rank_past_its_jobs_memory_mb_ends_with_memory_limit(tmp_path: Path, c
         cleanup(agent)
     assert report["cause"] == "memory_limit", report
     assert report["exit_code"] != 0
+
+
+def test_ranks_started_while_the_agent_is_terminated_are_stopped_and_none_starts_after(tmp_path: Path):
+    """A host process ending (the demo server's stop) terminates its agents' ranks from another
+    thread while a sync may be starting one: that rank gets its SIGTERM once its process exists,
+    and the work of a later answer starts nothing."""
+    agent = make_agent(tmp_path)
+
+    async def main():
+        prepare(agent)
+        agent.terminate_ranks()  # as if it ran just before this start saw the shim's pid
+        await agent._start(KEY, PLAN, {"command": ["sleep", "60"], "stop_grace_s": 5})
+        report = await wait_exited(agent)
+        entry = {
+            "job": 5,
+            "generation": 1,
+            "command": ["sleep", "60"],
+            "env": {},
+            "world_size": 1,
+            "master_addr": "127.0.0.1",
+            "master_port": 29500,
+            "node_rank": 0,
+            "ranks": [{"rank": 0, "gpu": 0}],
+        }
+        await agent._reconcile([entry])
+        return report, agent.ranks[KEY].shim_pid
+
+    report, pid = run_loop(main)
+    # SIGTERM may reach the shim before its rank exists: no exit code recorded then (255).
+    assert report["exit_code"] in (-15, 255), report
+    assert not Path(f"/proc/{pid}").exists()
+    assert set(agent.ranks) == {KEY} and agent._stopping.is_set()
