@@ -253,12 +253,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk=None) -> Response:
         """Cancel the job and release its GPUs."""
-        job = self.get_object()
-        try:
-            job = services.job_cancel(job=job, user=request.user if request.user.is_authenticated else None)
-        except services.JobStateError as exc:
-            return state_error(exc, exc.job.status)
-        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+        user = request.user if request.user.is_authenticated else None
+        return self._manage(lambda job: services.job_cancel(job=job, user=user))
 
     @extend_schema(
         summary="Hold a waiting job: it stays queued but is not placed until released (operators, its account's coordinators)",
@@ -291,6 +287,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return self._manage(lambda job: services.job_requeue(job=job, user=request.user))
 
     def _manage(self, service) -> Response:
+        """Apply `service` to the job (a JobStateError is a 409) and answer the job as it is now."""
         job = self.get_object()
         try:
             job = service(job)
@@ -308,7 +305,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk=None) -> Response:
         """The launcher started the placed job (placing -> running)."""
-        return self._lifecycle(services.job_start)
+        return self._manage(lambda job: services.job_start(job=job))
 
     @extend_schema(
         summary="Launcher: the job completed (GPUs released)",
@@ -318,7 +315,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk=None) -> Response:
         """The job finished; its GPUs go back to the queue."""
-        return self._lifecycle(services.job_complete)
+        return self._manage(lambda job: services.job_complete(job=job))
 
     @extend_schema(
         summary="Launcher: the job failed (GPUs released)",
@@ -331,15 +328,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body = JobFailSerializer(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
         reason = body.validated_data.get("reason", "")
-        return self._lifecycle(lambda *, job: services.job_fail(job=job, reason=reason))
-
-    def _lifecycle(self, service) -> Response:
-        job = self.get_object()
-        try:
-            job = service(job=job)
-        except services.JobStateError as exc:
-            return state_error(exc, exc.job.status)
-        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+        return self._manage(lambda job: services.job_fail(job=job, reason=reason))
 
     @extend_schema(
         summary="The job's placement (placement output format with predicted per-group costs)",
