@@ -86,7 +86,8 @@ class ClusterGraphData:
 
 
 class SignatureCache:
-    """A small LRU of what was built for a `graph_signature`, shared by a process's threads."""
+    """An LRU of what was built, keyed by everything it was built from (a `graph_signature`, a
+    job view's inputs), shared by a process's threads."""
 
     def __init__(self, size: int):
         self.size = size
@@ -104,9 +105,22 @@ class SignatureCache:
         with self._lock:
             self._items.clear()
 
-    def put(self, key: tuple, value) -> None:
+    def get_many(self, keys) -> dict:
+        """The values held for `keys` (those missing left out), under one lock."""
         with self._lock:
-            self._items[key] = value
+            found = {key: self._items[key] for key in keys if key in self._items}
+            for key in found:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple, value) -> None:
+        self.put_many({key: value})
+
+    def put_many(self, items: dict) -> None:
+        with self._lock:
+            self._items.update(items)
+            for key in items:
+                self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
@@ -122,7 +136,7 @@ def cluster_graph_data(*, cluster: Cluster, user, signature: tuple | None = None
     key = graph_signature(cluster=cluster, user=user) if signature is None else signature
     data = _GRAPH_DATA.get(key)
     if data is None:
-        data = _cluster_graph_data(cluster=cluster, user=user)
+        data = _cluster_graph_data(cluster=cluster, user=user, stamp=key[1])
         _GRAPH_DATA.put(key, data)
     return data
 
@@ -130,17 +144,16 @@ def cluster_graph_data(*, cluster: Cluster, user, signature: tuple | None = None
 # Job views by everything they are built from (the cluster's topology version, the job's
 # placement generation, prediction, status, GPUs and flows, and how the viewer sees it): a job's
 # spec is fixed once submitted, so a rebuild after one job moved parses only that job again.
-_VIEWS: dict[tuple, JobView] = {}
-_VIEWS_LOCK = threading.Lock()
-VIEWS_KEPT = 50_000
+_VIEWS = SignatureCache(50_000)
 
 
-def _cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
+def _cluster_graph_data(*, cluster: Cluster, user, stamp) -> ClusterGraphData:
+    """The graph data of `cluster` for `user`; `stamp` is the cluster's `updated_at` as its
+    signature read it (job views are kept by the topology version they were built on)."""
     snap = cluster_snapshot(cluster=cluster)
     topo = snap.topology
     gids_of = {a.job_id: a.gids for a in snap.active}
     flows_of = {a.job_id: a.flows for a in snap.active}
-    stamp = Cluster.objects.filter(pk=cluster.pk).values_list("updated_at", flat=True).first()
     rows = (
         Job.objects.filter(pk__in=list(gids_of), status__in=ACTIVE_STATUSES)
         .select_related("owner")
@@ -167,8 +180,7 @@ def _cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
             frozenset(flows.items()),
         )
         keyed.append((key, job))
-    with _VIEWS_LOCK:
-        known = {key: _VIEWS[key] for key, _ in keyed if key in _VIEWS}
+    known = _VIEWS.get_many(key for key, _ in keyed)
     missing = [job.pk for key, job in keyed if key not in known]
     stored = {
         pk: (spec, predicted)
@@ -194,10 +206,7 @@ def _cluster_graph_data(*, cluster: Cluster, user) -> ClusterGraphData:
                 traffic=predicted,
             )
         views.append(view)
-    with _VIEWS_LOCK:
-        if len(_VIEWS) + len(built) > VIEWS_KEPT:
-            _VIEWS.clear()
-        _VIEWS.update(built)
+    _VIEWS.put_many(built)
     views += foreign_job_views(cluster=cluster, topology=topo)
     queued = Job.objects.filter(cluster=cluster, status__in=WAITING_STATUSES).count()
     states = node_state_map(cluster_id=cluster.pk)
