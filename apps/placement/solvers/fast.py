@@ -180,14 +180,15 @@ def rail_balanced_sets(
         ]
         for piece in _pieces(job, idx.max_node_gpus):
             # In pieces: a piece adds rails while the node has NICs it does not use yet.
-            rails_p, held_p = -(-rails[nodes] // piece), held[nodes] // piece
+            whole = nodes[held[nodes] >= piece]
+            rails_p, held_p = -(-rails[whole] // piece), held[whole] // piece
             k = int(np.searchsorted(np.cumsum(held_p), n // piece)) + 1
-            for size in range(k, min(k + RAIL_COUNTS_TRIED, nodes.size + 1)):
+            for size in range(k, min(k + RAIL_COUNTS_TRIED, whole.size + 1)):
                 parts = _levelled(rails_p[:size], held_p[:size], n // piece)
                 if parts is None:
                     continue
                 per_node = []
-                for v, p in zip(nodes[:size].tolist(), (parts * piece).tolist(), strict=True):
+                for v, p in zip(whole[:size].tolist(), (parts * piece).tolist(), strict=True):
                     mine = node == v
                     # Distinct NICs first, each part in id order.
                     order = np.lexsort((gids[mine], ~first[mine]))
@@ -210,7 +211,9 @@ def _pieces(job: JobSpec, node_gpus: int) -> list[int]:
 def _levelled(rails: np.ndarray, held: np.ndarray, n: int) -> np.ndarray | None:
     """Per node, GPUs to take (n in all, at most `held`): min(rails, L) for the highest level L
     the job allows, then one more on as many nodes with rails above L as needed, then GPUs
-    beyond their rails, one a node at a time; None when n is not reached or a node gets none."""
+    beyond their rails, one a node at a time; None when n is not reached or a node gets none.
+    Rails above `held` count as `held` (a node's pieces may be fewer than the NICs they use)."""
+    rails = np.minimum(rails, held)
     level = 0
     while level < int(rails.max()) and int(np.minimum(rails, level + 1).sum()) <= n:
         level += 1

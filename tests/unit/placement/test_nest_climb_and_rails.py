@@ -174,6 +174,9 @@ def test_rail_balanced_sets_level_the_distinct_nics_of_every_node():
         ([4, 4], [8, 8], 7, [4, 3]),
         ([4, 4], [8, 8], 12, [6, 6]),
         ([4, 2], [4, 2], 7, None),
+        # In pieces of 4: a node of 7 GPUs on 7 NICs has two pieces' rails but holds one.
+        ([2, 2, 2, 2, 2], [2, 2, 1, 1, 1], 7, [2, 2, 1, 1, 1]),
+        ([2, 2], [2, 1], 3, [2, 1]),
     ],
 )
 def test_levelled_parts(rails, held, n, parts):
@@ -208,3 +211,31 @@ def test_rail_balanced_parts_keep_all_to_all_groups_inside_a_node():
     assert (ep_nodes == ep_nodes[:, :1]).all()
     best = min(evaluate(topo, moe, next(candidate_mappings(idx, moe, g))).comm_ms for g in sets)
     assert placed.prediction.comm_ms <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rail_balanced_sets_are_the_jobs_size_on_any_free_set(seed):
+    # Nodes with one or a few free GPUs beside fuller ones (a piece of 2 or 4 GPUs fits none of
+    # their NICs' count): every set is still n distinct free GPUs.
+    topo = faulty_fleet()
+    idx = hierarchy(topo)
+    rng = np.random.default_rng(seed)
+    free = rng.random(topo.n_gpus) < rng.uniform(0.2, 0.9)
+    free[topo.node_first_gid[rng.integers(len(topo.nodes))]] = True
+    for tp, ep in ((1, 1), (2, 1), (1, 4), (2, 2)):
+        n = min(int(free.sum()) // (tp * ep), 8) * tp * ep
+        if n < 2 * tp * ep:
+            continue
+        j = load_job(
+            {
+                "version": 1,
+                "name": "j",
+                "gpus": n,
+                "parallelism": {"tp": tp, "dp": n // tp, "ep": ep},
+                "step": {"compute_ms": 500},
+                "comm": [{"group": "dp", "collective": "allreduce", "bytes": 1e8}],
+            }
+        )
+        counts = Free(idx, free, load_array(topo, None))
+        for gset in rail_balanced_sets(topo, idx, counts, j):
+            assert gset.size == n and np.unique(gset).size == n and free[gset].all()
