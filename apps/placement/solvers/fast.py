@@ -5,7 +5,8 @@ nodes with 5 free GPUs each. These sets are priced beside the best-fit ones, so 
 chooses: for each split of the job into k equal per-node parts (the largest parts first), the k
 nodes with room for a part and the highest NIC rate per free GPU (distinct NICs serving their free
 GPUs, GB/s, over the free GPU count), ties to the quieter unit and then hierarchy order, so that
-equal nodes stay together under as few leaves as possible.
+equal nodes stay together under as few leaves as possible. Rail-balanced sets give every node
+they use as many distinct NICs as the job allows (`rail_balanced_sets`).
 """
 
 from __future__ import annotations
@@ -127,3 +128,102 @@ def rate_filled_set(topology: Topology, idx: HierarchyIndex, counts: Free, job: 
         )
     )
     return canonical(idx, gids[order[:n]])
+
+
+# NIC rates (the fastest first) a rail-balanced set may stop at, and node counts tried per rate.
+RAIL_RATES_TRIED, RAIL_COUNTS_TRIED = 2, 2
+
+
+def rail_balanced_sets(
+    topology: Topology, idx: HierarchyIndex, counts: Free, job: JobSpec
+) -> list[np.ndarray]:
+    """GPU sets (canonical order) that give every node they use as many distinct NICs as they
+    can: a group spanning nodes runs its network phase on as many rails as its node with the
+    fewest distinct NICs offers, at its slowest NIC's rate. For each of the RAIL_RATES_TRIED
+    fastest NIC rates R: only free GPUs behind NICs of at least R; the nodes with the most such
+    distinct NICs first (ties to the fuller node, the quieter unit, then hierarchy order), as few
+    as hold the job and one more; each node takes one GPU behind each of its NICs up to a common
+    level, the level as high as the job allows, the GPUs left over behind the NICs some nodes
+    have beyond it, then GPUs behind NICs a node already uses, evenly. Parts are whole pieces
+    (`_pieces`: a node holds whole TP x EP groups where it can), and each set is built for the
+    whole pieces and for single GPUs. Best fit and `fast_sets` take a node's lowest free GPUs
+    and cut the last node short: a DP64 all-reduce on 8-NIC nodes whose failed NICs left some
+    GPUs sharing one (and some NICs at 25 GB/s) ran on 4 rails, here on 6 (12.86 to 8.60 ms)."""
+    n = job.gpus
+    ids, _ = nic_ids(topology)
+    net = counts.ids[topology.gpu_nic_bw[counts.ids] > 0]
+    if net.size < n:
+        return []
+    out: list[np.ndarray] = []
+    for rate in np.unique(topology.gpu_nic_bw[net])[::-1][:RAIL_RATES_TRIED]:
+        gids = net[topology.gpu_nic_bw[net] >= rate]
+        if gids.size < n:
+            break
+        # The first GPU behind each NIC, then the others; by node, in id order.
+        first = np.zeros(gids.size, dtype=bool)
+        first[np.unique(ids[gids], return_index=True)[1]] = True
+        node = idx.gpu_node[gids]
+        rails = np.bincount(node[first], minlength=idx.n_nodes)
+        held = np.bincount(node, minlength=idx.n_nodes)
+        nodes = np.flatnonzero(held)
+        unit = idx.gpu_unit[idx.node_first_gid[nodes]]
+        nodes = nodes[
+            np.lexsort(
+                (
+                    idx.position[idx.node_first_gid[nodes]],
+                    unit,
+                    counts.unit_load[unit],
+                    -held[nodes],
+                    -rails[nodes],
+                )
+            )
+        ]
+        for piece in _pieces(job, idx.max_node_gpus):
+            # In pieces: a piece adds rails while the node has NICs it does not use yet.
+            whole = nodes[held[nodes] >= piece]
+            rails_p, held_p = -(-rails[whole] // piece), held[whole] // piece
+            k = int(np.searchsorted(np.cumsum(held_p), n // piece)) + 1
+            for size in range(k, min(k + RAIL_COUNTS_TRIED, whole.size + 1)):
+                parts = _levelled(rails_p[:size], held_p[:size], n // piece)
+                if parts is None:
+                    continue
+                per_node = []
+                for v, p in zip(whole[:size].tolist(), (parts * piece).tolist(), strict=True):
+                    mine = node == v
+                    # Distinct NICs first, each part in id order.
+                    order = np.lexsort((gids[mine], ~first[mine]))
+                    per_node.append(gids[mine][order][:p])
+                gset = canonical(idx, np.concatenate(per_node))
+                if all(not np.array_equal(np.sort(gset), np.sort(o)) for o in out):
+                    out.append(gset)
+    return out
+
+
+def _pieces(job: JobSpec, node_gpus: int) -> list[int]:
+    """Part granularities of a rail-balanced set: the largest of TP x CP x EP, TP x EP, TP x CP
+    and TP that divides the job and fits a node (so an all-to-all or TP group stays inside one),
+    then single GPUs."""
+    sizes = (job.tp * job.cp * job.ep, job.tp * job.ep, job.tp * job.cp, job.tp)
+    piece = next((c for c in sizes if c <= node_gpus and job.gpus % c == 0), 1)
+    return sorted({piece, 1}, reverse=True)
+
+
+def _levelled(rails: np.ndarray, held: np.ndarray, n: int) -> np.ndarray | None:
+    """Per node, GPUs to take (n in all, at most `held`): min(rails, L) for the highest level L
+    the job allows, then one more on as many nodes with rails above L as needed, then GPUs
+    beyond their rails, one a node at a time; None when n is not reached or a node gets none.
+    Rails above `held` count as `held` (a node's pieces may be fewer than the NICs they use)."""
+    rails = np.minimum(rails, held)
+    level = 0
+    while level < int(rails.max()) and int(np.minimum(rails, level + 1).sum()) <= n:
+        level += 1
+    parts = np.minimum(rails, level)
+    for k in np.flatnonzero(rails > level)[: n - int(parts.sum())]:
+        parts[k] += 1
+    # GPUs behind NICs a node already uses add no rail: spread one a node at a time.
+    while int(parts.sum()) < n and (parts < held).any():
+        room = np.flatnonzero(parts < held)[: n - int(parts.sum())]
+        parts[room] += 1
+    if int(parts.sum()) != n or (parts == 0).any():
+        return None
+    return parts

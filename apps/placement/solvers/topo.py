@@ -27,7 +27,8 @@
    above the bound, a budgeted local search over node moves, group and rank swaps (`search.py`),
    and ranks moved off NICs they share onto free GPUs of the same node behind NICs the job does
    not use (`rails.py`); last, the nested mappings of the set the search ended on, so its answer
-   is never dearer than the plain nestings of its own GPUs.
+   is never dearer than the plain nestings of its own GPUs, and a climb from the cheapest of
+   those over exchanges of two dimensions (`mapping.transposed`).
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
 """
@@ -49,9 +50,9 @@ from . import first_fit, naive, seeded_random, tree_best_fit
 from .base import HierarchyIndex, NoFit, Placement, hierarchy, shortage
 from .blocks import Free, canonical, fragmentation, take, take_nodes
 from .chunks import cover_sets, domain_chunk_sets
-from .fast import fast_sets, rate_filled_set
+from .fast import fast_sets, rail_balanced_sets, rate_filled_set
 from .intra import intra_candidates, thin_sets
-from .mapping import candidate_mappings, island_order, lay_out, nestings
+from .mapping import candidate_layouts, candidate_mappings, island_order, lay_out, nestings, transposed
 from .rails import spread_rails
 from .refine import refine
 from .search import search
@@ -69,6 +70,8 @@ PODS_SPREAD = 1
 # the best maps of RAIL_SETS more GPU sets (within RAIL_SET_EVALS prices each).
 REFINE_MAX_GPUS = 64
 RAIL_SETS, RAIL_SET_EVALS = 4, 16
+# Prices the climb over nestings may spend after the search (`_nested_on_set`).
+NEST_CLIMB_EVALS = 30
 # Local search after the constructive stage, when it missed the bound: (largest job in GPUs, moves)
 # by job size. A move costs one cost-model call (about 2 ms, growing with the job past a few
 # thousand GPUs), so bigger jobs get fewer; counted in moves, not seconds, so the answer does not
@@ -252,13 +255,41 @@ def _nested_on_set(
     priced: dict[bytes, tuple[float, float]],
 ) -> np.ndarray:
     """`gids`, or the cheapest (exposed, then all comm ms) nested mapping of its GPU set where
-    one is cheaper."""
+    one is cheaper; then a climb from the cheapest nesting over its transpositions
+    (`mapping.transposed`), on that nesting's slot order, within NEST_CLIMB_EVALS more prices
+    (fewer for jobs whose search has fewer moves)."""
     gids = np.asarray(gids, dtype=np.int64)
     best = _key(topology, job, gids, leaf_load, 0.0, priced)[:2]
-    for trial in candidate_mappings(idx, job, canonical(idx, gids), wider=True):
+    start: tuple[tuple[float, float], np.ndarray, tuple[str, ...]] | None = None
+    for order, nest, trial in candidate_layouts(idx, job, canonical(idx, gids), wider=True):
         key = _key(topology, job, trial, leaf_load, 0.0, priced)[:2]
+        if start is None or key < start[0]:
+            start = (key, order, nest)
         if key < best:
             best, gids = key, trial
+    if start is None:
+        return gids
+    left = min(NEST_CLIMB_EVALS, search_evals(job))
+    nest_key, order, nest = start
+    tried = {nest}
+    improved = True
+    while improved and left > 0:
+        improved = False
+        for step in transposed(job, nest):
+            if left <= 0:
+                break
+            if step in tried:
+                continue
+            tried.add(step)
+            trial = lay_out(job, order, step)
+            fresh = trial.tobytes() not in priced
+            key = _key(topology, job, trial, leaf_load, 0.0, priced)[:2]
+            left -= fresh
+            if key < nest_key:
+                nest_key, nest, improved = key, step, True
+                if key < best:
+                    best, gids = key, trial
+                break
     return gids
 
 
@@ -286,6 +317,11 @@ def _link_aware_sets(
     filled = rate_filled_set(topology, idx, counts, job)
     if filled is not None:
         yield filled, math.inf, False
+    for gset in rail_balanced_sets(topology, idx, counts, job):
+        key = np.sort(gset).tobytes()
+        if key not in known:
+            known.add(key)
+            yield gset, math.inf, False
 
 
 def _at_bound(key: tuple[float, ...], bound: tuple[float, float]) -> bool:
