@@ -46,8 +46,10 @@ format: venv
 
 # Every check in named stages (scripts/test.sh): lint, core (placement and agent without Django),
 # unit (SQLite, eager Celery), browser (tests/e2e, Chromium), integration (Postgres, Redis, Slurm,
-# Prometheus); as root it installs the system packages and starts the services first. The last
-# line names whatever it skipped and why. `make test-unit` (or -core, -browser, -integration,
+# Prometheus); as root it installs the system packages and starts the services first. The
+# integration tests (they mostly wait) run as two processes, with their own databases and Redis dbs
+# (TEST_DATABASE_URL_2, TEST_BROKER_URL_2: by default the names above with "_2" and the next db),
+# beside the other stages. The last line names whatever it skipped and why. `make test-unit` (or -core, -browser, -integration,
 # -lint): one stage.
 TEST_STAGES = lint core unit browser integration
 TEST_ENV = TEST_DATABASE_URL=$(TEST_DATABASE_URL) TEST_BROKER_URL=$(TEST_BROKER_URL)

@@ -13,6 +13,13 @@
 # Stages: core (apps/placement and apps/agent tests, without Django), unit (the other unit tests,
 # SQLite and eager Celery), browser (tests/e2e, the system Chromium), integration (Postgres,
 # Redis, a real Slurm and Prometheus). Each prints its slowest tests (--durations) into the log.
+#
+# The integration tests mostly wait (agents' down times and leases, Slurm's job ends, workers): they
+# run as two pytest processes at once, each with its own database and Redis db (TEST_DATABASE_URL
+# and TEST_BROKER_URL, then TEST_DATABASE_URL_2 and TEST_BROKER_URL_2: by default the same names
+# with "_2" and the next Redis db), and when other stages run too, in the background while those
+# run; their log follows when they end. TEST_INTEGRATION_SHARDS=1 runs them in one process,
+# TEST_OVERLAP=0 after the other stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +27,18 @@ PY=${PY:-.venv/bin/python}
 DB_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 BROKER_URL=${TEST_BROKER_URL:-redis://127.0.0.1:6379/0}
 DURATIONS=${TEST_DURATIONS:-25}
+DB_URL_2=${TEST_DATABASE_URL_2:-${DB_URL}_2}
+# The next Redis db number (db 0 when the URL names none).
+broker_db=${BROKER_URL##*/}
+[[ $broker_db =~ ^[0-9]+$ ]] || broker_db=0
+BROKER_URL_2=${TEST_BROKER_URL_2:-${BROKER_URL%/*}/$((broker_db + 1))}
+[[ $BROKER_URL =~ ^redis://[^/]+$ ]] && BROKER_URL_2=${TEST_BROKER_URL_2:-$BROKER_URL/1}
+SHARDS=${TEST_INTEGRATION_SHARDS:-2}
+OVERLAP=${TEST_OVERLAP:-1}
+# The first integration process's files (the longest waits: Slurm's, the agents', Prometheus');
+# the second runs every other file of tests/integration.
+SHARD_1=(tests/integration/test_slurm.py tests/integration/test_agents.py
+  tests/integration/test_metrics_prometheus.py tests/integration/test_ops_metrics_prometheus.py)
 CHROMIUM=/usr/lib/chromium/chromium
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(lint core unit browser integration)
@@ -27,7 +46,8 @@ STAGES=("$@")
 ci() { case "${CI:-}" in 1 | true | TRUE | yes) return 0 ;; *) return 1 ;; esac }
 
 SKIPS_FILE=$(mktemp)
-trap 'rm -f "$SKIPS_FILE"' EXIT
+INTEGRATION_LOG=""
+trap 'rm -f "$SKIPS_FILE" ${INTEGRATION_LOG:+"$INTEGRATION_LOG"}' EXIT
 export TOPOWEB_SKIPS_FILE=$SKIPS_FILE # tests/conftest.py appends each skipped test's reason
 declare -a SKIPPED=() FAILED=()
 # A stage or package skipped; under CI=true that is a failure (CI must run everything).
@@ -119,6 +139,68 @@ PYTEST=("$PY" -m pytest -q --durations="$DURATIONS")
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/lint-imports &&
   "$PY" manage.py check && "$PY" manage.py makemigrations --check --dry-run; }
 
+# integration: two pytest processes at once (one with SHARDS=1), the second's log after the first's.
+integration() {
+  local run1=(env DATABASE_URL="$DB_URL" CELERY_BROKER_URL="$BROKER_URL" TOPOWEB_TESTING=1 "${PYTEST[@]}")
+  if [ "$SHARDS" = 1 ]; then
+    "${run1[@]}" -m integration tests/integration
+    return
+  fi
+  local log2 pid2 rc1 rc2 f ignore=()
+  log2=$(mktemp)
+  for f in "${SHARD_1[@]}"; do ignore+=(--ignore="$f"); done
+  env DATABASE_URL="$DB_URL_2" CELERY_BROKER_URL="$BROKER_URL_2" TOPOWEB_TESTING=1 "${PYTEST[@]}" \
+    -m integration tests/integration "${ignore[@]}" >"$log2" 2>&1 &
+  pid2=$!
+  echo "== integration: ${SHARD_1[*]} (the other files at once, database ${DB_URL_2##*/}, $BROKER_URL_2)"
+  "${run1[@]}" -m integration "${SHARD_1[@]}"
+  rc1=$?
+  wait "$pid2"
+  rc2=$?
+  echo "== integration: the other files of tests/integration"
+  cat "$log2"
+  rm -f "$log2"
+  [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
+}
+# Whether the integration stage can run (Postgres and Redis answer); skips it otherwise.
+integration_ready() {
+  if ! pg_up; then
+    skip "integration stage: no Postgres at ${DB_URL%/*}"
+  elif ! redis_up; then
+    skip "integration stage: no Redis at $BROKER_URL"
+  else
+    return 0
+  fi
+  return 1
+}
+
+for name in "${STAGES[@]}"; do
+  case $name in
+  lint | core | unit | browser | integration) ;;
+  *)
+    echo "unknown stage $name (stages: lint core unit browser integration)" >&2
+    exit 2
+    ;;
+  esac
+done
+
+# With other stages to run, the integration stage starts first, in the background (it mostly
+# waits); its output is printed, and its result counted, once the other stages are done.
+INTEGRATION_PID="" INTEGRATION_DONE=0
+if [ "$OVERLAP" != 0 ] && wants integration && [ ${#STAGES[@]} -gt 1 ]; then
+  INTEGRATION_DONE=1 # started here, or skipped here
+  integration_ready || OVERLAP=0
+fi
+if [ "$OVERLAP" != 0 ] && [ "$INTEGRATION_DONE" = 1 ]; then
+  INTEGRATION_LOG=$(mktemp)
+  (
+    stage integration integration
+    [ ${#FAILED[@]} -eq 0 ]
+  ) >"$INTEGRATION_LOG" 2>&1 &
+  INTEGRATION_PID=$!
+  echo "== stage integration: started in the background (its output follows the other stages)"
+fi
+
 for name in "${STAGES[@]}"; do
   case $name in
   lint) stage lint lint ;;
@@ -134,22 +216,15 @@ for name in "${STAGES[@]}"; do
       skip "browser stage: no Chromium at $CHROMIUM${BROWSER_WHY:+ ($BROWSER_WHY)}"
     fi
     ;;
-  integration)
-    if ! pg_up; then
-      skip "integration stage: no Postgres at ${DB_URL%/*}"
-    elif ! redis_up; then
-      skip "integration stage: no Redis at $BROKER_URL"
-    else
-      stage integration env DATABASE_URL="$DB_URL" CELERY_BROKER_URL="$BROKER_URL" TOPOWEB_TESTING=1 \
-        "${PYTEST[@]}" -m integration tests/integration
-    fi
-    ;;
-  *)
-    echo "unknown stage $name (stages: lint core unit browser integration)" >&2
-    exit 2
-    ;;
+  integration) [ "$INTEGRATION_DONE" = 0 ] && integration_ready && stage integration integration ;;
   esac
 done
+
+if [ -n "$INTEGRATION_PID" ]; then
+  wait "$INTEGRATION_PID" || FAILED+=(integration)
+  cat "$INTEGRATION_LOG"
+  rm -f "$INTEGRATION_LOG"
+fi
 
 # -- one line: what was skipped and why ---------------------------------------------------------------
 tests_skipped=$(sed '/^$/d' "$SKIPS_FILE" | sort | uniq -c | sort -rn |

@@ -227,9 +227,35 @@ class Agents:
             proc.wait(timeout=15)
         kill_cgroups(self.cgroup_dirs())
         if self.procs:
-            # Long-polls of the killed agents still wait in the live server (at most a poll):
-            # let them finish before the test database is flushed under them.
-            time.sleep(1.5)
+            # Long-polls of the killed agents may still wait in the live server: woken, they
+            # answer at once, and every request is finished before the test database is
+            # flushed under it.
+            wake_every_poll()
+            wait_for_live_requests(timeout_s=60.0)
+
+
+def wake_every_poll() -> None:
+    """End every agent long-poll waiting in this process (the live server's threads)."""
+    from apps.executors.agents import wakeups
+    from apps.topology.models import Cluster
+
+    for cluster in Cluster.objects.values_list("pk", flat=True):
+        wakeups._bump(cluster, None)
+
+
+def live_requests() -> list[threading.Thread]:
+    """The live server's request threads still running in this process."""
+    return [t for t in threading.enumerate() if t.name.endswith("(process_request_thread)")]
+
+
+def wait_for_live_requests(timeout_s: float) -> None:
+    """Wait until the live server has no request in flight; fail after `timeout_s` (many times
+    the longest poll a test's agents make)."""
+    deadline = time.monotonic() + timeout_s
+    while live_requests():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"live server requests still running after {timeout_s} s: {live_requests()}")
+        time.sleep(0.02)
 
 
 class TcpProxy:
