@@ -214,7 +214,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"account {acct.name}: queued jobs",
                     acct.max_queued_jobs,
-                    Q(account=acct),
+                    Q(account_id=acct.pk),
                     account_id=acct.pk,
                 )
             )
@@ -224,7 +224,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"QOS {q.name}: queued jobs per user",
                     q.max_queued_per_user,
-                    Q(owner_id=user.pk, qos=q),
+                    Q(owner_id=user.pk, qos_id=q.pk),
                     qos_id=q.pk,
                 )
             )
@@ -238,7 +238,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"QOS {q.name}: queued jobs per account ({acct.name})",
                     q.max_queued_per_account,
-                    Q(account=acct, qos=q),
+                    Q(account_id=acct.pk, qos_id=q.pk),
                     qos_id=q.pk,
                     account_id=acct.pk,
                 )

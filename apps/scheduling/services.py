@@ -109,25 +109,29 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool =
             .values_list("pk")
         )
     expected, fresh = _kept_caps(pairs.values()) if kept else ((), {})
-    locking = (
-        get_user_model()
-        .objects.select_for_update(no_key=True)
-        .filter(pk=user.pk)
-        .annotate(**fresh)
-        .values_list("pk", *fresh)[:1]
-    )
     counted = [(cap, adding) for cap in caps if (adding := sum(1 for job in rows if cap.matches(job)))]
-    # Counted up to the cap (and the jobs added) only: a user far over it (a lowered cap) costs
-    # no longer count.
-    found, counts = _lock_and_count(
-        locking,
-        [
+
+    def queries():
+        lock = (
+            get_user_model()
+            .objects.select_for_update(no_key=True)
+            .filter(pk=user.pk)
+            .annotate(**fresh)
+            .values_list("pk", *fresh)[:1]
+        )
+        # Counted up to the cap (and the jobs added) only: a user far over it (a lowered cap)
+        # costs no longer count.
+        counts = [
             Job.objects.filter(cap.jobs, status__in=WAITING_STATUSES)
             .order_by()
             .values("pk")[: cap.value + 1 + adding]
             for cap, adding in counted
-        ],
-    )
+        ]
+        return lock, counts
+
+    # What the statements depend on: the same key, the same SQL and parameters.
+    key = (user.pk, tuple(fresh), tuple((str(cap.jobs), cap.value + 1 + adding) for cap, adding in counted))
+    found, counts = _lock_and_count(key, queries)
     if kept and found is not None and tuple(found[1:]) != expected:
         raise _StaleCaps
     for (cap, adding), n in zip(counted, counts, strict=True):
@@ -135,25 +139,36 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool =
             raise QueuedCapExceeded(cap, n - adding, adding)
 
 
-def _lock_and_count(lock, counts: list) -> tuple[tuple | None, list[int]]:
-    """The row the query `lock` selects (locking it), and how many rows each query of `counts`
-    selects, counted once the lock is held. On Postgres one round trip: the statements are sent
-    together and each reads what was committed when it starts (READ COMMITTED), so the counts see
-    every submission that held the lock before; elsewhere one query each."""
+_STATEMENTS: dict[tuple, tuple[str, list]] = {}
+STATEMENTS_KEPT = 1024
+
+
+def _lock_and_count(key: tuple, queries) -> tuple[tuple | None, list[int]]:
+    """`queries()` gives (lock, counts): the row the query `lock` selects (locking it), and how
+    many rows each query of `counts` selects, counted once the lock is held. On Postgres one
+    round trip: the statements are sent together and each reads what was committed when it starts
+    (READ COMMITTED), so the counts see every submission that held the lock before; their SQL is
+    compiled once per `key` (which determines it) and process. Elsewhere one query each."""
     if connection.vendor != "postgresql":
+        lock, counts = queries()
         return next(iter(lock), None), [qs.count() for qs in counts]
-    sql, params = lock.query.sql_with_params()
-    statements, params = [sql], list(params)
-    for qs in counts:
-        sql, more = qs.query.sql_with_params()
-        statements.append(f"SELECT COUNT(*) FROM ({sql}) AS waiting")
-        params.extend(more)
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        lock, counts = queries()
+        sql, params = lock.query.sql_with_params()
+        statements, params = [sql], list(params)
+        for qs in counts:
+            sql, more = qs.query.sql_with_params()
+            statements.append(f"SELECT COUNT(*) FROM ({sql}) AS waiting")
+            params.extend(more)
+        if len(_STATEMENTS) >= STATEMENTS_KEPT:
+            _STATEMENTS.clear()
+        statement = _STATEMENTS[key] = ("; ".join(statements), params)
     with connection.cursor() as cursor:
-        cursor.execute("; ".join(statements), params)
+        cursor.execute(*statement)
         found = cursor.fetchone()
         numbers = []
-        for _ in counts:
-            cursor.nextset()
+        while cursor.nextset():
             numbers.append(cursor.fetchone()[0])
     return found, numbers
 
