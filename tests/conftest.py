@@ -102,3 +102,7 @@ def forget_recent_clusters():
     agents = sys.modules.get("apps.executors.agents.services")
     if agents is not None:
         agents.forget_sync_pulse()
+    # Nor a submitter's account, QOS or owner check read for an earlier test's.
+    reads = sys.modules.get("apps.scheduling.recent")
+    if reads is not None:
+        reads.forget()

@@ -16,3 +16,14 @@ class ExecutorsConfig(AppConfig):
 
         executor.register(AgentsExecutor(), default=True)
         executor.register(SlurmExecutor())
+        # Which executor runs a cluster is one of the answers a submission keeps a moment.
+        from django.db.models.signals import post_delete, post_save
+
+        from apps.scheduling import recent
+
+        from .models import ClusterExecutor
+
+        for signal in (post_save, post_delete):
+            signal.connect(
+                recent.forget, sender=ClusterExecutor, dispatch_uid="executors.recent.ClusterExecutor"
+            )

@@ -29,6 +29,7 @@ from apps.placement.priority import (
 from apps.placement.topology import SpecError
 from apps.topology.models import Cluster
 
+from . import recent as recent_reads
 from . import usage as booked
 from .account_models import DEFAULT_QOS
 from .models import Account, AccountLimit, AccountMembership, Job, Qos
@@ -55,10 +56,12 @@ def weights() -> PriorityWeights:
     )
 
 
-def account_of(user, name: str | None = None) -> Account | None:
+def account_of(user, name: str | None = None, *, recent: bool = False) -> Account | None:
     """The account `user` submits as: the one named (`name`, one of theirs), else their default
-    (one query). None for a user in no account, unless TOPOWEB_REQUIRE_ACCOUNT refuses them.
-    Raises SpecError on `account`."""
+    (one query; `recent`: none when this process read it within `recent.RECENT_S`). None for a
+    user in no account, unless TOPOWEB_REQUIRE_ACCOUNT refuses them. Raises SpecError on `account`."""
+    if recent:
+        return recent_reads.read(("account", user.pk, name), lambda: account_of(user, name))
     rows = AccountMembership.objects.filter(user_id=user.pk).select_related("account")
     if name is not None:
         found = rows.filter(account__name=name).first()
@@ -79,13 +82,25 @@ def account_of(user, name: str | None = None) -> Account | None:
     return found.account if found is not None else None
 
 
-def qos_for(*, cluster: Cluster, account: Account | None, name: str | None, user=None) -> Qos:
+def qos_for(
+    *, cluster: Cluster, account: Account | None, name: str | None, user=None, recent: bool = False
+) -> Qos:
     """The QOS a job of `account` on `cluster` runs in: the one named, else the account's default
     (when it may use it there), else `normal`. An account may use the QOS it lists on the cluster,
     or only `normal` when it lists none there; a user in no account, only `normal`. A member
     (`user`) whose membership lists QOS of the cluster (set by the account's coordinators) may
-    use only those of the account's. One query. Raises SpecError on `qos` (a QOS the account or
-    member may not use, or that does not exist)."""
+    use only those of the account's. One query (`recent`: none when this process read the same
+    within `recent.RECENT_S`). Raises SpecError on `qos` (a QOS the account or member may not use,
+    or that does not exist)."""
+    if recent:
+        key = (
+            "qos",
+            cluster.pk,
+            account.pk if account is not None else None,
+            name,
+            getattr(user, "pk", None),
+        )
+        return recent_reads.read(key, lambda: qos_for(cluster=cluster, account=account, name=name, user=user))
     listed: list[Qos] = []
     if account is not None and account.pk:
         rows = account.qos.filter(cluster=cluster)
@@ -199,7 +214,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"account {acct.name}: queued jobs",
                     acct.max_queued_jobs,
-                    Q(account=acct),
+                    Q(account_id=acct.pk),
                     account_id=acct.pk,
                 )
             )
@@ -209,7 +224,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"QOS {q.name}: queued jobs per user",
                     q.max_queued_per_user,
-                    Q(owner_id=user.pk, qos=q),
+                    Q(owner_id=user.pk, qos_id=q.pk),
                     qos_id=q.pk,
                 )
             )
@@ -223,7 +238,7 @@ def queued_caps(user, qos: Iterable[tuple[Account | None, Qos]] = ()) -> list[Qu
                 QueuedCap(
                     f"QOS {q.name}: queued jobs per account ({acct.name})",
                     q.max_queued_per_account,
-                    Q(account=acct, qos=q),
+                    Q(account_id=acct.pk, qos_id=q.pk),
                     qos_id=q.pk,
                     account_id=acct.pk,
                 )

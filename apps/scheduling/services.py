@@ -14,7 +14,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from apps.placement.topology import SpecError
@@ -22,12 +23,13 @@ from apps.topology.models import Cluster
 from apps.topology.selectors import forget_recent_clusters
 
 from . import accounts, lifecycle
+from . import recent as recent_reads
 from . import snapshot as snap
 from .choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_STATUSES, JobStatus
 from .cycle import queue_cycle, schedule_cluster
 from .executor import owner_refusal
 from .lifecycle import JobStateError
-from .models import Account, Job, LauncherToken, new_launcher_key
+from .models import Account, Job, LauncherToken, Qos, new_launcher_key
 from .node_models import node_key_hash
 from .proposals import migration_apply, migration_reject, migrations_propose
 from .selectors import cluster_for_spec
@@ -79,14 +81,22 @@ class QueuedCapExceeded(Exception):
         )
 
 
-def _within_queued_caps(user: AbstractBaseUser, rows: list[Job]) -> None:
-    """Raise QueuedCapExceeded when the waiting jobs `rows` would take a cap of the user's (or of
-    their account in a QOS) past its value.
+class _StaleCaps(Exception):
+    """The caps a submission took from rows this process remembered (`recent`) have changed."""
 
-    Runs in the submission's transaction: the account's row (when a cap counts the account's jobs)
-    then the user's row are locked first (FOR NO KEY UPDATE, which other rows' foreign keys to them
-    do not wait for), so a concurrent submission of the same user or account counts after this one
-    commits or rolls back, and racing clients cannot pass a cap together."""
+
+def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool = False) -> None:
+    """Raise QueuedCapExceeded when the waiting jobs `rows`, just INSERTed in this transaction,
+    took a cap of the user's (or of their account in a QOS) past its value.
+
+    Runs in the submission's transaction after its INSERT: the account's row (when a cap counts
+    the account's jobs) then the user's row are locked (FOR NO KEY UPDATE, which other rows'
+    foreign keys to them do not wait for), then the waiting jobs are counted, this transaction's
+    own among them; a concurrent submission of the same user or account counts after this one
+    commits or rolls back, so racing clients cannot pass a cap together, and the INSERT is not
+    part of the time the lock is held. `kept`: the rows' account and QOS are rows this process
+    remembered (`recent`): their caps are read afresh with the user's lock (no more round trips),
+    and _StaleCaps is raised when they changed (the caller tries again with every row read afresh)."""
     pairs = {(job.account_id, job.qos_id): (job.account, job.qos) for job in rows if job.qos_id is not None}
     caps = accounts.queued_caps(user, pairs.values())
     shared = sorted({cap.account_id for cap in caps if cap.account_id is not None})
@@ -98,16 +108,89 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job]) -> None:
             .order_by("pk")
             .values_list("pk")
         )
-    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
-    for cap in caps:
-        adding = sum(1 for job in rows if cap.matches(job))
-        if not adding:
-            continue
-        # Counted up to the cap only: a user far over it (a lowered cap) costs no longer count.
-        waiting = Job.objects.filter(cap.jobs, status__in=WAITING_STATUSES).order_by()[: cap.value + 1]
-        queued = waiting.count()
-        if queued + adding > cap.value:
-            raise QueuedCapExceeded(cap, queued, adding)
+    expected, fresh = _kept_caps(pairs.values()) if kept else ((), {})
+    counted = [(cap, adding) for cap in caps if (adding := sum(1 for job in rows if cap.matches(job)))]
+
+    def queries():
+        lock = (
+            get_user_model()
+            .objects.select_for_update(no_key=True)
+            .filter(pk=user.pk)
+            .annotate(**fresh)
+            .values_list("pk", *fresh)[:1]
+        )
+        # Counted up to the cap (and the jobs added) only: a user far over it (a lowered cap)
+        # costs no longer count.
+        counts = [
+            Job.objects.filter(cap.jobs, status__in=WAITING_STATUSES)
+            .order_by()
+            .values("pk")[: cap.value + 1 + adding]
+            for cap, adding in counted
+        ]
+        return lock, counts
+
+    # What the statements depend on: the same key, the same SQL and parameters.
+    key = (user.pk, tuple(fresh), tuple((str(cap.jobs), cap.value + 1 + adding) for cap, adding in counted))
+    found, counts = _lock_and_count(key, queries)
+    if kept and found is not None and tuple(found[1:]) != expected:
+        raise _StaleCaps
+    for (cap, adding), n in zip(counted, counts, strict=True):
+        if n > cap.value:
+            raise QueuedCapExceeded(cap, n - adding, adding)
+
+
+_STATEMENTS: dict[tuple, tuple[str, list]] = {}
+STATEMENTS_KEPT = 1024
+
+
+def _lock_and_count(key: tuple, queries) -> tuple[tuple | None, list[int]]:
+    """`queries()` gives (lock, counts): the row the query `lock` selects (locking it), and how
+    many rows each query of `counts` selects, counted once the lock is held. On Postgres one
+    round trip: the statements are sent together and each reads what was committed when it starts
+    (READ COMMITTED), so the counts see every submission that held the lock before; their SQL is
+    compiled once per `key` (which determines it) and process. Elsewhere one query each."""
+    if connection.vendor != "postgresql":
+        lock, counts = queries()
+        return next(iter(lock), None), [qs.count() for qs in counts]
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        lock, counts = queries()
+        sql, params = lock.query.sql_with_params()
+        statements, params = [sql], list(params)
+        for qs in counts:
+            sql, more = qs.query.sql_with_params()
+            statements.append(f"SELECT COUNT(*) FROM ({sql}) AS waiting")
+            params.extend(more)
+        if len(_STATEMENTS) >= STATEMENTS_KEPT:
+            _STATEMENTS.clear()
+        statement = _STATEMENTS[key] = ("; ".join(statements), params)
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        found = cursor.fetchone()
+        numbers = []
+        while cursor.nextset():
+            numbers.append(cursor.fetchone()[0])
+    return found, numbers
+
+
+def _kept_caps(pairs) -> tuple[tuple, dict[str, Any]]:
+    """The cap fields of the accounts and QOS `pairs` holds, as remembered, and the annotations
+    that read them afresh beside the user's id (in the same order)."""
+    expected: list = []
+    fresh: dict[str, Any] = {}
+    for acct, qos in pairs:
+        for model, row, fields in (
+            (Account, acct, ("max_queued_jobs",)),
+            (Qos, qos, ("max_queued_per_user", "max_queued_per_account")),
+        ):
+            if row is None:
+                continue
+            for f in fields:
+                fresh[f"kept_{model.__name__}_{row.pk}_{f}"] = Subquery(
+                    model.objects.filter(pk=row.pk).values(f)
+                )
+                expected.append(getattr(row, f))
+    return tuple(expected), fresh
 
 
 def submission_digest(*, spec: Any, cluster_name: str | None) -> str:
@@ -166,30 +249,51 @@ def job_submit(
     `job_submit_once`).
     """
     if cluster is None and not transaction.get_connection().in_atomic_block:
-        # Committed by itself (a REST submission): a row of the cluster read a moment ago will do.
-        # Refused with a row that another process has since changed or deleted (the topology
-        # check, or the INSERT's foreign key), the submission is tried once more with it read afresh.
+        # Committed by itself (a REST submission): a row of the cluster read a moment ago will do,
+        # and so will the submitter's account, QOS and owner check (`recent`). Refused with a row
+        # that another process has since changed or deleted (the topology check, or the INSERT's
+        # foreign key), or with a kept answer, or when a kept cap changed, the submission is
+        # tried once more with everything read afresh.
         target = cluster_for_spec(spec=spec, recent=True)
+        recent_reads.start()
         try:
-            return _submit(user=user, spec=spec, target=target, fresh=True, idempotency=idempotency)
-        except (SpecError, IntegrityError):
-            if Cluster.objects.filter(pk=target.pk, updated_at=target.updated_at).exists():
+            return _submit(
+                user=user, spec=spec, target=target, fresh=True, idempotency=idempotency, kept=True
+            )
+        except _StaleCaps:
+            pass
+        except (SpecError, IntegrityError, QueuedCapExceeded):
+            if (
+                not recent_reads.used()
+                and Cluster.objects.filter(pk=target.pk, updated_at=target.updated_at).exists()
+            ):
                 raise
-            forget_recent_clusters()
+        forget_recent_clusters()
+        recent_reads.forget()
+        target = cluster_for_spec(spec=spec)
+        return _submit(user=user, spec=spec, target=target, fresh=True, idempotency=idempotency)
     target = cluster or cluster_for_spec(spec=spec)
     # A cluster looked up here is current; one handed in may be an old instance.
     return _submit(user=user, spec=spec, target=target, fresh=cluster is None, idempotency=idempotency)
 
 
 def _submit(
-    *, user: AbstractBaseUser, spec: Any, target: Cluster, fresh: bool, idempotency: tuple[str, str] | None
+    *,
+    user: AbstractBaseUser,
+    spec: Any,
+    target: Cluster,
+    fresh: bool,
+    idempotency: tuple[str, str] | None,
+    kept: bool = False,
 ) -> Job:
+    """Queue the job `spec` on `target`; `kept`: the submitter's account, QOS and owner check may
+    be answers this process read a moment ago (`recent`)."""
     fields = snap.prepare_submission(cluster=target, data=spec, username=user.get_username(), fresh=fresh)
     if idempotency is not None:
         fields["idempotency_key"], fields["idempotency_digest"] = idempotency
-    _check_owner(user, target)
-    fields["account"] = accounts.account_of(user, fields["spec"].get("account"))
-    fields["qos"] = _qos(target, fields, user)
+    _check_owner(user, target, recent=kept)
+    fields["account"] = accounts.account_of(user, fields["spec"].get("account"), recent=kept)
+    fields["qos"] = _qos(target, fields, user, recent=kept)
     limit = accounts.priority_limit(user, fields["account"], fields["priority"])
     if fields["priority"] > limit:
         whose = f"account {fields['account'].name}" if fields["account"] else "your role"
@@ -198,24 +302,35 @@ def _submit(
     # The cluster, owner, account and QOS are rows in hand; re-checking that they exist costs queries.
     job.full_clean(exclude=["cluster", "owner", "account", "qos"], validate_unique=False)
     with transaction.atomic():
-        _within_queued_caps(user, [job])
-        # This block is the INSERT's savepoint already.
-        return lifecycle.submit(job, savepoint=False)
+        # This block is the INSERT's savepoint already; the caps are checked after it (see there).
+        lifecycle.submit(job, savepoint=False)
+        _within_queued_caps(user, [job], kept=kept)
+        return job
 
 
-def _check_owner(user: AbstractBaseUser, cluster: Cluster) -> None:
+def _check_owner(user: AbstractBaseUser, cluster: Cluster, *, recent: bool = False) -> None:
     """SpecError naming `owner` when the cluster's executor cannot run the user's ranks as their
-    Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account)."""
-    why = owner_refusal(cluster.pk, user.pk, user.get_username())
-    if why:
-        raise SpecError([("owner", why)])
+    Unix account (e.g. a Slurm cluster that runs each job as its owner and has no such account).
+    `recent`: an answer this process read a moment ago will do (`recent.py`)."""
+
+    def refusal() -> str:
+        why = owner_refusal(cluster.pk, user.pk, user.get_username())
+        if why:
+            raise SpecError([("owner", why)])
+        return why
+
+    if recent:
+        recent_reads.read(("owner", cluster.pk, user.pk), refusal)
+    else:
+        refusal()
 
 
-def _qos(cluster: Cluster, fields: dict[str, Any], user: AbstractBaseUser):
+def _qos(cluster: Cluster, fields: dict[str, Any], user: AbstractBaseUser, *, recent: bool = False):
     """The QOS of a job about to be queued (named in its spec, else its account's default),
-    refusing one it or its owner may not use or whose per-job limits it is over (SpecError)."""
+    refusing one it or its owner may not use or whose per-job limits it is over (SpecError).
+    `recent`: which QOS they may use may be an answer this process read a moment ago."""
     qos = accounts.qos_for(
-        cluster=cluster, account=fields["account"], name=fields["spec"].get("qos"), user=user
+        cluster=cluster, account=fields["account"], name=fields["spec"].get("qos"), user=user, recent=recent
     )
     accounts.check_qos_job(
         qos,
@@ -271,8 +386,9 @@ def job_submit_many(*, user: AbstractBaseUser, specs: list[Any], cluster: Cluste
     if errors:
         raise SpecError(errors)
     with transaction.atomic():
-        _within_queued_caps(user, rows)
-        return lifecycle.submit_many(rows)
+        jobs = lifecycle.submit_many(rows)
+        _within_queued_caps(user, jobs)
+        return jobs
 
 
 def _locked(job: Job) -> Job:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,11 @@ def committed(django_capture_on_commit_callbacks):
 def admin_api(db) -> APIClient:
     """A superuser's client."""
     return token_client(get_user_model().objects.create_superuser("root", password="pw-root"))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The monotonic clock (which the rows and answers a submission keeps expire by), moved by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now

@@ -30,14 +30,6 @@ def nothing_kept():
     topology_selectors.forget_recent_clusters()
 
 
-@pytest.fixture
-def clock(monkeypatch):
-    """The monotonic clock `cluster_named` reads, moved by hand."""
-    now = [1000.0]
-    monkeypatch.setattr(topology_selectors.time, "monotonic", lambda: now[0])
-    return now
-
-
 def lookups_by_name(queries) -> int:
     return sum('"topology_cluster"."name" =' in q["sql"] for q in queries.captured_queries)
 
