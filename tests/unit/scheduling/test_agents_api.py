@@ -619,6 +619,27 @@ def test_job_logs_show_each_ranks_output_tail(nodes, alice, alice_api, bob_api, 
     assert job.status == JobStatus.FAILED and "rank 1" in job.pending_reason and "oops" in job.pending_reason
 
 
+def test_a_poll_waiting_in_an_event_loop_is_woken_by_its_node_or_cluster_from_another_thread():
+    import asyncio
+    import threading
+
+    async def scenario():
+        results = {}
+        for what, nodes in (("node", ("node-w",)), ("cluster", None), ("other node", ("node-v",))):
+            since = wakeups.epoch(424244, "node-w")
+            waiting = asyncio.ensure_future(wakeups.changed(424244, "node-w", since, timeout_s=0.5))
+            await asyncio.sleep(0)  # registered
+            threading.Thread(target=wakeups._bump, args=(424244, nodes)).start()
+            results[what] = await waiting
+        # A change before the wait began ends it at once.
+        results["before"] = await wakeups.changed(424244, "node-w", (-1, -1), timeout_s=60)
+        return results
+
+    assert asyncio.run(scenario()) == {"node": True, "cluster": True, "other node": False, "before": True}
+    # Nothing is left registered once the polls ended.
+    assert not [k for k in wakeups._WAITERS if k[0] == 424244]
+
+
 def test_malformed_or_own_wakeups_change_nothing():
     before = wakeups.epoch(424243, "node-z")
     wakeups._apply(b"not json")
