@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import types
 from datetime import timedelta
 
 import pytest
@@ -149,6 +150,22 @@ def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(nodes,
     NodeHealth.objects.filter(node__name="node-a").update(last_seen=old)
     sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
     assert NodeHealth.objects.get(node__name="node-a").last_seen > old
+
+
+def test_a_node_is_still_remembered_at_its_agents_next_poll(nodes, case44, settings, monkeypatch):
+    settings.TOPOWEB_AGENT_POLL_S = 60
+    assert sync(nodes).status_code == 200
+    # The next poll, a whole interval later (past NODE_CACHE_S), reads no node row again.
+    later = time.monotonic() + 61
+    monkeypatch.setattr(agent_selectors, "time", types.SimpleNamespace(monotonic=lambda: later))
+    with CaptureQueriesContext(connection) as queries:
+        assert sync(nodes).status_code == 200
+    assert not [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
+    # Two intervals later it is looked up again.
+    later += 60
+    with CaptureQueriesContext(connection) as queries:
+        assert sync(nodes).status_code == 200
+    assert [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
 
 
 def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
