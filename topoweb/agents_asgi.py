@@ -21,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from django.core import signals
 from django.core.handlers.asgi import ASGIRequest, get_script_prefix
 from django.core.handlers.base import BaseHandler
+from django.core.handlers.exception import response_for_exception
 from django.db import close_old_connections
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.urls import set_script_prefix
 
 from apps.executors.agents.api.views import WAITS_ELSEWHERE, AgentWait
@@ -52,13 +53,13 @@ class AgentSyncApplication:
         if body is None:  # the agent went away before its request was complete
             return
         loop = asyncio.get_running_loop()
-        response = await loop.run_in_executor(self.pool, self._handle, scope, body)
+        request, response = await loop.run_in_executor(self.pool, self._handle, scope, body)
         wait: AgentWait | None = getattr(response, "agent_wait", None)
         if wait is not None and await changed(wait.node.cluster_id, wait.node.name, wait.since, wait.wait_s):
-            response = await loop.run_in_executor(self.pool, self._refresh, wait, response)
+            response = await loop.run_in_executor(self.pool, self.refresh, request, wait, response)
         await _send(response, send)
 
-    def _handle(self, scope, body: bytes) -> HttpResponse:
+    def _handle(self, scope, body: bytes) -> tuple[HttpRequest, HttpResponse]:
         """Django's handling of one sync request, in a pool thread (as a WSGI server would)."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
@@ -68,12 +69,17 @@ class AgentSyncApplication:
         # The content is in memory: closing now ends the request (request_finished gives the
         # database connection back) before any wait.
         response.close()
-        return response
+        return request, response
 
-    @staticmethod
-    def _refresh(wait: AgentWait, response: HttpResponse) -> HttpResponse:
+    def refresh(self, request: HttpRequest, wait: AgentWait, response: HttpResponse) -> HttpResponse:
+        """The answer after the node's change (`AgentWait.refresh`); an error reading the work
+        is answered as the view's own would be (a lost database: 503 with Retry-After)."""
         try:
             return wait.refresh(response)
+        except Exception as exc:
+            return self.handler.process_exception_by_middleware(exc, request) or response_for_exception(
+                request, exc
+            )
         finally:
             close_old_connections()
 

@@ -168,6 +168,45 @@ def test_a_node_is_still_remembered_at_its_agents_next_poll(nodes, case44, setti
     assert [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
 
 
+def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_work(case44, monkeypatch):
+    from django.db import OperationalError
+    from django.test import RequestFactory
+
+    from apps.executors.agents.api import views
+    from topoweb.agents_asgi import AgentSyncApplication
+
+    key = agents.node_token_create(node=Node.objects.get(cluster=case44, name="node-a"))[1]
+    app = AgentSyncApplication(site=None)
+
+    def served():
+        body = {"node": "node-a", "version": "1.0", "wait_s": 60}
+        request = RequestFactory().post(
+            "/api/v1/agents/sync/", body, content_type="application/json", HTTP_AUTHORIZATION=f"Node {key}"
+        )
+        setattr(request, views.WAITS_ELSEWHERE, True)
+        return request, app.handler.get_response(request)
+
+    # The view does not block its thread: it answers the current work with the wait attached.
+    request, response = served()
+    assert response.status_code == 200 and json.loads(response.content)["work"] == []
+    assert response.agent_wait.wait_s == 60 and response.agent_wait.node.name == "node-a"
+    other_request, other = served()
+    # Once woken, the work is read again and the answer rendered anew (its length too).
+    work = [{"job": 7, "generation": 1, "ranks": [{"rank": 0}]}]
+    monkeypatch.setattr(views, "node_work", lambda node: (work, []))
+    refreshed = app.refresh(request, response.agent_wait, response)
+    assert json.loads(refreshed.content)["work"] == work
+    assert int(refreshed["Content-Length"]) == len(refreshed.content)
+
+    # A database lost meanwhile is answered as the view's own error would be: 503, Retry-After.
+    def lost(node):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(views, "node_work", lost)
+    failed = app.refresh(other_request, other.agent_wait, other)
+    assert failed.status_code == 503 and failed.has_header("Retry-After")
+
+
 def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
     assert sync(nodes, "node-b").status_code == 200
     Node.objects.filter(cluster=case44, name="node-b").delete()
