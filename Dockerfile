@@ -21,7 +21,9 @@ RUN SECRET_KEY=collectstatic-only DATABASE_URL=postgres://build@localhost/build 
 RUN useradd --create-home --uid 1000 topoweb && chown -R topoweb /app
 USER topoweb
 
-EXPOSE 8000
-# Threads, not sync workers: every node agent's work poll holds one for up to 60 s.
+EXPOSE 8000 8001
+# The users' web server. The node agents' endpoint runs from the same image as
+# `uvicorn topoweb.asgi:application --port 8001` (the `agents` service of docker-compose.yml).
+# Threads, not sync workers: a node agent's work poll sent here holds one for up to 60 s.
 CMD ["gunicorn", "topoweb.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
      "--worker-class", "gthread", "--threads", "128", "--keep-alive", "75", "--timeout", "90"]

@@ -2,8 +2,10 @@
 the time from placement to every rank started.
 
 Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
-(16,384 GPUs), starts a gunicorn process (gthread, one thread per open long-poll; scheduling
-cycles run in it, as in the embedded default, so a placement wakes its nodes' polls at once), and
+(16,384 GPUs), starts the web server (--server gthread: gunicorn, one thread per open long-poll;
+--server uvicorn: the ASGI application topoweb.asgi, each waiting poll an idle future of its event
+loop; scheduling cycles run in it, as in the embedded default, so a placement wakes its nodes'
+polls at once), and
 runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
 POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports every rank the
 server hands it as started at once (no processes). For each interval of --poll-s (several in
@@ -13,13 +15,13 @@ one run, on the same server and agents: they switch, then spread their polls aga
   - placement: --jobs jobs of --job-gpus GPUs submitted one after another; for each, the time
     from placed_at to started_at (every rank reported started), both server timestamps.
 The server's TOPOWEB_AGENT_POLL_S is the longest interval, TOPOWEB_AGENT_DOWN_AFTER_S three times
-it. --workers N runs N gunicorn processes (the polls spread over them; --redis carries the
+it. --workers N runs N server processes (the polls spread over them; --redis carries the
 wakeups between them as CACHE_URL, as in a deployment; CPU is summed over them). Goal: the web
 host well under one core for a 2,048-node cluster. This machine runs other work; the 1-minute
 load average before and after is recorded, and the simulated agents share its cores.
 
     .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 30 60] [--seconds 60] [--jobs 8]
-        [--workers 2 --redis redis://127.0.0.1:6379/10]
+        [--workers 2 --redis redis://127.0.0.1:6379/10] [--server gthread|uvicorn]
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ SETUP = """\
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from apps.topology.services import cluster_import
-from apps.scheduling.agent_models import new_node_key, node_key_hash
+from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.models import NodeToken
 spec = {{"version": 1, "name": "bench", "generate": {{"shape": "leaf-spine", "spines": 8, "leaves": {leaves},
         "nodes_per_leaf": {per_leaf}, "gpus_per_node": 8, "gpu_model": "H100", "peak_tflops": 989,
@@ -201,7 +203,13 @@ def main() -> int:
     )
     ap.add_argument("--seconds", type=float, default=60.0, help="idle measuring window per interval")
     ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=1, help="gunicorn processes (more than one needs --redis)")
+    ap.add_argument(
+        "--server",
+        choices=("gthread", "uvicorn"),
+        default="gthread",
+        help="gunicorn gthread (WSGI) or uvicorn serving topoweb.asgi (the sync long-poll in its event loop)",
+    )
+    ap.add_argument("--workers", type=int, default=1, help="server processes (more than one needs --redis)")
     ap.add_argument("--redis", default="", help="Redis URL for the wakeups between web processes (CACHE_URL)")
     ap.add_argument("--job-gpus", type=int, default=256)
     scratch_db.add_arguments(ap, "agents")
@@ -258,24 +266,7 @@ def run(args, url: str) -> int:
         # Each process may be handed any share of the connections: room for all of them.
         threads = len(nodes) + 64
         web = subprocess.Popen(
-            [
-                str(Path(PY).parent / "gunicorn"),
-                "topoweb.wsgi:application",
-                "-b",
-                f"127.0.0.1:{port}",
-                "-w",
-                str(args.workers),
-                "-k",
-                "gthread",
-                "--threads",
-                str(threads),
-                "--worker-connections",
-                str(threads * 2),
-                "--timeout",
-                "120",
-                "--log-level",
-                "warning",
-            ],
+            server_argv(args, port, threads),
             cwd=REPO,
             env=env,
             stdout=open(Path(tmp.name) / "web.log", "wb"),
@@ -298,10 +289,14 @@ def run(args, url: str) -> int:
                     ["pgrep", "-P", str(web.pid)], capture_output=True, text=True
                 ).stdout.split()
             ]
-            if len(worker_pids) >= args.workers:
+            # uvicorn with one worker serves in its own process.
+            if len(worker_pids) >= args.workers or (args.server == "uvicorn" and args.workers == 1):
                 break
             time.sleep(0.1)
         result = asyncio.run(measure(args, url, token, keys, nodes, web.pid, worker_pids, env))
+        if result["agent_errors"]:
+            print("web server log (tail):", (Path(tmp.name) / "web.log").read_text()[-3000:], file=sys.stderr)
+        result["server"] = args.server
         result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -323,6 +318,47 @@ def run(args, url: str) -> int:
                 except ProcessLookupError:
                     pass
         tmp.cleanup()
+
+
+def server_argv(args, port: int, threads: int) -> list[str]:
+    if args.server == "uvicorn":
+        return [
+            str(Path(PY).parent / "uvicorn"),
+            "topoweb.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(args.workers),
+            "--timeout-keep-alive",
+            "75",
+            "--backlog",
+            str(threads),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
+    return [
+        str(Path(PY).parent / "gunicorn"),
+        "topoweb.wsgi:application",
+        "-b",
+        f"127.0.0.1:{port}",
+        "-w",
+        str(args.workers),
+        "-k",
+        "gthread",
+        "--threads",
+        str(threads),
+        "--worker-connections",
+        str(threads * 2),
+        "--timeout",
+        "120",
+        "--log-level",
+        "warning",
+    ]
 
 
 async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -> dict:
@@ -426,6 +462,7 @@ async def place_jobs(args, url, token, agents, pg, cpu, *, prefix: str) -> dict:
         "gpus_per_job": args.job_gpus,
         "nodes_per_job": args.job_gpus // GPUS_PER_NODE,
         "placed_to_all_started_s_p50": round(percentile(latencies, 0.5), 3),
+        "placed_to_all_started_s_p99": round(percentile(latencies, 0.99), 3),
         "placed_to_all_started_s_max": round(max(latencies), 3),
         "web_cpu_share_of_one_core": round((c3 - c2) / (t3 - t2), 3),
         "sync_requests_per_s": round((r3 - r2) / (t3 - t2), 1),

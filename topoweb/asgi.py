@@ -1,4 +1,5 @@
-"""ASGI entry point."""
+"""ASGI entry point: the whole site, with the node agents' sync long-poll served without a thread
+per waiting agent (topoweb/agents_asgi.py). Run with `uvicorn topoweb.asgi:application`."""
 
 import os
 
@@ -8,6 +9,10 @@ from topoweb.startup import check_static_collected
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
 
-application = get_asgi_application()
+site = get_asgi_application()
 # Fail at start-up, not with a 500 on every page.
 check_static_collected()
+
+from topoweb.agents_asgi import AgentSyncApplication  # noqa: E402 (needs the apps loaded)
+
+application = AgentSyncApplication(site)

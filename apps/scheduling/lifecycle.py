@@ -540,8 +540,7 @@ def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: da
     0, failed at the first rank that exits otherwise; GPUs of exited ranks of stopped generations
     are released."""
     events = list(events)
-    for e in events:
-        _record(job, node, e, now)
+    _record(job, node, events, now)
     _advance(job, now)
     if any(e.generation < job.generation for e in events) and job.status in (
         JobStatus.PLACING,
@@ -552,25 +551,40 @@ def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: da
         release_exited(job_id=job.pk, now=now)
 
 
-def _record(job: Job, node: Node, e: RankEvent, now: datetime) -> None:
-    run = RankRun.objects.filter(job=job, generation=e.generation, rank=e.rank).first()
-    if run is None:
-        run = RankRun(job=job, generation=e.generation, rank=e.rank, node=node, started_at=now)
-        if job.status not in ACTIVE_STATUSES or e.generation != job.generation:
-            # Started after its generation was left: stop it at once.
-            run.stop_requested_at = now
-    elif run.state == RankState.EXITED:
-        return
-    if e.pid is not None:
-        run.pid = e.pid
-    if e.log_tail:
-        run.log_tail = e.log_tail[-LOG_TAIL_CHARS:]
-    if e.event == "exited":
-        run.state = RankState.EXITED
-        run.exit_code = e.exit_code
-        run.exit_cause = e.exit_cause
-        run.exited_at = now
-    run.save()
+def _record(job: Job, node: Node, events: list[RankEvent], now: datetime) -> None:
+    """Apply `events` in order to the runs they name: one query reads those runs, one INSERT adds
+    the new ones, each existing run touched is saved once (a node reports all its ranks at once,
+    under the job's lock). An event about a run that already exited changes nothing."""
+    scope = {"generation__in": {e.generation for e in events}, "rank__in": {e.rank for e in events}}
+    runs = {(r.generation, r.rank): r for r in RankRun.objects.filter(job=job, **scope)}
+    new: dict[tuple[int, int], RankRun] = {}
+    changed: dict[tuple[int, int], RankRun] = {}
+    for e in events:
+        key = (e.generation, e.rank)
+        run = runs.get(key)
+        if run is None:
+            run = RankRun(job=job, generation=e.generation, rank=e.rank, node=node, started_at=now)
+            if job.status not in ACTIVE_STATUSES or e.generation != job.generation:
+                # Started after its generation was left: stop it at once.
+                run.stop_requested_at = now
+            runs[key] = new[key] = run
+        elif run.state == RankState.EXITED:
+            continue
+        if e.pid is not None:
+            run.pid = e.pid
+        if e.log_tail:
+            run.log_tail = e.log_tail[-LOG_TAIL_CHARS:]
+        if e.event == "exited":
+            run.state = RankState.EXITED
+            run.exit_code = e.exit_code
+            run.exit_cause = e.exit_cause
+            run.exited_at = now
+        if key not in new:
+            changed[key] = run
+    if new:
+        RankRun.objects.bulk_create(new.values())
+    for run in changed.values():
+        run.save()
 
 
 # A rank that did not complete: exited otherwise than 0, or ended by a fault not its own.

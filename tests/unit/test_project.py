@@ -23,7 +23,7 @@ from topoweb import settings as settings_module
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
-APP_SERVICES = ("web", "worker", "beat")
+APP_SERVICES = ("web", "agents", "worker", "beat")
 
 
 def settings_under(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -187,8 +187,8 @@ def test_enum_choices_match_the_placement_core():
 # --------------------------------------------------------------------------- docker-compose and Dockerfile
 
 
-def test_compose_has_the_five_services_and_a_named_postgres_volume():
-    assert set(COMPOSE["services"]) == {"postgres", "redis", "web", "worker", "beat"}
+def test_compose_has_the_six_services_and_a_named_postgres_volume():
+    assert set(COMPOSE["services"]) == {"postgres", "redis", "web", "agents", "worker", "beat"}
     volume = COMPOSE["services"]["postgres"]["volumes"][0].split(":")[0]
     assert volume in COMPOSE["volumes"]
 
@@ -210,9 +210,10 @@ def test_compose_health_checks_probe_each_service():
     services = COMPOSE["services"]
     assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
     assert services["redis"]["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
-    probe = " ".join(services["web"]["healthcheck"]["test"])
-    path = re.search(r"http://127\.0\.0\.1:8000(/\w+)", probe).group(1)
-    assert resolve(path).url_name == "healthz"
+    for name, port in (("web", 8000), ("agents", 8001)):
+        probe = " ".join(services[name]["healthcheck"]["test"])
+        path = re.search(rf"http://127\.0\.0\.1:{port}(/\w+)", probe).group(1)
+        assert resolve(path).url_name == "healthz"
     assert "127.0.0.1" in services["web"]["environment"]["ALLOWED_HOSTS"]
     for name in APP_SERVICES:
         conditions = {dep["condition"] for dep in services[name]["depends_on"].values()}
@@ -230,6 +231,22 @@ def test_compose_commands_name_the_real_wsgi_module_and_celery_app():
         command = COMPOSE["services"][name]["command"]
         assert command[:4] == ["celery", "-A", "topoweb", role]
     assert importlib.import_module("topoweb").celery_app.main == "topoweb"
+
+
+def test_compose_serves_the_agents_sync_with_uvicorn_on_the_asgi_application():
+    import importlib
+
+    argv = COMPOSE["services"]["agents"]["command"]
+    assert argv[0] == "uvicorn"
+    module, attr = argv[1].split(":")
+    app = getattr(importlib.import_module(module), attr)
+    assert type(app).__name__ == "AgentSyncApplication"
+    options = dict(a.removeprefix("--").split("=", 1) for a in argv[2:] if "=" in a)
+    assert options["port"] == "8001" and "8001:8001" in COMPOSE["services"]["agents"]["ports"]
+    # An agent keeps its connection from one poll to the next.
+    assert float(options["timeout-keep-alive"]) > 60
+    for package in ("uvicorn==", "httptools==", "uvloop=="):
+        assert package in (REPO / "requirements.txt").read_text().split("# Development and tests")[0]
 
 
 def _gunicorn_options(argv: list[str]) -> dict[str, str]:

@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 from apps.placement.jobs import load_job
@@ -82,10 +83,11 @@ _NODES_SIZE = 65536
 def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeHealth | None]:
     """The cluster's node `name` (None if there is none) and its agent row (None: never had one).
 
-    Every agent asks this every poll: a node found once is remembered per process for
-    NODE_CACHE_S seconds (its id, name and cluster only), and then only its agent row is read,
-    by one prepared statement. An agent row found proves the node still exists (it is deleted
-    with it); without one the node is looked up again."""
+    Every agent asks this every poll: a node found once is remembered per process for two poll
+    intervals, at least NODE_CACHE_S seconds (its id, name and cluster only; so the agent's next
+    poll finds it), and then only its agent row is read, by one prepared statement. An agent row
+    found proves the node still exists (it is deleted with it); without one the node is looked
+    up again."""
     now = time.monotonic()
     hit = _NODES.get((cluster_id, name))
     if hit is not None and hit[1] > now:
@@ -101,7 +103,7 @@ def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeHealth | 
     # A bare copy: the cached instance is shared by threads and must not carry a stale agent.
     _NODES[(cluster_id, name)] = (
         Node(pk=node.pk, name=node.name, cluster_id=node.cluster_id),
-        now + NODE_CACHE_S,
+        now + max(NODE_CACHE_S, 2 * float(settings.TOPOWEB_AGENT_POLL_S)),
     )
     return node, agent
 

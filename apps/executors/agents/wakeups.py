@@ -7,10 +7,14 @@ change is also published on a Redis channel that each web process with waiting p
 to; without Redis, or while it is unreachable, a poll simply ends at its timeout and the agent
 asks again. Wakeups are per node, so placing one job does not wake every agent of a large
 cluster.
+
+A poll waits in a thread (`wait_for_change`, the threaded servers) or as a future of an event
+loop (`changed`, the ASGI path of topoweb/agents_asgi.py): both are woken by the same counters.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -31,6 +35,8 @@ _PUBLISHERS: dict = {}
 _COND = threading.Condition()
 # (cluster id, node name) -> change counter; node None counts changes to every node.
 _EPOCH: dict[tuple[int, str | None], int] = {}
+# (cluster id, node name or None) -> the futures of polls waiting in an event loop.
+_WAITERS: dict[tuple[int, str | None], set[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
 
 
 def epoch(cluster_id: int, node: str) -> tuple[int, int]:
@@ -41,9 +47,21 @@ def epoch(cluster_id: int, node: str) -> tuple[int, int]:
 
 def _bump(cluster_id: int, nodes: tuple[str, ...] | None) -> None:
     with _COND:
+        woken = []
         for node in nodes if nodes is not None else (None,):
             _EPOCH[(cluster_id, node)] = _EPOCH.get((cluster_id, node), 0) + 1
+            woken.extend(_WAITERS.pop((cluster_id, node), ()))
         _COND.notify_all()
+    for loop, future in woken:
+        try:
+            loop.call_soon_threadsafe(_settle, future, True)
+        except RuntimeError:  # its loop was closed meanwhile
+            pass
+
+
+def _settle(future: asyncio.Future, value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def redis_url() -> str:
@@ -145,3 +163,29 @@ def wait_for_change(cluster_id: int, node: str, since: tuple[int, int], timeout_
 
 def epoch_unlocked(cluster_id: int, node: str) -> tuple[int, int]:
     return _EPOCH.get((cluster_id, None), 0), _EPOCH.get((cluster_id, node), 0)
+
+
+async def changed(cluster_id: int, node: str, since: tuple[int, int], timeout_s: float) -> bool:
+    """`wait_for_change` for an event loop: no thread is held while waiting, only a future that a
+    change of the node's or the cluster's counter resolves (from any thread); True if it moved."""
+    listen_for_other_processes()
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    keys = ((cluster_id, None), (cluster_id, node))
+    with _COND:
+        if epoch_unlocked(cluster_id, node) != since:
+            return True
+        for key in keys:
+            _WAITERS.setdefault(key, set()).add((loop, future))
+    timer = loop.call_later(timeout_s, _settle, future, False)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+        with _COND:
+            for key in keys:
+                waiting = _WAITERS.get(key)
+                if waiting is not None:
+                    waiting.discard((loop, future))
+                    if not waiting:
+                        del _WAITERS[key]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import types
 from datetime import timedelta
 
 import pytest
@@ -149,6 +150,61 @@ def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(nodes,
     NodeHealth.objects.filter(node__name="node-a").update(last_seen=old)
     sync(nodes, gpus=gpus, addr="10.0.0.1", unhealthy=[{"gpu": 1, "reason": "XID 79"}])
     assert NodeHealth.objects.get(node__name="node-a").last_seen > old
+
+
+def test_a_node_is_still_remembered_at_its_agents_next_poll(nodes, case44, settings, monkeypatch):
+    settings.TOPOWEB_AGENT_POLL_S = 60
+    assert sync(nodes).status_code == 200
+    # The next poll, a whole interval later (past NODE_CACHE_S), reads no node row again.
+    later = time.monotonic() + 61
+    monkeypatch.setattr(agent_selectors, "time", types.SimpleNamespace(monotonic=lambda: later))
+    with CaptureQueriesContext(connection) as queries:
+        assert sync(nodes).status_code == 200
+    assert not [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
+    # Two intervals later it is looked up again.
+    later += 60
+    with CaptureQueriesContext(connection) as queries:
+        assert sync(nodes).status_code == 200
+    assert [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
+
+
+def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_work(case44, monkeypatch):
+    from django.db import OperationalError
+    from django.test import RequestFactory
+
+    from apps.executors.agents.api import views
+    from topoweb.agents_asgi import AgentSyncApplication
+
+    key = agents.node_token_create(node=Node.objects.get(cluster=case44, name="node-a"))[1]
+    app = AgentSyncApplication(site=None)
+
+    def served():
+        body = {"node": "node-a", "version": "1.0", "wait_s": 60}
+        request = RequestFactory().post(
+            "/api/v1/agents/sync/", body, content_type="application/json", HTTP_AUTHORIZATION=f"Node {key}"
+        )
+        setattr(request, views.WAITS_ELSEWHERE, True)
+        return request, app.handler.get_response(request)
+
+    # The view does not block its thread: it answers the current work with the wait attached.
+    request, response = served()
+    assert response.status_code == 200 and json.loads(response.content)["work"] == []
+    assert response.agent_wait.wait_s == 60 and response.agent_wait.node.name == "node-a"
+    other_request, other = served()
+    # Once woken, the work is read again and the answer rendered anew (its length too).
+    work = [{"job": 7, "generation": 1, "ranks": [{"rank": 0}]}]
+    monkeypatch.setattr(views, "node_work", lambda node: (work, []))
+    refreshed = app.refresh(request, response.agent_wait, response)
+    assert json.loads(refreshed.content)["work"] == work
+    assert int(refreshed["Content-Length"]) == len(refreshed.content)
+
+    # A database lost meanwhile is answered as the view's own error would be: 503, Retry-After.
+    def lost(node):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(views, "node_work", lost)
+    failed = app.refresh(other_request, other.agent_wait, other)
+    assert failed.status_code == 503 and failed.has_header("Retry-After")
 
 
 def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):
@@ -617,6 +673,27 @@ def test_job_logs_show_each_ranks_output_tail(nodes, alice, alice_api, bob_api, 
     assert alice_api.get(f"/api/v1/jobs/{job.pk}/logs/", {"rank": "x"}).status_code == 400
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "rank 1" in job.pending_reason and "oops" in job.pending_reason
+
+
+def test_a_poll_waiting_in_an_event_loop_is_woken_by_its_node_or_cluster_from_another_thread():
+    import asyncio
+    import threading
+
+    async def scenario():
+        results = {}
+        for what, nodes in (("node", ("node-w",)), ("cluster", None), ("other node", ("node-v",))):
+            since = wakeups.epoch(424244, "node-w")
+            waiting = asyncio.ensure_future(wakeups.changed(424244, "node-w", since, timeout_s=0.5))
+            await asyncio.sleep(0)  # registered
+            threading.Thread(target=wakeups._bump, args=(424244, nodes)).start()
+            results[what] = await waiting
+        # A change before the wait began ends it at once.
+        results["before"] = await wakeups.changed(424244, "node-w", (-1, -1), timeout_s=60)
+        return results
+
+    assert asyncio.run(scenario()) == {"node": True, "cluster": True, "other node": False, "before": True}
+    # Nothing is left registered once the polls ended.
+    assert not [k for k in wakeups._WAITERS if k[0] == 424244]
 
 
 def test_malformed_or_own_wakeups_change_nothing():

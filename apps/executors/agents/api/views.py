@@ -4,6 +4,7 @@ services in `agents`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from apps.api.parsers import parse_spec_body
 from apps.api.throttling import NodeSyncThrottle
 from apps.placement.topology import SpecLimits
 from apps.scheduling.api.authentication import NodeAuthentication
+from apps.topology.models import Node
 from apps.topology.retry import retry_when_locked
 from apps.topology.signals import nic_counters_received
 
@@ -191,6 +193,23 @@ class AgentSyncView(APIView):
         running = {tuple(k) for k in data["running"]}
         # Ranks to stop that the agent is not stopping yet (or has no trace of): answer at once.
         unheeded = {tuple(k) for k in stops} - {tuple(k) for k in data["stopping"]}
+        server_id, cluster_name = agents.server_identity(cluster_id=node.cluster_id, agent=row)
+        answer = {
+            "node": node.name,
+            "server_id": server_id,
+            "cluster": cluster_name,
+            "state": agent.state,
+            "reason": agent.reason,
+            "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
+            "down_after_s": agents.down_after_s(),
+            "refused": refused,
+            "fence_after_s": agents.fence_after_s(),
+            "fence_slack_s": agents.fence_slack_s(),
+            "logs": logs,
+            "refused_logs": refused_logs,
+            "work": work,
+            "stop": stops,
+        }
         if (
             wait_s > 0
             and not data["reports"]
@@ -201,27 +220,39 @@ class AgentSyncView(APIView):
             if not connection.in_atomic_block:
                 # A waiting poll holds no database connection: thousands of agents wait at once.
                 connection.close()
+            wait = AgentWait(node=node, since=since, wait_s=wait_s)
+            if getattr(request._request, WAITS_ELSEWHERE, False):
+                # The ASGI path (topoweb/agents_asgi.py) waits in its event loop, then `refresh`es.
+                response = Response(answer)
+                response.agent_wait = wait
+                return response
             if wait_for_change(node.cluster_id, node.name, since, wait_s):
-                work, stops = node_work(node=node)
-        server_id, cluster_name = agents.server_identity(cluster_id=node.cluster_id, agent=row)
-        return Response(
-            {
-                "node": node.name,
-                "server_id": server_id,
-                "cluster": cluster_name,
-                "state": agent.state,
-                "reason": agent.reason,
-                "poll_s": float(settings.TOPOWEB_AGENT_POLL_S),
-                "down_after_s": agents.down_after_s(),
-                "refused": refused,
-                "fence_after_s": agents.fence_after_s(),
-                "fence_slack_s": agents.fence_slack_s(),
-                "logs": logs,
-                "refused_logs": refused_logs,
-                "work": work,
-                "stop": stops,
-            }
-        )
+                answer["work"], answer["stop"] = node_work(node=node)
+        return Response(answer)
+
+
+# A request carrying this attribute (True) is served by a server that waits for the node's change
+# itself: the view answers the current work with the wait attached instead of blocking its thread.
+WAITS_ELSEWHERE = "topoweb_waits_elsewhere"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentWait:
+    """A sync's long-poll, left to the server: wait up to `wait_s` for a change of the node's
+    work past `since` (`wakeups.changed`), then `refresh` the answer."""
+
+    node: Node
+    since: tuple[int, int]
+    wait_s: float
+
+    def refresh(self, response: Response) -> Response:
+        """The answer after a change: the node's work and stops read again, rendered anew (the
+        rest of the answer, headers included, stays as the view and middleware made it)."""
+        response.data["work"], response.data["stop"] = node_work(node=self.node)
+        response.content = response.rendered_content
+        if response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        return response
 
 
 def _chunk_key(c: agents.LogChunk) -> dict[str, Any]:
