@@ -20,7 +20,7 @@ from apps.executors.agents import services as agents
 from apps.executors.agents import wakeups
 from apps.scheduling import services
 from apps.scheduling import snapshot as snap
-from apps.scheduling.api.authentication import node_tokens_forget
+from apps.scheduling.api.authentication import NodeAuthentication, node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun, SyncPulse
 from apps.scheduling.selectors import job_ranks
@@ -813,3 +813,36 @@ def test_the_rank_map_shows_the_master_addr_the_agents_give_the_ranks(nodes, ali
     for fmt in ("openmpi", "slurm"):
         text = alice_api.get(url, {"format": fmt}).content.decode()
         assert "MASTER_ADDR=10.9.0.1" in text and "MASTER_ADDR=node-a" not in text, fmt
+
+
+def test_a_remembered_node_token_is_rechecked_past_the_cache_time_and_a_change_elsewhere_refuses_it(
+    case44, monkeypatch
+):
+    """Another web process revokes a token or renames its node (this one is not told): past
+    KEY_CACHE_S the remembered token is re-checked by one small statement, accepted while nothing
+    changed and refused, or looked up afresh, once something did."""
+    from apps.api import authentication as auth
+
+    node = Node.objects.get(cluster=case44, name="node-a")
+    token, key = agents.node_token_create(node=node)
+    node_tokens_forget()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Node {key}")
+
+    def sync_at(offset: float, name: str = "node-a"):
+        now = time.monotonic() + offset
+        monkeypatch.setattr(auth, "time", types.SimpleNamespace(monotonic=lambda: now))
+        return client.post("/api/v1/agents/sync/", {"version": "1", "node": name}, format="json")
+
+    assert sync_at(0).status_code == 200
+    lookups = []
+    real_lookup = NodeAuthentication._lookup
+    monkeypatch.setattr(
+        NodeAuthentication, "_lookup", lambda self, ident: lookups.append(ident) or real_lookup(self, ident)
+    )
+    assert sync_at(auth.KEY_CACHE_S + 1).status_code == 200 and lookups == []
+    Node.objects.filter(pk=node.pk).update(name="node-z")  # renamed elsewhere
+    assert sync_at(2 * auth.KEY_CACHE_S + 2, "node-z").status_code == 200 and len(lookups) == 1
+    NodeToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())  # revoked elsewhere
+    assert sync_at(2 * auth.KEY_CACHE_S + 3, "node-z").status_code == 200  # still remembered
+    assert sync_at(3 * auth.KEY_CACHE_S + 4, "node-z").status_code == 401
