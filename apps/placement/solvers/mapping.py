@@ -194,23 +194,26 @@ def transposed(job: JobSpec, nest: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 
 def splits(job: JobSpec, parts: int) -> list[tuple[int, int]]:
-    """(a, b) with a * b == parts, a dividing pp and b dividing dp/ep: the ways to cut the job's
-    (pp, dp) grid of TP*EP blocks into `parts` equal sub-grids of pp/a stages by dp/ep/b replicas."""
+    """(a, b) with a * b == parts, a dividing pp and b dividing dp: the ways to cut the job's
+    (pp, dp) grid of TP blocks into `parts` equal sub-grids of pp/a stages by dp/b replicas (b
+    need not divide dp/ep: an EP group then spans parts, as a DP group does)."""
     sizes = _sizes(job)
     return [
         (a, parts // a)
         for a in range(1, parts + 1)
-        if parts % a == 0 and sizes["pp"] % a == 0 and sizes["dp"] % (parts // a) == 0
+        if parts % a == 0 and sizes["pp"] % a == 0 and job.dp % (parts // a) == 0
     ]
 
 
 def split_layout(job: JobSpec, slots: np.ndarray, a: int, b: int, nest: tuple[str, ...]) -> np.ndarray:
     """gids (rank -> GPU) giving sub-grid p of the (pp, dp) grid - stages [p // b * pp/a, ...) by
-    replicas [p % b * dp/ep/b, ...) - the p-th a*b-th of `slots`, ranks inside a part ordered by
-    `nest` (fastest first). PP crosses parts a - 1 times per pipeline, each DP group spans b parts."""
+    replicas [p % b * dp/b, ...), a replica's number its EP rank within its EP group's - the p-th
+    a*b-th of `slots`, ranks inside a part ordered by `nest` (fastest first). PP crosses parts
+    a - 1 times per pipeline, each DP group (and an EP group b > dp/ep cuts) spans b parts."""
     sizes = _sizes(job)
     coords = rank_coordinates(job)
-    part = coords["pp"] // (sizes["pp"] // a) * b + coords["dp"] // (sizes["dp"] // b)
+    replica = coords["dp"] * sizes["ep"] + coords["ep"]
+    part = coords["pp"] // (sizes["pp"] // a) * b + replica // (job.dp // b)
     seq = np.lexsort((*(coords[d] for d in nest), part))
     gids = np.empty(job.gpus, dtype=np.int64)
     gids[seq] = slots

@@ -2,7 +2,8 @@
 
 Packing the fewest units (best fit) puts all of the job's cross-unit flows on the uplinks of few
 leaves. Spreading it evenly over k units shares them among more uplinks, and lets the (pp, dp)
-grid of TP*EP blocks be cut into sub-grids (`mapping.split_layout`): pipeline stages by replicas,
+grid of TP blocks be cut into sub-grids (`mapping.split_layout`): pipeline stages by replicas
+(cut inside EP groups too, so a job whose EP group is its whole DP group spreads as well),
 so PP and DP both cross units with fewer flows per leaf (2 x 2 squares of a tp8-pp4-dp4 job on four
 leaves meet the joint lower bound, where two packed leaves do not). The cost model decides.
 """
@@ -21,7 +22,7 @@ PARTS_TRIED = 3
 
 
 def part_counts(job: JobSpec, fewest: int, units: int) -> list[int]:
-    """Numbers of equal parts to cut the job in: a*b with a | pp and b | dp/ep, between `fewest`
+    """Numbers of equal parts to cut the job in: a*b with a | pp and b | dp, between `fewest`
     (at least 2) and `units`, the smallest PARTS_TRIED of them."""
     out = [k for k in range(max(2, fewest), units + 1) if job.gpus % k == 0 and splits(job, k)]
     return out[:PARTS_TRIED]
