@@ -140,7 +140,9 @@ def rail_balanced_sets(
     """GPU sets (canonical order) that give every node they use as many distinct NICs as they
     can: a group spanning nodes runs its network phase on as many rails as its node with the
     fewest distinct NICs offers, at its slowest NIC's rate. For each of the RAIL_RATES_TRIED
-    fastest NIC rates R: only free GPUs behind NICs of at least R; the nodes with the most such
+    fastest NIC rates R whose NICs serve free GPUs enough for the job (a faster rate too
+    scarce to hold it is passed over: 8 GPUs at 100 GB/s must not stop a DP32 job from trying
+    4-NIC nodes at 50 beside them): only free GPUs behind NICs of at least R; the nodes with the most such
     distinct NICs first (ties to the fuller node, the quieter unit, then hierarchy order), as few
     as hold the job and one more; each node takes one GPU behind each of its NICs up to a common
     level, the level as high as the job allows, the GPUs left over behind the NICs some nodes
@@ -155,10 +157,12 @@ def rail_balanced_sets(
     if net.size < n:
         return []
     out: list[np.ndarray] = []
-    for rate in np.unique(topology.gpu_nic_bw[net])[::-1][:RAIL_RATES_TRIED]:
+    # The fastest rates whose NICs serve enough free GPUs for the job (rates too fast to hold it
+    # are passed over, not the end of the search).
+    rates = np.unique(topology.gpu_nic_bw[net])[::-1]
+    held_at = np.array([int((topology.gpu_nic_bw[net] >= r).sum()) for r in rates])
+    for rate in rates[held_at >= n][:RAIL_RATES_TRIED]:
         gids = net[topology.gpu_nic_bw[net] >= rate]
-        if gids.size < n:
-            break
         # The first GPU behind each NIC, then the others; by node, in id order.
         first = np.zeros(gids.size, dtype=bool)
         first[np.unique(ids[gids], return_index=True)[1]] = True

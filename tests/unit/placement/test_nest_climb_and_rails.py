@@ -239,3 +239,40 @@ def test_rail_balanced_sets_are_the_jobs_size_on_any_free_set(seed):
         counts = Free(idx, free, load_array(topo, None))
         for gset in rail_balanced_sets(topo, idx, counts, j):
             assert gset.size == n and np.unique(gset).size == n and free[gset].all()
+
+
+def mixed_nic_leaf():
+    """One leaf of 8-GPU nodes: six with 4 x 50 GB/s NICs (two GPUs on each), one with 8 x 25
+    and one with 8 x 100; per free GPU the 4 x 50 and 8 x 25 nodes tie."""
+    gen = generated(gpus_per_node=8, nics_per_node=8, nodes_per_leaf=8)["generate"]
+    spec = generate_spec("nic-mix", gen)
+    for k, node in enumerate(spec["nodes"]):
+        nic = node["nics"][0]
+        if k < 6:
+            node["nics"] = [
+                {**nic, "name": f"nic{i}", "gpus": [2 * i, 2 * i + 1], "bw_GBps": 50.0} for i in range(4)
+            ]
+        else:
+            node["nics"] = [
+                {**nic, "name": f"nic{i}", "gpus": [i], "bw_GBps": 25.0 if k == 6 else 100.0}
+                for i in range(8)
+            ]
+    return load_topology(spec)
+
+
+def test_rail_balanced_sets_pass_over_a_rate_too_scarce_for_the_job():
+    # Free 6, 8, 8, 1, 4 and 5 GPUs on the 4 x 50 nodes, the 8 x 25 and 8 x 100 nodes whole. Only
+    # 8 GPUs sit behind 100 GB/s NICs: the sets must go on to 50 GB/s, not stop there. Before,
+    # the DP32 all-reduce took the 8 x 25 node whole (4 rails at 25 GB/s, 24.60 ms; now 16.84).
+    topo, j = mixed_nic_leaf(), dp_job(32)
+    free = np.zeros(topo.n_gpus, dtype=bool)
+    for node, n_free in enumerate([6, 8, 8, 1, 4, 5, 8, 8]):
+        free[node * 8 : node * 8 + n_free] = True
+    idx = hierarchy(topo)
+    counts = Free(idx, free, load_array(topo, None))
+    sets = rail_balanced_sets(topo, idx, counts, j)
+    assert sets and (topo.gpu_nic_bw[sets[0]] >= 50.0).all()
+    placed = place(topo, free, None, j)
+    st = kind_stats(topo, np.asarray(placed.gids)[group_arrays(j)["dp"]])
+    assert float(st.nic_bw[0]) >= 50.0
+    assert placed.prediction.comm_ms < 18.0
