@@ -58,7 +58,7 @@ from .mapping import candidate_layouts, candidate_mappings, island_order, lay_ou
 from .rails import spread_rails
 from .refine import refine
 from .search import search
-from .spread import spread_candidates
+from .spread import node_spreads, spread_candidates
 
 # Blocks priced per level and chunk size: the best few by fit, so large clusters stay fast.
 BLOCKS_PRICED = 3
@@ -83,6 +83,8 @@ NODE_EXCHANGE_EVALS = 40
 # thousand GPUs), so bigger jobs get fewer; counted in moves, not seconds, so the answer does not
 # depend on how busy the machine is.
 SEARCH_EVALS = ((64, 120), (512, 40), (4096, 10), (math.inf, 2))
+# Jobs up to this many GPUs get their best map's nodes moved onto more units (`spread.node_spreads`).
+NODE_SPREAD_MAX_GPUS = 512
 # Jobs up to this many GPUs placed in one uniform NVLink domain at the top rate skip the bound.
 ONE_DOMAIN_MAX_GPUS = 8
 # How far above the free-set bound a placement may be and still skip refinement and search.
@@ -216,6 +218,11 @@ def solve(topology: Topology, free: np.ndarray, link_load: Mapping[str, float], 
         gids = _nested_on_set(topology, idx, job, gids, leaf_load, priced)
         price = functools.partial(_key, topology, job, leaf_load=leaf_load, fit=0.0, priced=priced)
         gids = _node_exchanges(idx, job, gids, price, priced)
+        # Last, the map with its nodes moved onto more units of the pod, groups' shapes kept.
+        for pod, _, fewest in spreads if job.gpus <= NODE_SPREAD_MAX_GPUS else ():
+            for moved, _ in node_spreads(idx, counts, job, gids, pod, fewest):
+                if price(moved) < price(gids):
+                    gids = moved
     prediction = whole.get(np.asarray(gids, dtype=np.int64).tobytes())
     if prediction is None:
         prediction = evaluate(topology, job, gids, leaf_load)
