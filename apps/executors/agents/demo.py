@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -22,11 +23,17 @@ log = logging.getLogger(__name__)
 
 
 def start_demo_agents(
-    *, server: str, poll_s: float = DEFAULT_POLL_S, log_dir: str | None = None
+    *,
+    server: str,
+    poll_s: float = DEFAULT_POLL_S,
+    log_dir: str | None = None,
+    on_start: Callable[[Agent], None] | None = None,
 ) -> list[Agent]:
     """Start an agent for every node of every cluster against `server` (base URL), rank output
-    under `log_dir` (a new temporary folder by default); returns them. Refused (ImproperlyConfigured)
-    in a production configuration (a server database, not under tests)."""
+    under `log_dir` (a new temporary folder by default); returns them. `on_start` is given each
+    agent before it runs (a host that stops meanwhile can stop it: starting 68 agents takes a
+    while). Refused (ImproperlyConfigured) in a production configuration (a server database, not
+    under tests)."""
     if not settings.EMBEDDED and not settings.TESTING:
         raise ImproperlyConfigured(
             "the demo's single-user node agents run every rank as the server's user: refused with a"
@@ -48,6 +55,8 @@ def start_demo_agents(
                 allow_root=True,
                 stop_ranks_on_exit=True,
             )
+            if on_start is not None:
+                on_start(agent)
             run_in_thread(agent)
             started.append(agent)
     # The demo's own choice, not a problem: said once, at info.

@@ -116,3 +116,24 @@ def test_make_run_logs_no_warning_at_start(tmp_path):
         reader.join(timeout=10)
     problems = [line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line]
     assert problems == [], "".join(problems[:10])
+
+
+def test_demo_agents_added_after_the_server_stopped_are_stopped_before_they_run():
+    """The server may stop while its agents are still being started (68 of them): those started
+    before have their ranks stopped, and one handed over after that is stopped at once."""
+    from apps.dashboard.management.commands.serve_embedded import _DemoAgents
+
+    class Agent:
+        def __init__(self):
+            self.terminated = 0
+
+        def terminate_ranks(self):
+            self.terminated += 1
+
+    agents = _DemoAgents()
+    early, late = Agent(), Agent()
+    agents.add(early)
+    assert early.terminated == 0
+    agents.close()
+    agents.add(late)
+    assert (early.terminated, late.terminated) == (1, 1)

@@ -38,6 +38,31 @@ def wait_listening(host: str, port: int, *, timeout_s: float = LISTEN_WAIT_S, st
             time.sleep(step_s)
 
 
+class _DemoAgents:
+    """The demo's agents as they start (from another thread); once `close`d, every rank of theirs
+    is stopped and an agent added later is stopped before it runs (the server may stop while the
+    agents are being started)."""
+
+    def __init__(self):
+        self.items: list = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def add(self, agent) -> None:
+        with self._lock:
+            self.items.append(agent)
+            if not self._closed:
+                return
+        agent.terminate_ranks()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            items = list(self.items)
+        for agent in items:
+            agent.terminate_ranks()
+
+
 class Command(BaseCommand):
     help = "Serve TopoWeb on HOST:PORT with Django's server, without autoreload."
 
@@ -55,7 +80,7 @@ class Command(BaseCommand):
             help="do not run the simulated nodes' agents in this process",
         )
 
-    def _start_agents(self, addr: str, agents: list) -> None:
+    def _start_agents(self, addr: str, agents: _DemoAgents) -> None:
         """Start the demo's node agents once the server answers on `addr` (into `agents`)."""
         from django.db import close_old_connections
 
@@ -68,7 +93,7 @@ class Command(BaseCommand):
             )
             return
         try:
-            agents.extend(start_demo_agents(server=f"http://{addr}"))
+            start_demo_agents(server=f"http://{addr}", on_start=agents.add)
         except (DatabaseError, ImproperlyConfigured) as exc:
             # An unmigrated database serves its pages (and errors) without agents.
             self.stderr.write(f"no node agents: {exc}")
@@ -76,7 +101,7 @@ class Command(BaseCommand):
         finally:
             close_old_connections()
         self.stdout.write(
-            f"{len(agents)} node agents run the demo nodes' ranks in this process, in single-user"
+            f"{len(agents.items)} node agents run the demo nodes' ranks in this process, in single-user"
             " mode: every rank runs as this server's user, without cgroups"
         )
 
@@ -90,7 +115,7 @@ class Command(BaseCommand):
         from apps.metrics.embedded import start_embedded_metrics
 
         start_embedded_metrics(host=addr.rsplit(":", 1)[0] or "127.0.0.1", port=dcgm_port)
-        agents: list = []
+        agents = _DemoAgents()
         if not no_agents:
             # The demo's nodes run their agents here: jobs run real (dummy) rank processes. They
             # start once the server listens: a poll before that would only fail and warn.
@@ -109,5 +134,4 @@ class Command(BaseCommand):
             call_command("runserver", addr, use_reloader=False, skip_checks=False)
         finally:
             # Rank processes run in their own sessions: they would outlive the server.
-            for agent in agents:
-                agent.terminate_ranks()
+            agents.close()
