@@ -12,13 +12,14 @@ admin.site.site_header = "TopoWeb topology editor"
 admin.site.site_title = "TopoWeb admin"
 
 urlpatterns = [
+    # First: the agents' sync is most of the requests (every node, every poll).
+    path("api/v1/", include("apps.executors.agents.api.urls")),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/usage/", UsageView.as_view(), name="usage-api"),
     path("api/v1/", include("apps.topology.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.metrics.api.urls")),
-    path("api/v1/", include("apps.executors.agents.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),

@@ -11,7 +11,6 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from apps.placement.jobs import load_job
@@ -76,36 +75,58 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
 
 
 NODE_CACHE_S = 30.0
-_NODES: dict[tuple[int, str], tuple[Node, float]] = {}
 _NODES_SIZE = 65536
 
 
-def sync_node(*, cluster_id: int, name: str) -> tuple[Node | None, NodeHealth | None]:
-    """The cluster's node `name` (None if there is none) and its agent row (None: never had one).
-
-    Every agent asks this every poll: a node found once is remembered per process for two poll
-    intervals, at least NODE_CACHE_S seconds (its id, name and cluster only; so the agent's next
-    poll finds it), and then only its agent row is read, by one prepared statement. An agent row
-    found proves the node still exists (it is deleted with it); without one the node is looked
-    up again."""
-    now = time.monotonic()
-    hit = _NODES.get((cluster_id, name))
-    if hit is not None and hit[1] > now:
-        agent = next(iter(NodeHealth.objects.raw(_agent_sql(), [hit[0].pk])), None)
-        if agent is not None:
-            return hit[0], agent
-    node = Node.objects.select_related("agent").filter(cluster_id=cluster_id, name=name).first()
-    if node is None:
+def sync_node(*, node_id: int) -> tuple[Node | None, NodeHealth | None]:
+    """The node `node_id` (None if it no longer exists) and its agent row (None: never had one),
+    in one prepared statement: every agent asks this every poll. The node comes bare (id, name,
+    cluster); the agent row carries this server's id for the cluster (`server_id`, None when the
+    cluster has no executor row yet) and the cluster's name (`cluster_name`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_sync_node_sql(), [node_id])
+        row = cursor.fetchone()
+    if row is None:
         return None, None
-    agent = getattr(node, "agent", None)
-    if len(_NODES) >= _NODES_SIZE:
-        _NODES.clear()
-    # A bare copy: the cached instance is shared by threads and must not carry a stale agent.
-    _NODES[(cluster_id, name)] = (
-        Node(pk=node.pk, name=node.name, cluster_id=node.cluster_id),
-        now + max(NODE_CACHE_S, 2 * float(settings.TOPOWEB_AGENT_POLL_S)),
-    )
+    name, cluster_id, cluster_name, server_id, *columns = row
+    node = Node(pk=node_id, name=name, cluster_id=cluster_id)
+    if columns[0] is None:  # no agent row (its id is never null)
+        return node, None
+    fields, converters = _agent_columns()
+    values = []
+    for value, (col, convert) in zip(columns, converters, strict=True):
+        for converter in convert:
+            value = converter(value, col, connection)
+        values.append(value)
+    agent = NodeHealth.from_db(connection.alias, fields, values)
+    agent.server_id, agent.cluster_name = server_id, cluster_name
     return node, agent
+
+
+@functools.cache
+def _agent_columns() -> tuple[list[str], list[tuple[Any, list]]]:
+    """The agent row's field names in column order, and each column with its converters from
+    database values, as the ORM applies them (JSON text to Python, SQLite's datetimes...)."""
+    fields = NodeHealth._meta.concrete_fields
+    converters = []
+    for field in fields:
+        col = field.get_col(NodeHealth._meta.db_table)
+        converters.append((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)))
+    return [f.attname for f in fields], converters
+
+
+@functools.cache
+def _sync_node_sql() -> str:
+    qn = connection.ops.quote_name
+    agent, node, cluster, executor = (
+        qn(m._meta.db_table) for m in (NodeHealth, Node, Cluster, ClusterExecutor)
+    )
+    columns = ", ".join(f"a.{qn(f.column)}" for f in NodeHealth._meta.concrete_fields)
+    return (
+        f"SELECT n.name, n.cluster_id, c.name, e.server_id, {columns} FROM {node} n"
+        f" JOIN {cluster} c ON c.id = n.cluster_id LEFT JOIN {executor} e ON e.cluster_id = n.cluster_id"
+        f" LEFT JOIN {agent} a ON a.node_id = n.id WHERE n.id = %s"
+    )
 
 
 _GPU_INDEXES: dict[int, tuple[frozenset[int], float]] = {}
@@ -123,21 +144,6 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
         _GPU_INDEXES.clear()
     _GPU_INDEXES[node.pk] = (indexes, now + NODE_CACHE_S)
     return indexes
-
-
-@functools.cache
-def _agent_sql() -> str:
-    """The node's agent row, with this server's id for the cluster (`server_id`, None when the
-    cluster has no executor row yet) and the cluster's name (`cluster_name`)."""
-    qn = connection.ops.quote_name
-    agent, node, cluster, executor = (
-        qn(m._meta.db_table) for m in (NodeHealth, Node, Cluster, ClusterExecutor)
-    )
-    return (
-        f"SELECT a.*, e.server_id AS server_id, c.name AS cluster_name FROM {agent} a"
-        f" JOIN {node} n ON n.id = a.node_id JOIN {cluster} c ON c.id = n.cluster_id"
-        f" LEFT JOIN {executor} e ON e.cluster_id = n.cluster_id WHERE a.node_id = %s"
-    )
 
 
 @functools.cache

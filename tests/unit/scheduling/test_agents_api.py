@@ -152,20 +152,22 @@ def test_an_idle_poll_reads_the_agent_row_and_the_work_and_writes_nothing(nodes,
     assert NodeHealth.objects.get(node__name="node-a").last_seen > old
 
 
-def test_a_node_is_still_remembered_at_its_agents_next_poll(nodes, case44, settings, monkeypatch):
-    settings.TOPOWEB_AGENT_POLL_S = 60
-    assert sync(nodes).status_code == 200
-    # The next poll, a whole interval later (past NODE_CACHE_S), reads no node row again.
-    later = time.monotonic() + 61
-    monkeypatch.setattr(agent_selectors, "time", types.SimpleNamespace(monotonic=lambda: later))
+def test_the_node_and_its_agent_row_are_read_in_one_statement_and_a_deleted_node_is_refused(nodes, case44):
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8)]
+    assert sync(nodes, gpus=gpus, addr="10.0.0.1").status_code == 200
     with CaptureQueriesContext(connection) as queries:
-        assert sync(nodes).status_code == 200
-    assert not [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
-    # Two intervals later it is looked up again.
-    later += 60
-    with CaptureQueriesContext(connection) as queries:
-        assert sync(nodes).status_code == 200
-    assert [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
+        answer = sync(nodes, gpus=gpus, addr="10.0.0.1")
+    assert answer.status_code == 200
+    reads = [q["sql"] for q in queries.captured_queries if 'FROM "topology_node"' in q["sql"]]
+    assert len(reads) == 1 and '"scheduling_nodeagent"' in reads[0], reads
+    # The row read so comes back as the ORM would read it (JSON, dates), and the answer with it.
+    agent = NodeHealth.objects.get(node__name="node-a")
+    assert agent.inventory == gpus and agent.last_seen is not None
+    assert answer.json()["cluster"] == case44.name and answer.json()["server_id"]
+    Node.objects.filter(cluster=case44, name="node-a").update(name="node-a2")
+    assert sync(nodes).status_code == 403
+    Node.objects.filter(cluster=case44, name="node-a2").delete()
+    assert sync(nodes).status_code in (401, 403)
 
 
 def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_work(case44, monkeypatch):

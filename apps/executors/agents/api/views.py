@@ -12,8 +12,10 @@ from django.db import connection
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import BaseParser
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -63,6 +65,14 @@ class AgentSyncParser(BaseParser):
         return parse_spec_body(stream, parser_context, json_only=True, clean=_clean_reports)
 
 
+class AnswerJSON(DefaultContentNegotiation):
+    """An agent's answer is JSON whatever the request accepts (no Accept header to parse on
+    every poll of every node)."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class IsNodeAgent(BasePermission):
     """Only a node token (a node agent's own credential)."""
 
@@ -78,6 +88,8 @@ class AgentSyncView(APIView):
     authentication_classes = [NodeAuthentication]
     permission_classes = [IsNodeAgent]
     parser_classes = [AgentSyncParser]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = AnswerJSON
     # A long-poll (up to TOPOWEB_AGENT_POLL_S): outside the per-process API write slots, which it
     # would hold while waiting (topoweb.middleware.WriteSlotsMiddleware).
     write_slot = False
@@ -114,8 +126,8 @@ class AgentSyncView(APIView):
                 },
                 status=status.HTTP_403_FORBIDDEN,
             )
-        node, known = sync_node(cluster_id=token.node.cluster_id, name=name)
-        if node is None or node.pk != token.node_id:
+        node, known = sync_node(node_id=token.node_id)
+        if node is None or node.name != name:
             return Response(
                 {"detail": "the credential's node no longer exists"}, status=status.HTTP_403_FORBIDDEN
             )
