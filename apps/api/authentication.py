@@ -10,6 +10,7 @@ DEFAULT_AUTHENTICATION_CLASSES: user tokens, sessions, launcher tokens) unless i
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from typing import Any
 
@@ -88,7 +89,9 @@ class TokenAuthentication(authentication.TokenAuthentication):
 
 # A valid launcher or node key is remembered per process for KEY_CACHE_S seconds (thousands of
 # agents authenticate every poll): a deleted or revoked token stops working within that time, and
-# at once in the process that revoked it (node_tokens_forget).
+# at once in the process that revoked it (node_tokens_forget). Where a kind of key can re-check
+# many tokens in one statement (`_still_valid_many`), a remembered token found due is re-checked
+# with every other one due within KEY_CACHE_S / 2: a few statements a minute, not one a poll.
 KEY_CACHE_S = 30.0
 
 
@@ -105,6 +108,7 @@ class KeyAuthentication(BaseAuthentication):
     unknown = ""
     cache_size = 0
     cache: dict[str, tuple[Any, float]]
+    recheck_lock: threading.Lock
 
     def authenticate(self, request):
         parts = get_authorization_header(request).split()
@@ -124,9 +128,10 @@ class KeyAuthentication(BaseAuthentication):
         ident = self._ident(key)
         now = time.monotonic()
         hit = self.cache.get(ident)
-        if hit is not None and (hit[1] > now or self._still_valid(hit[0])):
-            if hit[1] <= now:
-                self.cache[ident] = (hit[0], now + KEY_CACHE_S)
+        if hit is not None and hit[1] <= now:
+            hit = self._recheck(ident, now)
+        if hit is not None:
+            self._used(hit[0])
             return AnonymousUser(), hit[0]
         token = self._lookup(ident)
         if token is None:
@@ -144,10 +149,32 @@ class KeyAuthentication(BaseAuthentication):
         """The valid token known by `ident`, or None."""
         raise NotImplementedError
 
-    def _still_valid(self, token) -> bool:
-        """Whether `token`, remembered for KEY_CACHE_S, is still valid as it was looked up (a
-        cheaper check than `_lookup`; False: look it up again)."""
-        return False
+    def _recheck(self, ident: str, now: float) -> tuple[Any, float] | None:
+        """`ident`'s remembered entry, which is due, re-checked together with every other one due
+        within KEY_CACHE_S / 2 (`_still_valid_many`); those still valid are remembered for
+        another KEY_CACHE_S, the others forgotten (looked up again on their next use). None:
+        `ident` is forgotten."""
+        with self.recheck_lock:
+            hit = self.cache.get(ident)
+            if hit is None or hit[1] > now:  # another thread re-checked it meanwhile
+                return hit
+            soon = now + KEY_CACHE_S / 2
+            due = {i: token for i, (token, until) in list(self.cache.items()) if until <= soon}
+            valid = self._still_valid_many(list(due.values())) if due else set()
+            for i, token in due.items():
+                if token.pk in valid:
+                    self.cache[i] = (token, now + KEY_CACHE_S)
+                else:
+                    self.cache.pop(i, None)
+            return self.cache.get(ident)
+
+    def _still_valid_many(self, tokens: list) -> set[int]:
+        """The ids of those remembered `tokens` still valid as they were looked up (a cheaper
+        check than `_lookup` each); the others are looked up again. By default none."""
+        return set()
+
+    def _used(self, token) -> None:
+        """Called on every use of a remembered token (a kind of key may record it)."""
 
     def authenticate_header(self, request):
         return self.keyword

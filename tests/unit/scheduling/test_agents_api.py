@@ -848,3 +848,34 @@ def test_a_remembered_node_token_is_rechecked_past_the_cache_time_and_a_change_e
     NodeToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())  # revoked elsewhere
     assert sync_at(2 * auth.KEY_CACHE_S + 3, "node-z").status_code == 200  # still remembered
     assert sync_at(3 * auth.KEY_CACHE_S + 4, "node-z").status_code == 401
+
+
+def test_remembered_node_tokens_due_are_rechecked_together_in_one_statement(case44, monkeypatch):
+    """At a one-minute poll every remembered token is due at every sync: the first one found due
+    re-checks all those due within half the cache time, so the others' syncs query no token."""
+    from apps.api import authentication as auth
+
+    clients = []
+    for name in ("node-a", "node-b"):
+        key = agents.node_token_create(node=Node.objects.get(cluster=case44, name=name))[1]
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Node {key}")
+        clients.append((name, client))
+    node_tokens_forget()
+
+    def sync_at(offset: float, name: str, client):
+        now = time.monotonic() + offset
+        monkeypatch.setattr(auth, "time", types.SimpleNamespace(monotonic=lambda: now))
+        with CaptureQueriesContext(connection) as queries:
+            assert (
+                client.post("/api/v1/agents/sync/", {"version": "1", "node": name}, format="json").status_code
+                == 200
+            )
+        return [q["sql"] for q in queries.captured_queries if '"scheduling_nodetoken"' in q["sql"]]
+
+    for name, client in clients:
+        sync_at(0, name, client)
+    (first, a), (second, b) = clients
+    checks = sync_at(auth.KEY_CACHE_S + 1, first, a)
+    assert len(checks) == 1 and " IN (" in checks[0], checks
+    assert sync_at(auth.KEY_CACHE_S + 2, second, b) == []
