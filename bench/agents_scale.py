@@ -233,9 +233,11 @@ def run(args, url: str) -> int:
         tmp.name,
         TOPOWEB_AGENT_POLL_S=str(max(args.poll_s)),
         TOPOWEB_AGENT_DOWN_AFTER_S=str(max(args.poll_s) * 3),
-        # Thousands of threads wait in long-polls: they share a pool of connections.
-        TOPOWEB_DB_POOL_MAX="40",
     )
+    if args.server == "gthread":
+        # Thousands of threads wait in long-polls: they share a pool of connections. (uvicorn's
+        # sync threads keep a connection each, as the agents service of docker-compose.yml does.)
+        env["TOPOWEB_DB_POOL_MAX"] = "40"
     if args.redis:
         env["CACHE_URL"] = args.redis
     web = None

@@ -345,3 +345,19 @@ def test_placement_core_imports_no_django_drf_or_celery():
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert "apps.placement.topology" in result["modules"]
     assert result["bad"] == []
+
+
+def test_the_agents_service_keeps_a_connection_per_sync_thread():
+    """uvicorn's sync threads are few (topoweb.agents_asgi.SYNC_THREADS) and a waiting poll holds no
+    thread there: each keeps its connection instead of a checkout from a pool on every sync."""
+    from topoweb.agents_asgi import SYNC_THREADS
+
+    agents = COMPOSE["services"]["agents"]
+    assert "uvicorn" in agents["command"] and "TOPOWEB_DB_POOL_MAX" not in agents.get("environment", {})
+    workers = int(next(a for a in agents["command"] if a.startswith("--workers=")).split("=")[1])
+    # Postgres's default max_connections (100) holds both processes' threads and web's pools.
+    assert (
+        workers * (SYNC_THREADS + 1)
+        + 2 * int(COMPOSE["services"]["web"]["environment"]["TOPOWEB_DB_POOL_MAX"])
+        < 100
+    )

@@ -229,15 +229,16 @@ class AgentSyncView(APIView):
             and running == _keys(work)
             and not unheeded
         ):
-            if not connection.in_atomic_block:
-                # A waiting poll holds no database connection: thousands of agents wait at once.
-                connection.close()
             wait = AgentWait(node=node, since=since, wait_s=wait_s)
             if getattr(request._request, WAITS_ELSEWHERE, False):
-                # The ASGI path (topoweb/agents_asgi.py) waits in its event loop, then `refresh`es.
+                # The ASGI path (topoweb/agents_asgi.py) waits in its event loop, then `refresh`es;
+                # this thread, and its database connection, serve the next sync meanwhile.
                 response = Response(answer)
                 response.agent_wait = wait
                 return response
+            if not connection.in_atomic_block:
+                # A waiting poll holds no database connection: thousands of agents wait at once.
+                connection.close()
             if wait_for_change(node.cluster_id, node.name, since, wait_s):
                 answer["work"], answer["stop"] = node_work(node=node)
         return Response(answer)
