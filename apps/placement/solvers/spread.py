@@ -62,8 +62,9 @@ def node_spreads(
     idx: HierarchyIndex, counts: Free, job: JobSpec, gids: np.ndarray, pod: int, fewest: int
 ) -> list[tuple[np.ndarray, float]]:
     """The map `gids` with its nodes moved onto more units of `pod`, keeping every rank's place
-    within its node: the job's nodes in the order of their first ranks, cut into k consecutive
-    groups of as many GPUs (k from `part_counts`, more units than the map uses), each group onto
+    within its node: the job's nodes in the order of their first ranks, cut into k groups of as
+    many GPUs (k from `part_counts`, more units than the map uses; consecutive nodes, or each
+    unit's nodes in pieces, `_node_groups`), each group onto
     its own unit (the units the map uses first, then the quietest), each node onto the unit's
     node with the fewest free GPUs that hold its part. A map the nestings pack into two leaves
     keeps its groups' shapes and shares the uplinks of four (a tp4 x cp2 x pp2 x dp4 job at 4:1,
@@ -85,31 +86,59 @@ def node_spreads(
     out: list[tuple[np.ndarray, float]] = []
     now = np.unique(node_unit[order]).size
     for parts in part_counts(job, max(fewest, now + 1), units.size):
-        if order.size % parts:
-            continue
-        groups = order.reshape(parts, -1)
-        if np.unique(held[groups].sum(axis=1)).size != 1:
-            continue
-        target: dict[int, int] = {}
-        free_units = mine + others
-        for group in groups:
-            for u in free_units:
-                placed = _host(counts, np.flatnonzero(node_unit == u), group, held)
-                if placed is not None:
-                    target.update(placed)
-                    free_units = [x for x in free_units if x != u]
+        for groups in _node_groups(order, node_unit, held, parts, now):
+            target: dict[int, int] = {}
+            free_units = mine + others
+            for group in groups:
+                for u in free_units:
+                    placed = _host(counts, np.flatnonzero(node_unit == u), group, held)
+                    if placed is not None:
+                        target.update(placed)
+                        free_units = [x for x in free_units if x != u]
+                        break
+                else:
                     break
-            else:
-                break
-        if len(target) != order.size:
-            continue
-        moved = np.empty_like(gids)
-        for v, t in target.items():
-            at = np.flatnonzero(node == v)
-            start = int(np.searchsorted(counts.ids, idx.node_first_gid[t]))
-            dest = counts.ids[start : start + held[v]]
-            moved[at] = dest[np.argsort(np.argsort(gids[at]))]
-        out.append((moved, float(pod_free - n) + fragmentation(idx, counts, np.sort(moved))))
+            if len(target) != order.size:
+                continue
+            moved = np.empty_like(gids)
+            for v, t in target.items():
+                at = np.flatnonzero(node == v)
+                start = int(np.searchsorted(counts.ids, idx.node_first_gid[t]))
+                dest = counts.ids[start : start + held[v]]
+                moved[at] = dest[np.argsort(np.argsort(gids[at]))]
+            out.append((moved, float(pod_free - n) + fragmentation(idx, counts, np.sort(moved))))
+    return out
+
+
+def _node_groups(
+    order: np.ndarray, node_unit: np.ndarray, held: np.ndarray, parts: int, now: int
+) -> list[list[np.ndarray]]:
+    """Ways to cut the job's nodes (`order`, by first rank) into `parts` groups of as many of its
+    GPUs (`held`), one unit each: consecutive nodes together; and, when `parts` is a multiple of
+    the `now` units the map uses, each unit's own nodes cut in parts / now consecutive pieces, the
+    first piece of every unit listed first (so it stays on its unit). The first keeps whole the
+    blocks of ranks the nestings laid on consecutive nodes; the second keeps every group that
+    crossed units crossing the same way and halves (or more) the flows on each leaf's uplinks: a
+    tp2 x pp8 x dp4 job whose TP pairs each cross two leaves (32 + 32 GPUs at 4:1) then shares
+    the uplinks of four (13.91 to 13.60 ms, the free-set bound), where consecutive pairs of nodes
+    put each TP pair in one leaf and every DP group over four (19.40)."""
+    out: list[list[np.ndarray]] = []
+    if order.size % parts == 0:
+        cut = order.reshape(parts, -1)
+        if np.unique(held[cut].sum(axis=1)).size == 1:
+            out.append(list(cut))
+    per = parts // now
+    if parts % now or per < 2:
+        return out
+    pieces: list[list[np.ndarray]] = []
+    for u in dict.fromkeys(node_unit[order].tolist()):
+        on_unit = order[node_unit[order] == u]
+        if on_unit.size % per:
+            return out
+        pieces.append(list(on_unit.reshape(per, -1)))
+    refined = [unit_pieces[i] for i in range(per) for unit_pieces in pieces]
+    if len({int(held[g].sum()) for g in refined}) == 1:
+        out.append(refined)
     return out
 
 

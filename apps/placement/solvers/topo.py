@@ -29,8 +29,9 @@
    not use (`rails.py`); last, the nested mappings of the set the search ended on, so its answer
    is never dearer than the plain nestings of its own GPUs, and a climb from the cheapest of
    those over exchanges of two dimensions (`mapping.transposed`); then a climb over exchanges of
-   the ranks of two of the job's nodes (`_node_exchanges`): which node holds which pipeline
-   stage of which replicas, an order the nestings take from the node ids alone.
+   the ranks of two of the job's nodes (`_node_exchanges`), and of three when no two improve:
+   which node holds which pipeline stage of which replicas, an order the nestings take from the
+   node ids alone; last, the map's nodes moved onto more units (`spread.node_spreads`).
 Candidates are priced by the cost model with the current link loads; the cheapest is kept, ties
 to the better fit.
 """
@@ -78,6 +79,9 @@ NEST_CLIMB_EVALS = 30
 # for jobs whose search has at least as many moves (up to 512 GPUs): past that a price costs
 # tens of ms and a few pairs in node order are a blind draw out of thousands.
 NODE_EXCHANGE_EVALS = 40
+# Prices the rotations of three nodes' ranks may spend once no exchange of two improves (at most
+# half the search's moves: 20 for jobs of 65 to 512 GPUs).
+NODE_CYCLE_EVALS = 60
 # Local search after the constructive stage, when it missed the bound: (largest job in GPUs, moves)
 # by job size. A move costs one cost-model call (about 2 ms, growing with the job past a few
 # thousand GPUs), so bigger jobs get fewer; counted in moves, not seconds, so the answer does not
@@ -323,7 +327,13 @@ def _node_exchanges(
     has fewer moves). `price` gives a map's key (`_key`), memoised in `priced`. Nestings lay stages
     and replicas on nodes in id order, and the search's node moves are random draws: a tp4 x
     pp4 x dp4 job under a hot spine kept a pipeline crossing leaves three times where one
-    exchange makes it twice (85.09 to 78.37 ms)."""
+    exchange makes it twice (85.09 to 78.37 ms).
+    When a round of pairs improves nothing, the ranks of three such nodes in three different
+    cells are rotated (both ways, in node order; NODE_CYCLE_EVALS more prices, at most half the
+    search's moves), and after an
+    improvement the pairs sweep again: a map can be a local optimum of every exchange of two
+    nodes and not of a rotation of three (a tp4 x pp4 x dp4 job at 4:1 on 8 nodes of four
+    leaves, 64.78 to 51.34 ms, the free-set bound, with one rotation)."""
     gids = np.asarray(gids, dtype=np.int64)
     node_of = idx.gpu_node[gids]
     nodes, counts = np.unique(node_of, return_counts=True)
@@ -339,20 +349,46 @@ def _node_exchanges(
     if not pairs:
         return gids
     best = price(gids)[:2]
-    # The ranks on each node, in rank order; an exchange swaps two such lists' GPUs.
+    # The ranks on each node, in rank order; an exchange moves such lists' GPUs.
     ranks = [np.flatnonzero(node_of == n) for n in nodes]
-    left = NODE_EXCHANGE_EVALS
+    left, left_cycles = NODE_EXCHANGE_EVALS, min(NODE_CYCLE_EVALS, search_evals(job) // 2)
     k = since = 0
-    while left > 0 and since < len(pairs):
-        a, b = pairs[k]
-        k, since = (k + 1) % len(pairs), since + 1
-        trial = gids.copy()
-        trial[ranks[a]], trial[ranks[b]] = gids[ranks[b]], gids[ranks[a]]
-        left -= trial.tobytes() not in priced
+    cycles = None
+    while True:
+        if left > 0 and since < len(pairs):
+            a, b = pairs[k]
+            k, since = (k + 1) % len(pairs), since + 1
+            trial = gids.copy()
+            trial[ranks[a]], trial[ranks[b]] = gids[ranks[b]], gids[ranks[a]]
+            left -= trial.tobytes() not in priced
+        else:
+            # No exchange of two improves (or none is left to price): the next rotation of three.
+            if cycles is None:
+                cycles = _rotations(idx, gids, ranks, counts)
+            rotation = next(cycles, None) if left_cycles > 0 else None
+            if rotation is None:
+                return gids
+            a, b, d = rotation
+            trial = gids.copy()
+            trial[ranks[a]], trial[ranks[b]], trial[ranks[d]] = gids[ranks[b]], gids[ranks[d]], gids[ranks[a]]
+            left_cycles -= trial.tobytes() not in priced
         key = price(trial)[:2]
         if key < best:
-            best, gids, since = key, trial, 0
-    return gids
+            # The pairs sweep again from here, and the rotations start over on the new map.
+            best, gids, since, cycles = key, trial, 0, None
+
+
+def _rotations(
+    idx: HierarchyIndex, gids: np.ndarray, ranks: list[np.ndarray], counts: np.ndarray
+) -> Iterator[tuple[int, int, int]]:
+    """Rotations (a, b, c) of three of `ranks`' lists (a's ranks onto b's GPUs, b's onto c's, c's
+    onto a's), as many ranks each and their nodes in three different cells, in list order, both
+    ways round; lazily (a 512-GPU job's 64 nodes have 41,664 triples)."""
+    where = [int(idx.gpu_cell[gids[r[0]]]) for r in ranks]
+    for a, b, c in itertools.combinations(range(len(ranks)), 3):
+        if counts[a] == counts[b] == counts[c] and len({where[a], where[b], where[c]}) == 3:
+            yield a, b, c
+            yield a, c, b
 
 
 def _link_aware_sets(

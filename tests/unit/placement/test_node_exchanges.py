@@ -87,6 +87,8 @@ def test_the_exchanges_stay_within_their_prices(monkeypatch):
     load = load_array(topo, HOT)
     priced: dict[bytes, tuple[float, float]] = {}
     monkeypatch.setattr(topo_module, "NODE_EXCHANGE_EVALS", 5)
+    # No rotations of three nodes either (their budget is test_node_rotations.py's).
+    monkeypatch.setattr(topo_module, "NODE_CYCLE_EVALS", 0)
     got = _exchanges(topo, j, np.asarray(BEFORE), HOT, priced)
     # The start and at most five exchanges; the first improving pair is the eighth, out of reach.
     assert len(priced) <= 6
