@@ -10,6 +10,7 @@ import re
 
 from django.conf import settings
 from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -60,6 +61,7 @@ from .filters import GpuFilter, JobFilter, MigrationProposalFilter, NamedFilterB
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (
     LIST_COLUMNS,
+    LIST_ROW_COLUMNS,
     GpuSerializer,
     JobFailSerializer,
     JobListSerializer,
@@ -69,6 +71,7 @@ from .serializers import (
     PrioritySerializer,
     QosSerializer,
     SchedulingCycleSerializer,
+    job_list_row,
 )
 
 SPEC_BODY = spec_body(JobSpecV1Schema)
@@ -449,6 +452,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except services.JobStateError as exc:
             return state_error(exc, exc.job.status)
         return Response(priority_body(job))
+
+    # Last in the class body: above it, `list` names the builtin.
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        # The page is read as rows and written as JobListSerializer would (`job_list_row`).
+        rows = self.filter_queryset(self.get_queryset()).values_list(*LIST_ROW_COLUMNS)
+        page = self.paginate_queryset(rows)
+        tz = timezone.get_current_timezone()
+        if page is None:
+            return Response([job_list_row(row, tz) for row in rows])
+        return self.get_paginated_response([job_list_row(row, tz) for row in page])
 
 
 def _not_placed(job: Job) -> dict:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from apps.scheduling import cycle, services
-from apps.scheduling.api.serializers import JobListSerializer, JobSerializer
+from apps.scheduling.api.serializers import LIST_ROW_COLUMNS, JobListSerializer, JobSerializer, job_list_row
 from apps.scheduling.choices import JobStatus
 from apps.scheduling.models import Job
 from apps.scheduling.tasks import schedule_cluster_task
@@ -55,6 +55,10 @@ def test_fast_job_representation_matches_the_field_by_field_one(case44, alice, c
                 job.name,
                 serializer_class,
             )
+    # The job list reads rows, not jobs: the same values.
+    rows = Job.objects.order_by("id").values_list(*LIST_ROW_COLUMNS)
+    tz = timezone.get_current_timezone()
+    assert [job_list_row(row, tz) for row in rows] == [JobListSerializer(job).data for job in jobs]
 
 
 def test_job_list_leaves_out_the_spec_predicted_block_and_flows(case44, alice, alice_api, committed):
