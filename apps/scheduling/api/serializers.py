@@ -53,6 +53,9 @@ LIST_COLUMNS = [
 ]
 
 
+# A job's detail reads every column of the job and these of its related rows.
+JOB_COLUMNS = tuple(f.name for f in Job._meta.concrete_fields)
+DETAIL_RELATED_COLUMNS = ("cluster__name", "owner__username", "account__name", "qos__name")
 # The list's columns read as plain rows (no model instances: building three per job was most of a
 # list's CPU), in the order `job_list_row` takes them.
 LIST_ROW_COLUMNS = (

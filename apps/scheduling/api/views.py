@@ -60,6 +60,8 @@ from .authentication import AUTHENTICATION
 from .filters import GpuFilter, JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (
+    DETAIL_RELATED_COLUMNS,
+    JOB_COLUMNS,
     LIST_COLUMNS,
     LIST_ROW_COLUMNS,
     GpuSerializer,
@@ -167,7 +169,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         jobs = selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
         # The detail names the job's account and QOS: joined, not read one query each.
-        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs.select_related("account", "qos")
+        if self.action == "list":
+            return jobs.only(*LIST_COLUMNS)
+        jobs = jobs.select_related("account", "qos")
+        if self.action == "retrieve":
+            # The detail names the job's cluster, owner, account and QOS: of their rows, only that.
+            return jobs.only(*JOB_COLUMNS, *DETAIL_RELATED_COLUMNS)
+        return jobs
 
     serializer_class = JobSerializer
 
