@@ -36,7 +36,7 @@ from apps.api.renderers import (
 )
 from apps.api.schemas import FIELD_ERRORS_RESPONSE, STATE_ERROR_RESPONSE
 from apps.api.schemas import STATE_ERROR as STATE_ERROR_BODY
-from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
+from apps.api.throttling import CallerRateThrottle, CountsWindowsTogether, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 from apps.topology.models import Gpu
@@ -146,7 +146,9 @@ def state_error(exc: Exception, current: str) -> Response:
     ),
     retrieve=extend_schema(summary="One job with its spec and predicted costs"),
 )
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(
+    CountsWindowsTogether, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Submit job specs v1, follow them through the queue, and report their lifecycle."""
 
     authentication_classes = AUTHENTICATION
