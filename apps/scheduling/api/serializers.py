@@ -57,33 +57,9 @@ LIST_COLUMNS = [
 JOB_COLUMNS = tuple(f.name for f in Job._meta.concrete_fields)
 DETAIL_RELATED_COLUMNS = ("cluster__name", "owner__username", "account__name", "qos__name")
 # The list's columns read as plain rows (no model instances: building three per job was most of a
-# list's CPU), in the order `job_list_row` takes them.
-LIST_ROW_COLUMNS = (
-    "id",
-    "name",
-    "cluster_id",
-    "cluster__name",
-    "owner__username",
-    "status",
-    "priority",
-    "policy",
-    "placed_policy",
-    "gpus",
-    "estimated_runtime_s",
-    "submitted_at",
-    "placed_at",
-    "started_at",
-    "finished_at",
-    "pending_reason",
-    "overdue",
-    "preemptions",
-    "requeues",
-    "requeue_reason",
-    "requeued_at",
-    "predicted_comm_ms",
-    "predicted_step_ms",
-    "predicted_mfu",
-)
+# list's CPU), in the order of LIST_FIELDS that `job_list_row` takes them in.
+_ROW_COLUMN = {"cluster": "cluster_id", "cluster_name": "cluster__name", "owner": "owner__username"}
+LIST_ROW_COLUMNS = tuple(_ROW_COLUMN.get(f, f) for f in LIST_FIELDS if f != "overdue_reason")
 
 
 def iso_datetime(value: datetime | None, tz: tzinfo | None = None) -> str | None:
