@@ -38,18 +38,24 @@ def redis_cache(require_redis, monkeypatch):
     forget()
 
 
-def test_incr_is_one_round_trip_and_keeps_the_expiry(redis_cache, monkeypatch):
-    with pytest.raises(ValueError):
-        redis_cache.incr("absent")
-    assert redis_cache.get("absent") is None  # not created by the failed incr
-    assert redis_cache.add("counter", 1, 60)
-    sent = []
+def commands_sent(monkeypatch) -> list[str]:
+    """The names of the Redis commands sent from now on (until `monkeypatch.undo()`)."""
+    sent: list[str] = []
     original = redis.Redis.execute_command
     monkeypatch.setattr(
         redis.Redis,
         "execute_command",
         lambda self, *args, **kw: sent.append(args[0]) or original(self, *args, **kw),
     )
+    return sent
+
+
+def test_incr_is_one_round_trip_and_keeps_the_expiry(redis_cache, monkeypatch):
+    with pytest.raises(ValueError):
+        redis_cache.incr("absent")
+    assert redis_cache.get("absent") is None  # not created by the failed incr
+    assert redis_cache.add("counter", 1, 60)
+    sent = commands_sent(monkeypatch)
     assert redis_cache.incr("counter") == 2
     assert sent == ["EVAL"]
     monkeypatch.undo()
@@ -88,13 +94,7 @@ def test_a_submissions_two_counters_are_one_round_trip(redis_cache, monkeypatch)
     now = [1_800_000_050.0]  # 50 s into a minute-long window
     monkeypatch.setattr(SimpleRateThrottle, "timer", staticmethod(lambda: now[0]))
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"user": "100/min", "submit": "2/min"})
-    sent = []
-    original = redis.Redis.execute_command
-    monkeypatch.setattr(
-        redis.Redis,
-        "execute_command",
-        lambda self, *args, **kw: sent.append(args[0]) or original(self, *args, **kw),
-    )
+    sent = commands_sent(monkeypatch)
     SubmitView().check_throttles(Request())
     assert sent == ["EVAL"]
     SubmitView().check_throttles(Request())
