@@ -60,6 +60,19 @@ return false
 """
 
 
+# Each key's counter in its window: INCR, and on the window's first request EXPIRE with it (one
+# round trip for every key; the counter is the plain integer `add` would have stored).
+_COUNT_WINDOWS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local n = redis.call('INCR', key)
+  if n == 1 then redis.call('EXPIRE', key, ARGV[i]) end
+  out[i] = n
+end
+return out
+"""
+
+
 class ReusedClientRedisCacheClient(RedisCacheClient):
     """Django's Redis cache client keeping one redis.Redis per connection pool. Django builds a new
     one for every call, and redis-py's constructor (its table of ~160 response callbacks) took more
@@ -84,11 +97,16 @@ class ReusedClientRedisCacheClient(RedisCacheClient):
             raise ValueError(f"Key '{key}' not found.")
         return value
 
+    def count_windows(self, keys, timeouts):
+        client = self.get_client(keys[0], write=True)
+        return client.eval(_COUNT_WINDOWS, len(keys), *keys, *timeouts)
+
 
 class FailOpenRedisCache(RedisCache):
     """Django's RedisCache whose get/add/set/incr/touch/delete, their *_many forms and has_key
     never raise a Redis error: they answer as if the key were absent (`add` as if it were added,
-    `incr` with ValueError, `set_many` as if every key failed). One redis.Redis client per pool is
+    `incr` with ValueError, `set_many` as if every key failed), and so does `count_windows` (the
+    throttles' counters, every one 1). One redis.Redis client per pool is
     reused, and `incr` is one round trip."""
 
     def __init__(self, server, params):
@@ -105,3 +123,13 @@ class FailOpenRedisCache(RedisCache):
     set_many = _fails_open(RedisCache.set_many, lambda data, *args, **kwargs: list(data))
     delete_many = _fails_open(RedisCache.delete_many, _missing)
     has_key = _fails_open(RedisCache.has_key, lambda *args, **kwargs: False)
+
+    def _count_windows(self, windows):
+        """Each (key, timeout) counter of `windows` counted up by one, created expiring after its
+        timeout when absent; their new values, in one round trip."""
+        keys = [self.make_and_validate_key(key) for key, _ in windows]
+        timeouts = [max(1, int(self.get_backend_timeout(timeout))) for _, timeout in windows]
+        return [int(n) for n in self._cache.count_windows(keys, timeouts)]
+
+    # With Redis down every window counts 1: throttling lets requests through.
+    count_windows = _fails_open(_count_windows, lambda windows: [1] * len(windows))

@@ -34,19 +34,36 @@ class FixedWindowThrottle(SimpleRateThrottle):
     window refuses every request until it ends."""
 
     def allow_request(self, request, view):
-        if self.rate is None:
-            return True
-        key = self.get_cache_key(request, view)
-        if key is None:
-            return True
-        return self._count(key) <= self.num_requests
+        key = self.window_key(request, view)
+        return key is None or self.allows(request, view, self._count(key, windowed=True))
 
-    def _count(self, key: str) -> int:
-        """This request's number in the current window of `key`."""
+    def window_key(self, request, view) -> str | None:
+        """The cache key of this request's counter in the current window; None when no rate
+        applies (the request is allowed uncounted). `allows` takes the counter's new value."""
+        if self.rate is None:
+            return None
+        key = self.get_cache_key(request, view)
+        return None if key is None else self._window(key)
+
+    def allows(self, request, view, count: int) -> bool:
+        """Whether the request, number `count` in its window, is allowed."""
+        return count <= self.num_requests
+
+    def _window(self, key: str) -> str:
         self.now = self.timer()
         window = int(self.now // self.duration)
         self.window_end = (window + 1) * self.duration
         self.key = f"{key}_{window}"
+        return self.key
+
+    def _count(self, key: str, *, windowed: bool = False) -> int:
+        """This request's number in the current window of `key` (`windowed`: `key` is the
+        window's key already)."""
+        if not windowed:
+            self._window(key)
+        counting = getattr(self.cache, "count_windows", None)
+        if counting is not None:  # Redis: one round trip
+            return counting([(self.key, self.duration)])[0]
         try:
             return self.cache.incr(self.key)
         except ValueError:  # the window's first request
@@ -70,13 +87,13 @@ class CallerRateThrottle(FixedWindowThrottle):
         # The rate depends on the caller; allow_request picks it.
         return None
 
-    def allow_request(self, request, view):
+    def window_key(self, request, view) -> str | None:
         self.scope = "launcher" if launcher_of(request) is not None else "user"
         self.rate = self.THROTTLE_RATES.get(self.scope)
         if self.rate is None:
-            return True
+            return None
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        return super().window_key(request, view)
 
     def get_cache_key(self, request, view):
         return self.cache_format % {"scope": self.scope, "ident": caller_key(request, view)}
@@ -89,20 +106,51 @@ class ScopedCallerThrottle(CallerRateThrottle):
     "submit_operator" rate: their role is only read then, so an ordinary submission costs no
     permission query."""
 
-    def allow_request(self, request, view):
+    def window_key(self, request, view) -> str | None:
         self.scope = getattr(view, "throttle_scope", None) or ""
         self.rate = self.THROTTLE_RATES.get(self.scope) if self.scope else None
         if self.rate is None:
-            return True
+            return None
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        if FixedWindowThrottle.allow_request(self, request, view):
+        return FixedWindowThrottle.window_key(self, request, view)
+
+    def allows(self, request, view, count: int) -> bool:
+        if FixedWindowThrottle.allows(self, request, view, count):
             return True
         higher = self.THROTTLE_RATES.get(f"{self.scope}_operator")
         if higher is None or not _operates(request):
             return False
         self.scope, self.rate = f"{self.scope}_operator", higher
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return FixedWindowThrottle.allow_request(self, request, view)
+        key = FixedWindowThrottle.window_key(self, request, view)
+        return key is None or FixedWindowThrottle.allows(self, request, view, self._count(key, windowed=True))
+
+
+class CountsWindowsTogether:
+    """A view mixin: its fixed-window throttles' counters are counted in one cache round trip
+    (a submission's caller and "submit" counters), the others checked one by one as DRF does."""
+
+    def check_throttles(self, request):
+        waits = []
+        counted = []
+        for throttle in self.get_throttles():
+            if not isinstance(throttle, FixedWindowThrottle):
+                if not throttle.allow_request(request, self):
+                    waits.append(throttle.wait())
+                continue
+            key = throttle.window_key(request, self)
+            if key is not None:
+                counted.append((throttle, key))
+        counting = getattr(counted[0][0].cache, "count_windows", None) if counted else None
+        if counting is not None and len(counted) > 1:
+            counts = counting([(key, throttle.duration) for throttle, key in counted])
+        else:
+            counts = [throttle._count(key, windowed=True) for throttle, key in counted]
+        for (throttle, _), count in zip(counted, counts, strict=True):
+            if not throttle.allows(request, self, count):
+                waits.append(throttle.wait())
+        if waits:
+            self.throttled(request, max((w for w in waits if w is not None), default=None))
 
 
 def _operates(request) -> bool:

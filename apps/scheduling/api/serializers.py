@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import Any
 
 from django.utils import timezone
@@ -53,11 +53,21 @@ LIST_COLUMNS = [
 ]
 
 
-def iso_datetime(value: datetime | None) -> str | None:
-    """A datetime as DRF writes it: ISO 8601 in the current time zone, UTC as a trailing "Z"."""
+# A job's detail reads every column of the job and these of its related rows.
+JOB_COLUMNS = tuple(f.name for f in Job._meta.concrete_fields)
+DETAIL_RELATED_COLUMNS = ("cluster__name", "owner__username", "account__name", "qos__name")
+# The list's columns read as plain rows (no model instances: building three per job was most of a
+# list's CPU), in the order of LIST_FIELDS that `job_list_row` takes them in.
+_ROW_COLUMN = {"cluster": "cluster_id", "cluster_name": "cluster__name", "owner": "owner__username"}
+LIST_ROW_COLUMNS = tuple(_ROW_COLUMN.get(f, f) for f in LIST_FIELDS if f != "overdue_reason")
+
+
+def iso_datetime(value: datetime | None, tz: tzinfo | None = None) -> str | None:
+    """A datetime as DRF writes it: ISO 8601 in the current time zone (`tz`, looked up when not
+    given: a page of rows looks it up once), UTC as a trailing "Z"."""
     if value is None:
         return None
-    text = value.astimezone(timezone.get_current_timezone()).isoformat()
+    text = value.astimezone(tz or timezone.get_current_timezone()).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
@@ -109,6 +119,64 @@ class JobListSerializer(serializers.ModelSerializer):
             "predicted_step_ms": _float(j.predicted_step_ms),
             "predicted_mfu": _float(j.predicted_mfu),
         }
+
+
+def job_list_row(row: tuple, tz: tzinfo) -> dict[str, Any]:
+    """What JobListSerializer makes of a job, from its LIST_ROW_COLUMNS values, `tz` the current
+    time zone (a test holds the two equal)."""
+    (
+        pk,
+        name,
+        cluster_id,
+        cluster_name,
+        owner,
+        status,
+        priority,
+        policy,
+        placed_policy,
+        gpus,
+        runtime_s,
+        submitted_at,
+        placed_at,
+        started_at,
+        finished_at,
+        pending_reason,
+        overdue,
+        preemptions,
+        requeues,
+        requeue_reason,
+        requeued_at,
+        comm_ms,
+        step_ms,
+        mfu,
+    ) = row
+    return {
+        "id": pk,
+        "name": name,
+        "cluster": cluster_id,
+        "cluster_name": cluster_name,
+        "owner": owner,
+        "status": status,
+        "priority": priority,
+        "policy": policy,
+        "placed_policy": placed_policy,
+        "gpus": gpus,
+        "estimated_runtime_s": _float(runtime_s),
+        "submitted_at": iso_datetime(submitted_at, tz),
+        "placed_at": iso_datetime(placed_at, tz),
+        "started_at": iso_datetime(started_at, tz),
+        "finished_at": iso_datetime(finished_at, tz),
+        "pending_reason": pending_reason,
+        "overdue": overdue,
+        "overdue_reason": Job.overdue_text(overdue, started_at, runtime_s),
+        "preemptions": preemptions,
+        "requeues": requeues,
+        "requeue_reason": requeue_reason,
+        "requeued_at": iso_datetime(requeued_at, tz),
+        "predicted_comm_ms": _float(comm_ms),
+        "predicted_step_ms": _float(step_ms),
+        "predicted_mfu": _float(mfu),
+    }
 
 
 class JobSerializer(JobListSerializer):

@@ -10,6 +10,7 @@ import re
 
 from django.conf import settings
 from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -35,7 +36,7 @@ from apps.api.renderers import (
 )
 from apps.api.schemas import FIELD_ERRORS_RESPONSE, STATE_ERROR_RESPONSE
 from apps.api.schemas import STATE_ERROR as STATE_ERROR_BODY
-from apps.api.throttling import CallerRateThrottle, ScopedCallerThrottle
+from apps.api.throttling import CallerRateThrottle, CountsWindowsTogether, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
 from apps.placement.topology import JOB_LIMITS
 from apps.topology.models import Gpu
@@ -59,7 +60,10 @@ from .authentication import AUTHENTICATION
 from .filters import GpuFilter, JobFilter, MigrationProposalFilter, NamedFilterBackend, SchedulingCycleFilter
 from .schemas import JobSpecV1Schema, PlacementOutputSchema, PlacementPreviewSchema, spec_body
 from .serializers import (
+    DETAIL_RELATED_COLUMNS,
+    JOB_COLUMNS,
     LIST_COLUMNS,
+    LIST_ROW_COLUMNS,
     GpuSerializer,
     JobFailSerializer,
     JobListSerializer,
@@ -69,6 +73,7 @@ from .serializers import (
     PrioritySerializer,
     QosSerializer,
     SchedulingCycleSerializer,
+    job_list_row,
 )
 
 SPEC_BODY = spec_body(JobSpecV1Schema)
@@ -141,7 +146,9 @@ def state_error(exc: Exception, current: str) -> Response:
     ),
     retrieve=extend_schema(summary="One job with its spec and predicted costs"),
 )
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(
+    CountsWindowsTogether, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Submit job specs v1, follow them through the queue, and report their lifecycle."""
 
     authentication_classes = AUTHENTICATION
@@ -164,7 +171,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         jobs = selectors.jobs_visible_to(user=self.request.user, launcher=launcher_of(self.request))
         # The detail names the job's account and QOS: joined, not read one query each.
-        return jobs.only(*LIST_COLUMNS) if self.action == "list" else jobs.select_related("account", "qos")
+        if self.action == "list":
+            return jobs.only(*LIST_COLUMNS)
+        jobs = jobs.select_related("account", "qos")
+        if self.action == "retrieve":
+            # The detail names the job's cluster, owner, account and QOS: of their rows, only that.
+            return jobs.only(*JOB_COLUMNS, *DETAIL_RELATED_COLUMNS)
+        return jobs
 
     serializer_class = JobSerializer
 
@@ -449,6 +462,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except services.JobStateError as exc:
             return state_error(exc, exc.job.status)
         return Response(priority_body(job))
+
+    # Last in the class body: above it, `list` names the builtin.
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        # The page is read as rows and written as JobListSerializer would (`job_list_row`).
+        rows = self.filter_queryset(self.get_queryset()).values_list(*LIST_ROW_COLUMNS)
+        page = self.paginate_queryset(rows)
+        tz = timezone.get_current_timezone()
+        if page is None:
+            return Response([job_list_row(row, tz) for row in rows])
+        return self.get_paginated_response([job_list_row(row, tz) for row in page])
 
 
 def _not_placed(job: Job) -> dict:

@@ -225,3 +225,7 @@ def test_other_database_errors_are_not_turned_into_503s(rf):
 
     middleware = DatabaseUnavailableMiddleware(lambda request: None)
     assert middleware.process_exception(rf.get("/api/v1/jobs/"), IntegrityError("duplicate")) is None
+
+
+def test_counted_windows_without_redis_are_each_one(dead_cache):
+    assert dead_cache.count_windows([("a", 60), ("b", 5)]) == [1, 1]

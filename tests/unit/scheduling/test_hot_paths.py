@@ -4,7 +4,9 @@ queries, and a burst of cycle requests is spaced out."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -13,7 +15,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from apps.scheduling import cycle, services
-from apps.scheduling.api.serializers import JobListSerializer, JobSerializer
+from apps.scheduling.api.serializers import LIST_ROW_COLUMNS, JobListSerializer, JobSerializer, job_list_row
 from apps.scheduling.choices import JobStatus
 from apps.scheduling.models import Job
 from apps.scheduling.tasks import schedule_cluster_task
@@ -29,7 +31,9 @@ def field_by_field(serializer_class, job: Job) -> dict:
     return dict(serializers.Serializer.to_representation(serializer_class(), job))
 
 
-def test_fast_job_representation_matches_the_field_by_field_one(case44, alice, committed, monkeypatch):
+def test_fast_job_representation_matches_the_field_by_field_one(
+    case44, alice, alice_api, committed, monkeypatch
+):
     committed(services.job_submit, user=alice, spec=small_spec("placed", 8))
     running = committed(services.job_submit, user=alice, spec=small_spec("running", 4, policy="naive"))
     services.job_start(job=running)
@@ -55,6 +59,14 @@ def test_fast_job_representation_matches_the_field_by_field_one(case44, alice, c
                 job.name,
                 serializer_class,
             )
+    # The job list reads rows, not jobs: the same values.
+    rows = Job.objects.order_by("id").values_list(*LIST_ROW_COLUMNS)
+    tz = timezone.get_current_timezone()
+    assert [job_list_row(row, tz) for row in rows] == [JobListSerializer(job).data for job in jobs]
+    # And a job's detail, as the API answers it.
+    for job in Job.objects.select_related("cluster", "owner", "account", "qos"):
+        expected = JobSerializer(job, context={"request": SimpleNamespace(user=alice)}).data
+        assert alice_api.get(f"/api/v1/jobs/{job.pk}/").json() == json.loads(json.dumps(expected)), job.name
 
 
 def test_job_list_leaves_out_the_spec_predicted_block_and_flows(case44, alice, alice_api, committed):
