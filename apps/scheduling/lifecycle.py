@@ -551,10 +551,45 @@ def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: da
         release_exited(job_id=job.pk, now=now)
 
 
-def _record(job: Job, node: Node, events: list[RankEvent], now: datetime) -> None:
+def starts_only(job: Job, events: Iterable[RankEvent]) -> bool:
+    """Whether `events` are only starts of ranks of `job`'s current generation while it is placing:
+    those may be recorded under a shared lock of the job (`ranks_started`)."""
+    return job.status == JobStatus.PLACING and all(
+        e.event == "started" and e.generation == job.generation for e in events
+    )
+
+
+def ranks_started(*, job: Job, node: Node, events: Iterable[RankEvent], now: datetime) -> bool:
+    """Record starts of `job`'s ranks (`starts_only`), with the job locked FOR SHARE by the caller:
+    the agents of a job's nodes report their starts at once and none waits for another's, while
+    every change of the job's state (which locks it FOR UPDATE) waits for them. A start already
+    recorded changes nothing but its pid (a repeated report is harmless, even concurrently).
+    Once this commits, the caller asks `all_ranks_seen` and, if so, moves the job along under its
+    exclusive lock (`ranks_advance`)."""
+    _record(job, node, list(events), now, ignore_conflicts=True)
+
+
+def all_ranks_seen(*, job_id: int, generation: int, gpus: int) -> bool:
+    """Whether every rank of the job's generation has a run. Asked after the caller's starts
+    committed (never inside their transaction): of transactions committing starts at once, each
+    sees its own and those committed before it asks, so the last to commit sees all of them."""
+    return RankRun.objects.filter(job_id=job_id, generation=generation).count() >= gpus
+
+
+def ranks_advance(*, job: Job, now: datetime) -> None:
+    """Move `job` (locked FOR UPDATE) along what its ranks reported (`ranks_reported` without
+    new events): running once every rank started."""
+    _advance(job, now)
+
+
+def _record(
+    job: Job, node: Node, events: list[RankEvent], now: datetime, *, ignore_conflicts: bool = False
+) -> None:
     """Apply `events` in order to the runs they name: one query reads those runs, one INSERT adds
     the new ones, each existing run touched is saved once (a node reports all its ranks at once,
-    under the job's lock). An event about a run that already exited changes nothing."""
+    under the job's lock). An event about a run that already exited changes nothing.
+    `ignore_conflicts`: a new run another transaction inserted meanwhile is left as that one
+    wrote it (starts under a shared lock, `ranks_started`)."""
     scope = {"generation__in": {e.generation for e in events}, "rank__in": {e.rank for e in events}}
     runs = {(r.generation, r.rank): r for r in RankRun.objects.filter(job=job, **scope)}
     new: dict[tuple[int, int], RankRun] = {}
@@ -582,7 +617,9 @@ def _record(job: Job, node: Node, events: list[RankEvent], now: datetime) -> Non
         if key not in new:
             changed[key] = run
     if new:
-        RankRun.objects.bulk_create(new.values())
+        # In key order: two transactions inserting the same runs (a repeated report) wait on
+        # each other in one order only.
+        RankRun.objects.bulk_create([new[k] for k in sorted(new)], ignore_conflicts=ignore_conflicts)
     for run in changed.values():
         run.save()
 

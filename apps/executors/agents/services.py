@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, IntegrityError, models, transaction
+from django.db import DataError, IntegrityError, connection, models, transaction
 from django.db.models import Case, CharField, DateTimeField, F, TextField, Value, When
 from django.utils import timezone
 
@@ -395,11 +395,45 @@ def agent_report(
 
 
 def _report_job(node: Node, job_id: int, items: list[RankReport], now: datetime) -> None:
+    # Under an outer transaction the starts would not be committed before their count.
+    shared = connection.vendor == "postgresql" and not connection.in_atomic_block
+    if shared and _report_starts(node, job_id, items, now):
+        return
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
         if job is None:
             return
         lifecycle.ranks_reported(job=job, node=node, events=items, now=now)
+
+
+def _report_starts(node: Node, job_id: int, items: list[RankReport], now: datetime) -> bool:
+    """Record the starts of a placing job's ranks under a shared lock of the job (its nodes'
+    reports do not queue for it one after another), then, when every rank may have been seen,
+    start it under its exclusive lock. False (nothing done) unless `items` are only such starts."""
+    with transaction.atomic():
+        job = _job_for_share(job_id, node.cluster_id)
+        if job is None or not lifecycle.starts_only(job, items):
+            return False
+        lifecycle.ranks_started(job=job, node=node, events=items, now=now)
+        generation, gpus = job.generation, job.gpus
+    # Committed: the count sees every start committed so far, this one's included.
+    if lifecycle.all_ranks_seen(job_id=job_id, generation=generation, gpus=gpus):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=job_id).first()
+            if job is not None:
+                lifecycle.ranks_advance(job=job, now=now)
+    return True
+
+
+def _job_for_share(job_id: int, cluster_id: int) -> Job | None:
+    """The cluster's job `job_id` locked FOR SHARE: no change of its state until this transaction
+    ends, and other FOR SHARE lockers go on."""
+    qn = connection.ops.quote_name
+    sql = (
+        f"SELECT * FROM {qn(Job._meta.db_table)} WHERE {qn(Job._meta.pk.column)} = %s"
+        f" AND {qn(Job._meta.get_field('cluster').column)} = %s FOR SHARE"
+    )
+    return next(iter(Job.objects.raw(sql, [job_id, cluster_id])), None)
 
 
 def notify_job_nodes(cluster_id: int, job_id: int) -> None:
