@@ -846,3 +846,23 @@ def test_a_remembered_node_token_is_rechecked_past_the_cache_time_and_a_change_e
     NodeToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())  # revoked elsewhere
     assert sync_at(2 * auth.KEY_CACHE_S + 3, "node-z").status_code == 200  # still remembered
     assert sync_at(3 * auth.KEY_CACHE_S + 4, "node-z").status_code == 401
+
+
+def test_a_poll_with_work_reads_each_ranks_start_with_the_work(nodes, alice, committed):
+    """The node's work and whether each of its ranks' starts was recorded come in one statement
+    (then the rendezvous address): a started rank is flagged, an exited one is left out."""
+    job = submit(alice, committed, "j", 16)
+    ranks = [r["rank"] for r in sync(nodes).json()["work"][0]["ranks"]]
+    first, second, *rest = ranks
+    reports = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in (first, second)]
+    committed(sync, nodes, reports=reports)
+    exited = [{"job": job.pk, "generation": 1, "rank": second, "event": "exited", "exit_code": 0}]
+    committed(sync, nodes, reports=exited)
+    node = Node.objects.get(name="node-a")
+    with CaptureQueriesContext(connection) as queries:
+        work, stops = agent_selectors.node_work(node=node)
+    assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+    (entry,) = work
+    started = {r["rank"]: r["started"] for r in entry["ranks"]}
+    assert started == {first: True, **{r: False for r in rest}}
+    assert stops == []
