@@ -27,18 +27,34 @@ _CACHE_SIZE = 4096
 _LOCK = threading.Lock()
 
 
+# (job id, generation) -> the lock held while one thread reads it: the agents of a placed job's
+# nodes all ask at once, and the others wait for that one's answer instead of each reading it.
+_LOADING: dict[tuple[int, int], threading.Lock] = {}
+
+
 def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
     key = (job_id, generation)
     with _LOCK:
         hit = _CACHE.get(key)
+        if hit is None:
+            loading = _LOADING.setdefault(key, threading.Lock())
     if hit is not None:
         return hit
-    info = _read_generation(job_id, generation)
-    if info is not None:
+    with loading:
         with _LOCK:
-            _CACHE[key] = info
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+            hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        try:
+            info = _read_generation(job_id, generation)
+            if info is not None:
+                with _LOCK:
+                    _CACHE[key] = info
+                    while len(_CACHE) > _CACHE_SIZE:
+                        _CACHE.popitem(last=False)
+        finally:
+            with _LOCK:
+                _LOADING.pop(key, None)
     return info
 
 

@@ -866,3 +866,29 @@ def test_a_poll_with_work_reads_each_ranks_start_with_the_work(nodes, alice, com
     started = {r["rank"]: r["started"] for r in entry["ranks"]}
     assert started == {first: True, **{r: False for r in rest}}
     assert stops == []
+
+
+def test_the_agents_of_a_placed_job_read_its_generation_once(monkeypatch):
+    """Polls asking at once for a generation not yet remembered wait for one read of it."""
+    import threading
+
+    reads = []
+
+    def read(job_id, generation):
+        reads.append((job_id, generation))
+        time.sleep(0.2)
+        return {"job": job_id, "generation": generation}
+
+    monkeypatch.setattr(agent_selectors, "_read_generation", read)
+    key = (987654, 3)
+    answers = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(agent_selectors._generation(*key))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert reads == [key]
+    assert answers == [{"job": 987654, "generation": 3}] * 8
+    assert not agent_selectors._LOADING
