@@ -892,3 +892,28 @@ def test_the_agents_of_a_placed_job_read_its_generation_once(monkeypatch):
     assert reads == [key]
     assert answers == [{"job": 987654, "generation": 3}] * 8
     assert not agent_selectors._LOADING
+
+
+def test_rank_reports_are_validated_with_fields_bound_once_per_thread(monkeypatch):
+    """Each report of a sync is validated on its own, by fields built once per thread: a bad report
+    after good ones is refused naming its field, and the next good one is accepted."""
+    from apps.executors.agents.api import serializers as sync_serializers
+
+    monkeypatch.setattr(sync_serializers, "_REPORT_FIELDS", __import__("threading").local())
+    built = []
+    get_fields = sync_serializers.RankReportSerializer.get_fields
+    monkeypatch.setattr(
+        sync_serializers.RankReportSerializer, "get_fields", lambda self: built.append(1) or get_fields(self)
+    )
+    good = {"job": 1, "generation": 1, "rank": 0, "event": "started", "pid": 7}
+    items = [
+        good,
+        {**good, "rank": 1},
+        {**good, "rank": -1},
+        {**good, "event": "exited"},
+        {**good, "rank": 2},
+    ]
+    reports, refused = sync_serializers.split_reports(items)
+    assert len(built) == 1
+    assert [(r.rank, r.pid) for r in reports] == [(0, 7), (1, 7), (2, 7)]
+    assert [(r["index"], r["reason"].split(":")[0]) for r in refused] == [(2, "rank"), (3, "exit_code")]
