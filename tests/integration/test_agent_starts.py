@@ -118,3 +118,27 @@ def test_a_start_waits_for_no_other_start_but_for_a_state_change(cluster, user, 
     late = RankRun.objects.filter(job=job, rank__in=[e.rank for e in second_events])
     assert late.count() == len(second_events)
     assert all(r.stop_requested_at is not None for r in late)
+
+
+def test_a_repeated_start_updates_its_pid_and_an_exited_rank_stays_exited(cluster, user, tmp_path):
+    job = _placed(user, tmp_path)
+    (name, events), *_ = _starts(job).items()
+    errors: list = []
+    _report(cluster, name, events[:2], errors)
+    node = Node.objects.get(cluster=cluster, name=name)
+    first, second = events[0].rank, events[1].rank
+    exited = RankEvent(job.pk, job.generation, second, "exited", exit_code=0)
+    assert agent_services.agent_report(node=node, reports=[exited]) == []
+    again = [
+        RankEvent(job.pk, job.generation, first, "started", pid=4242, log_tail="x" * 9000),
+        RankEvent(job.pk, job.generation, second, "started", pid=4243),
+        RankEvent(job.pk, job.generation, second, "started", pid=4244),
+    ]
+    _report(cluster, name, again, errors)
+    assert not errors
+    runs = {r.rank: r for r in RankRun.objects.filter(job=job)}
+    assert runs[first].pid == 4242 and runs[first].state == "started"
+    assert len(runs[first].log_tail) == 8192
+    assert runs[second].state == "exited" and runs[second].pid == 100 + second
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING

@@ -411,11 +411,13 @@ def _report_starts(node: Node, job_id: int, items: list[RankReport], now: dateti
     reports do not queue for it one after another), then, when every rank may have been seen,
     start it under its exclusive lock. False (nothing done) unless `items` are only such starts."""
     with transaction.atomic():
-        job = _job_for_share(job_id, node.cluster_id)
-        if job is None or not lifecycle.starts_only(job, items):
+        row = _job_for_share(job_id, node.cluster_id)
+        if row is None:
             return False
-        lifecycle.ranks_started(job=job, node=node, events=items, now=now)
-        generation, gpus = job.generation, job.gpus
+        status, generation, gpus = row
+        if not lifecycle.starts_only(status=status, generation=generation, events=items):
+            return False
+        lifecycle.ranks_started(job_id=job_id, generation=generation, node=node, events=items, now=now)
     # Committed: the count sees every start committed so far, this one's included.
     if lifecycle.all_ranks_seen(job_id=job_id, generation=generation, gpus=gpus):
         with transaction.atomic():
@@ -425,15 +427,18 @@ def _report_starts(node: Node, job_id: int, items: list[RankReport], now: dateti
     return True
 
 
-def _job_for_share(job_id: int, cluster_id: int) -> Job | None:
-    """The cluster's job `job_id` locked FOR SHARE: no change of its state until this transaction
-    ends, and other FOR SHARE lockers go on."""
+def _job_for_share(job_id: int, cluster_id: int) -> tuple[str, int, int] | None:
+    """The status, generation and GPU count of the cluster's job `job_id`, locked FOR SHARE: no
+    change of its state until this transaction ends, and other FOR SHARE lockers go on."""
     qn = connection.ops.quote_name
     sql = (
-        f"SELECT * FROM {qn(Job._meta.db_table)} WHERE {qn(Job._meta.pk.column)} = %s"
-        f" AND {qn(Job._meta.get_field('cluster').column)} = %s FOR SHARE"
+        f"SELECT status, generation, gpus FROM {qn(Job._meta.db_table)}"
+        f" WHERE {qn(Job._meta.pk.column)} = %s AND {qn(Job._meta.get_field('cluster').column)} = %s"
+        " FOR SHARE"
     )
-    return next(iter(Job.objects.raw(sql, [job_id, cluster_id])), None)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [job_id, cluster_id])
+        return cursor.fetchone()
 
 
 def notify_job_nodes(cluster_id: int, job_id: int) -> None:
