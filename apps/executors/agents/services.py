@@ -11,6 +11,7 @@ still use it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from apps.scheduling.models import (
 from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.nodes import node_down, node_fenced
 from apps.scheduling.selectors import rank_log_max_bytes
-from apps.topology.models import Cluster, Node
+from apps.topology.models import Cluster, Gpu, Node
 
 from ..models import ClusterExecutor
 from .selectors import node_gpu_indexes
@@ -636,22 +637,38 @@ def report_scope(*, node: Node, reports: Iterable[RankReport]) -> tuple[set[tupl
     keys = {(r.job, r.generation, r.rank) for r in reports}
     if not keys:
         return set(), set()
-    # Only rows of the reported jobs, generations and ranks (a job may have thousands of ranks).
-    scope = {
-        "job_id__in": {k[0] for k in keys},
-        "generation__in": {k[1] for k in keys},
-        "rank__in": {k[2] for k in keys},
-    }
+    # Only rows of the reported jobs, generations and ranks (a job may have thousands of ranks):
+    # the allocations' nodes and the runs' in one statement (every report of every sync asks).
+    jobs, generations, ranks = (sorted({k[i] for k in keys}) for i in range(3))
     where: dict[tuple, set[int]] = {}
-    rows = Allocation.objects.filter(**scope).values_list("job_id", "generation", "rank", "gpu__node_id")
-    for job, generation, rank, node_id in rows:
-        where.setdefault((job, generation, rank), set()).add(node_id)
-    runs = RankRun.objects.filter(**scope).values_list("job_id", "generation", "rank", "node_id")
-    for job, generation, rank, node_id in runs:
-        where.setdefault((job, generation, rank), set()).add(node_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_scope_sql(len(jobs), len(generations), len(ranks)), [*jobs, *generations, *ranks] * 2)
+        for job, generation, rank, node_id in cursor.fetchall():
+            where.setdefault((job, generation, rank), set()).add(node_id)
     foreign = {k for k in keys if where.get(k) and node.pk not in where[k]}
     unknown = {k for k in keys if not where.get(k)}
     return foreign, unknown
+
+
+@functools.lru_cache(maxsize=256)
+def _scope_sql(jobs: int, generations: int, ranks: int) -> str:
+    """(job, generation, rank, node id) of the allocations (their GPU's node, null without one)
+    and the runs of the given jobs, generations and ranks (that many of each)."""
+    qn = connection.ops.quote_name
+    alloc, gpu, run = (qn(m._meta.db_table) for m in (Allocation, Gpu, RankRun))
+    rank = qn("rank")
+
+    def scope(t: str) -> str:
+        marks = (", ".join(["%s"] * n) for n in (jobs, generations, ranks))
+        return " AND ".join(
+            f"{t}.{column} IN ({m})" for column, m in zip(("job_id", "generation", rank), marks, strict=True)
+        )
+
+    return (
+        f"SELECT a.job_id, a.generation, a.{rank}, g.node_id FROM {alloc} a"
+        f" LEFT JOIN {gpu} g ON g.id = a.gpu_id WHERE {scope('a')}"
+        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, r.node_id FROM {run} r WHERE {scope('r')}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -917,3 +917,25 @@ def test_rank_reports_are_validated_with_fields_bound_once_per_thread(monkeypatc
     assert len(built) == 1
     assert [(r.rank, r.pid) for r in reports] == [(0, 7), (1, 7), (2, 7)]
     assert [(r["index"], r["reason"].split(":")[0]) for r in refused] == [(2, "rank"), (3, "exit_code")]
+
+
+def test_the_scope_of_a_nodes_reports_is_read_in_one_statement(nodes, alice, committed):
+    """Own ranks (allocated or run on the node), another node's and ranks never placed: one query."""
+    job = submit(alice, committed, "j", 16)
+    ranks = job_ranks(job=job)
+    mine = [r["rank"] for r in ranks if r["node"] == "node-a"]
+    theirs = [r["rank"] for r in ranks if r["node"] != "node-a"]
+    node = Node.objects.get(name="node-a")
+    committed(sync, nodes, reports=[{"job": job.pk, "generation": 1, "rank": mine[0], "event": "started"}])
+    reports = [
+        agents.RankReport(job.pk, 1, mine[0], "started"),
+        agents.RankReport(job.pk, 1, mine[1], "started"),
+        agents.RankReport(job.pk, 1, theirs[0], "started"),
+        agents.RankReport(job.pk, 2, mine[2], "started"),
+        agents.RankReport(job.pk + 1, 1, mine[3], "started"),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        foreign, unknown = agents.report_scope(node=node, reports=reports)
+    assert len(queries.captured_queries) == 1
+    assert foreign == {(job.pk, 1, theirs[0])}
+    assert unknown == {(job.pk, 2, mine[2]), (job.pk + 1, 1, mine[3])}
