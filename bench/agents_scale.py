@@ -467,6 +467,9 @@ async def place_jobs(args, url, token, agents, pg, cpu, *, prefix: str) -> dict:
         "placed_to_all_started_s_p99": round(percentile(latencies, 0.99), 3),
         "placed_to_all_started_s_max": round(max(latencies), 3),
         "web_cpu_share_of_one_core": round((c3 - c2) / (t3 - t2), 3),
+        # Robust to the machine's load: the web process's CPU for each job, idle syncs included.
+        "web_cpu_ms_per_job": round(1000 * (c3 - c2) / args.jobs, 1),
+        "seconds": round(t3 - t2, 1),
         "sync_requests_per_s": round((r3 - r2) / (t3 - t2), 1),
     }
 

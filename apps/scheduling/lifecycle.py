@@ -551,6 +551,70 @@ def ranks_reported(*, job: Job, node: Node, events: Iterable[RankEvent], now: da
         release_exited(job_id=job.pk, now=now)
 
 
+def starts_only(*, status: str, generation: int, events: Iterable[RankEvent]) -> bool:
+    """Whether `events` are only starts of ranks of a job's current `generation` while it is
+    placing (its `status`): those may be recorded under a shared lock of the job (`ranks_started`)."""
+    return status == JobStatus.PLACING and all(
+        e.event == "started" and e.generation == generation for e in events
+    )
+
+
+def ranks_started(
+    *, job_id: int, generation: int, node: Node, events: Iterable[RankEvent], now: datetime
+) -> None:
+    """Record starts of ranks of the job's current `generation` (`starts_only`), with the job
+    locked FOR SHARE by the caller: the agents of a job's nodes report their starts at once and
+    none waits for another's, while every change of the job's state (which locks it FOR UPDATE)
+    waits for them. One statement (Postgres): new runs are inserted, a start already recorded
+    changes nothing but its pid and output when given (a repeated report is harmless, even
+    concurrently), an exited run nothing at all. Once this commits, the caller asks
+    `all_ranks_seen` and, if so, moves the job along under its exclusive lock (`ranks_advance`)."""
+    merged: dict[int, tuple[int | None, str]] = {}
+    for e in events:
+        pid, tail = merged.get(e.rank, (None, ""))
+        merged[e.rank] = (e.pid if e.pid is not None else pid, e.log_tail[-LOG_TAIL_CHARS:] or tail)
+    if not merged:
+        return
+    ranks = sorted(merged)
+    qn = connection.ops.quote_name
+    table, rank = qn(RankRun._meta.db_table), qn("rank")
+    sql = (
+        f"INSERT INTO {table} AS r (job_id, generation, {rank}, node_id, state, pid, exit_cause,"
+        " started_at, log_tail)"
+        " SELECT %s, %s, u.rk, %s, %s, u.pid, '', %s, u.tail"
+        " FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS u(rk, pid, tail)"
+        f" ON CONFLICT (job_id, generation, {rank}) DO UPDATE SET pid = COALESCE(EXCLUDED.pid, r.pid),"
+        " log_tail = CASE WHEN EXCLUDED.log_tail <> '' THEN EXCLUDED.log_tail ELSE r.log_tail END"
+        " WHERE r.state <> %s"
+    )
+    params = [
+        job_id,
+        generation,
+        node.pk,
+        RankState.STARTED.value,
+        now,
+        ranks,
+        [merged[r][0] for r in ranks],
+        [merged[r][1] for r in ranks],
+        RankState.EXITED.value,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def all_ranks_seen(*, job_id: int, generation: int, gpus: int) -> bool:
+    """Whether every rank of the job's generation has a run. Asked after the caller's starts
+    committed (never inside their transaction): of transactions committing starts at once, each
+    sees its own and those committed before it asks, so the last to commit sees all of them."""
+    return RankRun.objects.filter(job_id=job_id, generation=generation).count() >= gpus
+
+
+def ranks_advance(*, job: Job, now: datetime) -> None:
+    """Move `job` (locked FOR UPDATE) along what its ranks reported (`ranks_reported` without
+    new events): running once every rank started."""
+    _advance(job, now)
+
+
 def _record(job: Job, node: Node, events: list[RankEvent], now: datetime) -> None:
     """Apply `events` in order to the runs they name: one query reads those runs, one INSERT adds
     the new ones, each existing run touched is saved once (a node reports all its ranks at once,

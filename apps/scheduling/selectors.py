@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import models
+from django.db import connection, models
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
 
 from apps.api import roles
 from apps.placement.topology import SpecError
-from apps.topology.models import Cluster, Gpu
+from apps.topology.models import Cluster, Gpu, Node
 from apps.topology.selectors import cluster_named
 
 from . import snapshot as snap
@@ -247,12 +248,26 @@ def rendezvous_addrs(*, cluster_id: int, nodes: list[str]) -> dict[str, str]:
     """MASTER_ADDR for a rank 0 on each of `nodes`: the address its node health records (the node
     agent's --addr; on a Slurm cluster, Slurm's NodeAddr), else its name. Every executor gives
     the ranks this address and every rank map shows it."""
-    addrs = dict(
-        NodeHealth.objects.filter(node__cluster_id=cluster_id, node__name__in=list(nodes))
-        .exclude(addr="")
-        .values_list("node__name", "addr")
-    )
+    nodes = list(nodes)
+    if not nodes:
+        return {}
+    # Asked by every sync of a node with work: one short statement, not an ORM query built each time.
+    with connection.cursor() as cursor:
+        cursor.execute(_addrs_sql(len(nodes)), [cluster_id, *nodes])
+        addrs = dict(cursor.fetchall())
     return {n: addrs.get(n, n) for n in nodes}
+
+
+@functools.lru_cache(maxsize=64)
+def _addrs_sql(count: int) -> str:
+    """The (node name, agent address) of `count` named nodes of a cluster with an address."""
+    qn = connection.ops.quote_name
+    health, node = qn(NodeHealth._meta.db_table), qn(Node._meta.db_table)
+    names = ", ".join(["%s"] * count)
+    return (
+        f"SELECT n.name, h.addr FROM {health} h JOIN {node} n ON n.id = h.node_id"
+        f" WHERE n.cluster_id = %s AND n.name IN ({names}) AND h.addr <> ''"
+    )
 
 
 def job_master_addr(*, job: Job, ranks: list[dict[str, Any]]) -> str | None:

@@ -26,12 +26,38 @@ _CACHE_SIZE = 4096
 _LOCK = threading.Lock()
 
 
+# (job id, generation) -> the lock held while one thread reads it: the agents of a placed job's
+# nodes all ask at once, and the others wait for that one's answer instead of each reading it.
+_LOADING: dict[tuple[int, int], threading.Lock] = {}
+
+
 def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
     key = (job_id, generation)
     with _LOCK:
         hit = _CACHE.get(key)
+        if hit is None:
+            loading = _LOADING.setdefault(key, threading.Lock())
     if hit is not None:
         return hit
+    with loading:
+        with _LOCK:
+            hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        try:
+            info = _read_generation(job_id, generation)
+            if info is not None:
+                with _LOCK:
+                    _CACHE[key] = info
+                    while len(_CACHE) > _CACHE_SIZE:
+                        _CACHE.popitem(last=False)
+        finally:
+            with _LOCK:
+                _LOADING.pop(key, None)
+    return info
+
+
+def _read_generation(job_id: int, generation: int) -> dict[str, Any] | None:
     job = (
         Job.objects.filter(pk=job_id)
         .values_list("name", "spec", "gpus", "owner__username", "owner__unix_account__name")
@@ -67,10 +93,6 @@ def _generation(job_id: int, generation: int) -> dict[str, Any] | None:
         "master_port": rows[0][1] or master_port(job_id, generation),
         "node_rank": node_rank,
     }
-    with _LOCK:
-        _CACHE[key] = info
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
     return info
 
 
@@ -150,19 +172,20 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
 def _work_sql() -> str:
     """One statement for both halves of the node's desired state: the node's live, current-generation
     allocations of placing or running jobs whose rank has not exited (stop 0: job, generation,
-    rank, GPU index, NIC name), then the ranks still counted as running on it whose generation is
-    no longer wanted (stop 1: job, generation, rank)."""
+    rank, GPU index, NIC name, whether its start was recorded), then the ranks still counted as
+    running on it whose generation is no longer wanted (stop 1: job, generation, rank)."""
     qn = connection.ops.quote_name
     alloc, job, gpu, nic, run = (qn(m._meta.db_table) for m in (Allocation, Job, Gpu, Nic, RankRun))
     rank, index = qn("rank"), qn("index")
     return (
-        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name, 0 FROM {alloc} a"
+        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name, r.id IS NOT NULL, 0 FROM {alloc} a"
         f" JOIN {job} j ON j.id = a.job_id JOIN {gpu} g ON g.id = a.gpu_id"
         f" LEFT JOIN {nic} n ON n.id = g.nic_id"
+        # At most one run per (job, generation, rank): the rank's, if it was reported.
+        f" LEFT JOIN {run} r ON r.job_id = a.job_id AND r.generation = a.generation AND r.{rank} = a.{rank}"
         " WHERE g.node_id = %s AND a.live = %s AND a.generation = j.generation AND j.status IN (%s, %s)"
-        f" AND NOT EXISTS (SELECT 1 FROM {run} r WHERE r.job_id = a.job_id"
-        f" AND r.generation = a.generation AND r.{rank} = a.{rank} AND r.state = %s)"
-        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, NULL, NULL, 1 FROM {run} r"
+        " AND (r.id IS NULL OR r.state <> %s)"
+        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, NULL, NULL, NULL, 1 FROM {run} r"
         f" JOIN {job} j ON j.id = r.job_id WHERE r.node_id = %s AND r.state = %s"
         " AND NOT (j.status IN (%s, %s) AND r.generation = j.generation)"
         " ORDER BY 1, 2, 3"
@@ -192,18 +215,15 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
             [node.pk, True, placing, running, RankState.EXITED.value, node.pk, started, placing, running],
         )
         rows = cursor.fetchall()
-    grouped: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    grouped: dict[tuple[int, int], list[tuple[int, int, str, bool]]] = {}
     stops: list[list[int]] = []
-    for job_id, generation, rank, index, nic, stop in rows:
+    for job_id, generation, rank, index, nic, started, stop in rows:
         if stop:
             stops.append([job_id, generation, rank])
         else:
-            grouped.setdefault((job_id, generation), []).append((rank, index, nic or ""))
+            grouped.setdefault((job_id, generation), []).append((rank, index, nic or "", bool(started)))
     if not grouped:
         return [], stops
-    started_ranks = set(
-        RankRun.objects.filter(node=node, state=RankState.STARTED).values_list("job_id", "generation", "rank")
-    )
     work = []
     masters: dict[str, str] = {}
     for (job_id, generation), ranks in grouped.items():
@@ -222,9 +242,9 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
                         "node": node.name,
                         "gpu": index,
                         "nic": nic,
-                        "started": (job_id, generation, rank) in started_ranks,
+                        "started": started,
                     }
-                    for rank, index, nic in ranks
+                    for rank, index, nic, started in ranks
                 ],
             }
         )

@@ -40,7 +40,7 @@ from apps.scheduling.models import (
 from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.nodes import node_down, node_fenced
 from apps.scheduling.selectors import rank_log_max_bytes
-from apps.topology.models import Cluster, Node
+from apps.topology.models import Cluster, Gpu, Node
 
 from ..models import ClusterExecutor
 from .selectors import node_gpu_indexes
@@ -414,11 +414,50 @@ def agent_report(
 
 
 def _report_job(node: Node, job_id: int, items: list[RankReport], now: datetime) -> None:
+    # Under an outer transaction the starts would not be committed before their count.
+    shared = connection.vendor == "postgresql" and not connection.in_atomic_block
+    if shared and _report_starts(node, job_id, items, now):
+        return
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id, cluster_id=node.cluster_id).first()
         if job is None:
             return
         lifecycle.ranks_reported(job=job, node=node, events=items, now=now)
+
+
+def _report_starts(node: Node, job_id: int, items: list[RankReport], now: datetime) -> bool:
+    """Record the starts of a placing job's ranks under a shared lock of the job (its nodes'
+    reports do not queue for it one after another), then, when every rank may have been seen,
+    start it under its exclusive lock. False (nothing done) unless `items` are only such starts."""
+    with transaction.atomic():
+        row = _job_for_share(job_id, node.cluster_id)
+        if row is None:
+            return False
+        status, generation, gpus = row
+        if not lifecycle.starts_only(status=status, generation=generation, events=items):
+            return False
+        lifecycle.ranks_started(job_id=job_id, generation=generation, node=node, events=items, now=now)
+    # Committed: the count sees every start committed so far, this one's included.
+    if lifecycle.all_ranks_seen(job_id=job_id, generation=generation, gpus=gpus):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=job_id).first()
+            if job is not None:
+                lifecycle.ranks_advance(job=job, now=now)
+    return True
+
+
+def _job_for_share(job_id: int, cluster_id: int) -> tuple[str, int, int] | None:
+    """The status, generation and GPU count of the cluster's job `job_id`, locked FOR SHARE: no
+    change of its state until this transaction ends, and other FOR SHARE lockers go on."""
+    qn = connection.ops.quote_name
+    sql = (
+        f"SELECT status, generation, gpus FROM {qn(Job._meta.db_table)}"
+        f" WHERE {qn(Job._meta.pk.column)} = %s AND {qn(Job._meta.get_field('cluster').column)} = %s"
+        " FOR SHARE"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [job_id, cluster_id])
+        return cursor.fetchone()
 
 
 def notify_job_nodes(cluster_id: int, job_id: int) -> None:
@@ -616,22 +655,38 @@ def report_scope(*, node: Node, reports: Iterable[RankReport]) -> tuple[set[tupl
     keys = {(r.job, r.generation, r.rank) for r in reports}
     if not keys:
         return set(), set()
-    # Only rows of the reported jobs, generations and ranks (a job may have thousands of ranks).
-    scope = {
-        "job_id__in": {k[0] for k in keys},
-        "generation__in": {k[1] for k in keys},
-        "rank__in": {k[2] for k in keys},
-    }
+    # Only rows of the reported jobs, generations and ranks (a job may have thousands of ranks):
+    # the allocations' nodes and the runs' in one statement (every report of every sync asks).
+    jobs, generations, ranks = (sorted({k[i] for k in keys}) for i in range(3))
     where: dict[tuple, set[int]] = {}
-    rows = Allocation.objects.filter(**scope).values_list("job_id", "generation", "rank", "gpu__node_id")
-    for job, generation, rank, node_id in rows:
-        where.setdefault((job, generation, rank), set()).add(node_id)
-    runs = RankRun.objects.filter(**scope).values_list("job_id", "generation", "rank", "node_id")
-    for job, generation, rank, node_id in runs:
-        where.setdefault((job, generation, rank), set()).add(node_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_scope_sql(len(jobs), len(generations), len(ranks)), [*jobs, *generations, *ranks] * 2)
+        for job, generation, rank, node_id in cursor.fetchall():
+            where.setdefault((job, generation, rank), set()).add(node_id)
     foreign = {k for k in keys if where.get(k) and node.pk not in where[k]}
     unknown = {k for k in keys if not where.get(k)}
     return foreign, unknown
+
+
+@functools.lru_cache(maxsize=256)
+def _scope_sql(jobs: int, generations: int, ranks: int) -> str:
+    """(job, generation, rank, node id) of the allocations (their GPU's node, null without one)
+    and the runs of the given jobs, generations and ranks (that many of each)."""
+    qn = connection.ops.quote_name
+    alloc, gpu, run = (qn(m._meta.db_table) for m in (Allocation, Gpu, RankRun))
+    rank = qn("rank")
+
+    def scope(t: str) -> str:
+        marks = (", ".join(["%s"] * n) for n in (jobs, generations, ranks))
+        return " AND ".join(
+            f"{t}.{column} IN ({m})" for column, m in zip(("job_id", "generation", rank), marks, strict=True)
+        )
+
+    return (
+        f"SELECT a.job_id, a.generation, a.{rank}, g.node_id FROM {alloc} a"
+        f" LEFT JOIN {gpu} g ON g.id = a.gpu_id WHERE {scope('a')}"
+        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, r.node_id FROM {run} r WHERE {scope('r')}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -879,3 +879,96 @@ def test_remembered_node_tokens_due_are_rechecked_together_in_one_statement(case
     checks = sync_at(auth.KEY_CACHE_S + 1, first, a)
     assert len(checks) == 1 and " IN (" in checks[0], checks
     assert sync_at(auth.KEY_CACHE_S + 2, second, b) == []
+
+
+def test_a_poll_with_work_reads_each_ranks_start_with_the_work(nodes, alice, committed):
+    """The node's work and whether each of its ranks' starts was recorded come in one statement
+    (then the rendezvous address): a started rank is flagged, an exited one is left out."""
+    job = submit(alice, committed, "j", 16)
+    ranks = [r["rank"] for r in sync(nodes).json()["work"][0]["ranks"]]
+    first, second, *rest = ranks
+    reports = [{"job": job.pk, "generation": 1, "rank": r, "event": "started"} for r in (first, second)]
+    committed(sync, nodes, reports=reports)
+    exited = [{"job": job.pk, "generation": 1, "rank": second, "event": "exited", "exit_code": 0}]
+    committed(sync, nodes, reports=exited)
+    node = Node.objects.get(name="node-a")
+    with CaptureQueriesContext(connection) as queries:
+        work, stops = agent_selectors.node_work(node=node)
+    assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+    (entry,) = work
+    started = {r["rank"]: r["started"] for r in entry["ranks"]}
+    assert started == {first: True, **{r: False for r in rest}}
+    assert stops == []
+
+
+def test_the_agents_of_a_placed_job_read_its_generation_once(monkeypatch):
+    """Polls asking at once for a generation not yet remembered wait for one read of it."""
+    import threading
+
+    reads = []
+
+    def read(job_id, generation):
+        reads.append((job_id, generation))
+        time.sleep(0.2)
+        return {"job": job_id, "generation": generation}
+
+    monkeypatch.setattr(agent_selectors, "_read_generation", read)
+    key = (987654, 3)
+    answers = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(agent_selectors._generation(*key))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert reads == [key]
+    assert answers == [{"job": 987654, "generation": 3}] * 8
+    assert not agent_selectors._LOADING
+
+
+def test_rank_reports_are_validated_with_fields_bound_once_per_thread(monkeypatch):
+    """Each report of a sync is validated on its own, by fields built once per thread: a bad report
+    after good ones is refused naming its field, and the next good one is accepted."""
+    from apps.executors.agents.api import serializers as sync_serializers
+
+    monkeypatch.setattr(sync_serializers, "_REPORT_FIELDS", __import__("threading").local())
+    built = []
+    get_fields = sync_serializers.RankReportSerializer.get_fields
+    monkeypatch.setattr(
+        sync_serializers.RankReportSerializer, "get_fields", lambda self: built.append(1) or get_fields(self)
+    )
+    good = {"job": 1, "generation": 1, "rank": 0, "event": "started", "pid": 7}
+    items = [
+        good,
+        {**good, "rank": 1},
+        {**good, "rank": -1},
+        {**good, "event": "exited"},
+        {**good, "rank": 2},
+    ]
+    reports, refused = sync_serializers.split_reports(items)
+    assert len(built) == 1
+    assert [(r.rank, r.pid) for r in reports] == [(0, 7), (1, 7), (2, 7)]
+    assert [(r["index"], r["reason"].split(":")[0]) for r in refused] == [(2, "rank"), (3, "exit_code")]
+
+
+def test_the_scope_of_a_nodes_reports_is_read_in_one_statement(nodes, alice, committed):
+    """Own ranks (allocated or run on the node), another node's and ranks never placed: one query."""
+    job = submit(alice, committed, "j", 16)
+    ranks = job_ranks(job=job)
+    mine = [r["rank"] for r in ranks if r["node"] == "node-a"]
+    theirs = [r["rank"] for r in ranks if r["node"] != "node-a"]
+    node = Node.objects.get(name="node-a")
+    committed(sync, nodes, reports=[{"job": job.pk, "generation": 1, "rank": mine[0], "event": "started"}])
+    reports = [
+        agents.RankReport(job.pk, 1, mine[0], "started"),
+        agents.RankReport(job.pk, 1, mine[1], "started"),
+        agents.RankReport(job.pk, 1, theirs[0], "started"),
+        agents.RankReport(job.pk, 2, mine[2], "started"),
+        agents.RankReport(job.pk + 1, 1, mine[3], "started"),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        foreign, unknown = agents.report_scope(node=node, reports=reports)
+    assert len(queries.captured_queries) == 1
+    assert foreign == {(job.pk, 1, theirs[0])}
+    assert unknown == {(job.pk, 2, mine[2]), (job.pk + 1, 1, mine[3])}

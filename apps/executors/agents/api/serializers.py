@@ -45,8 +45,25 @@ class UnhealthyGpuSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=200)
 
 
+# A rank report's bound fields, built once per thread (see RankReportSerializer.fields).
+_REPORT_FIELDS = threading.local()
+
+
 class RankReportSerializer(serializers.Serializer):
     """A rank's start or exit, keyed by (job, generation, rank): a repeated report is harmless."""
+
+    @property
+    def fields(self) -> BindingDict:
+        """The declared fields, deep-copied and bound once per thread rather than for every
+        report (a sync carries up to MAX_REPORTS, each validated on its own), as for
+        AgentSyncSerializer: validation keeps no state in them and this serializer takes no context."""
+        fields = getattr(_REPORT_FIELDS, "fields", None)
+        if fields is None:
+            fields = BindingDict(self)
+            for key, value in self.get_fields().items():
+                fields[key] = value
+            _REPORT_FIELDS.fields = fields
+        return fields
 
     job = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     generation = serializers.IntegerField(min_value=1, max_value=MAX_ID)
