@@ -64,7 +64,7 @@ from apps.placement.topology.examples import DGX1_CUBE_MESH, PCIE_TWO_SOCKETS, i
 from bench.placement_quality import job_spec  # noqa: E402
 from bench.placement_ref import RefPlacer  # noqa: E402
 
-ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET, STEP_TARGET_MAX = 1.02, 1.10, 1.05, 1.02
+ORACLE_TARGET_GEOMEAN, ORACLE_TARGET_MAX, GAP_P50_TARGET, STEP_TARGET_MAX = 1.02, 1.10, 1.05, 1.01
 # --against REF: a scenario where topo prices more than this much above REF's placement fails.
 AGAINST_TOLERANCE = 0.005
 SPEED_TARGET_1K_P99_MS, SPEED_TARGET_16K_MS = 1000.0, 2000.0

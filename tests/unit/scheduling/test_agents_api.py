@@ -932,7 +932,9 @@ def test_rank_reports_are_validated_with_fields_bound_once_per_thread(monkeypatc
     after good ones is refused naming its field, and the next good one is accepted."""
     from apps.executors.agents.api import serializers as sync_serializers
 
-    monkeypatch.setattr(sync_serializers, "_REPORT_FIELDS", __import__("threading").local())
+    monkeypatch.setattr(
+        sync_serializers.RankReportSerializer, "_bound_fields", __import__("threading").local()
+    )
     built = []
     get_fields = sync_serializers.RankReportSerializer.get_fields
     monkeypatch.setattr(

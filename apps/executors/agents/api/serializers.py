@@ -45,25 +45,30 @@ class UnhealthyGpuSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=200)
 
 
-# A rank report's bound fields, built once per thread (see RankReportSerializer.fields).
-_REPORT_FIELDS = threading.local()
+class FieldsOncePerThread:
+    """A serializer mixin: the declared fields deep-copied and bound once per thread and class
+    rather than for every instance (thousands of syncs a minute, each with up to MAX_REPORTS
+    reports validated on their own). Validating keeps its state in the serializer
+    (`validated_data`, `errors`), none in the fields; a serializer using this takes no context, the
+    one thing fields read from their (first) parent."""
 
-
-class RankReportSerializer(serializers.Serializer):
-    """A rank's start or exit, keyed by (job, generation, rank): a repeated report is harmless."""
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._bound_fields = threading.local()
 
     @property
     def fields(self) -> BindingDict:
-        """The declared fields, deep-copied and bound once per thread rather than for every
-        report (a sync carries up to MAX_REPORTS, each validated on its own), as for
-        AgentSyncSerializer: validation keeps no state in them and this serializer takes no context."""
-        fields = getattr(_REPORT_FIELDS, "fields", None)
+        fields = getattr(self._bound_fields, "fields", None)
         if fields is None:
             fields = BindingDict(self)
             for key, value in self.get_fields().items():
                 fields[key] = value
-            _REPORT_FIELDS.fields = fields
+            self._bound_fields.fields = fields
         return fields
+
+
+class RankReportSerializer(FieldsOncePerThread, serializers.Serializer):
+    """A rank's start or exit, keyed by (job, generation, rank): a repeated report is harmless."""
 
     job = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     generation = serializers.IntegerField(min_value=1, max_value=MAX_ID)
@@ -131,26 +136,8 @@ class NicCounterSerializer(serializers.Serializer):
     rx_bytes = serializers.IntegerField(min_value=0, max_value=MAX_NIC_BYTES, allow_null=True, required=False)
 
 
-# The sync body's bound fields, built once per thread (see AgentSyncSerializer.fields).
-_FIELDS = threading.local()
-
-
-class AgentSyncSerializer(serializers.Serializer):
+class AgentSyncSerializer(FieldsOncePerThread, serializers.Serializer):
     """The body of an agent's sync: who it is, its GPUs, what it runs, what happened since."""
-
-    @property
-    def fields(self) -> BindingDict:
-        """The declared fields, deep-copied and bound once per thread rather than for every sync
-        (about a fifth of an idle sync's CPU, thousands of syncs a minute): validating keeps its
-        state in the serializer (`validated_data`, `errors`), none in the fields, and this
-        serializer takes no context, the one thing fields read from their (first) parent."""
-        fields = getattr(_FIELDS, "fields", None)
-        if fields is None:
-            fields = BindingDict(self)
-            for key, value in self.get_fields().items():
-                fields[key] = value
-            _FIELDS.fields = fields
-        return fields
 
     node = serializers.RegexField(
         NAME_PATTERN,
