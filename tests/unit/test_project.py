@@ -361,3 +361,13 @@ def test_the_agents_service_keeps_a_connection_per_sync_thread():
         + 2 * int(COMPOSE["services"]["web"]["environment"]["TOPOWEB_DB_POOL_MAX"])
         < 100
     )
+
+
+def test_scripts_run_from_tests_are_stopped_past_their_cpu_budget():
+    import signal
+    import sys
+
+    from tests.scripts import run_script
+
+    done = run_script([sys.executable, "-c", "while True: pass"], cpu_s=1)
+    assert done.returncode in (-signal.SIGXCPU, -signal.SIGKILL)

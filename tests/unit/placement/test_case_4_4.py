@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from apps.placement.costmodel import evaluate
 from apps.placement.solvers import place
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 # Ranks 0-3 on node A GPUs 0-3, 4-7 on node B 0-3, 8-11 on A 4-7, 12-15 on B 4-7.
@@ -43,14 +43,7 @@ def test_naive_reproduces_the_seed_first_mapping(case44, case44_job):
 
 
 def run_cli(*args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "apps.placement", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = run_script([sys.executable, "-m", "apps.placement", *args], cpu_s=60, check=True)
     return json.loads(done.stdout)
 
 

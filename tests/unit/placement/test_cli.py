@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import yaml
 
 from apps.placement.__main__ import main
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGY = str(ROOT / "examples" / "case-4-4.yaml")
@@ -148,12 +148,9 @@ def test_ranks_of_the_wrong_count_are_bad_input(capsys, tmp_path):
 
 
 def test_the_module_exits_2_with_one_line_on_bad_input():
-    done = subprocess.run(
+    done = run_script(
         [sys.executable, "-m", "apps.placement", "bound", "--topology", TOPOLOGY, "--job", "missing.yaml"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        cpu_s=30,
     )
     assert done.returncode == 2
     assert done.stdout == ""
@@ -162,7 +159,7 @@ def test_the_module_exits_2_with_one_line_on_bad_input():
     ]
 
 
-# Smoke runs of the benchmarks; --quick keeps each to a few seconds, the timeout to 20 s.
+# Smoke runs of the benchmarks; --quick keeps each to a few seconds of CPU, the budget to 20 s.
 @pytest.mark.parametrize(
     "script,expect",
     [
@@ -174,26 +171,16 @@ def test_the_module_exits_2_with_one_line_on_bad_input():
     ],
 )
 def test_benchmark_quick_run_prints_its_tables(script, expect):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
+    done = run_script([sys.executable, str(ROOT / "bench" / script), "--quick"], cpu_s=20)
     assert done.returncode == 0, done.stderr
     for text in expect:
         assert text in done.stdout
 
 
 def test_adversarial_benchmark_quick_run_prints_oracle_gaps_and_speed():
-    # One scenario per class and a short search: longer than the others, so its own timeout.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "placement_adversarial.py"), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    # One scenario per class and a short search: longer than the others, so its own budget.
+    done = run_script(
+        [sys.executable, str(ROOT / "bench" / "placement_adversarial.py"), "--quick"], cpu_s=120
     )
     assert done.returncode == 0, done.stderr
     for text in ("topo against the search oracle", "nic-1-vs-8", "1,024-GPU job on 16,384 GPUs", "targets"):

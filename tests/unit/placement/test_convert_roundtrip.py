@@ -11,6 +11,7 @@ import yaml
 from apps.placement.__main__ import main
 from apps.placement.convert import Defaults, Source, export_topology, import_sources
 from apps.placement.topology import load_topology, topology_to_spec
+from tests.scripts import run_script
 from tests.unit.placement.specs import switch_node_sets
 
 SU_1024 = {
@@ -133,18 +134,11 @@ def test_defaults_refuse_unknown_keys_and_out_of_range_values():
 
 
 def test_convert_benchmark_quick_run_prints_its_table():
-    import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    done = subprocess.run(
-        [sys.executable, str(root / "bench" / "convert_speed.py"), "--quick"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_script([sys.executable, str(root / "bench" / "convert_speed.py"), "--quick"], cpu_s=60)
     assert done.returncode == 0, done.stderr
     assert "slurm-tree" in done.stdout and "slowest other format" in done.stdout
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from apps.placement.sim import (
 from apps.placement.sim.engine import Replay, ideal_steps
 from apps.placement.sim.metrics import summarize, time_weighted_mean
 from apps.placement.sim.profiles import Profile, assign_profiles
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACES = ROOT / "examples" / "traces"
@@ -364,12 +364,9 @@ def test_cli_simulate_reports_malformed_lines_and_bad_flags(capsys, tmp_path):
 
 @pytest.mark.skipif(not SHARED.exists(), reason="the shared traces are not on this machine")
 def test_the_trace_benchmark_quick_run_prints_every_policy_and_the_targets():
-    done = subprocess.run(
+    done = run_script(
         [sys.executable, str(ROOT / "bench" / "simulate_traces.py"), "--quick", "--traces", str(SHARED)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        cpu_s=120,
     )
     assert done.returncode == 0, done.stderr
     for text in (
