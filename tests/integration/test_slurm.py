@@ -93,6 +93,19 @@ def user(db):
     return get_user_model().objects.create_user("alice", password="x")
 
 
+# The tasks' working directory, where Slurm writes each batch's output (topoweb-JOB-GEN-%j.out): a
+# fresh one per run. TopoWeb's job ids and a new local Slurm's start over in every run, and a file of
+# that name left in /tmp by an earlier run under another uid cannot be opened (JobLaunchFailure).
+WORKDIR = Path(tempfile.mkdtemp(prefix="topoweb-slurm-work-", dir="/tmp"))
+WORKDIR.chmod(0o1777)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workdir_removed():
+    yield
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+
+
 def spec(name: str, gpus: int, command: list[str], *, tp: int | None = None) -> dict:
     tp = tp or min(gpus, 8)
     return {
@@ -105,7 +118,7 @@ def spec(name: str, gpus: int, command: list[str], *, tp: int | None = None) -> 
         "comm": [{"group": "tp", "collective": "allreduce", "bytes": 5e7}],
         "estimated_runtime_s": 600,
         "command": command,
-        "workdir": "/tmp",
+        "workdir": str(WORKDIR),
     }
 
 
