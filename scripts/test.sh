@@ -14,12 +14,12 @@
 # SQLite and eager Celery), browser (tests/e2e, the system Chromium), integration (Postgres,
 # Redis, a real Slurm and Prometheus). Each prints its slowest tests (--durations) into the log.
 #
-# The integration tests mostly wait (agents' down times and leases, Slurm's job ends, workers): they
-# run as two pytest processes at once, each with its own database and Redis db (TEST_DATABASE_URL
-# and TEST_BROKER_URL, then TEST_DATABASE_URL_2 and TEST_BROKER_URL_2: by default the same names
-# with "_2" and the next Redis db), and when other stages run too, in the background while those
-# run; their log follows when they end. TEST_INTEGRATION_SHARDS=1 runs them in one process,
-# TEST_OVERLAP=0 after the other stages.
+# The stages run in three lanes at once (2 cores: the integration tests mostly wait): lint then
+# unit here, core then browser in the background, and the integration stage in the background as
+# two pytest processes (TEST_DATABASE_URL and TEST_BROKER_URL, then TEST_DATABASE_URL_2 and
+# TEST_BROKER_URL_2: by default the same names with "_2" and the next Redis db). The background
+# lanes' logs follow when they end. TEST_INTEGRATION_SHARDS=1 runs the integration tests in one
+# process, TEST_OVERLAP=0 every stage one after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +46,7 @@ STAGES=("$@")
 ci() { case "${CI:-}" in 1 | true | TRUE | yes) return 0 ;; *) return 1 ;; esac }
 
 SKIPS_FILE=$(mktemp)
-INTEGRATION_LOG=""
-trap 'rm -f "$SKIPS_FILE" ${INTEGRATION_LOG:+"$INTEGRATION_LOG"}' EXIT
+trap 'rm -f "$SKIPS_FILE"' EXIT
 export TOPOWEB_SKIPS_FILE=$SKIPS_FILE # tests/conftest.py appends each skipped test's reason
 declare -a SKIPPED=() FAILED=()
 # A stage or package skipped; under CI=true that is a failure (CI must run everything).
@@ -184,47 +183,63 @@ for name in "${STAGES[@]}"; do
   esac
 done
 
-# With other stages to run, the integration stage starts first, in the background (it mostly
-# waits); its output is printed, and its result counted, once the other stages are done.
-INTEGRATION_PID="" INTEGRATION_DONE=0
-if [ "$OVERLAP" != 0 ] && wants integration && [ ${#STAGES[@]} -gt 1 ]; then
-  INTEGRATION_DONE=1 # started here, or skipped here
-  integration_ready || OVERLAP=0
-fi
-if [ "$OVERLAP" != 0 ] && [ "$INTEGRATION_DONE" = 1 ]; then
-  INTEGRATION_LOG=$(mktemp)
-  (
-    stage integration integration
-    [ ${#FAILED[@]} -eq 0 ]
-  ) >"$INTEGRATION_LOG" 2>&1 &
-  INTEGRATION_PID=$!
-  echo "== stage integration: started in the background (its output follows the other stages)"
-fi
-
-for name in "${STAGES[@]}"; do
-  case $name in
+# One stage by name (the stage function records its time and a failure).
+run_stage() {
+  case $1 in
   lint) stage lint lint ;;
   # Without pytest-django: proves the placement core and the node agent run without Django.
   core) stage core "${UNIT_ENV[@]}" "${PYTEST[@]}" -p no:django -W ignore::pytest.PytestConfigWarning \
     tests/unit/placement tests/unit/agent ;;
   unit) stage unit "${UNIT_ENV[@]}" "${PYTEST[@]}" -m "not integration" tests/unit \
     --ignore=tests/unit/placement --ignore=tests/unit/agent ;;
-  browser)
-    if have_chromium; then
-      stage browser "${UNIT_ENV[@]}" "${PYTEST[@]}" -m "not integration" tests/e2e
-    else
-      skip "browser stage: no Chromium at $CHROMIUM${BROWSER_WHY:+ ($BROWSER_WHY)}"
-    fi
-    ;;
-  integration) [ "$INTEGRATION_DONE" = 0 ] && integration_ready && stage integration integration ;;
+  browser) stage browser "${UNIT_ENV[@]}" "${PYTEST[@]}" -m "not integration" tests/e2e ;;
+  integration) stage integration integration ;;
   esac
+}
+# The stages asked for that can run: browser needs Chromium, integration Postgres and Redis.
+declare -a RUN=()
+for s in "${STAGES[@]}"; do
+  if [ "$s" = browser ] && ! have_chromium; then
+    skip "browser stage: no Chromium at $CHROMIUM${BROWSER_WHY:+ ($BROWSER_WHY)}"
+  elif [ "$s" != integration ] || integration_ready; then
+    RUN+=("$s")
+  fi
 done
+runs() { local s; for s in ${RUN[@]+"${RUN[@]}"}; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
-if [ -n "$INTEGRATION_PID" ]; then
-  wait "$INTEGRATION_PID" || FAILED+=(integration)
-  cat "$INTEGRATION_LOG"
-  rm -f "$INTEGRATION_LOG"
+# Lanes: with OVERLAP, the integration stage (it mostly waits) and core then browser run in the
+# background while lint then unit run here; each background lane's output is printed, and its
+# failures counted, once the lanes here are done. TEST_OVERLAP=0 runs the stages one after another.
+declare -a LANE_PIDS=() LANE_LOGS=() HERE=()
+LANE_FAILED=$(mktemp)
+trap 'rm -f "$SKIPS_FILE" "$LANE_FAILED" ${LANE_LOGS[@]+"${LANE_LOGS[@]}"}' EXIT
+lane() { # lane STAGE...: runs the wanted ones of them one after another in the background
+  local wanted=() s
+  for s in "$@"; do runs "$s" && wanted+=("$s"); done
+  [ ${#wanted[@]} -eq 0 ] && return
+  local log
+  log=$(mktemp)
+  LANE_LOGS+=("$log")
+  (
+    for s in "${wanted[@]}"; do run_stage "$s"; done
+    [ ${#FAILED[@]} -eq 0 ] || printf '%s\n' "${FAILED[@]}" >>"$LANE_FAILED"
+  ) >"$log" 2>&1 &
+  LANE_PIDS+=($!)
+  echo "== stages ${wanted[*]}: started in the background (their output follows the other stages)"
+}
+if [ "$OVERLAP" != 0 ] && [ ${#RUN[@]} -gt 1 ]; then
+  lane integration
+  lane core browser
+  for s in lint unit; do runs "$s" && HERE+=("$s"); done
+else
+  HERE=(${RUN[@]+"${RUN[@]}"})
 fi
+for name in ${HERE[@]+"${HERE[@]}"}; do run_stage "$name"; done
+for i in "${!LANE_PIDS[@]}"; do
+  wait "${LANE_PIDS[$i]}"
+  cat "${LANE_LOGS[$i]}"
+done
+while read -r name; do FAILED+=("$name"); done <"$LANE_FAILED"
 
 # -- one line: what was skipped and why ---------------------------------------------------------------
 tests_skipped=$(sed '/^$/d' "$SKIPS_FILE" | sort | uniq -c | sort -rn |
