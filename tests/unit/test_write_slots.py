@@ -15,7 +15,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.api.writeslots import after_write_slot
 from apps.executors.agents.api.views import AgentSyncView
+from topoweb.middleware import _write_slots
 
 entered: queue.Queue = queue.Queue()
 go = threading.Event()
@@ -43,7 +45,42 @@ class Exempt(Hold):
     write_slot = False
 
 
-urlpatterns = [path("hold/", Hold.as_view()), path("exempt/", Exempt.as_view())]
+after: list[tuple] = []
+
+
+class After(APIView):
+    """Leaves work until its slot is free: it records whether the slot was free when it ran."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+
+    def work(self, n: int) -> None:
+        slots = _write_slots(1)
+        free = slots.acquire(blocking=False)
+        if free:
+            slots.release()
+        after.append((n, free))
+        if n == 2:
+            raise RuntimeError("the work failed")
+
+    def post(self, request):
+        n = request.data["n"]
+        after_write_slot(request, lambda: self.work(n))
+        after.append((n, "view"))
+        return Response({"n": n})
+
+    def get(self, request):
+        after_write_slot(request, lambda: self.work(0))
+        after.append((0, "view"))
+        return Response({"read": True})
+
+
+urlpatterns = [
+    path("hold/", Hold.as_view()),
+    path("exempt/", Exempt.as_view()),
+    path("after/", After.as_view()),
+]
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -138,3 +175,17 @@ def test_exempt_views_and_no_limit_do_not_wait(settings):
 
 def test_the_agents_long_poll_holds_no_slot():
     assert AgentSyncView.write_slot is False
+
+
+def test_work_left_until_the_slot_is_free_runs_once_it_is(settings, caplog):
+    settings.API_WRITE_SLOTS = 1
+    after.clear()
+    assert Client().post("/after/", {"n": 1}, content_type="application/json").status_code == 200
+    assert after == [(1, "view"), (1, True)]  # after the view, with the slot free, before the answer
+    # Work that raises is logged; the answer stands.
+    assert Client().post("/after/", {"n": 2}, content_type="application/json").status_code == 200
+    assert after[2:] == [(2, "view"), (2, True)]
+    assert "work after a write slot failed" in caplog.text
+    # A request that holds no slot runs it at once.
+    assert Client().get("/after/").status_code == 200
+    assert after[4:] == [(0, True), (0, "view")]
