@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from rest_framework.permissions import SAFE_METHODS
 
-from apps.api.writeslots import AFTER_ATTR, run_logged
+from apps.api.writeslots import AFTER_ATTR, holding, run_logged
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class WriteSlotsMiddleware:
     but those whose class sets `write_slot = False` (the node agents' sync, a long-poll that
     would hold the slot while it waits). The body is read before the wait, so a client that sends
     its body slowly holds no slot while doing so. Work a view hands to `after_write_slot` runs
-    once the slot is released."""
+    once the slot is released; a COMMIT waiting for its flush lends the slot to the next write
+    (`slot_lent`, topoweb.postgres)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -89,6 +90,7 @@ class WriteSlotsMiddleware:
         finally:
             held = request.__dict__.pop("_write_slot", None)
             if held is not None:
+                holding(None)
                 held.release()
             # What the view left until the slot is free (`apps.api.writeslots.after_write_slot`:
             # a submission's cycle request, a round trip to the broker's cache).
@@ -115,6 +117,7 @@ class WriteSlotsMiddleware:
                 WRITE_RETRY_AFTER_S,
             )
         request._write_slot = slots
+        holding(slots)
         setattr(request, AFTER_ATTR, [])
         return None
 

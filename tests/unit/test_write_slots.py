@@ -15,7 +15,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api.writeslots import after_write_slot
+from apps.api.writeslots import after_write_slot, slot_lent
 from apps.executors.agents.api.views import AgentSyncView
 from topoweb.middleware import _write_slots
 
@@ -76,7 +76,28 @@ class After(APIView):
         return Response({"read": True})
 
 
+lent: queue.Queue = queue.Queue()
+lend_go = threading.Event()
+
+
+class Lend(APIView):
+    """Lends its slot while it waits for `lend_go` (as a COMMIT lends it while the server flushes),
+    then reports that it has the slot back."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+
+    def post(self, request):
+        with slot_lent():
+            lent.put("lent")
+            lend_go.wait(10)
+        lent.put("back")
+        return Response({"lent": True})
+
+
 urlpatterns = [
+    path("lend/", Lend.as_view()),
     path("hold/", Hold.as_view()),
     path("exempt/", Exempt.as_view()),
     path("after/", After.as_view()),
@@ -189,3 +210,29 @@ def test_work_left_until_the_slot_is_free_runs_once_it_is(settings, caplog):
     # A request that holds no slot runs it at once.
     assert Client().get("/after/").status_code == 200
     assert after[4:] == [(0, True), (0, "view")]
+
+
+def test_a_slot_lent_during_a_wait_goes_to_the_next_write_and_comes_back_after_it(settings):
+    settings.API_WRITE_SLOTS, settings.API_WRITE_WAIT_S = 1, 5
+    lend_go.clear()
+    answers: dict = {}
+    lender = threading.Thread(
+        target=lambda: answers.setdefault(
+            "lend", Client().post("/lend/", {}, content_type="application/json")
+        )
+    )
+    lender.start()
+    assert lent.get(timeout=5) == "lent"
+    other = post_in_thread("/hold/", 1, answers)
+    assert entered.get(timeout=5) == 1  # the next write runs while the slot is lent
+    lend_go.set()
+    with pytest.raises(queue.Empty):
+        lent.get(timeout=0.3)  # the lender waits for the slot to come back
+    go.set()
+    assert lent.get(timeout=5) == "back"
+    for thread in (lender, other):
+        thread.join(5)
+    assert answers["lend"].status_code == answers[1].status_code == 200
+    # The slot is whole again: one write at a time.
+    assert _write_slots(1).acquire(blocking=False)
+    _write_slots(1).release()
