@@ -19,6 +19,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from rest_framework.permissions import SAFE_METHODS
 
+from apps.api.writeslots import AFTER_ATTR, holding, run_logged
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # what clients are told to wait before retrying
@@ -75,7 +77,9 @@ class WriteSlotsMiddleware:
     performance.md has the A/B). Writes are POST, PUT, PATCH and DELETE to the REST API's views,
     but those whose class sets `write_slot = False` (the node agents' sync, a long-poll that
     would hold the slot while it waits). The body is read before the wait, so a client that sends
-    its body slowly holds no slot while doing so."""
+    its body slowly holds no slot while doing so. Work a view hands to `after_write_slot` runs
+    once the slot is released; a COMMIT waiting for its flush lends the slot to the next write
+    (`slot_lent`, topoweb.postgres)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -86,7 +90,12 @@ class WriteSlotsMiddleware:
         finally:
             held = request.__dict__.pop("_write_slot", None)
             if held is not None:
+                holding(None)
                 held.release()
+            # What the view left until the slot is free (`apps.api.writeslots.after_write_slot`:
+            # a submission's cycle request, a round trip to the broker's cache).
+            for work in request.__dict__.pop(AFTER_ATTR, ()):
+                run_logged(work)
 
     def process_view(self, request: HttpRequest, view_func, view_args, view_kwargs) -> HttpResponse | None:
         cls = getattr(view_func, "cls", None)
@@ -108,6 +117,8 @@ class WriteSlotsMiddleware:
                 WRITE_RETRY_AFTER_S,
             )
         request._write_slot = slots
+        holding(slots)
+        setattr(request, AFTER_ATTR, [])
         return None
 
 

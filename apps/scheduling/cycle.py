@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -118,10 +119,49 @@ def _clear_request(cluster_id: int) -> None:
             log.warning("could not clear the cycle request of cluster %s", cluster_id, exc_info=True)
 
 
+_COLLECTING = threading.local()
+
+
 def queue_cycle(cluster_id: int) -> None:
-    """Request a scheduling cycle for the cluster once the current transaction commits."""
+    """Request a scheduling cycle for the cluster once the current transaction commits (or, under
+    `requests_deferred`, collect the request for its caller to send)."""
     # robust: a failing eager cycle is logged and audited, it must not fail the caller's request.
-    transaction.on_commit(lambda: request_cycle(cluster_id), robust=True)
+    transaction.on_commit(lambda: _request_or_collect(cluster_id), robust=True)
+
+
+def _request_or_collect(cluster_id: int) -> None:
+    collected = getattr(_COLLECTING, "clusters", None)
+    if collected is None:
+        request_cycle(cluster_id)
+    else:
+        collected.add(cluster_id)
+
+
+@contextmanager
+def requests_deferred(defer: Callable[[Callable[[], None]], None]):
+    """The cycle requests this thread's commits make inside the block are collected, not sent, and
+    at its end (raised or not) handed to `defer` as one callable that sends them (one per
+    cluster): a web view passes them on to run once its write slot is free. Only where requests
+    go to a broker: where a cycle runs in the requesting process, it runs on commit as always."""
+    if cycles_run_inline() or getattr(_COLLECTING, "clusters", None) is not None:
+        yield
+        return
+    clusters: set[int] = set()
+    _COLLECTING.clusters = clusters
+    try:
+        yield
+    finally:
+        _COLLECTING.clusters = None
+        if clusters:
+            defer(lambda: _request_each(sorted(clusters)))
+
+
+def _request_each(cluster_ids: list[int]) -> None:
+    for cluster_id in cluster_ids:
+        try:
+            request_cycle(cluster_id)
+        except Exception:
+            log.exception("could not request a cycle for cluster %s", cluster_id)
 
 
 def schedule_requested(*, cluster: Cluster) -> SchedulingCycle:

@@ -35,6 +35,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models.signals import post_save, pre_save
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from apps.placement.planning import ClusterSnapshot
@@ -86,6 +88,56 @@ def submit(job: Job, *, savepoint: bool = True) -> Job:
     else:
         job.save()
         cycle.queue_cycle(job.cluster_id)
+    return job
+
+
+_INSERTS: dict[tuple[str, ...], str] = {}
+
+
+def submit_statement(job: Job) -> tuple[str, list] | None:
+    """`submit`'s INSERT of a new queued job as one statement returning the job's id and other
+    database-set fields, (sql, params), for a caller that sends it with its own statements in one
+    round trip and then calls `submitted` with the row it returned. The SQL is compiled once per
+    process (the ORM built it per job); the parameters are those `Model.save` would send. None
+    where `submit` must save the job: not Postgres, something listens for a Job's save signals,
+    or a value is an expression or a field has its own placeholder (SQL that depends on values)."""
+    if job.pk is not None or job.status != JobStatus.QUEUED:
+        raise ValueError("submit_statement takes a new, queued job")
+    if connection.vendor != "postgresql" or pre_save.has_listeners(Job) or post_save.has_listeners(Job):
+        return None
+    meta = Job._meta
+    fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field and not f.generated]
+    if any(hasattr(f, "get_placeholder") for f in fields):
+        return None
+    key = tuple(f.attname for f in fields)
+    sql = _INSERTS.get(key)
+    if sql is None:
+        # Compiled before the values are read: compiling runs the fields' pre_save on the job.
+        query = InsertQuery(Job)
+        query.insert_values(fields, [job])
+        compiler = query.get_compiler(connection=connection)
+        compiler.returning_fields = meta.db_returning_fields
+        [(sql, compiled)] = compiler.as_sql()
+        if len(compiled) != len(fields):
+            return None
+    params = []
+    for field in fields:
+        value = field.pre_save(job, True)
+        if hasattr(value, "resolve_expression"):
+            return None
+        params.append(field.get_db_prep_save(value, connection=connection))
+    _INSERTS[key] = sql
+    return sql, params
+
+
+def submitted(job: Job, row: Sequence[Any]) -> Job:
+    """The end of `submit` for a job INSERTed by `submit_statement`'s statement in the caller's
+    transaction: `row` (what it returned) set on the job, a cycle requested once committed."""
+    for field, value in zip(Job._meta.db_returning_fields, row, strict=True):
+        setattr(job, field.attname, value)
+    job._state.adding = False
+    job._state.db = connection.alias
+    cycle.queue_cycle(job.cluster_id)
     return job
 
 

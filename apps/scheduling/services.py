@@ -85,7 +85,9 @@ class _StaleCaps(Exception):
     """The caps a submission took from rows this process remembered (`recent`) have changed."""
 
 
-def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool = False) -> None:
+def _within_queued_caps(
+    user: AbstractBaseUser, rows: list[Job], *, kept: bool = False, insert: tuple[str, list] | None = None
+) -> None:
     """Raise QueuedCapExceeded when the waiting jobs `rows`, just INSERTed in this transaction,
     took a cap of the user's (or of their account in a QOS) past its value.
 
@@ -96,10 +98,18 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool =
     commits or rolls back, so racing clients cannot pass a cap together, and the INSERT is not
     part of the time the lock is held. `kept`: the rows' account and QOS are rows this process
     remembered (`recent`): their caps are read afresh with the user's lock (no more round trips),
-    and _StaleCaps is raised when they changed (the caller tries again with every row read afresh)."""
+    and _StaleCaps is raised when they changed (the caller tries again with every row read afresh).
+    `insert`: the statement of `lifecycle.submit_statement` that INSERTs the one job of `rows`,
+    sent first in the same round trip (Postgres), the job then `lifecycle.submitted`."""
     pairs = {(job.account_id, job.qos_id): (job.account, job.qos) for job in rows if job.qos_id is not None}
     caps = accounts.queued_caps(user, pairs.values())
     shared = sorted({cap.account_id for cap in caps if cap.account_id is not None})
+    if shared and insert is not None:
+        # The INSERT first, by itself: it is not part of the time the accounts' locks are held.
+        with connection.cursor() as cursor:
+            cursor.execute(*insert)
+            lifecycle.submitted(rows[0], cursor.fetchone())
+        insert = None
     if shared:
         # In id order: two submissions locking the same accounts cannot deadlock.
         list(
@@ -116,7 +126,7 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool =
             get_user_model()
             .objects.select_for_update(no_key=True)
             .filter(pk=user.pk)
-            .annotate(**fresh)
+            .annotate(**_fresh_annotations(fresh))
             .values_list("pk", *fresh)[:1]
         )
         # Counted up to the cap (and the jobs added) only: a user far over it (a lowered cap)
@@ -131,7 +141,12 @@ def _within_queued_caps(user: AbstractBaseUser, rows: list[Job], *, kept: bool =
 
     # What the statements depend on: the same key, the same SQL and parameters.
     key = (user.pk, tuple(fresh), tuple((str(cap.jobs), cap.value + 1 + adding) for cap, adding in counted))
-    found, counts = _lock_and_count(key, queries)
+    if insert is not None:
+        (job,) = rows
+        inserted, found, counts = _lock_and_count(key, queries, insert=insert)
+        lifecycle.submitted(job, inserted)
+    else:
+        _, found, counts = _lock_and_count(key, queries)
     if kept and found is not None and tuple(found[1:]) != expected:
         raise _StaleCaps
     for (cap, adding), n in zip(counted, counts, strict=True):
@@ -143,15 +158,21 @@ _STATEMENTS: dict[tuple, tuple[str, list]] = {}
 STATEMENTS_KEPT = 1024
 
 
-def _lock_and_count(key: tuple, queries) -> tuple[tuple | None, list[int]]:
+def _lock_and_count(
+    key: tuple, queries, *, insert: tuple[str, list] | None = None
+) -> tuple[tuple | None, tuple | None, list[int]]:
     """`queries()` gives (lock, counts): the row the query `lock` selects (locking it), and how
     many rows each query of `counts` selects, counted once the lock is held. On Postgres one
     round trip: the statements are sent together and each reads what was committed when it starts
     (READ COMMITTED), so the counts see every submission that held the lock before; their SQL is
-    compiled once per `key` (which determines it) and process. Elsewhere one query each."""
+    compiled once per `key` (which determines it) and process. Elsewhere one query each.
+    `insert` (sql, params), Postgres only: a statement returning one row, sent first. Returns
+    (the row `insert` returned, the locked row, the counts)."""
     if connection.vendor != "postgresql":
+        if insert is not None:
+            raise ValueError("an INSERT goes with the lock and count on Postgres only")
         lock, counts = queries()
-        return next(iter(lock), None), [qs.count() for qs in counts]
+        return None, next(iter(lock), None), [qs.count() for qs in counts]
     statement = _STATEMENTS.get(key)
     if statement is None:
         lock, counts = queries()
@@ -164,20 +185,28 @@ def _lock_and_count(key: tuple, queries) -> tuple[tuple | None, list[int]]:
         if len(_STATEMENTS) >= STATEMENTS_KEPT:
             _STATEMENTS.clear()
         statement = _STATEMENTS[key] = ("; ".join(statements), params)
+    sql, params = statement
+    if insert is not None:
+        sql, params = f"{insert[0]}; {sql}", [*insert[1], *params]
     with connection.cursor() as cursor:
-        cursor.execute(*statement)
+        cursor.execute(sql, params)
+        inserted = None
+        if insert is not None:
+            inserted = cursor.fetchone()
+            cursor.nextset()
         found = cursor.fetchone()
         numbers = []
         while cursor.nextset():
             numbers.append(cursor.fetchone()[0])
-    return found, numbers
+    return inserted, found, numbers
 
 
-def _kept_caps(pairs) -> tuple[tuple, dict[str, Any]]:
-    """The cap fields of the accounts and QOS `pairs` holds, as remembered, and the annotations
-    that read them afresh beside the user's id (in the same order)."""
+def _kept_caps(pairs) -> tuple[tuple, dict[str, tuple[type, int, str]]]:
+    """The cap fields of the accounts and QOS `pairs` holds, as remembered, and what reads them
+    afresh beside the user's id (in the same order): annotation name -> (model, pk, field), made
+    into subqueries by `_fresh_annotations` only when the statement is compiled."""
     expected: list = []
-    fresh: dict[str, Any] = {}
+    fresh: dict[str, tuple[type, int, str]] = {}
     for acct, qos in pairs:
         for model, row, fields in (
             (Account, acct, ("max_queued_jobs",)),
@@ -186,11 +215,17 @@ def _kept_caps(pairs) -> tuple[tuple, dict[str, Any]]:
             if row is None:
                 continue
             for f in fields:
-                fresh[f"kept_{model.__name__}_{row.pk}_{f}"] = Subquery(
-                    model.objects.filter(pk=row.pk).values(f)
-                )
+                fresh[f"kept_{model.__name__}_{row.pk}_{f}"] = (model, row.pk, f)
                 expected.append(getattr(row, f))
     return tuple(expected), fresh
+
+
+def _fresh_annotations(fresh: dict[str, tuple[type, int, str]]) -> dict[str, Subquery]:
+    """The subqueries of `_kept_caps`'s annotations."""
+    return {
+        name: Subquery(model.objects.filter(pk=pk).values(field))
+        for name, (model, pk, field) in fresh.items()
+    }
 
 
 def submission_digest(*, spec: Any, cluster_name: str | None) -> str:
@@ -300,11 +335,17 @@ def _submit(
         raise SpecError([("priority", f"{fields['priority']} is over the limit of {limit} for {whose}")])
     job = Job(cluster=target, owner=user, **fields)
     # The cluster, owner, account and QOS are rows in hand; re-checking that they exist costs queries.
-    job.full_clean(exclude=["cluster", "owner", "account", "qos"], validate_unique=False)
+    # Nor are its constraints checked here: the database's are (the only one names the owner).
+    job.full_clean(
+        exclude=["cluster", "owner", "account", "qos"], validate_unique=False, validate_constraints=False
+    )
     with transaction.atomic():
         # This block is the INSERT's savepoint already; the caps are checked after it (see there).
-        lifecycle.submit(job, savepoint=False)
-        _within_queued_caps(user, [job], kept=kept)
+        # On Postgres the INSERT goes with the caps' lock and count, one round trip.
+        insert = lifecycle.submit_statement(job)
+        if insert is None:
+            lifecycle.submit(job, savepoint=False)
+        _within_queued_caps(user, [job], kept=kept, insert=insert)
         return job
 
 

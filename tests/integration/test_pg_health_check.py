@@ -70,3 +70,37 @@ def test_a_connection_the_server_ended_is_replaced_before_the_first_query(own, u
     assert usable_calls == [True]
     # No error reaches the request: its first query runs on a new connection.
     assert backend_pid(own) != pid
+
+
+def test_a_commit_lends_the_write_slot_its_thread_holds(own, monkeypatch):
+    """While the server flushes a COMMIT the thread's API write slot is free for the next write,
+    and held again once the COMMIT returns."""
+    import threading
+
+    from apps.api.writeslots import holding
+
+    slot = threading.BoundedSemaphore(1)
+    free_during: list[bool] = []
+    original = django_postgres.DatabaseWrapper._commit
+
+    def commit(self):
+        free = slot.acquire(blocking=False)
+        if free:
+            slot.release()
+        free_during.append(free)
+        return original(self)
+
+    monkeypatch.setattr(django_postgres.DatabaseWrapper, "_commit", commit)
+    slot.acquire()
+    holding(slot)
+    try:
+        own.set_autocommit(False)
+        with own.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        own.commit()
+        own.set_autocommit(True)
+        assert not slot.acquire(blocking=False)  # held again
+    finally:
+        holding(None)
+        slot.release()
+    assert free_during == [True]

@@ -15,7 +15,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.api.writeslots import after_write_slot, slot_lent
 from apps.executors.agents.api.views import AgentSyncView
+from topoweb.middleware import _write_slots
 
 entered: queue.Queue = queue.Queue()
 go = threading.Event()
@@ -43,7 +45,63 @@ class Exempt(Hold):
     write_slot = False
 
 
-urlpatterns = [path("hold/", Hold.as_view()), path("exempt/", Exempt.as_view())]
+after: list[tuple] = []
+
+
+class After(APIView):
+    """Leaves work until its slot is free: it records whether the slot was free when it ran."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+
+    def work(self, n: int) -> None:
+        slots = _write_slots(1)
+        free = slots.acquire(blocking=False)
+        if free:
+            slots.release()
+        after.append((n, free))
+        if n == 2:
+            raise RuntimeError("the work failed")
+
+    def post(self, request):
+        n = request.data["n"]
+        after_write_slot(request, lambda: self.work(n))
+        after.append((n, "view"))
+        return Response({"n": n})
+
+    def get(self, request):
+        after_write_slot(request, lambda: self.work(0))
+        after.append((0, "view"))
+        return Response({"read": True})
+
+
+lent: queue.Queue = queue.Queue()
+lend_go = threading.Event()
+
+
+class Lend(APIView):
+    """Lends its slot while it waits for `lend_go` (as a COMMIT lends it while the server flushes),
+    then reports that it has the slot back."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes: list = []
+
+    def post(self, request):
+        with slot_lent():
+            lent.put("lent")
+            lend_go.wait(10)
+        lent.put("back")
+        return Response({"lent": True})
+
+
+urlpatterns = [
+    path("lend/", Lend.as_view()),
+    path("hold/", Hold.as_view()),
+    path("exempt/", Exempt.as_view()),
+    path("after/", After.as_view()),
+]
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -138,3 +196,43 @@ def test_exempt_views_and_no_limit_do_not_wait(settings):
 
 def test_the_agents_long_poll_holds_no_slot():
     assert AgentSyncView.write_slot is False
+
+
+def test_work_left_until_the_slot_is_free_runs_once_it_is(settings, caplog):
+    settings.API_WRITE_SLOTS = 1
+    after.clear()
+    assert Client().post("/after/", {"n": 1}, content_type="application/json").status_code == 200
+    assert after == [(1, "view"), (1, True)]  # after the view, with the slot free, before the answer
+    # Work that raises is logged; the answer stands.
+    assert Client().post("/after/", {"n": 2}, content_type="application/json").status_code == 200
+    assert after[2:] == [(2, "view"), (2, True)]
+    assert "work after a write slot failed" in caplog.text
+    # A request that holds no slot runs it at once.
+    assert Client().get("/after/").status_code == 200
+    assert after[4:] == [(0, True), (0, "view")]
+
+
+def test_a_slot_lent_during_a_wait_goes_to_the_next_write_and_comes_back_after_it(settings):
+    settings.API_WRITE_SLOTS, settings.API_WRITE_WAIT_S = 1, 5
+    lend_go.clear()
+    answers: dict = {}
+    lender = threading.Thread(
+        target=lambda: answers.setdefault(
+            "lend", Client().post("/lend/", {}, content_type="application/json")
+        )
+    )
+    lender.start()
+    assert lent.get(timeout=5) == "lent"
+    other = post_in_thread("/hold/", 1, answers)
+    assert entered.get(timeout=5) == 1  # the next write runs while the slot is lent
+    lend_go.set()
+    with pytest.raises(queue.Empty):
+        lent.get(timeout=0.3)  # the lender waits for the slot to come back
+    go.set()
+    assert lent.get(timeout=5) == "back"
+    for thread in (lender, other):
+        thread.join(5)
+    assert answers["lend"].status_code == answers[1].status_code == 200
+    # The slot is whole again: one write at a time.
+    assert _write_slots(1).acquire(blocking=False)
+    _write_slots(1).release()

@@ -9,6 +9,9 @@ read, or one the driver already knows is broken, gets the SELECT 1 (and is repla
 fails). An idle healthy connection has nothing to read. What neither check can see in time, a
 network path that died silently, fails the request with a 503 (DatabaseUnavailableMiddleware)
 and the connection is replaced at its end.
+
+A COMMIT lends the API write slot its thread holds (`apps.api.writeslots.slot_lent`) while it
+waits for the server's flush to disk.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import select
 
 from django.db.backends.postgresql import base
+
+from apps.api.writeslots import slot_lent
 
 
 def server_spoke(connection) -> bool:
@@ -34,6 +39,12 @@ def server_spoke(connection) -> bool:
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def _commit(self):
+        # Waiting for the server to flush the COMMIT runs no Python: an API write's slot
+        # (topoweb.middleware) goes to the process's next write meanwhile, and is taken back after.
+        with slot_lent():
+            return super()._commit()
+
     def close_if_health_check_failed(self):
         if (
             self.connection is not None

@@ -38,13 +38,14 @@ from apps.api.schemas import FIELD_ERRORS_RESPONSE, STATE_ERROR_RESPONSE
 from apps.api.schemas import STATE_ERROR as STATE_ERROR_BODY
 from apps.api.throttling import CallerRateThrottle, CountsWindowsTogether, ScopedCallerThrottle
 from apps.api.validation import field_error, int_param, object_body
+from apps.api.writeslots import after_write_slot
 from apps.placement.topology import JOB_LIMITS
 from apps.topology.models import Gpu
 
 from .. import accounts, rankmaps, selectors, services
 from ..account_models import DEFAULT_QOS
 from ..choices import ProposalStatus
-from ..cycle import cycles_run_inline
+from ..cycle import cycles_run_inline, requests_deferred
 from ..models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     AccountMembership,
@@ -211,13 +212,16 @@ class JobViewSet(
         name = request.query_params.get("cluster")
         cluster = selectors.cluster_for_spec(spec=data, name=name) if name else None
         replayed = False
+        # The cycle request (a round trip to the cache, now and then one to the broker) is sent
+        # once this request's write slot is free, before the response goes out.
         try:
-            if key is None:
-                job = services.job_submit(user=request.user, spec=data, cluster=cluster)
-            else:
-                job, replayed = services.job_submit_once(
-                    user=request.user, spec=data, cluster=cluster, idempotency_key=key
-                )
+            with requests_deferred(lambda send: after_write_slot(request, send)):
+                if key is None:
+                    job = services.job_submit(user=request.user, spec=data, cluster=cluster)
+                else:
+                    job, replayed = services.job_submit_once(
+                        user=request.user, spec=data, cluster=cluster, idempotency_key=key
+                    )
         except services.IdempotencyConflict as exc:
             return Response(
                 {"Idempotency-Key": [str(exc)], "job": exc.job.pk},
@@ -247,7 +251,8 @@ class JobViewSet(
         name = request.query_params.get("cluster")
         cluster = selectors.cluster_for_spec(spec={}, name=name) if name else None
         try:
-            jobs = services.job_submit_many(user=request.user, specs=specs, cluster=cluster)
+            with requests_deferred(lambda send: after_write_slot(request, send)):
+                jobs = services.job_submit_many(user=request.user, specs=specs, cluster=cluster)
         except services.QueuedCapExceeded as exc:
             return over_queued_cap(exc)
         if cycles_run_inline():

@@ -181,3 +181,62 @@ def test_without_a_shared_cache_every_request_queues_a_cycle(case44, monkeypatch
     assert cycle.coalescing() is False
     assert cycle.request_cycle(case44.pk) and cycle.request_cycle(case44.pk)
     assert sent == [case44.pk, case44.pk]
+
+
+def _slot_free() -> bool:
+    from topoweb.middleware import _write_slots
+
+    slots = _write_slots(1)
+    free = slots.acquire(blocking=False)
+    if free:
+        slots.release()
+    return free
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_submission_requests_its_cycle_once_its_write_slot_is_free(
+    transactional_db, case44, alice_api, settings, monkeypatch
+):
+    from apps.scheduling import cycle
+
+    settings.API_WRITE_SLOTS = 1
+    seen = []
+
+    def request_cycle(cluster_id, **kwargs):
+        seen.append((cluster_id, _slot_free()))
+        return True
+
+    monkeypatch.setattr(cycle, "cycles_run_inline", lambda: False)
+    monkeypatch.setattr(cycle, "request_cycle", request_cycle)
+    response = alice_api.post("/api/v1/jobs/", small_spec("one", 2), format="json")
+    assert response.status_code == 201, response.content
+    assert seen == [(case44.pk, True)]
+    # A bulk submission: one request for its cluster, also once the slot is free.
+    response = alice_api.post("/api/v1/jobs/", [small_spec(f"b{i}", 2) for i in range(3)], format="json")
+    assert response.status_code == 201, response.content
+    assert seen == [(case44.pk, True)] * 2
+    # Refused (nothing committed): no request.
+    response = alice_api.post("/api/v1/jobs/", small_spec("too-big", 4096), format="json")
+    assert response.status_code == 400
+    assert len(seen) == 2
+
+
+def test_requests_deferred_collects_only_where_cycles_go_to_a_broker(case44, monkeypatch):
+    from apps.scheduling import cycle
+
+    seen, deferred = [], []
+    monkeypatch.setattr(cycle, "request_cycle", lambda cluster_id, **kwargs: seen.append(cluster_id))
+    monkeypatch.setattr(cycle, "cycles_run_inline", lambda: False)
+    with cycle.requests_deferred(deferred.append):
+        cycle._request_or_collect(case44.pk)
+        cycle._request_or_collect(case44.pk)
+        assert seen == []
+    (send,) = deferred
+    send()
+    assert seen == [case44.pk]
+    # Where the cycle runs in the requesting process, it runs on commit as always.
+    monkeypatch.setattr(cycle, "cycles_run_inline", lambda: True)
+    with cycle.requests_deferred(deferred.append):
+        cycle._request_or_collect(case44.pk)
+        assert seen == [case44.pk] * 2
+    assert len(deferred) == 1
