@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+from rest_framework.throttling import SimpleRateThrottle
 
 from apps.api.roles import role_grant
 from apps.placement.topology import read_spec_file
@@ -150,3 +152,14 @@ def clock(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     return now
+
+
+@pytest.fixture
+def throttle_window(monkeypatch):
+    """The throttles' clock held 20 s into a minute-long window, their counters cleared: a test
+    counting requests against a per-minute rate is not split by a window's end (under load its
+    requests can take seconds)."""
+    monkeypatch.setattr(SimpleRateThrottle, "timer", staticmethod(lambda: 1_800_000_020.0))
+    cache.clear()
+    yield
+    cache.clear()

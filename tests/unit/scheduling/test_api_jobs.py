@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from django.core.cache import cache
 from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -163,15 +162,13 @@ def test_unknown_rankmap_format_is_a_404(case44, alice, alice_api, committed):
     assert alice_api.get(f"/api/v1/jobs/{job.pk}/rankmap/", {"format": "pbs"}).status_code == 404
 
 
-def test_submission_is_throttled_by_the_submit_scope(case44, alice_api, monkeypatch):
+def test_submission_is_throttled_by_the_submit_scope(case44, alice_api, monkeypatch, throttle_window):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"submit": "2/min", "user": "1000/min"})
-    cache.clear()
     codes = [
         alice_api.post("/api/v1/jobs/", small_spec(f"t{i}", 1), format="json").status_code for i in range(3)
     ]
     assert codes == [201, 201, 429]
     assert alice_api.get("/api/v1/jobs/").status_code == 200
-    cache.clear()
 
 
 def test_preview_prices_every_policy_and_books_nothing(case44, alice_api, job_spec):

@@ -109,7 +109,9 @@ def test_launcher_token_runs_its_clusters_lifecycle_and_nothing_more(case44, pod
     assert own.post(f"/api/v1/jobs/{job.pk}/complete/").json()["status"] == "completed"
 
 
-def test_launchers_are_throttled_per_token_whatever_x_forwarded_for_says(case44, monkeypatch):
+def test_launchers_are_throttled_per_token_whatever_x_forwarded_for_says(
+    case44, monkeypatch, throttle_window
+):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"launcher": "3/min", "user": "1000/min"})
     first, second = launcher_client(case44), launcher_client(case44)
     codes = [
