@@ -5,6 +5,7 @@ recomputed every `refresh_s` seconds from the jobs placed now (see `simulate`)."
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -140,6 +141,13 @@ class _Server(ThreadingHTTPServer):
     # A collector opens a hundred connections at once; the default backlog of 5 would drop them.
     request_queue_size = 1024
     daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A collector past its timeout (a loaded machine) closes its connection before the page
+        # is written: as a real exporter, nothing to report. Anything else is printed as before.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler(exporter: SimulatedExporter):

@@ -166,3 +166,27 @@ def test_a_hotspot_closes_when_its_job_fails(simulated_case44, client):
     assert not hotspot.is_open and hotspot.closed_at is not None
     client.force_login(get_user_model().objects.create_user("ops", is_staff=True))
     assert f"job {job.pk} bert-large-16" not in client.get("/clusters/case-4-4/").content.decode()
+
+
+def test_the_simulated_exporter_says_nothing_of_a_scraper_that_hung_up(capsys):
+    # At load 15 the collector's timeout closed connections before their pages were written, and
+    # every broken pipe printed a traceback into `make run`'s log.
+    from http.server import BaseHTTPRequestHandler
+
+    from apps.metrics.fake import _Server
+
+    server = _Server(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    try:
+        for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "Connection reset")):
+            try:
+                raise exc
+            except ConnectionError:
+                server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a fault of the page")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a fault of the page" in capsys.readouterr().err
+    finally:
+        server.server_close()
