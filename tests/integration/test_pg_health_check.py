@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.postgresql import base as django_postgres
 
+from tests.writeslots import slot_free
 from topoweb.postgres.base import DatabaseWrapper, server_spoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_postgres")]
@@ -84,10 +85,7 @@ def test_a_commit_lends_the_write_slot_its_thread_holds(own, monkeypatch):
     original = django_postgres.DatabaseWrapper._commit
 
     def commit(self):
-        free = slot.acquire(blocking=False)
-        if free:
-            slot.release()
-        free_during.append(free)
+        free_during.append(slot_free(slot))
         return original(self)
 
     monkeypatch.setattr(django_postgres.DatabaseWrapper, "_commit", commit)

@@ -14,6 +14,7 @@ from apps.scheduling.demo import demo_workload_refill, load_demo_jobs
 from apps.scheduling.embedded import PeriodicScheduler, start_periodic_scheduler
 from apps.scheduling.models import AccountMembership, Job, LauncherToken, MigrationProposal, SchedulingCycle
 from apps.scheduling.node_models import node_key_hash
+from tests.writeslots import slot_free
 
 from .conftest import small_spec
 
@@ -183,16 +184,6 @@ def test_without_a_shared_cache_every_request_queues_a_cycle(case44, monkeypatch
     assert sent == [case44.pk, case44.pk]
 
 
-def _slot_free() -> bool:
-    from topoweb.middleware import _write_slots
-
-    slots = _write_slots(1)
-    free = slots.acquire(blocking=False)
-    if free:
-        slots.release()
-    return free
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_api_submission_requests_its_cycle_once_its_write_slot_is_free(
     transactional_db, case44, alice_api, settings, monkeypatch
@@ -203,7 +194,7 @@ def test_an_api_submission_requests_its_cycle_once_its_write_slot_is_free(
     seen = []
 
     def request_cycle(cluster_id, **kwargs):
-        seen.append((cluster_id, _slot_free()))
+        seen.append((cluster_id, slot_free()))
         return True
 
     monkeypatch.setattr(cycle, "cycles_run_inline", lambda: False)
