@@ -221,6 +221,7 @@ lane() { # lane STAGE...: runs the wanted ones of them one after another in the 
   log=$(mktemp)
   LANE_LOGS+=("$log")
   (
+    FAILED=() # this lane's own failures: those recorded before it are counted already
     for s in "${wanted[@]}"; do run_stage "$s"; done
     [ ${#FAILED[@]} -eq 0 ] || printf '%s\n' "${FAILED[@]}" >>"$LANE_FAILED"
   ) >"$log" 2>&1 &
