@@ -42,6 +42,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import scratch_db
+from proc_cpu import cpu_s
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -74,12 +75,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process and its threads, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import proc_cpu
 import psycopg
 import scratch_db
 from figures import figure
@@ -124,6 +125,27 @@ class Api:
             conn.close()
             raise
         return resp.status, payload, (time.perf_counter() - t0) * 1000.0
+
+
+def cpu_parts(procs: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    """CPU seconds now of each part's processes: those of `procs` (part -> root pids, with their
+    descendants), Postgres and Redis (every process of theirs on this machine) and this client."""
+    parts = {name: proc_cpu.tree(pids) for name, pids in procs.items()}
+    parts |= {"postgres": proc_cpu.named("postgres"), "redis": proc_cpu.named("redis-server")}
+    parts["client"] = {os.getpid()}
+    return {name: {pid: proc_cpu.cpu_s(pid) for pid in pids} for name, pids in parts.items()}
+
+
+def cpu_ms_per(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]], n: int) -> dict:
+    """CPU ms per one of `n` (jobs) of each part between two `cpu_parts`, and their total."""
+    out = {
+        name: round(
+            sum(t - before.get(name, {}).get(pid, 0.0) for pid, t in now.items()) * 1000.0 / max(n, 1), 2
+        )
+        for name, now in after.items()
+    }
+    out["total"] = round(sum(out.values()), 2)
+    return out
 
 
 def submit_all(api: Api, n: int, clients: int, first: int = 0) -> tuple[float, list[float], list[int]]:
@@ -333,9 +355,12 @@ def run(args, url: str) -> int:
         under_load: list[float] = []
         reader = threading.Thread(target=lambda: under_load.extend(read_load(api, args.rate, 3600, stop)))
         reader.start()
+        roots = {"web": [procs[0].pid], "worker": [procs[1].pid]}
+        cpu_before = cpu_parts(roots)
         t_submit = time.time()
         wall_s, post_ms, failed = submit_all(api, args.jobs, args.clients)
         wait_placed(args.warmup - len(warm_failed) + args.jobs - len(failed))
+        cpu_after = cpu_parts(roots)
         stop.set()
         reader.join()
         rows = pg.execute(
@@ -375,6 +400,8 @@ def run(args, url: str) -> int:
                 "p50": round(percentile(waits_ms, 50), 1),
                 "p99": round(percentile(waits_ms, 99), 1),
             },
+            # Where the burst's CPU went (the GET load's included), ms per job submitted.
+            "cpu_ms_per_job": cpu_ms_per(cpu_before, cpu_after, args.jobs - len(failed)),
             "cycles": {"count": cycles[0], "mean_ms": round(float(cycles[1] or 0), 1), "placed": cycles[2]},
             "get_rate_per_s": args.rate,
             "get_latency_during_submissions_ms": {
