@@ -5,7 +5,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from topoweb.startup import check_static_collected
+from topoweb.startup import check_static_collected, tune_gc
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "topoweb.settings")
 
@@ -16,3 +16,5 @@ check_static_collected()
 from topoweb.agents_asgi import AgentSyncApplication  # noqa: E402 (needs the apps loaded)
 
 application = AgentSyncApplication(site)
+# Everything loaded so far stays; the collector need not look at it again.
+tune_gc()

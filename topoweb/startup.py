@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from django.contrib.staticfiles.storage import ManifestFilesMixin
 from django.core.exceptions import ImproperlyConfigured
 from django.core.files.storage import storages
@@ -24,3 +26,20 @@ def check_static_collected() -> None:
         "Run `python manage.py collectstatic --noinput` (the Docker image does it when built), "
         "or set TOPOWEB_STATIC_ROOT to where they were collected."
     )
+
+
+# Collections of the youngest objects only after this many new ones (Python's default is 700, a
+# few times per request), and of the older generations as by default relative to it.
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a long-running server: what was loaded at
+    start-up (modules, settings, URL patterns, the ORM's models) is moved out of its sight
+    (`gc.freeze`: never collected, never traversed again), and the youngest generation is
+    collected after tens of thousands of new objects instead of hundreds. A request's objects are
+    freed by reference counting as it ends; every collection traversed the survivors of the
+    requests in flight and, every hundredth one, the whole heap: a tenth of an idle agent sync's
+    CPU. Cycles are still collected, later."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)

@@ -199,3 +199,37 @@ def test_the_csp_built_once_is_django_csps_own_and_follows_a_settings_change(cli
     assert answer["Content-Security-Policy"] == build_policy() == "default-src 'none'"
     assert answer["Content-Security-Policy-Report-Only"] == build_policy(report_only=True)
     assert "script-src 'self'" in answer["Content-Security-Policy-Report-Only"]
+
+
+@pytest.mark.parametrize("entry", ["topoweb.wsgi", "topoweb.asgi"])
+def test_the_servers_start_with_their_start_up_objects_out_of_the_collectors_sight(entry):
+    """A web process freezes what it loaded at start-up and collects the young generation after
+    tens of thousands of new objects (topoweb.startup.tune_gc), not Python's default 700."""
+    from topoweb.startup import GC_THRESHOLDS
+
+    probe = f"import gc; import {entry}; print(gc.get_freeze_count(), *gc.get_threshold())"
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "topoweb.settings"}  # the embedded site
+    run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    frozen, *thresholds = (int(x) for x in run.stdout.split())
+    assert frozen > 10_000  # Django, the apps and their models
+    assert tuple(thresholds) == GC_THRESHOLDS != (700, 10, 10)
+
+
+def test_a_celery_worker_tunes_the_collector_when_ready():
+    import gc
+
+    from celery.signals import worker_ready
+
+    from topoweb.startup import GC_THRESHOLDS
+
+    before = gc.get_threshold()
+    import topoweb.celery  # noqa: F401 (connects the handler)
+
+    try:
+        worker_ready.send(sender=None)
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
