@@ -55,7 +55,9 @@ def test_beat_schedule_names_registered_tasks():
         assert entry["schedule"] > 0
 
 
-def test_periodic_scheduler_tick_places_waiting_jobs(case44, alice):
+def test_periodic_scheduler_tick_places_waiting_jobs(transactional_db, case44, alice):
+    # Outside a test transaction, as the scheduler's thread runs: its tick starts with
+    # close_old_connections, which closes a connection left in a transaction (Postgres).
     job = queued_without_cycle(alice, small_spec("t", 4))
     PeriodicScheduler(interval_s=60).tick()
     assert Job.objects.get(pk=job.pk).status == JobStatus.PLACING
