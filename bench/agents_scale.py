@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import scratch_db
-from proc_cpu import cpu_s
+from proc_cpu import total_s
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -371,7 +371,7 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
         await asyncio.sleep(1.0)
 
     def cpu() -> float:
-        return sum(cpu_s(pid) for pid in [master_pid, *worker_pids])
+        return total_s([master_pid, *worker_pids])
 
     intervals = []
     previous = 0.0
