@@ -28,8 +28,9 @@ def check_static_collected() -> None:
     )
 
 
-# Collections of the youngest objects only after this many new ones (Python's default is 700, a
-# few times per request), and of the older generations as by default relative to it.
+# The youngest generation is collected after this many new objects (Python's default is 700, a
+# few times per request), the middle one after 20 of those collections (default 10), the oldest
+# after 10 of the middle one's (as by default).
 GC_THRESHOLDS = (50_000, 20, 10)
 
 

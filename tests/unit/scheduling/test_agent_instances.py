@@ -54,9 +54,8 @@ def test_a_second_instance_is_refused_while_the_first_is_live(nodes, caplog):
 def test_a_silent_instance_loses_the_node_after_its_lease(nodes, settings):
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30
     assert sync(nodes, instance=FIRST, addr="10.0.0.1").status_code == 200
-    NodeHealth.objects.filter(node__name="node-a").update(
-        last_seen=timezone.now() - timedelta(seconds=20)
-    )  # 10 s to spare on a busy machine
+    # 20 s into the 30 s lease: 10 s to spare on a busy machine before the second sync.
+    NodeHealth.objects.filter(node__name="node-a").update(last_seen=timezone.now() - timedelta(seconds=20))
     assert sync(nodes, instance=SECOND, addr="10.0.0.2").status_code == 409
     NodeHealth.objects.filter(node__name="node-a").update(last_seen=timezone.now() - timedelta(seconds=31))
     assert sync(nodes, instance=SECOND, addr="10.0.0.2").status_code == 200
