@@ -73,9 +73,11 @@ def node_state(chaos, node: str) -> str:
 
 
 def synced_since(chaos, node: str, since: float) -> bool:
-    """The node's agent reached the server after `since` (wall clock) and the node is up."""
+    """The node's agent reached the server after `since` (wall clock) and the node is up. The row
+    exists without `last_seen` between an agent's claim of the node and its first heartbeat."""
     health = NodeHealth.objects.filter(node__cluster=chaos.cluster, node__name=node).first()
-    return bool(health and health.last_seen.timestamp() > since and health.state == NodeState.UP)
+    seen = health.last_seen if health else None
+    return bool(seen and seen.timestamp() > since and health.state == NodeState.UP)
 
 
 def down_timeout(settings) -> float:
