@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from apps.api import roles
 from apps.api.authentication import launcher_of
-from apps.api.pagination import StandardPagination
+from apps.api.pagination import Rows, StandardPagination
 from apps.api.parsers import JOB_PARSERS, SPEC_PARSERS
 from apps.api.permissions import JobPermission, LauncherTokenPermission, ModelPermissions, holds
 from apps.api.renderers import (
@@ -471,7 +471,7 @@ class JobViewSet(
     # Last in the class body: above it, `list` names the builtin.
     def list(self, request: Request, *args, **kwargs) -> Response:
         # The page is read as rows and written as JobListSerializer would (`job_list_row`).
-        rows = self.filter_queryset(self.get_queryset()).values_list(*LIST_ROW_COLUMNS)
+        rows = Rows(self.filter_queryset(self.get_queryset()), LIST_ROW_COLUMNS)
         page = self.paginate_queryset(rows)
         tz = timezone.get_current_timezone()
         if page is None:

@@ -109,6 +109,22 @@ def test_list_query_count_does_not_grow_with_jobs(case44, alice, alice_api, djan
         assert alice_api.get("/api/v1/jobs/").json()["count"] == 25
 
 
+def test_list_count_joins_no_table_and_counts_what_the_filters_keep(case44, pod256, alice, bob, staff_api):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for i, (user, cluster) in enumerate([(alice, case44), (alice, pod256), (bob, case44)]):
+        services.job_submit(user=user, spec=small_spec(f"j{i}", 1, cluster=cluster.name))
+    for query, count in ({}, 3), ({"cluster": "pod-256"}, 1), ({"owner": "bob"}, 1), ({"name": "j1"}, 1):
+        with CaptureQueriesContext(connection) as ctx:
+            page = staff_api.get("/api/v1/jobs/", {**query, "page_size": 1}).json()
+        assert page["count"] == count and len(page["results"]) == 1, query
+        (counted,) = [q["sql"] for q in ctx.captured_queries if "COUNT(" in q["sql"]]
+        # The count reads the jobs alone, or with the table a filter names; never the page's names.
+        joins = counted.count(" JOIN ")
+        assert joins == (1 if query.keys() & {"cluster", "owner"} else 0), counted
+
+
 def test_owner_cancels_own_job_but_not_twice(case44, alice, alice_api):
     job = services.job_submit(user=alice, spec=small_spec("c", 1))
     first = alice_api.post(f"/api/v1/jobs/{job.pk}/cancel/")
