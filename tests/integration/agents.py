@@ -67,6 +67,14 @@ with open(os.path.join(out, tag + ".json.tmp"), "w") as fh:
     json.dump(env, fh)
 os.replace(os.path.join(out, tag + ".json.tmp"), os.path.join(out, tag + ".json"))
 if mode == "fail" and rank == int(os.environ["FAIL_RANK"]):
+    # Fails mid-run: once every rank of its generation has started (written its record), so
+    # that the others are running and must be stopped, whatever the machine's load (at most 120 s).
+    gen, world = env["TOPOWEB_GENERATION"], int(env["WORLD_SIZE"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sum(
+        os.path.exists(os.path.join(out, f"{{gen}}-{{r}}.json")) for r in range(world)
+    ) < world:
+        time.sleep(0.05)
     print("boom: rank", rank, "gives up", flush=True)
     sys.exit(3)
 if mode == "stubborn":
