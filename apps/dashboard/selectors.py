@@ -28,7 +28,7 @@ from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
 from apps.scheduling.node_models import NodeHealth
 from apps.scheduling.nodes import node_state_map, shown_state
-from apps.scheduling.selectors import coordinated_accounts, coordinated_ids
+from apps.scheduling.selectors import coordinated_ids, own_or_coordinated
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
 from apps.topology.models import Cluster, Link, Nic, Node, Switch
@@ -69,7 +69,7 @@ def visible_jobs(user) -> QuerySet[Job]:
     jobs = Job.objects.select_related("cluster", "owner", "qos")
     if roles.sees_all_jobs(user):
         return jobs
-    return jobs.filter(Q(owner=user) | Q(account_id__in=coordinated_accounts(user)))
+    return jobs.filter(own_or_coordinated(user))
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,17 @@ def jobs_visible_to(
         return base.all()
     if not getattr(user, "is_authenticated", False):
         return base.none()
-    return base.filter(Q(owner=user) | Q(account_id__in=coordinated_accounts(user)))
+    return base.filter(own_or_coordinated(user))
+
+
+def own_or_coordinated(user) -> Q:
+    """The condition on jobs for `user`'s own and those of the accounts they coordinate, with the
+    account ids read first (`coordinated_ids`, one query) and written in: most users coordinate
+    none, and `owner = me` alone is an index scan of their jobs, where `owner = me OR account IN
+    (subquery)` read every job of the table (60 ms per page count at 200,000 jobs, 0.3 ms alone)."""
+    ids = coordinated_ids(user)
+    mine = Q(owner_id=user.pk)
+    return mine | Q(account_id__in=sorted(ids)) if ids else mine
 
 
 MASKED = "********"

@@ -125,6 +125,29 @@ def test_a_coordinator_sees_their_accounts_jobs_in_the_api_and_on_the_dashboard(
     assert f"job {mine.pk} · a (alice)" in queue
 
 
+def test_the_job_list_selects_by_owner_and_by_the_coordinated_accounts_ids_not_a_subquery(
+    research, alice, bob, committed
+):
+    """A member's list is `owner = me` alone (an index scan of their jobs); a coordinator's names
+    the accounts' ids: neither reads the memberships inside the jobs' query, which scanned every
+    job of the table."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    account, carol, _ = research
+    alice_job = committed(services.job_submit, user=alice, spec=small_spec("a", 2))
+    committed(services.job_submit, user=bob, spec=small_spec("b", 2))
+    for user, expected in (alice, {alice_job.pk}), (carol, {alice_job.pk}), (bob, None):
+        with CaptureQueriesContext(connection) as ctx:
+            page = token_client(user).get("/api/v1/jobs/").json()
+        if expected is not None:
+            assert {j["id"] for j in page["results"]} == expected, user
+        jobs_queries = [q["sql"] for q in ctx.captured_queries if 'FROM "scheduling_job"' in q["sql"]]
+        assert jobs_queries and not any("scheduling_accountmembership" in q for q in jobs_queries), user
+        names_account = any(f'"account_id" IN ({account.pk})' in q for q in jobs_queries)
+        assert names_account == (user == carol), user
+
+
 def test_a_coordinator_chooses_which_of_the_accounts_qos_a_member_may_use(research, alice, case44, committed):
     account, carol, high = research
     membership = AccountMembership.objects.get(user=alice, account=account)
