@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
@@ -50,6 +51,10 @@ def _guarded(request, check):
 USER_TOKEN_CACHE_S = 5.0
 USER_TOKEN_CACHE_SIZE = 4096
 _USERS: dict[str, tuple[object, object, float]] = {}
+# What else a remembered user carries, read when it is remembered: functions of the user that read
+# and set it on the user object, registered by the apps that own it (the scheduling app: the
+# accounts the user coordinates, which decide the jobs they see). Forgotten with the token.
+REMEMBERED_WITH_USER: list[Callable[[Any], object]] = []
 
 
 def user_tokens_forget(**kwargs) -> None:
@@ -83,6 +88,8 @@ class TokenAuthentication(authentication.TokenAuthentication):
         remembered = copy.copy(token.user)
         # Read now (one query) and kept on the remembered user, so each request's copy has them.
         remembered._perm_cache = frozenset(remembered.get_all_permissions())
+        for remember in REMEMBERED_WITH_USER:
+            remember(remembered)
         _USERS[key] = (token, remembered, now + USER_TOKEN_CACHE_S)
         return copy.copy(remembered), token
 

@@ -11,13 +11,17 @@ class SchedulingConfig(AppConfig):
         # A remembered user token carries its user's membership and account
         # (apps.api.authentication.TokenAuthentication): forget them when either changes, as the
         # API app does for tokens, users, groups and permissions.
-        from apps.api.authentication import user_tokens_forget
+        from apps.api.authentication import REMEMBERED_WITH_USER, user_tokens_forget
 
         from .account_models import Account, AccountMembership
+        from .selectors import coordinated_ids
 
         for model in (AccountMembership, Account):
             for signal in (post_save, post_delete):
                 signal.connect(user_tokens_forget, sender=model, dispatch_uid=f"api.tokens.{model.__name__}")
+        # ... and the accounts the user coordinates (the jobs they see: selectors.own_or_coordinated).
+        if coordinated_ids not in REMEMBERED_WITH_USER:
+            REMEMBERED_WITH_USER.append(coordinated_ids)
         self._forget_recent_reads_on_change()
         # Every cluster has its `normal` QOS from its creation on.
         post_save.connect(_normal_qos, sender="topology.Cluster", dispatch_uid="scheduling.normal_qos")

@@ -203,10 +203,12 @@ def test_a_user_token_is_one_indexed_query_then_one_for_the_roles(alice):
         user, token = TokenAuthentication().authenticate_credentials(key)
         user.has_perm("scheduling.view_job")  # read with the token, no query of its own
     assert user == alice and token.key == key
-    assert len(queries) == 2
+    assert len(queries) == 3
     sql = queries[0]["sql"]
     assert "ORDER BY" not in sql
     assert "auth_permission" in queries[1]["sql"]
+    # The accounts the user coordinates (which jobs they see), remembered with the token too.
+    assert "scheduling_accountmembership" in queries[2]["sql"]
 
 
 def test_a_valid_user_token_is_read_once_within_its_time_and_each_request_gets_its_own_user(alice):
@@ -222,7 +224,7 @@ def test_a_valid_user_token_is_read_once_within_its_time_and_each_request_gets_i
         first.is_staff = True  # what one request does to its user stays its own
         second, token = TokenAuthentication().authenticate_credentials(key)
         assert not second.has_perm("scheduling.change_job")
-    assert len(queries) == 2  # the token with its user and account, then the permissions
+    assert len(queries) == 3  # the token with its user and account, the permissions, the coordinated accounts
     assert second == alice and token.key == key and second is not first and not second.is_staff
 
 

@@ -146,6 +146,10 @@ def test_the_job_list_selects_by_owner_and_by_the_coordinated_accounts_ids_not_a
         assert jobs_queries and not any("scheduling_accountmembership" in q for q in jobs_queries), user
         names_account = any(f'"account_id" IN ({account.pk})' in q for q in jobs_queries)
         assert names_account == (user == carol), user
+    # The coordinated accounts are remembered with carol's token, and forgotten with it once her
+    # membership changes.
+    AccountMembership.objects.filter(user=carol, account=account).delete()
+    assert token_client(carol).get("/api/v1/jobs/").json()["results"] == []
 
 
 def test_a_coordinator_chooses_which_of_the_accounts_qos_a_member_may_use(research, alice, case44, committed):
