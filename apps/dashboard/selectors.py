@@ -28,7 +28,7 @@ from apps.scheduling.choices import ACTIVE_STATUSES, FINISHED_STATUSES, WAITING_
 from apps.scheduling.models import Allocation, Job, MigrationProposal, RankRun
 from apps.scheduling.node_models import NodeHealth
 from apps.scheduling.nodes import node_state_map, shown_state
-from apps.scheduling.selectors import coordinated_ids, own_or_coordinated
+from apps.scheduling.selectors import coordinated_ids, jobs_visible_to
 from apps.scheduling.snapshot import ClusterSnapshot, cluster_snapshot
 from apps.topology.choices import TIER_ORDER
 from apps.topology.models import Cluster, Link, Nic, Node, Switch
@@ -66,10 +66,7 @@ def job_label(user, job: Job) -> str:
 def visible_jobs(user) -> QuerySet[Job]:
     """The jobs whose page `user` may open: all with scheduling.view_job, otherwise their own and
     those of the accounts they coordinate."""
-    jobs = Job.objects.select_related("cluster", "owner", "qos")
-    if roles.sees_all_jobs(user):
-        return jobs
-    return jobs.filter(own_or_coordinated(user))
+    return jobs_visible_to(user=user).select_related("qos")
 
 
 @dataclass(frozen=True)
