@@ -31,6 +31,3 @@ class Rows:
 
     def __iter__(self):
         return iter(self.rows)
-
-    def __len__(self) -> int:
-        return len(self.rows)
