@@ -221,9 +221,10 @@ def _kept_caps(pairs) -> tuple[tuple, dict[str, tuple[type, int, str]]]:
 
 
 def _fresh_annotations(fresh: dict[str, tuple[type, int, str]]) -> dict[str, Subquery]:
-    """The subqueries of `_kept_caps`'s annotations."""
+    """The subqueries of `_kept_caps`'s annotations: one row by its key, so without the model's
+    ordering (a QOS orders by its cluster's name, which would join the cluster and sort)."""
     return {
-        name: Subquery(model.objects.filter(pk=pk).values(field))
+        name: Subquery(model.objects.filter(pk=pk).order_by().values(field))
         for name, (model, pk, field) in fresh.items()
     }
 

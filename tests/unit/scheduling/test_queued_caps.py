@@ -95,3 +95,23 @@ def test_one_function_computes_the_caps(alice, settings):
     settings.MAX_QUEUED_PER_USER = 20
     caps = accounts.queued_caps(alice)
     assert [(c.limit, c.value) for c in caps] == [("TOPOWEB_MAX_QUEUED_PER_USER", 20)]
+
+
+def test_the_caps_kept_by_a_process_are_read_afresh_by_their_keys_alone(case44, alice):
+    # The user's lock reads the caps of the rows it kept beside it: one row each by its key, so
+    # no join of the QOS's cluster and no sort by the model's ordering (its cluster's name).
+    from django.contrib.auth import get_user_model
+
+    from apps.scheduling.models import Qos
+
+    qos = Qos.objects.get(cluster=case44, name="normal")
+    expected, fresh = services._kept_caps([(None, qos)])
+    lock = (
+        get_user_model()
+        .objects.filter(pk=alice.pk)
+        .annotate(**services._fresh_annotations(fresh))
+        .values_list("pk", *fresh)
+    )
+    sql = str(lock.query)
+    assert "JOIN" not in sql and "ORDER BY" not in sql, sql
+    assert lock.get()[1:] == expected
