@@ -30,7 +30,10 @@ class Job(models.Model):
 
     name = models.CharField(max_length=200)
     cluster = models.ForeignKey("topology.Cluster", on_delete=models.CASCADE, related_name="jobs")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # Indexed by job_owner_status and job_owner_submitted, which begin with it.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs", db_index=False
+    )
     spec = models.JSONField(help_text="The validated job spec v1.")
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     priority = models.IntegerField(default=0, help_text="Higher runs first.")
@@ -115,6 +118,9 @@ class Job(models.Model):
             models.Index(fields=["finished_at"], name="job_finished_at"),
             # The API's job list, newest first (and the queue's age column) on a long history.
             models.Index(fields=["submitted_at", "id"], name="job_submitted"),
+            # A user's own jobs newest first (the API's list for everyone who does not see all
+            # jobs): the page is read from the index, not sorted from all their jobs.
+            models.Index(fields=["owner", "submitted_at", "id"], name="job_owner_submitted"),
         ]
         constraints = [
             models.UniqueConstraint(
