@@ -232,31 +232,49 @@ def place(*, snapshot: ClusterSnapshot, bookings: Sequence[Booking], now: dateti
 
 
 def _mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datetime) -> None:
-    """Set each (job id, prediction fields) job placing at `now`, in its next generation: one
-    statement sent as a batch, not one ORM update per job."""
+    """Set each (job id, prediction fields) job placing at `now`, in its next generation: on
+    Postgres one UPDATE from unnest() of every job's values (one statement, parsed and planned
+    once), elsewhere one statement per job sent as a batch; never one ORM update per job."""
     fields = [Job._meta.get_field(name) for name in PLACED_FIELDS]
-    qn = connection.ops.quote_name
-    gen = qn(Job._meta.get_field("generation").column)
-    sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
-        qn(Job._meta.db_table),
-        ", ".join(f"{qn(f.column)} = %s" for f in fields),
-        gen,
-        gen,
-        qn(Job._meta.pk.column),
-    )
-    params = []
-    for job_id, values in updates:
+    ids, values = [], []
+    for job_id, fields_of_job in updates:
         row = {
             "status": JobStatus.PLACING.value,
             "placed_at": now,
             "pending_reason": "",
             "borrowed": False,
-            **values,
+            **fields_of_job,
         }
-        params.append([f.get_db_prep_save(row[f.name], connection) for f in fields] + [job_id])
-    if params:
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
+        ids.append(job_id)
+        values.append([f.get_db_prep_save(row[f.name], connection) for f in fields])
+    if not ids:
+        return
+    qn = connection.ops.quote_name
+    table, pk = qn(Job._meta.db_table), qn(Job._meta.pk.column)
+    gen = qn(Job._meta.get_field("generation").column)
+    columns = [qn(f.column) for f in fields]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            arrays = ", ".join(["%s::bigint[]", *(f"%s::{f.db_type(connection)}[]" for f in fields)])
+            sql = (
+                "UPDATE {} AS j SET {}, {} = j.{} + 1 FROM unnest({}) AS v({}, {}) WHERE j.{} = v.{}".format(
+                    table,
+                    ", ".join(f"{c} = v.{c}" for c in columns),
+                    gen,
+                    gen,
+                    arrays,
+                    pk,
+                    ", ".join(columns),
+                    pk,
+                    pk,
+                )
+            )
+            cursor.execute(sql, [ids, *(list(column) for column in zip(*values, strict=True))])
+        else:
+            sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
+                table, ", ".join(f"{c} = %s" for c in columns), gen, gen, pk
+            )
+            cursor.executemany(sql, [[*row, job_id] for job_id, row in zip(ids, values, strict=True)])
 
 
 def allocation_row(
