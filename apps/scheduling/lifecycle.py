@@ -26,6 +26,7 @@ never run at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, Field, OuterRef, Q
 from django.db.models.signals import post_save, pre_save
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
@@ -91,7 +92,21 @@ def submit(job: Job, *, savepoint: bool = True) -> Job:
     return job
 
 
-_INSERTS: dict[tuple[str, ...], str] = {}
+@dataclass(slots=True)
+class _Insert:
+    """A job's INSERT in this process: the fields it writes, and its SQL once compiled."""
+
+    fields: tuple[Field, ...]
+    sql: str | None = None
+
+
+@functools.cache
+def _insert() -> _Insert | None:
+    """The fields a job's INSERT writes (not the id, nor generated ones), looked at once per
+    process; None when one has its own placeholder (SQL that depends on its value)."""
+    meta = Job._meta
+    fields = tuple(f for f in meta.local_concrete_fields if f is not meta.auto_field and not f.generated)
+    return None if any(hasattr(f, "get_placeholder") for f in fields) else _Insert(fields)
 
 
 def submit_statement(job: Job) -> tuple[str, list] | None:
@@ -105,18 +120,16 @@ def submit_statement(job: Job) -> tuple[str, list] | None:
         raise ValueError("submit_statement takes a new, queued job")
     if connection.vendor != "postgresql" or pre_save.has_listeners(Job) or post_save.has_listeners(Job):
         return None
-    meta = Job._meta
-    fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field and not f.generated]
-    if any(hasattr(f, "get_placeholder") for f in fields):
+    insert = _insert()
+    if insert is None:
         return None
-    key = tuple(f.attname for f in fields)
-    sql = _INSERTS.get(key)
+    fields, sql = insert.fields, insert.sql
     if sql is None:
         # Compiled before the values are read: compiling runs the fields' pre_save on the job.
         query = InsertQuery(Job)
         query.insert_values(fields, [job])
         compiler = query.get_compiler(connection=connection)
-        compiler.returning_fields = meta.db_returning_fields
+        compiler.returning_fields = Job._meta.db_returning_fields
         [(sql, compiled)] = compiler.as_sql()
         if len(compiled) != len(fields):
             return None
@@ -126,7 +139,7 @@ def submit_statement(job: Job) -> tuple[str, list] | None:
         if hasattr(value, "resolve_expression"):
             return None
         params.append(field.get_db_prep_save(value, connection=connection))
-    _INSERTS[key] = sql
+    insert.sql = sql
     return sql, params
 
 

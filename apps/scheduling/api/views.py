@@ -119,7 +119,7 @@ IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}")
 
 def idempotency_key(request: Request) -> str | None:
     """The request's Idempotency-Key header, None without one; a 400 naming it if malformed."""
-    key = request.headers.get("Idempotency-Key")
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None:
         return None
     if not IDEMPOTENCY_KEY.fullmatch(key):
