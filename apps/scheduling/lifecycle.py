@@ -268,7 +268,8 @@ def _mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datet
     columns = [qn(f.column) for f in fields]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            arrays = ", ".join(["%s::bigint[]", *(f"%s::{f.db_type(connection)}[]" for f in fields)])
+            types = [Job._meta.pk.rel_db_type(connection), *(f.db_type(connection) for f in fields)]
+            arrays = ", ".join(f"%s::{sql_type}[]" for sql_type in types)
             sql = (
                 "UPDATE {} AS j SET {}, {} = j.{} + 1 FROM unnest({}) AS v({}, {}) WHERE j.{} = v.{}".format(
                     table,
