@@ -2,6 +2,8 @@
 starts scheduling's, metrics' and the executors' in-process background work)."""
 
 import json
+import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -86,6 +88,7 @@ def test_make_run_logs_no_warning_at_start(tmp_path):
         "PYTHONUNBUFFERED": "1",
         "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
         "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),  # the demo agents' rank output, so their ranks can be found below
     }
     for command in (["migrate", "--noinput"], ["load_demo"]):
         subprocess.run(
@@ -123,6 +126,27 @@ def test_make_run_logs_no_warning_at_start(tmp_path):
     ]
     # Each with what follows it (a traceback's frames and its exception).
     assert problems == [], "".join(line for i in problems[:5] for line in lines[i : i + 25])
+    # No rank outlives the server, not even one whose start was under way when it stopped.
+    deadline = time.monotonic() + 30
+    while (left := processes_naming(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "ranks left running after the server stopped"
+
+
+def processes_naming(text: str) -> list[int]:
+    """Pids of this machine's processes whose command line contains `text`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
 
 
 def test_demo_agents_added_after_the_server_stopped_are_stopped_before_they_run():

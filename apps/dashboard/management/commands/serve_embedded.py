@@ -23,6 +23,7 @@ def _quiet_agent_polls(record: logging.LogRecord) -> bool:
 
 
 LISTEN_WAIT_S = 120.0  # how long the demo agents wait for the server to listen before starting anyway
+CLOSE_WAIT_S = 5.0  # how long a stopping server lets its agents' loops signal the ranks they were starting
 
 
 def wait_listening(host: str, port: int, *, timeout_s: float = LISTEN_WAIT_S, step_s: float = 0.1) -> bool:
@@ -61,6 +62,14 @@ class _DemoAgents:
             items = list(self.items)
         for agent in items:
             agent.terminate_ranks()
+        # A rank whose start was under way gets its SIGTERM from its agent's loop once its process
+        # exists: the loops (daemon threads, which end with this process) get that long to run,
+        # or the rank would outlive the server in its own session.
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for agent in items:
+            thread = getattr(agent, "thread", None)
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Command(BaseCommand):
