@@ -157,6 +157,7 @@ def test_demo_agents_added_after_the_server_stopped_are_stopped_before_they_run(
     class Agent:
         def __init__(self):
             self.terminated = 0
+            self.thread = None  # as an agent has before its thread starts
 
         def terminate_ranks(self):
             self.terminated += 1

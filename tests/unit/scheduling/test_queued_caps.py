@@ -7,10 +7,11 @@ tests/integration/test_queued_caps_postgres.py.)"""
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from apps.scheduling import accounts, lifecycle, services
 from apps.scheduling.choices import WAITING_STATUSES, JobStatus
-from apps.scheduling.models import Job
+from apps.scheduling.models import Job, Qos
 
 from .conftest import small_spec
 
@@ -100,10 +101,6 @@ def test_one_function_computes_the_caps(alice, settings):
 def test_the_caps_kept_by_a_process_are_read_afresh_by_their_keys_alone(case44, alice):
     # The user's lock reads the caps of the rows it kept beside it: one row each by its key, so
     # no join of the QOS's cluster and no sort by the model's ordering (its cluster's name).
-    from django.contrib.auth import get_user_model
-
-    from apps.scheduling.models import Qos
-
     qos = Qos.objects.get(cluster=case44, name="normal")
     expected, fresh = services._kept_caps([(None, qos)])
     lock = (

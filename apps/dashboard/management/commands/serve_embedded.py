@@ -67,9 +67,8 @@ class _DemoAgents:
         # or the rank would outlive the server in its own session.
         deadline = time.monotonic() + CLOSE_WAIT_S
         for agent in items:
-            thread = getattr(agent, "thread", None)
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+            if agent.thread is not None:
+                agent.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Command(BaseCommand):
