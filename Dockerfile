@@ -24,6 +24,7 @@ USER topoweb
 EXPOSE 8000 8001
 # The users' web server. The node agents' endpoint runs from the same image as
 # `uvicorn topoweb.asgi:application --port 8001` (the `agents` service of docker-compose.yml).
-# Threads, not sync workers: a node agent's work poll sent here holds one for up to 60 s.
-CMD ["gunicorn", "topoweb.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", \
-     "--worker-class", "gthread", "--threads", "128", "--keep-alive", "75", "--timeout", "90"]
+# Many threads per process: a node agent's work poll sent here holds one for up to 60 s.
+CMD ["granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", \
+     "--blocking-threads", "128", "--respawn-failed-workers", "--workers-kill-timeout", "30", \
+     "--access-log", "topoweb.wsgi:application"]

@@ -2,8 +2,8 @@
 the time from placement to every rank started.
 
 Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
-(16,384 GPUs), starts the web server (--server gthread: gunicorn, one thread per open long-poll;
---server uvicorn: the ASGI application topoweb.asgi, each waiting poll an idle future of its event
+(16,384 GPUs), starts the web server (--server wsgi: granian as the users' web service runs it,
+one thread per open long-poll; --server uvicorn: the ASGI application topoweb.asgi, each waiting poll an idle future of its event
 loop; scheduling cycles run in it, as in the embedded default, so a placement wakes its nodes'
 polls at once), and
 runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
@@ -21,7 +21,7 @@ host well under one core for a 2,048-node cluster. This machine runs other work;
 load average before and after is recorded, and the simulated agents share its cores.
 
     .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 30 60] [--seconds 60] [--jobs 8]
-        [--workers 2 --redis redis://127.0.0.1:6379/10] [--server gthread|uvicorn]
+        [--workers 2 --redis redis://127.0.0.1:6379/10] [--server wsgi|uvicorn]
 """
 
 from __future__ import annotations
@@ -200,9 +200,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument(
         "--server",
-        choices=("gthread", "uvicorn"),
-        default="gthread",
-        help="gunicorn gthread (WSGI) or uvicorn serving topoweb.asgi (the sync long-poll in its event loop)",
+        choices=("wsgi", "uvicorn"),
+        default="wsgi",
+        help="granian serving topoweb.wsgi on threads, or uvicorn serving topoweb.asgi (the sync long-poll in its event loop)",
     )
     ap.add_argument("--workers", type=int, default=1, help="server processes (more than one needs --redis)")
     ap.add_argument("--redis", default="", help="Redis URL for the wakeups between web processes (CACHE_URL)")
@@ -229,7 +229,7 @@ def run(args, url: str) -> int:
         TOPOWEB_AGENT_POLL_S=str(max(args.poll_s)),
         TOPOWEB_AGENT_DOWN_AFTER_S=str(max(args.poll_s) * 3),
     )
-    if args.server == "gthread":
+    if args.server == "wsgi":
         # Thousands of threads wait in long-polls: they share a pool of connections. (uvicorn's
         # sync threads keep a connection each, as the agents service of docker-compose.yml does.)
         env["TOPOWEB_DB_POOL_MAX"] = "40"
@@ -305,7 +305,7 @@ def run(args, url: str) -> int:
             try:
                 web.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                # Thousands of open long-polls can outlast gunicorn's graceful stop.
+                # Thousands of open long-polls can outlast the server's graceful stop.
                 web.kill()
                 web.wait(timeout=30)
             # A killed master leaves its workers running, serving a dropped database.
@@ -339,22 +339,24 @@ def server_argv(args, port: int, threads: int) -> list[str]:
             "warning",
         ]
     return [
-        str(Path(PY).parent / "gunicorn"),
-        "topoweb.wsgi:application",
-        "-b",
-        f"127.0.0.1:{port}",
-        "-w",
+        str(Path(PY).parent / "granian"),
+        "--interface",
+        "wsgi",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
         str(args.workers),
-        "-k",
-        "gthread",
-        "--threads",
+        "--blocking-threads",
         str(threads),
-        "--worker-connections",
-        str(threads * 2),
-        "--timeout",
-        "120",
+        "--backlog",
+        str(threads),
+        "--backpressure",
+        str(threads),
         "--log-level",
         "warning",
+        "topoweb.wsgi:application",
     ]
 
 
@@ -417,7 +419,7 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
 async def place_jobs(args, url, token, agents, pg, cpu, *, prefix: str) -> dict:
     """Submit jobs one after another; per job the time from placed_at to started_at."""
 
-    # A new connection per submission: gunicorn closes an idle one after its keep-alive (2 s).
+    # A new connection per submission: none is left idle between two of them.
     async with httpx.AsyncClient(
         base_url=url,
         headers={"Authorization": f"Token {token}"},

@@ -1,7 +1,8 @@
 """REST throughput and latency on Postgres + Redis + one Celery worker.
 
 Creates a scratch Postgres database, migrates it, imports a generated leaf-spine cluster big
-enough for every job, starts gunicorn and one Celery worker against it, then measures:
+enough for every job, starts the web server as production runs it (granian, WSGI on threads) and
+one Celery worker against it, then measures:
   - submissions per second through POST /api/v1/jobs/ (several client threads, keep-alive);
   - jobs placed per second and submit-to-placed latency p50/p99 (placed_at - submitted_at);
   - API latency p50/p99 of GET job list/detail at a fixed request rate, while submitting and alone.
@@ -247,7 +248,7 @@ def wait_ready(port: int, timeout_s: float = 60) -> None:
                 return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"gunicorn on port {port} did not answer within {timeout_s} s")
+    raise RuntimeError(f"the web server on port {port} did not answer within {timeout_s} s")
 
 
 def main() -> int:
@@ -260,10 +261,11 @@ def main() -> int:
     ap.add_argument(
         "--warmup", type=int, default=50, help="jobs submitted, with the GET load, before measuring"
     )
-    ap.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
-    ap.add_argument("--web-class", default="gthread", help="gunicorn worker class: gthread or sync")
-    ap.add_argument("--web-threads", type=int, default=4, help="threads per gunicorn worker (gthread)")
-    ap.add_argument("--access-log", help="write gunicorn's access log (with request time in us) here")
+    ap.add_argument("--web-workers", type=int, default=2, help="web server worker processes")
+    ap.add_argument("--web-threads", type=int, default=4, help="threads per web worker process")
+    ap.add_argument(
+        "--access-log", help="write the web server's log with its access log (request time in ms) here"
+    )
     scratch_db.add_arguments(ap, "api")
     ap.add_argument("--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15"))
     ap.add_argument("--cache", default=os.environ.get("BENCH_CACHE", "redis://127.0.0.1:6379/14"))
@@ -297,23 +299,23 @@ def run(args, url: str) -> int:
             [PY, "-m", "celery", "-A", "topoweb", "purge", "-f"], cwd=REPO, env=env, capture_output=True
         )
         port = free_port()
-        web = ["gunicorn", "topoweb.wsgi:application", "-b", f"127.0.0.1:{port}", "-w", str(args.web_workers)]
-        web += ["-k", args.web_class, "--log-level", "warning"]
-        if args.web_class == "gthread":
-            web += ["--threads", str(args.web_threads)]
-        if args.access_log:
-            web += [
-                "--access-logfile",
-                args.access_log,
-                "--access-logformat",
-                '%(t)s "%(r)s" %(s)s %(D)s %(p)s',
-            ]
+        web = [str(Path(PY).parent / "granian"), "--interface", "wsgi", "--host", "127.0.0.1"]
+        web += [
+            "--port",
+            str(port),
+            "--workers",
+            str(args.web_workers),
+            "--blocking-threads",
+            str(args.web_threads),
+        ]
+        web += ["--log-level", "info", "--access-log"] if args.access_log else ["--log-level", "warning"]
+        web_log = Path(args.access_log) if args.access_log else logs / "web.log"
         procs.append(
             subprocess.Popen(
-                [str(Path(PY).parent / web[0]), *web[1:]],
+                [*web, "topoweb.wsgi:application"],
                 cwd=REPO,
                 env=env,
-                stdout=open(logs / "web.log", "wb"),
+                stdout=open(web_log, "wb"),
                 stderr=subprocess.STDOUT,
             )
         )
@@ -371,8 +373,8 @@ def run(args, url: str) -> int:
         waits_ms = [(float(p) - float(s)) * 1000.0 for s, p in rows]
         if not rows:
             pg.close()
-            for name in ("web.log", "worker.log"):
-                print(f"--- tail of {name}", Path(logs, name).read_text()[-4000:], sep="\n", file=sys.stderr)
+            for log in (web_log, logs / "worker.log"):
+                print(f"--- tail of {log.name}", log.read_text()[-4000:], sep="\n", file=sys.stderr)
             print(nothing_placed(args.jobs - len(failed), args.jobs, failed, PLACED_WAIT_S), file=sys.stderr)
             return 1
         cycles = pg.execute(
@@ -416,7 +418,7 @@ def run(args, url: str) -> int:
             },
             "cpus": os.cpu_count(),
             "load_avg_1m": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
-            "web": {"class": args.web_class, "workers": args.web_workers, "threads": args.web_threads},
+            "web": {"server": "granian", "workers": args.web_workers, "threads": args.web_threads},
         }
         result["targets"] = {
             f"placed_per_s >= {TARGET_PLACED_PER_S:.0f}": result["placed_per_s"] >= TARGET_PLACED_PER_S,
@@ -429,8 +431,8 @@ def run(args, url: str) -> int:
         }
         if failed:
             # The server's own account of the failures, before its log is deleted with the scratch dir.
-            for name in ("web.log", "worker.log"):
-                print(f"--- tail of {name}", Path(logs, name).read_text()[-4000:], sep="\n", file=sys.stderr)
+            for log in (web_log, logs / "worker.log"):
+                print(f"--- tail of {log.name}", log.read_text()[-4000:], sep="\n", file=sys.stderr)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))

@@ -1,7 +1,7 @@
 """The scratch Postgres database of the benchmarks that need one (agents_scale, cycle_scale,
 metrics_scale, api_throughput, history_scale): `--postgres` (the server) and `--db-name`, created
 before the run and dropped after it, even when the run fails; and the environment the benchmarks that serve
-the API under gunicorn run it with (`served_env`: the settings module `SERVED_SETTINGS`).
+the API under granian run it with (`served_env`: the settings module `SERVED_SETTINGS`).
 
     parser = argparse.ArgumentParser()
     scratch_db.add_arguments(parser, "cycle")
@@ -37,7 +37,7 @@ REST_FRAMEWORK = {
         "agent_sync": "10000000/min",
     },
 }
-# The API needs no collected static files (gunicorn refuses to start on a missing manifest).
+# The API needs no collected static files (the app refuses to start on a missing manifest).
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 """
 
@@ -46,7 +46,7 @@ NOT_INHERITED = ("TOPOWEB_TESTING", "CELERY_BROKER_URL", "CACHE_URL")
 
 
 def served_env(url: str, settings_dir: str, **extra: str) -> dict[str, str]:
-    """The environment of manage.py and gunicorn serving the API on the database `url`: the
+    """The environment of manage.py and the web server serving the API on the database `url`: the
     settings module SERVED_SETTINGS (written into `settings_dir`), quiet logs, no test mode, and
     no broker or cache but those `extra` names (extra: variable names to values)."""
     Path(settings_dir, "bench_settings.py").write_text(SERVED_SETTINGS)

@@ -1,4 +1,4 @@
-"""WSGI entry point (`gunicorn topoweb.wsgi:application`)."""
+"""WSGI entry point (`granian --interface wsgi topoweb.wsgi:application`)."""
 
 import os
 

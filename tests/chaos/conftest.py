@@ -1,5 +1,6 @@
 """The fault matrix (`-m chaos`): real agent and rank processes, two Unix tenants, per-rank cgroups
-and a /proc watcher (harness.py), against the live server (or a real gunicorn) on Postgres.
+and a /proc watcher (harness.py), against Django's live server (or granian, the production web
+server) on Postgres.
 
 Everything here carries the `chaos` marker and runs only when `-m` names it (`make chaos`): the
 unit run (`-m "not integration"`) and the integration run (`-m integration`) leave it out. The

@@ -1,5 +1,5 @@
 """The fault matrix's harness: a /proc watcher of the ranks' processes, the scheduler's periodic
-work run beside the server, the rank program, a CPU throttle for the agent, a real gunicorn, and
+work run beside the server, the rank program, a CPU throttle for the agent, the real web server, and
 the results file the figures come from (`bench/chaos_report.py` prints them).
 
 The watcher is the processes' truth, not the database's: every `period_s` it reads the
@@ -348,7 +348,7 @@ def shim_pids() -> dict[str, int]:
     return found
 
 
-# -- a real gunicorn --------------------------------------------------------------------------------
+# -- the real web server ----------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -357,10 +357,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Gunicorn:
-    """gunicorn serving the test database as the production command does (gthread workers), with
-    the settings under test in its environment; `restart()` stops it (SIGTERM, graceful) and
-    starts it again on the same port."""
+class WebServer:
+    """granian serving the test database as the production command does (WSGI on threads, two
+    worker processes), with the settings under test in its environment; `restart()` stops it
+    (SIGTERM, graceful) and starts it again on the same port."""
 
     def __init__(self, root: Path, env: dict[str, str]):
         self.root = root
@@ -370,11 +370,11 @@ class Gunicorn:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        log = open(self.root / "gunicorn.log", "ab")
+        log = open(self.root / "web.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "topoweb.wsgi:application", "--bind", f"127.0.0.1:{self.port}"]
-            + ["--workers", "2", "--worker-class", "gthread", "--threads", "16", "--keep-alive", "75"]
-            + ["--timeout", "90", "--graceful-timeout", "5"],
+            [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1"]
+            + ["--port", str(self.port), "--workers", "2", "--blocking-threads", "16"]
+            + ["--respawn-failed-workers", "--workers-kill-timeout", "5", "topoweb.wsgi:application"],
             cwd=REPO,
             env=self.env,
             stdout=log,
@@ -382,7 +382,7 @@ class Gunicorn:
             start_new_session=True,
         )
         log.close()
-        wait_until(self.answers, 90, "gunicorn to answer /healthz", period_s=0.5)
+        wait_until(self.answers, 90, "the web server to answer /healthz", period_s=0.5)
 
     def answers(self) -> bool:
         import httpx

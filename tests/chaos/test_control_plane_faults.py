@@ -1,5 +1,5 @@
-"""The control plane under fault while agents run ranks: a gunicorn restart and terminated
-database connections while ranks start (a real gunicorn, as production runs it, serving the test
+"""The control plane under fault while agents run ranks: a web server restart and terminated
+database connections while ranks start (granian, as production runs it, serving the test
 database), and a 3-minute web outage with the product's default lease settings."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from apps.scheduling.choices import RankState
 from apps.scheduling.models import RankRun
 from tests.integration.agents import TcpProxy
 
-from .harness import Gunicorn, wait_until
+from .harness import WebServer, wait_until
 from .test_agent_faults import NODES, running, synced_since
 
 # The outage of class 10; TOPOWEB_CHAOS_OUTAGE_S shortens it on a developer's machine only.
@@ -48,12 +48,12 @@ def _terminate_backends(stop: threading.Event, spare: int, every_s: float = 0.3)
     return killed
 
 
-def test_gunicorn_restart_and_dropped_db_connections(chaos, settings, tmp_path):
-    """The agents talk to a real gunicorn (gthread workers). Right after two jobs are placed,
-    while their ranks start and report, every database session is terminated every 0.3 s for
-    4 s and gunicorn is restarted: the reports are retried, both jobs run in their first
-    generation, nothing runs twice. Lease settings valid for the product's checks (down 30 s,
-    fence 20 s) in both processes; cycles run in gunicorn on reports (no broker given: eager, the
+def test_web_server_restart_and_dropped_db_connections(chaos, settings, tmp_path):
+    """The agents talk to the real web server (granian, WSGI on threads). Right after two jobs
+    are placed, while their ranks start and report, every database session is terminated every
+    0.3 s for 4 s and the server is restarted: the reports are retried, both jobs run in their
+    first generation, nothing runs twice. Lease settings valid for the product's checks (down
+    30 s, fence 20 s) in both processes; cycles run in the web server on reports (no broker given: eager, the
     embedded default) and in the checker."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 30.0
     settings.TOPOWEB_AGENT_FENCE_AFTER_S = 20.0
@@ -67,7 +67,7 @@ def test_gunicorn_restart_and_dropped_db_connections(chaos, settings, tmp_path):
         TOPOWEB_AGENT_FENCE_AFTER_S="20",
         TOPOWEB_AGENT_POLL_S="5",
     )
-    web = Gunicorn(tmp_path, env)
+    web = WebServer(tmp_path, env)
     web.start()
     try:
         for node in NODES:

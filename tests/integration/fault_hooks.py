@@ -7,7 +7,7 @@ Both hooks do nothing unless TOPOWEB_FAULT_DIR is set and the test created the p
   before it runs (so before it locks the cluster) until the file is gone; with `pause-under-lock`
   it writes `locked-held-<cluster id>-<pid>` and waits inside the cycle's transaction, holding
   the cluster's row lock;
-- web (`gunicorn tests.integration.fault_hooks:application`): a job submission whose pause file
+- web (`granian --interface wsgi tests.integration.fault_hooks:application`): a job submission whose pause file
   `pause-after-commit` exists is committed, then writes `post-held-<pid>` and waits before it
   answers until the file is gone.
 """

@@ -1,7 +1,7 @@
 """Faults on the real services: Redis stopped, Postgres unreachable, a worker SIGKILLed around a
 cycle, a web worker SIGKILLed mid-POST.
 
-The stack under test runs as real processes: gunicorn (2 workers), two Celery workers (prefork,
+The stack under test runs as real processes: granian (2 workers), two Celery workers (prefork,
 one child each) and beat, on a private redis-server this module starts (never the shared one) and
 on the test database through a TCP proxy the tests can cut. After each fault: no GPU is held
 twice, every accepted job is present once, and scheduling resumes within seconds.
@@ -229,8 +229,9 @@ class Stack:
         self.pg.start()
         self._spawn(
             "web",
-            [sys.executable, "-m", "gunicorn", "tests.integration.fault_hooks:application"]
-            + ["-b", f"127.0.0.1:{WEB_PORT}", "-w", "2", "--timeout", "60", "--graceful-timeout", "5"],
+            [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1"]
+            + ["--port", str(WEB_PORT), "--workers", "2", "--respawn-failed-workers"]
+            + ["--workers-kill-timeout", "5", "tests.integration.fault_hooks:application"],
         )
         for name in ("w1", "w2"):
             self.start_worker(name)
@@ -239,7 +240,7 @@ class Stack:
             [sys.executable, "-m", "celery", "-A", "topoweb", "beat", "--loglevel", "INFO"]
             + ["--schedule", str(self.root / "beat-schedule")],
         )
-        wait_for(self.web_answers, timeout_s=START_TIMEOUT_S, what="gunicorn to answer /healthz")
+        wait_for(self.web_answers, timeout_s=START_TIMEOUT_S, what="the web server to answer /healthz")
         wait_for(
             lambda: all(self.worker_children(n) for n in ("w1", "w2")),
             timeout_s=START_TIMEOUT_S,
@@ -497,7 +498,7 @@ def test_a_submission_cut_off_after_its_commit_is_retried_with_its_key_without_a
         stack.resume("pause-after-commit")
     assert "error" in outcome, f"the first POST was answered: {outcome}"
     [stored] = Job.objects.filter(name="cut-off")
-    wait_for(stack.web_answers, timeout_s=START_TIMEOUT_S, what="gunicorn to replace its worker")
+    wait_for(stack.web_answers, timeout_s=START_TIMEOUT_S, what="the web server to replace its worker")
     retry = api.post("/api/v1/jobs/", json=job_spec("cut-off"), headers={"Idempotency-Key": key})
     assert retry.status_code == 201 and retry.json()["id"] == stored.pk
     assert retry.headers["idempotent-replayed"] == "true"

@@ -224,8 +224,8 @@ def test_compose_commands_name_the_real_wsgi_module_and_celery_app():
     import importlib
 
     web = " ".join(COMPOSE["services"]["web"]["command"])
-    assert web.index("migrate --noinput") < web.index("gunicorn")
-    module, attr = re.search(r"gunicorn (\S+):(\w+)", web).groups()
+    assert web.index("migrate --noinput") < web.index("granian")
+    module, attr = re.search(r"granian .*?([\w.]+):(\w+)$", web).groups()
     assert callable(getattr(importlib.import_module(module), attr))
     for name, role in (("worker", "worker"), ("beat", "beat")):
         command = COMPOSE["services"][name]["command"]
@@ -249,22 +249,32 @@ def test_compose_serves_the_agents_sync_with_uvicorn_on_the_asgi_application():
         assert package in (REPO / "requirements.txt").read_text().split("# Development and tests")[0]
 
 
-def _gunicorn_options(argv: list[str]) -> dict[str, str]:
-    argv = argv[argv.index("gunicorn") + 2 :]
-    return {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2) if argv[i].startswith("--")}
+def _granian_options(argv: list[str]) -> dict[str, str]:
+    """granian's options in `argv` (flags as "1"), checked against its own command line."""
+    from granian.cli import cli
+
+    assert argv[0] == "granian"
+    cli.make_context("granian", list(argv[1:]))  # raises on an unknown option or a bad value
+    options: dict[str, str] = {}
+    for i, arg in enumerate(argv[1:-1], start=1):
+        if arg.startswith("--"):
+            value = argv[i + 1]
+            options[arg] = "1" if value.startswith("--") or i + 1 == len(argv) - 1 else value
+    return options
 
 
 def test_compose_and_the_dockerfile_serve_long_polls_on_threads():
     web = " ".join(COMPOSE["services"]["web"]["command"]).split("&& exec ", 1)[1].split()
     cmd = re.search(r"^CMD (\[.*\])", (REPO / "Dockerfile").read_text().replace("\\\n", ""), re.M | re.S)
     docker = json.loads(cmd.group(1))
+    assert web == docker
     for argv in (web, docker):
-        options = _gunicorn_options(argv)
-        # A sync worker is held by one agent's 60 s poll: every other caller waits behind it.
-        assert options["--worker-class"] == "gthread"
-        assert int(options["--threads"]) >= 64
-        assert float(options["--keep-alive"]) > 60
-        assert float(options["--timeout"]) > 60
+        options = _granian_options(argv)
+        assert options["--interface"] == "wsgi" and argv[-1] == "topoweb.wsgi:application"
+        # One thread is held by one agent's 60 s poll: every other caller needs another.
+        assert int(options["--blocking-threads"]) >= 64
+        # A worker process that dies (killed, out of memory) is started again.
+        assert options["--respawn-failed-workers"] == "1"
     env = COMPOSE["services"]["web"]["environment"]
     assert int(env["TOPOWEB_DB_POOL_MAX"]) >= 4 and env["DATABASE_URL"].startswith("postgres://")
 
@@ -277,7 +287,7 @@ def test_dockerfile_installs_the_runtime_requirements_and_collects_static_files(
     assert marker in requirements
     for package in (
         "Django==",
-        "gunicorn==",
+        "granian==",
         "whitenoise==",
         "psycopg[binary]==",
         "celery[redis]==",
