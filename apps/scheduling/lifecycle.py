@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,6 +43,7 @@ from django.utils import timezone
 
 from apps.placement.planning import ClusterSnapshot
 from apps.topology.models import Gpu, Node
+from topoweb.postgres.arrays import array_literal
 
 from . import cycle, executor
 from .choices import (
@@ -268,22 +270,19 @@ def _mark_placed(*, updates: Iterable[tuple[int, Mapping[str, Any]]], now: datet
     columns = [qn(f.column) for f in fields]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            types = [Job._meta.pk.rel_db_type(connection), *(f.db_type(connection) for f in fields)]
-            arrays = ", ".join(f"%s::{sql_type}[]" for sql_type in types)
-            sql = (
-                "UPDATE {} AS j SET {}, {} = j.{} + 1 FROM unnest({}) AS v({}, {}) WHERE j.{} = v.{}".format(
-                    table,
-                    ", ".join(f"{c} = v.{c}" for c in columns),
-                    gen,
-                    gen,
-                    arrays,
-                    pk,
-                    ", ".join(columns),
-                    pk,
-                    pk,
-                )
+            arrays, params = _unnest([Job._meta.pk, *fields], [ids, *zip(*values, strict=True)])
+            sql = "UPDATE {} AS j SET {}, {} = j.{} + 1 FROM {} AS v({}, {}) WHERE j.{} = v.{}".format(
+                table,
+                ", ".join(f"{c} = v.{c}" for c in columns),
+                gen,
+                gen,
+                arrays,
+                pk,
+                ", ".join(columns),
+                pk,
+                pk,
             )
-            cursor.execute(sql, [ids, *(list(column) for column in zip(*values, strict=True))])
+            cursor.execute(sql, params)
         else:
             sql = "UPDATE {} SET {}, {} = {} + 1 WHERE {} = %s".format(
                 table, ", ".join(f"{c} = %s" for c in columns), gen, gen, pk
@@ -387,29 +386,40 @@ def _book(
 
 
 # Columns written by `_insert_allocations` and their array types (`released_at` stays null).
-_ALLOCATION_ARRAYS = (
-    ("job", "bigint"),
-    ("rank", "bigint"),
-    ("gpu", "bigint"),
-    ("node_name", "text"),
-    ("gpu_index", "bigint"),
-    ("nic_name", "text"),
-    ("live", "boolean"),
-    ("generation", "bigint"),
-    ("created_at", "timestamptz"),
-    ("master_port", "bigint"),
+_ALLOCATION_COLUMNS = (
+    "job",
+    "rank",
+    "gpu",
+    "node_name",
+    "gpu_index",
+    "nic_name",
+    "live",
+    "generation",
+    "created_at",
+    "master_port",
 )
+
+
+_LENGTH = re.compile(r"\(\d+\)$")
+
+
+def _unnest(fields: Sequence[Field], columns: Iterable[Iterable[Any]]) -> tuple[str, list[str]]:
+    """`unnest(%s::type[], ...)` of one array a field, and its parameters: each column of values
+    (as the fields' columns take them) as one array literal. A field's array is of its column's
+    type without a length (`varchar(16)` -> `varchar`): the cast would cut a longer value short,
+    where the column refuses it."""
+    arrays = ", ".join(f"%s::{_LENGTH.sub('', f.db_type(connection))}[]" for f in fields)
+    return f"unnest({arrays})", [array_literal(column) for column in columns]
 
 
 def _insert_allocations(rows: Sequence[Allocation]) -> None:
     """One INSERT ... SELECT FROM unnest() of every row (Postgres): a few arrays, not thousands
     of parameter tuples."""
     qn = connection.ops.quote_name
-    fields = [(Allocation._meta.get_field(name), sql_type) for name, sql_type in _ALLOCATION_ARRAYS]
-    columns = ", ".join(qn(field.column) for field, _ in fields)
-    arrays = ", ".join(f"%s::{sql_type}[]" for _, sql_type in fields)
-    sql = f"INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays})"
-    params = [[getattr(row, field.attname) for row in rows] for field, _ in fields]
+    fields = [Allocation._meta.get_field(name) for name in _ALLOCATION_COLUMNS]
+    columns = ", ".join(qn(field.column) for field in fields)
+    arrays, params = _unnest(fields, ([getattr(row, f.attname) for row in rows] for f in fields))
+    sql = f"INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) SELECT * FROM {arrays}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 

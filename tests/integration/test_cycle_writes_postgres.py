@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.placement.topology import read_spec_file
 from apps.scheduling import lifecycle
-from apps.scheduling.models import Job
+from apps.scheduling.models import Allocation, Job
 from apps.topology import services as topology_services
 from tests.integration.test_scheduling_postgres import EXAMPLES
 
@@ -60,3 +60,15 @@ def test_placed_jobs_are_one_update_from_unnest_writing_what_one_update_per_job_
     assert (first["predicted"], first["flows"], first["predicted_mfu"]) == (None, {}, None)
     assert second["predicted"] == {"tp": {"comm_ms": 1, "note": 'it\'s "quoted"'}}
     assert [job["borrowed"] for job in written(batched)] == [False, False, True, False]
+
+
+def test_an_allocation_value_longer_than_its_column_is_refused_not_cut_short():
+    """The allocations' arrays are cast to the columns' types without their lengths: a value too
+    long for its column fails the INSERT (as one INSERT per row would), never lands truncated."""
+    row = Allocation(
+        job_id=1, rank=0, gpu_id=1, node_name="n" * 101, gpu_index=0, nic_name="nic", live=True,
+        generation=0, created_at=timezone.now(),
+    )  # fmt: skip
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        lifecycle._insert_allocations([row])
+    assert not Allocation.objects.exists()
