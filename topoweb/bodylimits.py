@@ -3,8 +3,9 @@
 One table (`BODY_LIMITS`, documented in docs/spec-limits.md): the first pattern matching the path
 gives the limit in bytes. A request whose Content-Length is over it (or not a number) is answered
 413 (400 for a malformed length) naming the limit, before sessions, CSRF, parsers or views run.
-Django reads no more than Content-Length from the request stream (a chunked body without one
-reads as empty), so the header is the size that counts. The spec loaders check the size again on
+Django reads no more than Content-Length from the request stream, so the header is the size that
+counts; a chunked body without one would read as empty, and is answered 411 (Length Required)
+instead of as a request without a body. The spec loaders check the size again on
 the text they parse (`apps.placement.topology.safeload`).
 """
 
@@ -59,6 +60,8 @@ class BodyLimitMiddleware:
     def __call__(self, request):
         raw = request.META.get("CONTENT_LENGTH") or "0"
         limit = body_limit(request.path)
+        if raw == "0" and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return _answer(request, 411, "send the body with a Content-Length, not chunked", limit)
         if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
             return _answer(request, 400, f"Content-Length must be a byte count, got {raw[:20]!r}", limit)
         size = int(raw)

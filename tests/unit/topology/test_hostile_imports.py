@@ -110,6 +110,16 @@ def test_rest_bodies_over_the_endpoint_limit_are_413_naming_it(staff_api, row_co
     assert row_counts() == before
 
 
+def test_a_chunked_body_without_a_length_is_411_not_read_as_empty(staff_api, row_counts):
+    """Django reads Content-Length bytes only: a chunked spec would arrive as no body at all."""
+    before = row_counts()
+    for path in ("/api/v1/clusters/import/", "/api/v1/jobs/"):
+        response = staff_api.generic("POST", path, b"", "application/json", HTTP_TRANSFER_ENCODING="chunked")
+        assert response.status_code == 411
+        assert "Content-Length" in response.json()["detail"]
+    assert row_counts() == before
+
+
 @pytest.mark.parametrize("name", ["a;reboot", "$(id)", "a b", "-rf", "x" * 101, "n\u00f6de"])
 def test_rows_refuse_the_names_the_importer_refuses(import_example, name):
     """The admin editor validates rows with the same name pattern as spec v1."""
