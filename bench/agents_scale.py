@@ -3,9 +3,9 @@ the time from placement to every rank started.
 
 Creates a scratch Postgres database (dropped at the end), imports a 2,048-node leaf-spine cluster
 (16,384 GPUs), starts the web server (--server wsgi: granian as the users' web service runs it,
-one thread per open long-poll; --server uvicorn: the ASGI application topoweb.asgi, each waiting poll an idle future of its event
-loop; scheduling cycles run in it, as in the embedded default, so a placement wakes its nodes'
-polls at once), and
+one thread per open long-poll; --server uvicorn: the ASGI application topoweb.asgi, each waiting
+poll an idle future of its event loop; scheduling cycles run in it, as in the embedded default, so
+a placement wakes its nodes' polls at once), and
 runs 2,048 simulated agents in this process (asyncio + httpx): each long-polls
 POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports every rank the
 server hands it as started at once (no processes). For each interval of --poll-s (several in

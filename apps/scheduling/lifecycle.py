@@ -385,7 +385,7 @@ def _book(
         Allocation.objects.bulk_create(rows, batch_size=1000)
 
 
-# Columns written by `_insert_allocations` and their array types (`released_at` stays null).
+# Columns written by `_insert_allocations` (`released_at` stays null).
 _ALLOCATION_COLUMNS = (
     "job",
     "rank",
