@@ -1,7 +1,8 @@
 """The node agents' sync served asynchronously: an ASGI application in front of Django's.
 
-`POST /api/v1/agents/sync/` runs Django's ordinary request handling (middleware, the DRF view,
-its node-token auth, throttle, body limits and errors) on a small pool of threads, but marked so
+`POST /api/v1/agents/sync/` runs Django's ordinary request handling (the site's middleware but
+what serves browsers, the DRF view, its node-token auth, throttle, body limits and errors) on a
+small pool of threads, but marked so
 that the view does not block its thread for the long-poll: it answers with the wait attached
 (`AgentWait`), this application waits for the node's change as a future of its event loop
 (`wakeups.changed`, woken in-process or through Redis pub/sub, no polling) and, when the node's
@@ -18,6 +19,7 @@ import asyncio
 import io
 from concurrent.futures import ThreadPoolExecutor
 
+from django.conf import settings
 from django.core import signals
 from django.core.handlers.asgi import ASGIRequest, get_script_prefix
 from django.core.handlers.base import BaseHandler
@@ -34,6 +36,36 @@ SYNC_PATH = "/api/v1/agents/sync/"
 # Threads running the syncs' request handling (not their waits): enough to overlap database
 # round trips; each holds a database connection only while it handles a request.
 SYNC_THREADS = 16
+# The site's middleware that serves browsers only: static files, sessions and the session's user,
+# CSRF, messages, the pages' framing and content-security headers, CommonMiddleware's redirects
+# and lengths. An agent sends a node token and JSON and reads JSON: its sync skips them (a tenth
+# of the sync's CPU). Any other middleware of the site, a new one included, runs for it too.
+BROWSER_ONLY_MIDDLEWARE = frozenset(
+    {
+        "whitenoise.middleware.WhiteNoiseMiddleware",
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+        "topoweb.middleware.CSPMiddleware",
+    }
+)
+
+
+class SyncHandler(BaseHandler):
+    """Django's request handler with the site's middleware but BROWSER_ONLY_MIDDLEWARE."""
+
+    def load_middleware(self, is_async=False):
+        # Django builds the chain from settings.MIDDLEWARE: it reads the sync's list instead while
+        # the chain is built, once, at start-up (before any request is served).
+        site = settings.MIDDLEWARE
+        settings.MIDDLEWARE = [path for path in site if path not in BROWSER_ONLY_MIDDLEWARE]
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = site
 
 
 class AgentSyncApplication:
@@ -41,7 +73,7 @@ class AgentSyncApplication:
 
     def __init__(self, site):
         self.site = site
-        self.handler = BaseHandler()
+        self.handler = SyncHandler()
         self.handler.load_middleware(is_async=False)
         self.pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="agent-sync")
 
@@ -105,7 +137,12 @@ async def _read_body(scope, receive, limit: int) -> bytes | None:
 
 
 async def _send(response: HttpResponse, send) -> None:
-    headers = [(str(k).encode("ascii"), str(v).encode("latin1")) for k, v in response.items()]
+    headers = [
+        (str(k).encode("ascii"), str(v).encode("latin1"))
+        for k, v in response.items()
+        if k.lower() != "content-length"
+    ]
+    headers.append((b"Content-Length", str(len(response.content)).encode("ascii")))
     headers += [
         (b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in response.cookies.values()
     ]

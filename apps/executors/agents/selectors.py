@@ -100,20 +100,28 @@ NODE_CACHE_S = 30.0
 _NODES_SIZE = 65536
 
 
-def sync_node(*, node_id: int) -> tuple[Node | None, NodeHealth | None]:
-    """The node `node_id` (None if it no longer exists) and its agent row (None: never had one),
-    in one prepared statement: every agent asks this every poll. The node comes bare (id, name,
-    cluster); the agent row carries this server's id for the cluster (`server_id`, None when the
-    cluster has no executor row yet) and the cluster's name (`cluster_name`)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_sync_node_sql(), [node_id])
-        row = cursor.fetchone()
+Work = tuple[list[dict[str, Any]], list[list[int]]]
+
+
+def sync_node(*, node_id: int, with_work: bool = False) -> tuple[Node | None, NodeHealth | None, Work | None]:
+    """The node `node_id` (None if it no longer exists), its agent row (None: never had one) and,
+    `with_work`, its `node_work` (else None), in one round trip: every agent asks this every poll
+    (on Postgres both statements go in one message; SQLite reads them one after the other). The
+    node comes bare (id, name, cluster); the agent row carries this server's id for the cluster
+    (`server_id`, None when the cluster has no executor row yet) and the cluster's name
+    (`cluster_name`)."""
+    statements = [(_sync_node_sql(), [node_id])]
+    if with_work:
+        statements.append((_work_sql(), _work_params(node_id)))
+    results = _fetch_all(statements)
+    row = results[0][0] if results[0] else None
     if row is None:
-        return None, None
+        return None, None, None
     name, cluster_id, cluster_name, server_id, *columns = row
     node = Node(pk=node_id, name=name, cluster_id=cluster_id)
+    work = _work_of(node, results[1]) if with_work else None
     if columns[0] is None:  # no agent row (its id is never null)
-        return node, None
+        return node, None, work
     fields, converters = _agent_columns()
     values = []
     for value, (col, convert) in zip(columns, converters, strict=True):
@@ -122,7 +130,26 @@ def sync_node(*, node_id: int) -> tuple[Node | None, NodeHealth | None]:
         values.append(value)
     agent = NodeHealth.from_db(connection.alias, fields, values)
     agent.server_id, agent.cluster_name = server_id, cluster_name
-    return node, agent
+    return node, agent, work
+
+
+def _fetch_all(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
+    """The rows of each statement, sent in one message where the database takes several (Postgres,
+    its parameters bound by the client): one round trip instead of one each."""
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql" or len(statements) == 1:
+            results = []
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                results.append(cursor.fetchall())
+            return results
+        cursor.execute(
+            "; ".join(sql for sql, _ in statements), [p for _, params in statements for p in params]
+        )
+        results = [cursor.fetchall()]
+        while cursor.nextset():
+            results.append(cursor.fetchall())
+    return results
 
 
 @functools.cache
@@ -192,7 +219,7 @@ def _work_sql() -> str:
     )
 
 
-def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
+def node_work(*, node: Node) -> Work:
     """The node's desired state: (work, stops).
 
     `work`: every job generation the node should run now, each with this node's ranks: entries
@@ -208,13 +235,16 @@ def node_work(*, node: Node) -> tuple[list[dict[str, Any]], list[list[int]]]:
     requeued or is migrating. The agent stops each, or reports it gone when it has no trace of
     it; the GPU is released once the exit is reported."""
     # Every agent asks this every poll: one statement written once, not an ORM query built each time.
+    return _work_of(node, _fetch_all([(_work_sql(), _work_params(node.pk))])[0])
+
+
+def _work_params(node_id: int) -> list[Any]:
     placing, running, started = JobStatus.PLACING.value, JobStatus.RUNNING.value, RankState.STARTED.value
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _work_sql(),
-            [node.pk, True, placing, running, RankState.EXITED.value, node.pk, started, placing, running],
-        )
-        rows = cursor.fetchall()
+    return [node_id, True, placing, running, RankState.EXITED.value, node_id, started, placing, running]
+
+
+def _work_of(node: Node, rows: list[tuple]) -> Work:
+    """`node_work` from the rows of `_work_sql()`."""
     grouped: dict[tuple[int, int], list[tuple[int, int, str, bool]]] = {}
     stops: list[list[int]] = []
     for job_id, generation, rank, index, nic, started, stop in rows:

@@ -3,6 +3,7 @@ unhealthy GPUs, drain and resume, the start timeout, job logs."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -175,7 +176,7 @@ def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_w
     from django.test import RequestFactory
 
     from apps.executors.agents.api import views
-    from topoweb.agents_asgi import AgentSyncApplication
+    from topoweb.agents_asgi import AgentSyncApplication, _send
 
     key = agents.node_token_create(node=Node.objects.get(cluster=case44, name="node-a"))[1]
     app = AgentSyncApplication(site=None)
@@ -198,7 +199,17 @@ def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_w
     monkeypatch.setattr(views, "node_work", lambda node: (work, []))
     refreshed = app.refresh(request, response.agent_wait, response)
     assert json.loads(refreshed.content)["work"] == work
-    assert int(refreshed["Content-Length"]) == len(refreshed.content)
+    # What the server sends: the new content with its own length.
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(_send(refreshed, send))
+    headers = dict(sent[0]["headers"])
+    assert sent[1]["body"] == refreshed.content
+    assert int(headers[b"Content-Length"]) == len(refreshed.content)
+    assert [k for k, _ in sent[0]["headers"] if k.lower() == b"content-length"] == [b"Content-Length"]
 
     # A database lost meanwhile is answered as the view's own error would be: 503, Retry-After.
     def lost(node):
@@ -207,6 +218,48 @@ def test_the_asgi_path_answers_at_once_with_the_wait_attached_then_the_changed_w
     monkeypatch.setattr(views, "node_work", lost)
     failed = app.refresh(other_request, other.agent_wait, other)
     assert failed.status_code == 503 and failed.has_header("Retry-After")
+
+
+COUNTED: list[str] = []
+
+
+def counting_middleware(get_response):
+    """A middleware the site might add: it records the paths it saw (COUNTED)."""
+
+    def middleware(request):
+        COUNTED.append(request.path)
+        return get_response(request)
+
+    return middleware
+
+
+def test_the_asgi_sync_skips_the_middleware_of_browsers_only(case44, settings):
+    """An agent's sync passes the site's middleware but what serves browsers (sessions, CSRF,
+    static files...); a middleware the site adds runs for it too, and the site keeps its list."""
+    from django.test import RequestFactory
+
+    from topoweb.agents_asgi import BROWSER_ONLY_MIDDLEWARE, AgentSyncApplication
+
+    assert BROWSER_ONLY_MIDDLEWARE < set(settings.MIDDLEWARE)
+    COUNTED.clear()
+    site = [*settings.MIDDLEWARE, f"{__name__}.{counting_middleware.__name__}"]
+    settings.MIDDLEWARE = site
+    app = AgentSyncApplication(site=None)
+    assert settings.MIDDLEWARE == site
+    key = agents.node_token_create(node=Node.objects.get(cluster=case44, name="node-a"))[1]
+    request = RequestFactory().post(
+        "/api/v1/agents/sync/",
+        {"node": "node-a", "version": "1.0"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Node {key}",
+    )
+    response = app.handler.get_response(request)
+    assert response.status_code == 200 and COUNTED == ["/api/v1/agents/sync/"]
+    # No session, no CSRF cookie, no page headers: none of the browser-only middleware ran.
+    assert not response.cookies and not hasattr(request, "session")
+    assert not response.has_header("X-Frame-Options") and not response.has_header("Content-Security-Policy")
+    # The site's own middleware still does (the security headers of every answer).
+    assert response["X-Content-Type-Options"] == "nosniff"
 
 
 def test_a_node_deleted_after_its_agent_synced_is_refused(nodes, case44):

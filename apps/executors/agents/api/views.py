@@ -126,11 +126,18 @@ class AgentSyncView(APIView):
                 },
                 status=status.HTTP_403_FORBIDDEN,
             )
-        node, known = sync_node(node_id=token.node_id)
+        # A sync without reports or logs changes no rank: its node's work is read with the node,
+        # in the same round trip (the change counters first, so a change committed after the read
+        # still wakes its wait). One with reports reads the work once they are stored.
+        unchanged = not data["reports"] and not data["logs"]
+        since = epoch(token.node.cluster_id, name)
+        node, known, read = sync_node(node_id=token.node_id, with_work=unchanged)
         if node is None or node.name != name:
             return Response(
                 {"detail": "the credential's node no longer exists"}, status=status.HTTP_403_FORBIDDEN
             )
+        if node.cluster_id != token.node.cluster_id:  # moved since the credential was remembered
+            since, read = epoch(node.cluster_id, name), None
         row = known
         agent_row, holder = retry_when_locked(
             lambda: agents.agent_claim(node=node, agent=known, claim=body.claim()), what="agent claim"
@@ -161,7 +168,6 @@ class AgentSyncView(APIView):
                 },
                 status=status.HTTP_403_FORBIDDEN,
             )
-        since = epoch(node.cluster_id, node.name)
         beat = body.heartbeat()
         # Both writes are safe to repeat: on the embedded SQLite they retry a lost write lock.
         agent = retry_when_locked(
@@ -199,7 +205,7 @@ class AgentSyncView(APIView):
                 lambda: agents.agent_logs(node=node, chunks=chunks), what="agent logs"
             )
             refused_logs += [{**_chunk_key(c), "reason": why} for c, why in not_stored]
-        work, stops = node_work(node=node)
+        work, stops = read if read is not None else node_work(node=node)
         # The server bounds the wait (its own poll interval), whatever the agent asks for.
         wait_s = min(data["wait_s"], float(settings.TOPOWEB_AGENT_POLL_S), MAX_WAIT_S)
         running = {tuple(k) for k in data["running"]}
@@ -222,13 +228,7 @@ class AgentSyncView(APIView):
             "work": work,
             "stop": stops,
         }
-        if (
-            wait_s > 0
-            and not data["reports"]
-            and not data["logs"]
-            and running == _keys(work)
-            and not unheeded
-        ):
+        if wait_s > 0 and unchanged and running == _keys(work) and not unheeded:
             wait = AgentWait(node=node, since=since, wait_s=wait_s)
             if getattr(request._request, WAITS_ELSEWHERE, False):
                 # The ASGI path (topoweb/agents_asgi.py) waits in its event loop, then `refresh`es;
@@ -260,11 +260,10 @@ class AgentWait:
 
     def refresh(self, response: Response) -> Response:
         """The answer after a change: the node's work and stops read again, rendered anew (the
-        rest of the answer, headers included, stays as the view and middleware made it)."""
+        rest of the answer, headers included, stays as the view and middleware made it; the server
+        sends the new length)."""
         response.data["work"], response.data["stop"] = node_work(node=self.node)
         response.content = response.rendered_content
-        if response.has_header("Content-Length"):
-            response["Content-Length"] = str(len(response.content))
         return response
 
 
