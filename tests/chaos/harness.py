@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(os.environ.get("TOPOWEB_CHAOS_RESULTS") or REPO / "tests" / "chaos" / ".results.jsonl")
@@ -349,12 +350,6 @@ def shim_pids() -> dict[str, int]:
 
 
 # -- the real web server ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WebServer:

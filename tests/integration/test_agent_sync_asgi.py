@@ -23,6 +23,7 @@ from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, RankState
 from apps.scheduling.models import Allocation, NodeHealth, RankRun
 from apps.topology.models import Node
+from tests.ports import free_port
 from topoweb.agents_asgi import SYNC_THREADS
 
 from . import test_agents
@@ -53,9 +54,7 @@ def uvicorn_url(transactional_db, require_redis, settings, tmp_path) -> Iterator
         TOPOWEB_AGENT_POLL_S=str(POLL_S),
         TOPOWEB_LOG_LEVEL="WARNING",
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = tmp_path / "uvicorn.log"
     argv = [sys.executable, "-m", "uvicorn", "topoweb.asgi:application", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--lifespan", "off", "--log-level", "warning"]

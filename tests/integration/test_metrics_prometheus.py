@@ -4,7 +4,6 @@ as scraping the exporter directly."""
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,15 +20,10 @@ from apps.placement.topology import read_spec_file
 from apps.scheduling.demo import load_demo_jobs
 from apps.topology import services as topology_services
 from tests.conftest import service_missing
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("node-a", "node-b")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(check, timeout_s: float, what: str):

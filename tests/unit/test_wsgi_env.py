@@ -5,7 +5,6 @@ SECRET_KEY and DATABASE_URL's password in each request's META."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
 from topoweb.wsgi_env import WithoutProcessEnvironment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,12 +32,6 @@ def application(environ, start_response):
 
 wrapped = WithoutProcessEnvironment(echo, os.environ)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

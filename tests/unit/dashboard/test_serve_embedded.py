@@ -4,7 +4,6 @@ starts scheduling's, metrics' and the executors' in-process background work)."""
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,13 +13,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.ports import free_port
+
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, timeout_s: float = 10.0) -> tuple[int, bytes]:

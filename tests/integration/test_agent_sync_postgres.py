@@ -1,0 +1,90 @@
+"""An agent's sync on Postgres: an idle one reads its node, its agent row and its work in one
+round trip (`selectors.sync_node(with_work=True)`), the same as the two separate reads; the NIC
+counters it carries are one upsert with their rates."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.executors.agents import services as agent_services
+from apps.executors.agents.selectors import node_work, sync_node
+from apps.scheduling import services
+from apps.scheduling.choices import JobStatus
+from apps.scheduling.models import Allocation, NodeHealth, RankRun
+from apps.topology.models import Node
+
+from . import test_agents
+
+pytestmark = pytest.mark.integration
+cluster, eager_cycles, user, spec = (
+    test_agents.cluster,
+    test_agents.eager_cycles,
+    test_agents.user,
+    test_agents.spec,
+)
+
+
+def test_the_node_its_agent_row_and_its_work_come_in_one_round_trip(cluster, user, tmp_path):
+    assert connection.vendor == "postgresql"
+    job = services.job_submit(user=user, spec=spec(tmp_path, "read-together", 8))
+    job.refresh_from_db()
+    assert job.status == JobStatus.PLACING, job.pending_reason
+    (name,) = set(Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True))
+    node = Node.objects.get(cluster=cluster, name=name)
+    idle = Node.objects.filter(cluster=cluster).exclude(pk=node.pk).first()
+    agent_services.agent_heartbeat(node=node, beat=agent_services.Heartbeat(version="1.0"))
+    # A rank reported started, and one of another generation still counted running: both halves
+    # of the work (ranks to run, ranks to stop) come back.
+    RankRun.objects.create(job=job, generation=job.generation, rank=0, node=node, state="started")
+    RankRun.objects.create(job=job, generation=job.generation - 1 or 99, rank=3, node=node, state="started")
+
+    sync_node(node_id=node.pk, with_work=True)  # the generation's launch fields, read once a process
+    for which, agent_row in ((node, True), (idle, False)):
+        with CaptureQueriesContext(connection) as queries:
+            got, agent, work = sync_node(node_id=which.pk, with_work=True)
+        sent = [q["sql"] for q in queries.captured_queries]
+        # One message holds the node's read and its work's; a node with work also asks its
+        # rendezvous address (MASTER_ADDR), which the idle one does not.
+        assert '"scheduling_nodeagent"' in sent[0] and "UNION ALL" in sent[0], sent
+        assert len(sent) == (2 if agent_row else 1), sent
+        alone, agent_alone, none = sync_node(node_id=which.pk)
+        assert none is None and (got.pk, got.name, got.cluster_id) == (alone.pk, alone.name, alone.cluster_id)
+        assert (agent is not None) == agent_row
+        if agent_row:
+            assert agent.last_seen == agent_alone.last_seen == NodeHealth.objects.get(node=node).last_seen
+        assert work == node_work(node=alone)
+    work, stops = sync_node(node_id=node.pk, with_work=True)[2]
+    assert [(w["job"], len(w["ranks"])) for w in work] == [(job.pk, 8)]
+    assert [r["started"] for r in work[0]["ranks"]] == [True] + [False] * 7
+    assert stops == [[job.pk, job.generation - 1 or 99, 3]]
+    # A node that no longer exists: nothing, in the same single statement.
+    assert sync_node(node_id=10**9, with_work=True) == (None, None, None)
+
+
+def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeypatch):
+    """The NIC counters of a sync are written by one statement (per batch of rows), their rates
+    taken against the node's previous counters; a counter that went down has no rate."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.metrics import store
+    from apps.metrics.models import NicLatest
+
+    node = Node.objects.filter(cluster=cluster).first()
+    t0 = timezone.now()
+    ports = [{"device": f"mlx5_{i}", "port": "1", "tx_bytes": 1000, "rx_bytes": 5000} for i in range(5)]
+    monkeypatch.setattr(store, "BATCH", 2)  # three statements of at most two rows
+    with CaptureQueriesContext(connection) as queries:
+        assert store.agent_nics_store(node_id=node.pk, counters=ports, now=t0) == 5
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT", "INSERT", "INSERT", "INSERT"]
+    later = [{**p, "tx_bytes": 1000 + 10_000 * i, "rx_bytes": 4000} for i, p in enumerate(ports)]
+    assert store.agent_nics_store(node_id=node.pk, counters=later, now=t0 + timedelta(seconds=10)) == 5
+    rows = {r.device: r for r in NicLatest.objects.filter(node=node)}
+    assert len(rows) == 5 and NicLatest.objects.count() == 5
+    for i in range(5):
+        row = rows[f"mlx5_{i}"]
+        assert row.at == t0 + timedelta(seconds=10) and row.tx_bytes_total == 1000 + 10_000 * i
+        assert row.tx_Bps == 1000 * i and row.rx_Bps is None  # rx went down: reset, no rate
