@@ -17,11 +17,14 @@ one run, on the same server and agents: they switch, then spread their polls aga
 The server's TOPOWEB_AGENT_POLL_S is the longest interval, TOPOWEB_AGENT_DOWN_AFTER_S three times
 it. --workers N runs N server processes (the polls spread over them; --redis carries the
 wakeups between them as CACHE_URL, as in a deployment; CPU is summed over them). Goal: the web
-host well under one core for a 2,048-node cluster. This machine runs other work; the 1-minute
-load average before and after is recorded, and the simulated agents share its cores.
+host well under one core for a 2,048-node cluster. --agent-body full: each sync carries what a
+real agent's does (GPU inventory, NIC counters, which the server stores, its instance and
+host). This machine runs other work; the 1-minute load average before and after is recorded,
+and the simulated agents share its cores.
 
     .venv/bin/python bench/agents_scale.py [--nodes 2048] [--poll-s 30 60] [--seconds 60] [--jobs 8]
         [--workers 2 --redis redis://127.0.0.1:6379/10] [--server wsgi|uvicorn]
+        [--agent-body minimal|full]
 """
 
 from __future__ import annotations
@@ -125,12 +128,44 @@ class Connection:
         self.reader = self.writer = None
 
 
+def full_body(node: str, instance: str, started: float, *, sent: int) -> dict:
+    """What a real agent's sync carries besides its ranks (apps/agent/runner.py `_body`): 8 GPUs,
+    8 InfiniBand ports' byte counters (growing), its instance, host, address and isolation."""
+    moved = sent * 1_000_003
+    return {
+        "addr": f"10.{hash(node) % 250}.0.1",
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i:08x}-0000-0000-0000-{abs(hash(node)) % 10**12:012d}",
+                "name": "NVIDIA H100 80GB HBM3",
+            }
+            for i in range(GPUS_PER_NODE)
+        ],
+        "stopping": [],
+        "logs": [],
+        "isolation": "cgroup2 devices pids memory",
+        "instance": instance,
+        "previous": "",
+        "host": node,
+        "started_at": started,
+        "orphans": [],
+        "nics": [
+            {"device": f"mlx5_{i}", "port": "1", "tx_bytes": 10**12 + moved, "rx_bytes": 10**12 + 2 * moved}
+            for i in range(GPUS_PER_NODE)
+        ],
+    }
+
+
 class SimulatedAgents:
     """N agents in one event loop: long-poll, report handed-out ranks as started at once."""
 
-    def __init__(self, url: str, keys: dict[str, str], nodes: list[str], poll_s: float):
+    def __init__(
+        self, url: str, keys: dict[str, str], nodes: list[str], poll_s: float, body: str = "minimal"
+    ):
         # poll_s may be changed while running: each agent then waits a random part of the new
-        # interval once, so the polls are spread over it again.
+        # interval once, so the polls are spread over it again. body "full": each sync says what
+        # the real agent's does besides (its GPUs, NIC counters, instance, host, isolation).
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
         self.keys = keys
@@ -139,11 +174,13 @@ class SimulatedAgents:
         self.requests = 0
         self.errors = 0
         self.stop = False
+        self.full = body == "full"
 
     async def agent(self, node: str) -> None:
         poll_s = self.poll_s
         await asyncio.sleep(random.uniform(0, poll_s))
         conn = Connection(self.host, self.port, {"Authorization": f"Node {self.keys[node]}"})
+        instance, started = f"{random.getrandbits(128):032x}", time.time()
         running: set[tuple[int, int, int]] = set()
         reports: list[dict] = []
         while not self.stop:
@@ -157,6 +194,8 @@ class SimulatedAgents:
                 "reports": reports,
                 "wait_s": 0.0 if reports else poll_s,
             }
+            if self.full:
+                body.update(full_body(node, instance, started, sent=self.requests))
             try:
                 status, answer = await asyncio.wait_for(conn.post("/api/v1/agents/sync/", body), poll_s + 120)
             except (OSError, IndexError, ValueError, asyncio.IncompleteReadError, TimeoutError):
@@ -207,6 +246,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="server processes (more than one needs --redis)")
     ap.add_argument("--redis", default="", help="Redis URL for the wakeups between web processes (CACHE_URL)")
     ap.add_argument("--job-gpus", type=int, default=256)
+    ap.add_argument(
+        "--agent-body",
+        choices=("minimal", "full"),
+        default="minimal",
+        help="minimal: node, version, ranks (as measured since v0.3); full: also the GPUs, NIC"
+        " counters, instance and host a real agent sends with every sync",
+    )
     scratch_db.add_arguments(ap, "agents")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "agents_scale.json"))
     args = ap.parse_args()
@@ -294,6 +340,7 @@ def run(args, url: str) -> int:
         if result["agent_errors"]:
             print("web server log (tail):", (Path(tmp.name) / "web.log").read_text()[-3000:], file=sys.stderr)
         result["server"] = args.server
+        result["agent_body"] = args.agent_body
         result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -361,7 +408,7 @@ def server_argv(args, port: int, threads: int) -> list[str]:
 
 
 async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -> dict:
-    agents = SimulatedAgents(url, keys, nodes, args.poll_s[0])
+    agents = SimulatedAgents(url, keys, nodes, args.poll_s[0], args.agent_body)
     task = asyncio.ensure_future(agents.run())
     pg = await psycopg.AsyncConnection.connect(env["DATABASE_URL"], autocommit=True)
     # Warm-up: every agent registered (then, per interval, one more poll period: polls spread).

@@ -3,6 +3,7 @@ each as one bulk statement (upserts on SQLite and Postgres alike)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -125,45 +126,65 @@ def _copy_gpu_rows(rows: list[tuple]) -> None:
         )
 
 
+NIC_COLUMNS = ("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total", "tx_Bps", "rx_Bps")
+
+
 def _nic_rows(
     per_node: Iterable[tuple[int, Mapping[tuple[str, str], NicReading]]], now: datetime
-) -> list[NicLatest]:
-    """NicLatest rows of (node id, its NIC counters by (device, port)), each with its rates since
-    the node's previous counters."""
+) -> list[tuple]:
+    """NIC_COLUMNS tuples of (node id, its NIC counters by (device, port)), each with its rates
+    since the node's previous counters."""
     ok = [(node_id, nics) for node_id, nics in per_node if nics]
     if not ok:
         return []
+    # Every agent's sync asks this for its own node: values, no model instances nor ordering.
     previous = {
-        (n.node_id, n.device, n.port): n
-        for n in NicLatest.objects.filter(node_id__in=[node_id for node_id, _ in ok])
+        (node_id, device, port): (at, tx, rx)
+        for node_id, device, port, at, tx, rx in NicLatest.objects.filter(
+            node_id__in=[node_id for node_id, _ in ok]
+        )
+        .order_by()
+        .values_list("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total")
     }
     rows = []
     for node_id, nics in ok:
         for (device, port), nic in nics.items():
-            row = NicLatest(
-                node_id=node_id,
-                device=device,
-                port=port,
-                at=now,
-                tx_bytes_total=nic.tx_bytes_total,
-                rx_bytes_total=nic.rx_bytes_total,
-            )
+            tx_rate = rx_rate = None
             before = previous.get((node_id, device, port))
             if before is not None:
-                seconds = (now - before.at).total_seconds()
-                row.tx_Bps = _rate(before.tx_bytes_total, nic.tx_bytes_total, seconds)
-                row.rx_Bps = _rate(before.rx_bytes_total, nic.rx_bytes_total, seconds)
-            rows.append(row)
+                seconds = (now - before[0]).total_seconds()
+                tx_rate = _rate(before[1], nic.tx_bytes_total, seconds)
+                rx_rate = _rate(before[2], nic.rx_bytes_total, seconds)
+            rows.append(
+                (node_id, device, port, now, nic.tx_bytes_total, nic.rx_bytes_total, tx_rate, rx_rate)
+            )
     return rows
 
 
-def _write_nic_rows(rows: list[NicLatest]) -> None:
-    NicLatest.objects.bulk_create(
-        rows,
-        batch_size=BATCH,
-        update_conflicts=True,
-        unique_fields=["node", "device", "port"],
-        update_fields=["at", "tx_bytes_total", "rx_bytes_total", "tx_Bps", "rx_Bps"],
+def _write_nic_rows(rows: list[tuple]) -> None:
+    """Upsert NIC_COLUMNS tuples: one INSERT ... ON CONFLICT DO UPDATE per BATCH rows, written
+    once per row count (SQLite and Postgres alike; an agent's sync writes its node's ports)."""
+    if not rows:
+        return
+    at = NicLatest._meta.get_field("at")
+    for start in range(0, len(rows), BATCH):
+        batch = rows[start : start + BATCH]
+        params = []
+        for row in batch:
+            params.extend((*row[:3], at.get_db_prep_save(row[3], connection), *row[4:]))
+        with connection.cursor() as cursor:
+            cursor.execute(_nic_upsert_sql(len(batch)), params)
+
+
+@functools.lru_cache(maxsize=64)
+def _nic_upsert_sql(count: int) -> str:
+    qn = connection.ops.quote_name  # tx_Bps and rx_Bps are case-sensitive
+    cols = ", ".join(qn(c) for c in NIC_COLUMNS)
+    row = f"({', '.join(['%s'] * len(NIC_COLUMNS))})"
+    updates = ", ".join(f"{qn(c)} = EXCLUDED.{qn(c)}" for c in NIC_COLUMNS[3:])
+    return (
+        f"INSERT INTO {qn(NicLatest._meta.db_table)} ({cols}) VALUES {', '.join([row] * count)}"
+        f" ON CONFLICT (node_id, device, port) DO UPDATE SET {updates}"
     )
 
 
