@@ -2,12 +2,12 @@
 
 `POST /api/v1/agents/sync/` runs Django's ordinary request handling (the site's middleware but
 what serves browsers, the DRF view, its node-token auth, throttle, body limits and errors) on a
-small pool of threads, but marked so
-that the view does not block its thread for the long-poll: it answers with the wait attached
-(`AgentWait`), this application waits for the node's change as a future of its event loop
-(`wakeups.changed`, woken in-process or through Redis pub/sub, no polling) and, when the node's
-work changed, reads it again on the pool. Thousands of waiting agents cost an idle future each,
-not a thread. Every other request goes to Django's own ASGI handler.
+small pool of threads, but marked so that the view does not block its thread for the long-poll:
+it answers with the wait attached (`AgentWait`), this application waits for the node's change as
+a future of its event loop (`wakeups.changed`, woken in-process or through Redis pub/sub, no
+polling) and, when the node's work changed, reads it again on the pool. Thousands of waiting
+agents cost an idle future each, not a thread. Every other request goes to Django's own ASGI
+handler.
 
 Served by uvicorn (`uvicorn topoweb.asgi:application`, the `agents` service of docker-compose.yml);
 see docs/operations.md.
