@@ -102,6 +102,10 @@ def forget_recent_clusters():
     agents = sys.modules.get("apps.executors.agents.services")
     if agents is not None:
         agents.forget_sync_pulse()
+    # Nor the GPU indexes of a node with the same id in an earlier test's database.
+    selectors = sys.modules.get("apps.executors.agents.selectors")
+    if selectors is not None:
+        selectors.forget_gpu_indexes()
     # Nor a submitter's account, QOS or owner check read for an earlier test's.
     reads = sys.modules.get("apps.scheduling.recent")
     if reads is not None:

@@ -45,10 +45,9 @@ def test_the_node_its_agent_row_and_its_work_come_in_one_round_trip(cluster, use
         with CaptureQueriesContext(connection) as queries:
             got, agent, work = sync_node(node_id=which.pk, with_work=True)
         sent = [q["sql"] for q in queries.captured_queries]
-        # One message holds the node's read and its work's; a node with work also asks its
-        # rendezvous address (MASTER_ADDR), which the idle one does not.
-        assert '"scheduling_nodeagent"' in sent[0] and "UNION ALL" in sent[0], sent
-        assert len(sent) == (2 if agent_row else 1), sent
+        # One message holds the node's read and its work's, the rendezvous address (MASTER_ADDR)
+        # of a node with work included.
+        assert len(sent) == 1 and '"scheduling_nodeagent"' in sent[0] and "UNION ALL" in sent[0], sent
         alone, agent_alone, none = sync_node(node_id=which.pk)
         assert none is None and (got.pk, got.name, got.cluster_id) == (alone.pk, alone.name, alone.cluster_id)
         assert (agent is not None) == agent_row
@@ -58,6 +57,10 @@ def test_the_node_its_agent_row_and_its_work_come_in_one_round_trip(cluster, use
     work, stops = sync_node(node_id=node.pk, with_work=True)[2]
     assert [(w["job"], len(w["ranks"])) for w in work] == [(job.pk, 8)]
     assert [r["started"] for r in work[0]["ranks"]] == [True] + [False] * 7
+    # MASTER_ADDR: rank 0's node's name until its agent records an address, then that address.
+    assert work[0]["master_addr"] == name
+    NodeHealth.objects.filter(node=node).update(addr="10.9.8.7")
+    assert sync_node(node_id=node.pk, with_work=True)[2][0][0]["master_addr"] == "10.9.8.7"
     assert stops == [[job.pk, job.generation - 1 or 99, 3]]
     # A node that no longer exists: nothing, in the same single statement.
     assert sync_node(node_id=10**9, with_work=True) == (None, None, None)

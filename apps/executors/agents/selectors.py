@@ -16,7 +16,7 @@ from django.db import connection
 from apps.placement.jobs import load_job
 from apps.scheduling.choices import JobStatus, RankState
 from apps.scheduling.models import Allocation, Job, NodeHealth, RankRun
-from apps.scheduling.selectors import master_port, rendezvous_addrs
+from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Gpu, Nic, Node
 
 from ..models import ClusterExecutor
@@ -96,7 +96,10 @@ def _read_generation(job_id: int, generation: int) -> dict[str, Any] | None:
     return info
 
 
-NODE_CACHE_S = 30.0
+# A node's GPU indexes, as the topology gives them, are remembered this long: longer than agents'
+# polls (at most 60 s), or a node's every sync would read them again. A change of a node's GPUs in
+# the topology (a rare edit) is seen within it.
+GPU_INDEXES_CACHE_S = 300.0
 _NODES_SIZE = 65536
 
 
@@ -181,9 +184,14 @@ def _sync_node_sql() -> str:
 _GPU_INDEXES: dict[int, tuple[frozenset[int], float]] = {}
 
 
+def forget_gpu_indexes() -> None:
+    """Forget the remembered GPU indexes (tests: each starts with its own database)."""
+    _GPU_INDEXES.clear()
+
+
 def node_gpu_indexes(*, node: Node) -> frozenset[int]:
-    """The GPU indexes the topology gives the node, remembered per process for NODE_CACHE_S
-    seconds (an agent's inventory is checked against them every poll)."""
+    """The GPU indexes the topology gives the node, remembered per process for
+    GPU_INDEXES_CACHE_S seconds (an agent's inventory is checked against them every poll)."""
     now = time.monotonic()
     hit = _GPU_INDEXES.get(node.pk)
     if hit is not None and hit[1] > now:
@@ -191,7 +199,7 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
     indexes = frozenset(node.gpus.values_list("index", flat=True))
     if len(_GPU_INDEXES) >= _NODES_SIZE:
         _GPU_INDEXES.clear()
-    _GPU_INDEXES[node.pk] = (indexes, now + NODE_CACHE_S)
+    _GPU_INDEXES[node.pk] = (indexes, now + GPU_INDEXES_CACHE_S)
     return indexes
 
 
@@ -199,20 +207,30 @@ def node_gpu_indexes(*, node: Node) -> frozenset[int]:
 def _work_sql() -> str:
     """One statement for both halves of the node's desired state: the node's live, current-generation
     allocations of placing or running jobs whose rank has not exited (stop 0: job, generation,
-    rank, GPU index, NIC name, whether its start was recorded), then the ranks still counted as
-    running on it whose generation is no longer wanted (stop 1: job, generation, rank)."""
+    rank, GPU index, NIC name, whether its start was recorded, and the address rank 0's node's
+    agent recorded, its rendezvous address, as `rendezvous_addrs` reads it), then the ranks still
+    counted as running on it whose generation is no longer wanted (stop 1: job, generation,
+    rank)."""
     qn = connection.ops.quote_name
-    alloc, job, gpu, nic, run = (qn(m._meta.db_table) for m in (Allocation, Job, Gpu, Nic, RankRun))
+    alloc, job, gpu, nic, run, health = (
+        qn(m._meta.db_table) for m in (Allocation, Job, Gpu, Nic, RankRun, NodeHealth)
+    )
     rank, index = qn("rank"), qn("index")
+    master_addr = (
+        f"(SELECT h.addr FROM {alloc} a0 JOIN {gpu} g0 ON g0.id = a0.gpu_id"
+        f" JOIN {health} h ON h.node_id = g0.node_id WHERE a0.job_id = a.job_id"
+        f" AND a0.generation = a.generation AND a0.{rank} = 0 AND h.addr <> '')"
+    )
     return (
-        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name, r.id IS NOT NULL, 0 FROM {alloc} a"
+        f"SELECT a.job_id, a.generation, a.{rank}, g.{index}, n.name, r.id IS NOT NULL, 0, {master_addr}"
+        f" FROM {alloc} a"
         f" JOIN {job} j ON j.id = a.job_id JOIN {gpu} g ON g.id = a.gpu_id"
         f" LEFT JOIN {nic} n ON n.id = g.nic_id"
         # At most one run per (job, generation, rank): the rank's, if it was reported.
         f" LEFT JOIN {run} r ON r.job_id = a.job_id AND r.generation = a.generation AND r.{rank} = a.{rank}"
         " WHERE g.node_id = %s AND a.live = %s AND a.generation = j.generation AND j.status IN (%s, %s)"
         " AND (r.id IS NULL OR r.state <> %s)"
-        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, NULL, NULL, NULL, 1 FROM {run} r"
+        f" UNION ALL SELECT r.job_id, r.generation, r.{rank}, NULL, NULL, NULL, 1, NULL FROM {run} r"
         f" JOIN {job} j ON j.id = r.job_id WHERE r.node_id = %s AND r.state = %s"
         " AND NOT (j.status IN (%s, %s) AND r.generation = j.generation)"
         " ORDER BY 1, 2, 3"
@@ -246,25 +264,24 @@ def _work_params(node_id: int) -> list[Any]:
 def _work_of(node: Node, rows: list[tuple]) -> Work:
     """`node_work` from the rows of `_work_sql()`."""
     grouped: dict[tuple[int, int], list[tuple[int, int, str, bool]]] = {}
+    addrs: dict[tuple[int, int], str | None] = {}
     stops: list[list[int]] = []
-    for job_id, generation, rank, index, nic, started, stop in rows:
+    for job_id, generation, rank, index, nic, started, stop, addr in rows:
         if stop:
             stops.append([job_id, generation, rank])
         else:
             grouped.setdefault((job_id, generation), []).append((rank, index, nic or "", bool(started)))
-    if not grouped:
-        return [], stops
+            addrs[(job_id, generation)] = addr
     work = []
-    masters: dict[str, str] = {}
     for (job_id, generation), ranks in grouped.items():
         info = _generation(job_id, generation)
         if info is None or not info["command"]:
             continue
-        masters.setdefault(info["master_node"], info["master_node"])
         work.append(
             {
                 **{k: v for k, v in info.items() if k not in ("node_rank", "master_node")},
-                "master_node": info["master_node"],
+                # MASTER_ADDR: rank 0's node's recorded address, else its name.
+                "master_addr": addrs[(job_id, generation)] or info["master_node"],
                 "node_rank": info["node_rank"][node.name],
                 "ranks": [
                     {
@@ -278,7 +295,4 @@ def _work_of(node: Node, rows: list[tuple]) -> Work:
                 ],
             }
         )
-    addrs = rendezvous_addrs(cluster_id=node.cluster_id, nodes=list(masters))
-    for entry in work:
-        entry["master_addr"] = addrs[entry.pop("master_node")]
     return work, stops

@@ -24,7 +24,7 @@ from apps.scheduling import snapshot as snap
 from apps.scheduling.api.authentication import NodeAuthentication, node_tokens_forget
 from apps.scheduling.choices import JobStatus, NodeState
 from apps.scheduling.models import Allocation, Job, NodeHealth, NodeToken, RankRun, SyncPulse
-from apps.scheduling.selectors import job_ranks
+from apps.scheduling.selectors import job_ranks, rendezvous_addrs
 from apps.scheduling.snapshot import cluster_snapshot
 from apps.topology.models import Node
 
@@ -377,6 +377,26 @@ def test_a_gpu_missing_from_nvidia_smi_is_unhealthy(nodes, case44):
     assert NodeHealth.objects.get(node__name="node-a").unhealthy_gpus == [
         {"gpu": 5, "reason": "not found by nvidia-smi"}
     ]
+
+
+def test_a_nodes_gpu_indexes_are_read_once_over_several_polls(nodes, case44, monkeypatch):
+    """An agent's inventory is checked against the topology's GPU indexes every sync: they are
+    remembered for longer than a 60 s poll, and read again after GPU_INDEXES_CACHE_S."""
+    clock = [1000.0]
+    monkeypatch.setattr(agent_selectors.time, "monotonic", lambda: clock[0])
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "A100"} for i in range(8)]
+
+    def gpu_reads() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert sync(nodes, gpus=gpus).status_code == 200
+        return sum('FROM "topology_gpu"' in q["sql"] for q in queries.captured_queries)
+
+    assert gpu_reads() == 1
+    for _ in range(4):  # four polls a minute apart
+        clock[0] += 61
+        assert gpu_reads() == 0
+    clock[0] += agent_selectors.GPU_INDEXES_CACHE_S
+    assert gpu_reads() == 1
 
 
 def test_drain_takes_no_new_placements_and_resume_returns_the_node(case44, staff_api, alice, committed):
@@ -935,8 +955,8 @@ def test_remembered_node_tokens_due_are_rechecked_together_in_one_statement(case
 
 
 def test_a_poll_with_work_reads_each_ranks_start_with_the_work(nodes, alice, committed):
-    """The node's work and whether each of its ranks' starts was recorded come in one statement
-    (then the rendezvous address): a started rank is flagged, an exited one is left out."""
+    """The node's work, whether each of its ranks' starts was recorded and the rendezvous address
+    come in one statement: a started rank is flagged, an exited one is left out."""
     job = submit(alice, committed, "j", 16)
     ranks = [r["rank"] for r in sync(nodes).json()["work"][0]["ranks"]]
     first, second, *rest = ranks
@@ -947,8 +967,10 @@ def test_a_poll_with_work_reads_each_ranks_start_with_the_work(nodes, alice, com
     node = Node.objects.get(name="node-a")
     with CaptureQueriesContext(connection) as queries:
         work, stops = agent_selectors.node_work(node=node)
-    assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
     (entry,) = work
+    master = Allocation.objects.get(job=job, generation=1, rank=0).node_name
+    assert entry["master_addr"] == rendezvous_addrs(cluster_id=node.cluster_id, nodes=[master])[master]
     started = {r["rank"]: r["started"] for r in entry["ranks"]}
     assert started == {first: True, **{r: False for r in rest}}
     assert stops == []
