@@ -1,7 +1,7 @@
 """Schemathesis against the served OpenAPI schema, in-process through the WSGI app, as a normal
 user (the coordinator of their account) and as an admin: no 5xx, and every response's status, content type and body conform to the
 schema. Derandomized with a fixed number of examples per operation, so a CI run is repeatable
-and takes a known time (about 2,000 cases: each generated request is sent as both callers)."""
+and takes a known time (about 1,900 generated cases, each sent as both callers)."""
 
 from __future__ import annotations
 
