@@ -222,6 +222,9 @@ WHITENOISE_USE_FINDERS = EMBEDDED or TESTING or DEBUG
 if WHITENOISE_USE_FINDERS:
     # Serving from the finders, a missing collectstatic output folder is expected.
     warnings.filterwarnings("ignore", message="No directory at", category=UserWarning)
+# Tests build many request handlers (each Django test client builds its own): each would list every
+# static file under the finders at its first request. There they are looked up per request instead.
+WHITENOISE_AUTOREFRESH = DEBUG or TESTING
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
