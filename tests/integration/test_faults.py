@@ -131,7 +131,8 @@ class CuttableProxy:
     def stop(self) -> None:
         self.cut()
         self.stopping.set()
-        self.thread.join(timeout=5)
+        if self.thread.ident is not None:  # not started when the stack's start failed first
+            self.thread.join(timeout=5)
 
 
 class Stack:
