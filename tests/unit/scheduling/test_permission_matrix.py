@@ -304,10 +304,8 @@ def world(case44, committed):
     return people, ids, bodies, launcher
 
 
-def client_for(caller: str, people: dict, launcher, *, api: bool, handler) -> APIClient:
-    """A new client for the cell (its own cookies and credentials) on the matrix's one `handler`:
-    a handler builds the site's middleware at its first request, and WhiteNoise's scan of every
-    static file was half the matrix's time when each of its thousand cells built its own."""
+def client_for(caller: str, people: dict, launcher, *, api: bool) -> APIClient:
+    """A new client for the cell (its own cookies and credentials)."""
     if caller == "launcher":
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Launcher {launcher}")
@@ -317,7 +315,6 @@ def client_for(caller: str, people: dict, launcher, *, api: bool, handler) -> AP
         client = APIClient()
         if caller != "anonymous":
             client.force_login(people[caller])
-    client.handler = handler
     return client
 
 
@@ -333,14 +330,13 @@ def answer(response) -> int | str:
 
 def test_permission_matrix(world):
     people, ids, bodies, launcher = world
-    handler = APIClient().handler
     mismatches = {}
     for method, template, body, expected in MATRIX:
         url = template.format(**ids)
         api = url.startswith("/api/")
         for caller in CALLERS:
             cache.clear()
-            client = client_for(caller, people, launcher, api=api, handler=handler)
+            client = client_for(caller, people, launcher, api=api)
             with transaction.atomic():
                 data = copy.deepcopy(bodies[body] if isinstance(body, str) else body)
                 response = getattr(client, method.lower())(
