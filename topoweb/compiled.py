@@ -12,8 +12,9 @@ The shape is the query's structure that the SQL text depends on besides the WHER
 the joins, the columns (`only`, `values_list`, `select_related`), the ordering and the slice. The
 WHERE's own SQL text is part of the key, so a filter of another form (another field, a list of
 another length, a join) is another shape. A query with anything else that writes SQL (annotations
-but a page's COUNT(*), `extra`, a GROUP BY, DISTINCT ON, a combinator, FOR UPDATE, filtered relations) or whose
-parameters are not all the WHERE's is compiled as Django does, every time. Under tests every
+but a page's COUNT(*), `extra`, a GROUP BY, DISTINCT ON, a combinator, FOR UPDATE, filtered
+relations, EXPLAIN) or whose parameters are not all the WHERE's is compiled as Django does, every
+time. Under tests every
 reused statement is compared with a fresh compilation, so a shape the key missed fails there.
 """
 
@@ -69,6 +70,7 @@ def _shape(query: Query) -> tuple | None:
         or query.select_for_update
         or query.subquery
         or query._filtered_relations
+        or query.explain_info
     ):
         return None
     deferred, defer = query.deferred_loading
@@ -79,6 +81,7 @@ def _shape(query: Query) -> tuple | None:
         tuple(query.alias_refcount.items()),
         tuple(str(col) for col in query.select),
         query.values_select,
+        tuple((name, str(expr)) for name, expr in (query.selected or {}).items()),
         frozenset(deferred),
         defer,
         _freeze(query.select_related),

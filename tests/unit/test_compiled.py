@@ -145,3 +145,10 @@ def test_a_statement_kept_for_another_query_fails_the_tests_check(nodes):
     compiled._statements[key] = (sql.replace('"id" =', '"id" <>'), state)
     with pytest.raises(AssertionError, match="compiled_once reused"):
         detail(6)
+
+
+def test_explain_of_a_kept_shape_is_still_an_explain(nodes):
+    shape = Node.objects.filter(pk=1)
+    list(compiled_once(shape))
+    plan = compiled_once(shape).explain()
+    assert plan == shape.explain() and "topology_node" in plan
