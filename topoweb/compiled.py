@@ -44,7 +44,7 @@ def compiled_once(queryset: QuerySet) -> QuerySet:
 
 
 def forget() -> None:
-    """Drop every statement kept (tests; a migration in the same process)."""
+    """Drop every statement kept (for tests that count them)."""
     with _lock:
         _statements.clear()
 
