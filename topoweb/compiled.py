@@ -14,8 +14,8 @@ WHERE's own SQL text is part of the key, so a filter of another form (another fi
 another length, a join) is another shape. A query with anything else that writes SQL (annotations
 but a page's COUNT(*), `extra`, a GROUP BY, DISTINCT ON, a combinator, FOR UPDATE, filtered
 relations, EXPLAIN) or whose parameters are not all the WHERE's is compiled as Django does, every
-time. Under tests every
-reused statement is compared with a fresh compilation, so a shape the key missed fails there.
+time. Under tests every reused statement is compared with a fresh compilation, so a shape the key
+missed fails there.
 """
 
 from __future__ import annotations
