@@ -11,7 +11,7 @@ POST /api/v1/agents/sync/ with wait_s = --poll-s (its heartbeat), and reports ev
 server hands it as started at once (no processes). For each interval of --poll-s (several in
 one run, on the same server and agents: they switch, then spread their polls again), measured:
   - idle: sync requests per second and the web process's CPU share (its utime + stime over the
-    window, from /proc) while every agent waits in its long-poll;
+    window, from /proc) while every agent waits in its long-poll, and Postgres's beside it;
   - placement: --jobs jobs of --job-gpus GPUs submitted one after another; for each, the time
     from placed_at to started_at (every rank reported started), both server timestamps.
 The server's TOPOWEB_AGENT_POLL_S is the longest interval, TOPOWEB_AGENT_DOWN_AFTER_S three times
@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import scratch_db
-from proc_cpu import total_s
+from proc_cpu import cpu_s, named, total_s
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -422,6 +422,11 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
     def cpu() -> float:
         return total_s([master_pid, *worker_pids])
 
+    def db_cpu() -> dict[int, float]:
+        # Every Postgres process of this machine (its backends and its own): the scratch
+        # database's work, and whatever else this machine's Postgres does meanwhile.
+        return {pid: cpu_s(pid) for pid in named("postgres")}
+
     intervals = []
     previous = 0.0
     for n, poll_s in enumerate(args.poll_s):
@@ -431,15 +436,18 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
         await asyncio.sleep(previous + poll_s + 2)
         previous = poll_s
         e0 = agents.errors
-        r0, c0, t0 = agents.requests, cpu(), time.monotonic()
+        r0, c0, d0, t0 = agents.requests, cpu(), db_cpu(), time.monotonic()
         await asyncio.sleep(args.seconds)
-        r1, c1, t1 = agents.requests, cpu(), time.monotonic()
+        r1, c1, d1, t1 = agents.requests, cpu(), db_cpu(), time.monotonic()
+        db_s = sum(t - d0.get(pid, 0.0) for pid, t in d1.items())
         idle = {
             "seconds": round(t1 - t0, 1),
             "sync_requests_per_s": round((r1 - r0) / (t1 - t0), 1),
             "expected_requests_per_s": round(len(nodes) / poll_s, 1),
             "web_cpu_share_of_one_core": round((c1 - c0) / (t1 - t0), 3),
             "web_cpu_ms_per_request": round(1000 * (c1 - c0) / max(r1 - r0, 1), 2),
+            "postgres_cpu_share_of_one_core": round(db_s / (t1 - t0), 3),
+            "postgres_cpu_ms_per_request": round(1000 * db_s / max(r1 - r0, 1), 2),
         }
         print(f"poll {poll_s:g} s, idle: {json.dumps(idle)}", file=sys.stderr, flush=True)
         try:

@@ -464,6 +464,12 @@ except ValueError:
     raise ImproperlyConfigured("TOPOWEB_RANK_LOG_MAX_MB must be a number of MiB") from None
 # Thousands of agents' long-polls each take a connection briefly: a pool instead of one
 # connection per thread (Postgres only; size = TOPOWEB_DB_POOL_MAX).
+# The hot statements (agents' syncs) run prepared on Postgres (topoweb/postgres/prepared.py); off
+# behind a pooler that does not keep prepared statements (PgBouncer before 1.21, transaction mode).
+DB_PREPARED_STATEMENTS = not EMBEDDED and _env_bool("TOPOWEB_DB_PREPARED", True)
+if DB_PREPARED_STATEMENTS:
+    # Django turns psycopg's prepared statements off (None); they are prepared only where asked.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 if _env("TOPOWEB_DB_POOL_MAX") and not EMBEDDED:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False

@@ -4,9 +4,12 @@ counters it carries are one upsert with their rates."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from apps.executors.agents import services as agent_services
 from apps.executors.agents.selectors import node_work, sync_node
@@ -91,3 +94,44 @@ def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeyp
         row = rows[f"mlx5_{i}"]
         assert row.at == t0 + timedelta(seconds=10) and row.tx_bytes_total == 1000 + 10_000 * i
         assert row.tx_Bps == 1000 * i and row.rx_Bps is None  # rx went down: reset, no rate
+
+
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_an_idle_syncs_statements_are_prepared_once_per_connection(
+    cluster, user, tmp_path, settings, prepare
+):
+    """The node's read, its work and the heartbeat's UPDATE are planned once per connection, not
+    on every sync; with TOPOWEB_DB_PREPARED off (a pooler that keeps no prepared statements) they
+    go as Django sends its own, with the same answers."""
+    settings.DB_PREPARED_STATEMENTS = prepare
+    connection.close()  # a connection of its own: nothing prepared on it yet
+    job = services.job_submit(user=user, spec=spec(tmp_path, f"prepared-{prepare}", 8))
+    job.refresh_from_db()
+    (name,) = set(Allocation.objects.filter(job=job, live=True).values_list("node_name", flat=True))
+    node = Node.objects.get(cluster=cluster, name=name)
+    beat = agent_services.Heartbeat(version="1.0", addr="10.1.2.3")
+    agent_services.agent_heartbeat(node=node, beat=beat)
+    answers = []
+    for _ in range(3):
+        NodeHealth.objects.filter(node=node).update(last_seen=timezone.now() - timedelta(hours=1))
+        got, agent, work = sync_node(node_id=node.pk, with_work=True)
+        answers.append((got.name, agent.addr, work))
+        agent_services.agent_heartbeat(node=node, beat=beat, agent=agent)  # stale: written
+    assert answers[0] == answers[1] == answers[2]
+    work, stops = answers[0][2]
+    assert [(w["job"], len(w["ranks"]), w["master_addr"]) for w in work] == [(job.pk, 8, "10.1.2.3")]
+    assert NodeHealth.objects.get(node=node).last_seen > timezone.now() - timedelta(minutes=1)
+    statements = _prepared_statements()
+    if not prepare:
+        assert statements == []
+        return
+    # Each once, however many syncs: the node and agent row, the work, the heartbeat.
+    assert sorted(s.split()[0] for s in statements) == ["SELECT", "SELECT", "UPDATE"], statements
+    assert any('"scheduling_nodeagent" a ON a.node_id' in s for s in statements)
+    assert any("UNION ALL" in s for s in statements)

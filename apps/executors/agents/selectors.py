@@ -18,6 +18,7 @@ from apps.scheduling.choices import JobStatus, RankState
 from apps.scheduling.models import Allocation, Job, NodeHealth, RankRun
 from apps.scheduling.selectors import master_port
 from apps.topology.models import Cluster, Gpu, Nic, Node
+from topoweb.postgres.prepared import fetch_all
 
 from ..models import ClusterExecutor
 
@@ -109,14 +110,15 @@ Work = tuple[list[dict[str, Any]], list[list[int]]]
 def sync_node(*, node_id: int, with_work: bool = False) -> tuple[Node | None, NodeHealth | None, Work | None]:
     """The node `node_id` (None if it no longer exists), its agent row (None: never had one) and,
     `with_work`, its `node_work` (else None), in one round trip: every agent asks this every poll
-    (on Postgres both statements go in one message; SQLite reads them one after the other). The
+    (on Postgres both statements go together, prepared: `topoweb.postgres.prepared`; SQLite reads
+    them one after the other). The
     node comes bare (id, name, cluster); the agent row carries this server's id for the cluster
     (`server_id`, None when the cluster has no executor row yet) and the cluster's name
     (`cluster_name`)."""
     statements = [(_sync_node_sql(), [node_id])]
     if with_work:
         statements.append((_work_sql(), _work_params(node_id)))
-    results = _fetch_all(statements)
+    results = fetch_all(statements)
     row = results[0][0] if results[0] else None
     if row is None:
         return None, None, None
@@ -134,25 +136,6 @@ def sync_node(*, node_id: int, with_work: bool = False) -> tuple[Node | None, No
     agent = NodeHealth.from_db(connection.alias, fields, values)
     agent.server_id, agent.cluster_name = server_id, cluster_name
     return node, agent, work
-
-
-def _fetch_all(statements: list[tuple[str, list[Any]]]) -> list[list[tuple]]:
-    """The rows of each statement, sent in one message where the database takes several (Postgres,
-    its parameters bound by the client): one round trip instead of one each."""
-    with connection.cursor() as cursor:
-        if connection.vendor != "postgresql" or len(statements) == 1:
-            results = []
-            for sql, params in statements:
-                cursor.execute(sql, params)
-                results.append(cursor.fetchall())
-            return results
-        cursor.execute(
-            "; ".join(sql for sql, _ in statements), [p for _, params in statements for p in params]
-        )
-        results = [cursor.fetchall()]
-        while cursor.nextset():
-            results.append(cursor.fetchall())
-    return results
 
 
 @functools.cache
@@ -253,7 +236,7 @@ def node_work(*, node: Node) -> Work:
     requeued or is migrating. The agent stops each, or reports it gone when it has no trace of
     it; the GPU is released once the exit is reported."""
     # Every agent asks this every poll: one statement written once, not an ORM query built each time.
-    return _work_of(node, _fetch_all([(_work_sql(), _work_params(node.pk))])[0])
+    return _work_of(node, fetch_all([(_work_sql(), _work_params(node.pk))])[0])
 
 
 def _work_params(node_id: int) -> list[Any]:

@@ -41,6 +41,7 @@ from apps.scheduling.node_models import new_node_key, node_key_hash
 from apps.scheduling.nodes import node_down, node_fenced
 from apps.scheduling.selectors import rank_log_max_bytes
 from apps.topology.models import Cluster, Gpu, Node
+from topoweb.postgres import prepared
 
 from ..models import ClusterExecutor
 from .selectors import node_gpu_indexes
@@ -221,21 +222,21 @@ def agent_heartbeat(
 
 def _write_heartbeat(pk: int, fields: dict[str, Any], now: datetime) -> None:
     """UPDATE the agent row `pk` with `fields`; a down node is up again since `now` (its reason
-    cleared). One statement written once per set of fields: thousands of agents beat each minute."""
+    cleared). One statement written once per set of fields, prepared: thousands of agents beat
+    each minute."""
     names = tuple(fields)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _heartbeat_sql(names),
-            [
-                *(NodeHealth._meta.get_field(n).get_db_prep_save(fields[n], connection) for n in names),
-                NodeState.DOWN.value,
-                NodeState.UP.value,
-                NodeState.DOWN.value,
-                NodeState.DOWN.value,
-                NodeHealth._meta.get_field("state_since").get_db_prep_save(now, connection),
-                pk,
-            ],
-        )
+    prepared.execute(
+        _heartbeat_sql(names),
+        [
+            *(NodeHealth._meta.get_field(n).get_db_prep_save(fields[n], connection) for n in names),
+            NodeState.DOWN.value,
+            NodeState.UP.value,
+            NodeState.DOWN.value,
+            NodeState.DOWN.value,
+            NodeHealth._meta.get_field("state_since").get_db_prep_save(now, connection),
+            pk,
+        ],
+    )
 
 
 @functools.cache
