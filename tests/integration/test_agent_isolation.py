@@ -184,7 +184,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
         # The next job runs on a lease no busy machine's slow sync can outlast (a 2 s one fenced it
         # at load 15); the agent takes it from its next answer.
         settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
-        wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=60, what="the next job")
+        wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=120, what="the next job")
     assert not use.violations, use.violations
     assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
     # The fenced ranks took their 2 s checkpoint first: the next job came after their end.
@@ -222,7 +222,9 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
             # it at load 15); the agent takes it from its first answer once healed.
             settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
             proxy.heal()
-            wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=60, what="the next job")
+            wait_for(
+                status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=120, what="the next job"
+            )
     finally:
         proxy.close()
     assert not use.violations, use.violations
