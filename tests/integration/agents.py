@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The agent's log line when its lease ends and it stops its ranks (not merely the word, which a
+# test's temporary directory in the same log may hold: "test_a_fenced_rank_...").
+FENCED = "fenced: no contact with"
 ENV_KEYS = (
     "RANK",
     "LOCAL_RANK",

@@ -18,7 +18,7 @@ from apps.scheduling.models import RankRun
 from apps.scheduling.selectors import job_ranks
 
 from . import test_agent_isolation as isolation
-from .agents import TcpProxy, cgroups_writable
+from .agents import FENCED, TcpProxy, cgroups_writable
 from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
 from .test_scheduling_postgres import wait_for
 
@@ -119,7 +119,7 @@ def test_a_fenced_rank_requeues_a_requeue_job_instead_of_failing_it(
         job = services.job_submit(user=user, spec=body)
         wait_for(status_is(job, JobStatus.RUNNING), what="running")
         proxy.cut()
-        wait_for(lambda: "fenced" in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
+        wait_for(lambda: FENCED in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
         # The job runs again on a lease no busy machine's slow sync outlasts (a 2 s one fenced the
         # new generation too at load 11 on a slow machine); the agent takes it from its next answer.
         settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0

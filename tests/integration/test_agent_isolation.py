@@ -25,7 +25,7 @@ from apps.scheduling.models import NodeHealth, RankRun, UnixAccount
 from apps.scheduling.selectors import job_ranks
 from apps.topology.models import Node
 
-from .agents import TcpProxy, cgroups_writable, gpu_use_watch, recorded
+from .agents import FENCED, TcpProxy, cgroups_writable, gpu_use_watch, recorded
 from .test_agents import agents, cluster, eager_cycles, spec, status_is, user  # noqa: F401
 from .test_scheduling_postgres import wait_for
 
@@ -180,7 +180,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
         finally:
             os.kill(agent.pid, signal.SIGCONT)
         log = tmp_path / "agent-node-a.out"
-        wait_for(lambda: "fenced" in log.read_text(), timeout_s=30, what="the agent to fence its ranks")
+        wait_for(lambda: FENCED in log.read_text(), timeout_s=30, what="the agent to fence its ranks")
         # The next job runs on a lease no busy machine's slow sync can outlast (a 2 s one fenced it
         # at load 15); the agent takes it from its next answer.
         settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
@@ -212,7 +212,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
             job = services.job_submit(user=user, spec=body)
             wait_for(status_is(job, JobStatus.RUNNING), what="running")
             proxy.cut()
-            wait_for(lambda: "fenced" in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
+            wait_for(lambda: FENCED in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
             # No other node answers: the server does not blame the node; its GPUs stay booked.
             assert agent_services.nodes_check(cluster=cluster)["down"] == []
             nxt = services.job_submit(user=user, spec=spec(tmp_path, "after", 8, BEHAVIOUR="exit"))
