@@ -230,6 +230,48 @@ class Agents:
         base = Path("/sys/fs/cgroup")
         return [d for d in base.glob(f"*/{self.cgroup_name}")] + [d for d in base.glob(self.cgroup_name)]
 
+    def explain(self) -> str:
+        """What a failed wait should show: each rank cgroup (freezer state, its processes with
+        their state and parent, from /proc), each rank record's files and each agent's last log
+        lines."""
+        lines = []
+        for top in self.cgroup_dirs():
+            for d in sorted(p for p in top.rglob("*") if p.is_dir()):
+                state = d / "freezer.state"
+                frozen = state.read_text().strip() if state.exists() else "-"
+                try:
+                    pids = (d / "cgroup.procs").read_text().split()
+                except OSError:
+                    pids = []
+                procs = []
+                for pid in pids:
+                    try:
+                        status = dict(
+                            line.split(":\t", 1)
+                            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                            if ":\t" in line
+                        )
+                        procs.append(
+                            f"{pid} {status.get('Name')} {status.get('State')} ppid {status.get('PPid')}"
+                        )
+                    except OSError as exc:
+                        procs.append(f"{pid} ({exc.strerror})")
+                lines.append(f"cgroup {d.relative_to(top.parent)} [{frozen}]: {'; '.join(procs) or 'empty'}")
+        for record in sorted(self.tmp.glob("state-*/job-*")):
+            files = sorted(p.name for p in record.iterdir()) if record.is_dir() else []
+            exit_file = record / "exit"
+            lines.append(
+                f"record {record.relative_to(self.tmp)}: {files}"
+                + (f" exit {exit_file.read_text()}" if exit_file.exists() else "")
+            )
+        for node in self.procs:
+            log = self.tmp / f"agent-{node}.out"
+            if log.exists():
+                lines += [
+                    f"agent {node}: {line}" for line in log.read_text(errors="replace").splitlines()[-25:]
+                ]
+        return "\n".join(lines)
+
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -137,6 +137,7 @@ def test_a_fenced_rank_requeues_a_requeue_job_instead_of_failing_it(
             .exists(),
             timeout_s=60,
             what="both fenced ranks' exits reported",
+            explain=agents.explain,
         )
         assert set(RankRun.objects.filter(job=job, generation=1).values_list("exit_cause", flat=True)) == {
             ExitCause.FENCED

@@ -94,15 +94,16 @@ def celery_workers(count: int, log_dir: Path):
             log.close()
 
 
-def wait_for(predicate, *, timeout_s: float = 30.0, what: str = "condition"):
-    """Poll `predicate` every 50 ms until it returns something truthy; fail after `timeout_s`."""
+def wait_for(predicate, *, timeout_s: float = 30.0, what: str = "condition", explain=None):
+    """Poll `predicate` every 50 ms until it returns something truthy; fail after `timeout_s`
+    (with what `explain()` returns, when given: the state to look at)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}" + (f"\n{explain()}" if explain else ""))
 
 
 def api_for(user) -> APIClient:
