@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import scratch_db
-from proc_cpu import cpu_s, named, total_s
+from proc_cpu import named, snapshot, spent_s, total_s
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -425,7 +425,7 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
     def db_cpu() -> dict[int, float]:
         # Every Postgres process of this machine (its backends and its own): the scratch
         # database's work, and whatever else this machine's Postgres does meanwhile.
-        return {pid: cpu_s(pid) for pid in named("postgres")}
+        return snapshot(named("postgres"))
 
     intervals = []
     previous = 0.0
@@ -439,7 +439,7 @@ async def measure(args, url, token, keys, nodes, master_pid, worker_pids, env) -
         r0, c0, d0, t0 = agents.requests, cpu(), db_cpu(), time.monotonic()
         await asyncio.sleep(args.seconds)
         r1, c1, d1, t1 = agents.requests, cpu(), db_cpu(), time.monotonic()
-        db_s = sum(t - d0.get(pid, 0.0) for pid, t in d1.items())
+        db_s = spent_s(d0, d1)
         idle = {
             "seconds": round(t1 - t0, 1),
             "sync_requests_per_s": round((r1 - r0) / (t1 - t0), 1),

@@ -134,15 +134,13 @@ def cpu_parts(procs: dict[str, list[int]]) -> dict[str, dict[int, float]]:
     parts = {name: proc_cpu.tree(pids) for name, pids in procs.items()}
     parts |= {"postgres": proc_cpu.named("postgres"), "redis": proc_cpu.named("redis-server")}
     parts["client"] = {os.getpid()}
-    return {name: {pid: proc_cpu.cpu_s(pid) for pid in pids} for name, pids in parts.items()}
+    return {name: proc_cpu.snapshot(pids) for name, pids in parts.items()}
 
 
 def cpu_ms_per(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]], n: int) -> dict:
     """CPU ms per one of `n` (jobs) of each part between two `cpu_parts`, and their total."""
     out = {
-        name: round(
-            sum(t - before.get(name, {}).get(pid, 0.0) for pid, t in now.items()) * 1000.0 / max(n, 1), 2
-        )
+        name: round(proc_cpu.spent_s(before.get(name, {}), now) * 1000.0 / max(n, 1), 2)
         for name, now in after.items()
     }
     out["total"] = round(sum(out.values()), 2)

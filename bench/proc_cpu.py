@@ -51,3 +51,14 @@ def named(command: str) -> set[int]:
 def total_s(pids: Iterable[int]) -> float:
     """The CPU seconds of `pids` together."""
     return sum(cpu_s(pid) for pid in pids)
+
+
+def snapshot(pids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds of each of `pids` now, for `spent_s` later."""
+    return {pid: cpu_s(pid) for pid in pids}
+
+
+def spent_s(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes of `after` spent since `before` (a process absent from `before`
+    started meanwhile: all of its time counts)."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())

@@ -111,10 +111,9 @@ def sync_node(*, node_id: int, with_work: bool = False) -> tuple[Node | None, No
     """The node `node_id` (None if it no longer exists), its agent row (None: never had one) and,
     `with_work`, its `node_work` (else None), in one round trip: every agent asks this every poll
     (on Postgres both statements go together, prepared: `topoweb.postgres.prepared`; SQLite reads
-    them one after the other). The
-    node comes bare (id, name, cluster); the agent row carries this server's id for the cluster
-    (`server_id`, None when the cluster has no executor row yet) and the cluster's name
-    (`cluster_name`)."""
+    them one after the other). The node comes bare (id, name, cluster); the agent row carries
+    this server's id for the cluster (`server_id`, None when the cluster has no executor row yet)
+    and the cluster's name (`cluster_name`)."""
     statements = [(_sync_node_sql(), [node_id])]
     if with_work:
         statements.append((_work_sql(), _work_params(node_id)))
