@@ -201,6 +201,9 @@ class LocalRank:
     cause: str = ""
     # Its shim is gone without an exit file while the rank's cgroup still holds processes.
     shim_lost: bool = False
+    # Its shim is being started (`Agent._start` awaits it): a stop begun meanwhile (a fence) finds
+    # no process yet, and must wait for it rather than take the rank for gone.
+    starting: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
@@ -1075,6 +1078,7 @@ class Agent:
             spec["env"] = clean_env(plan.env, home=account.home, user=account.name)
             spec_file = local.record / "spec.json"
             write_atomic(spec_file, json.dumps(spec))
+            local.starting = True
             local.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",
@@ -1093,6 +1097,8 @@ class Agent:
                 local.cgroup.remove()
             return
         finally:
+            # Started, refused or cancelled: no await comes before `proc` is kept below.
+            local.starting = False
             os.close(fd)
         local.shim_pid = local.proc.pid
         local.shim_start = process_start(local.shim_pid)
@@ -1266,10 +1272,12 @@ class Agent:
         (cgroup.kill, or freeze and SIGKILL). The rank is stopped once its main process exited
         and its cgroup is empty: an empty cgroup alone may be a rank the shim forked a moment ago
         that has not joined it yet, and each process that joins later gets its SIGTERM too
-        (once: a rank's SIGTERM handler, a checkpoint, runs once)."""
+        (once: a rank's SIGTERM handler, a checkpoint, runs once). A stop begun while the rank's
+        shim is being started (a fence then) waits for the shim: until it exists there is no main
+        process whose exit could be known."""
         deadline = time.monotonic() + local.stop_grace_s
         termed: set[int] = set()
-        while not (self._gone(local) and self._main_exit(local) is not None):
+        while local.starting or not (self._gone(local) and self._main_exit(local) is not None):
             if time.monotonic() < deadline:
                 termed |= self._signal(local, signal.SIGTERM, skip=termed)
             else:
