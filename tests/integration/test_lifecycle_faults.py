@@ -125,8 +125,12 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
     the job back to the queue (fenced is not the job's own failure). A /proc watcher checks every 0.1 s that no job ever has live processes of two
     generations."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
-    # The server's fence deadline (last_seen + 13.5 s with the figures above) can come before the
+    # The lease: longer than a loaded machine's slowest answer (a 2 s one ran out before the
+    # first answer arrived at load 12, and the agent fenced the job before it was frozen); the
+    # agent stays frozen longer than it, so that it fences when thawed.
+    lease_s = 10.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = lease_s
+    # The server's fence deadline (last_seen + 29.5 s with the figures above) can come before the
     # checks below end on a loaded machine, and then the server, not the thawed agent, ends the
     # ranks. A wider margin (server side only: the agent's lease is unchanged) leaves the agent
     # to fence first, however slow the machine.
@@ -141,6 +145,7 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
         node = job_ranks(job=job)[0]["node"]
         other = "node-b" if node == "node-a" else "node-a"
         agents.procs[node].send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
         try:
             cluster = job.cluster
             wait_for(
@@ -154,6 +159,7 @@ def test_a_job_behind_a_frozen_agent_is_left_running_until_its_agent_fences_it(
                 job.refresh_from_db()
                 assert job.status == JobStatus.RUNNING and job.generation == 1
                 time.sleep(0.2)
+            time.sleep(max(0.0, frozen_at + lease_s + 1.0 - time.monotonic()))
         finally:
             agents.procs[node].send_signal(signal.SIGCONT)
         # Thawed: the agent fences its ranks (grace 3 s, then SIGKILL) and reports their exits.
