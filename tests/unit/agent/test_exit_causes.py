@@ -19,7 +19,7 @@ import pytest
 from apps.agent.env import RankPlan
 from apps.agent.runner import LOST_EXIT, Agent, RankStatus, process_start
 
-from .test_stop import _cgroups, run_loop
+from .test_stop import _cgroups, make_agent, run_loop
 
 KEY = (4, 1, 0)
 PLAN = RankPlan(rank=0, local_rank=0, gpu=0, env={"CUDA_VISIBLE_DEVICES": "0"})
@@ -38,19 +38,6 @@ def cgroups():
             if child.is_dir():
                 child.rmdir()
         parent.rmdir()
-
-
-def make_agent(tmp_path: Path, cgroups=None, **kw) -> Agent:
-    return Agent(
-        server="http://topoweb",
-        node="n",
-        token="k",
-        log_dir=tmp_path / "logs",
-        cgroups=cgroups,
-        single_user=True,
-        allow_root=True,
-        **kw,
-    )
 
 
 def prepare(agent: Agent) -> None:

@@ -26,6 +26,20 @@ def run_loop(main):
         return pool.submit(lambda: asyncio.run(main())).result()
 
 
+def make_agent(tmp_path: Path, cgroups=None, **kw) -> Agent:
+    """A single-user agent (ranks run as this user, root allowed) logging under `tmp_path`."""
+    return Agent(
+        server="http://topoweb",
+        node="n",
+        token="k",
+        log_dir=tmp_path / "logs",
+        cgroups=cgroups,
+        single_user=True,
+        allow_root=True,
+        **kw,
+    )
+
+
 class LateCgroup:
     """A rank cgroup the rank's process joins only when `joined` is set, as when the shim forked
     the rank but the child has not yet written itself to cgroup.procs."""
@@ -94,24 +108,22 @@ def _cgroups(name: str):
         return None
 
 
-def test_a_rank_stopped_the_moment_it_was_started_does_not_run_on(tmp_path: Path):
-    """A real rank under its shim and cgroup, stopped right after the agent started it (its job
-    failed meanwhile): the stop waits for the shim's child to join the cgroup and stops it, so
-    the rank's exit is reported within its grace period rather than when it ends by itself."""
-    cgroups = _cgroups(f"topoweb-unit-{os.getpid()}")
+def _required_cgroups(name: str):
+    """`_cgroups(name)`, or the test is skipped (failed on CI, which runs as root with them)."""
+    cgroups = _cgroups(name)
     if cgroups is None:
         if os.environ.get("CI"):
             pytest.fail("CI runs as root with a writable cgroup hierarchy")
         pytest.skip("needs root and a writable cgroup hierarchy")
-    agent = Agent(
-        server="http://topoweb",
-        node="n",
-        token="k",
-        log_dir=tmp_path / "logs",
-        cgroups=cgroups,
-        single_user=True,
-        allow_root=True,
-    )
+    return cgroups
+
+
+def test_a_rank_stopped_the_moment_it_was_started_does_not_run_on(tmp_path: Path):
+    """A real rank under its shim and cgroup, stopped right after the agent started it (its job
+    failed meanwhile): the stop waits for the shim's child to join the cgroup and stops it, so
+    the rank's exit is reported within its grace period rather than when it ends by itself."""
+    cgroups = _required_cgroups(f"topoweb-unit-{os.getpid()}")
+    agent = make_agent(tmp_path, cgroups)
     key = (1, 0, 0)
     entry = {"command": ["sleep", "60"], "stop_grace_s": 5}
     plan = RankPlan(rank=0, local_rank=0, gpu=0, env={"CUDA_VISIBLE_DEVICES": "0"})
@@ -151,20 +163,8 @@ def test_a_rank_fenced_while_its_shim_is_being_started_is_stopped_once_it_exists
 
     cgroups = None
     if tracking == "cgroup":
-        cgroups = _cgroups(f"topoweb-unit-fence-{os.getpid()}")
-        if cgroups is None:
-            if os.environ.get("CI"):
-                pytest.fail("CI runs as root with a writable cgroup hierarchy")
-            pytest.skip("needs root and a writable cgroup hierarchy")
-    agent = Agent(
-        server="http://topoweb",
-        node="n",
-        token="k",
-        log_dir=tmp_path / "logs",
-        cgroups=cgroups,
-        single_user=True,
-        allow_root=True,
-    )
+        cgroups = _required_cgroups(f"topoweb-unit-fence-{os.getpid()}")
+    agent = make_agent(tmp_path, cgroups)
     key = (1, 1, 1)
     plan = RankPlan(rank=1, local_rank=1, gpu=1, env={"CUDA_VISIBLE_DEVICES": "1"})
     spawn = asyncio.create_subprocess_exec
@@ -237,11 +237,7 @@ def test_a_rank_without_a_record_whose_cgroup_holds_processes_is_stopped_before_
     was lost while it ran): they are stopped first, and only then is the rank reported gone."""
     from apps.agent import runner
 
-    cgroups = _cgroups(f"topoweb-unit-orphan-{os.getpid()}")
-    if cgroups is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root with a writable cgroup hierarchy")
-        pytest.skip("needs root and a writable cgroup hierarchy")
+    cgroups = _required_cgroups(f"topoweb-unit-orphan-{os.getpid()}")
     monkeypatch.setattr(runner, "ORPHAN_GRACE_S", 0.5)
     agent = Agent(server="http://topoweb", node="n", token="k", log_dir=tmp_path, cgroups=cgroups)
     group = cgroups.create("job-5-gen-1-rank-3")
@@ -277,11 +273,7 @@ def test_a_rank_without_a_record_whose_cgroup_holds_processes_is_stopped_before_
 
 def test_a_ranks_cgroup_caps_its_processes_so_a_fork_bomb_stops_there(tmp_path: Path):
     """pids.max on the rank's cgroup: a rank that forks 60 children gets at most the limit."""
-    cgroups = _cgroups(f"topoweb-unit-pids-{os.getpid()}")
-    if cgroups is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root with a writable cgroup hierarchy")
-        pytest.skip("needs root and a writable cgroup hierarchy")
+    cgroups = _required_cgroups(f"topoweb-unit-pids-{os.getpid()}")
     group = cgroups.create("job-7-gen-1-rank-0")
     try:
         assert group.limit_pids(20)
