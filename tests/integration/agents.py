@@ -230,6 +230,13 @@ class Agents:
         base = Path("/sys/fs/cgroup")
         return [d for d in base.glob(f"*/{self.cgroup_name}")] + [d for d in base.glob(self.cgroup_name)]
 
+    def lease_s(self, node: str) -> float | None:
+        """The lease the agent of `node` took from its last answer (its lease.json), or None."""
+        try:
+            return float(json.loads((self.tmp / f"state-{node}" / "lease.json").read_text())["fence_after_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def explain(self) -> str:
         """What a failed wait should show: each rank cgroup (freezer state, its processes with
         their state and parent, from /proc), each rank record's files and each agent's last log

@@ -108,7 +108,7 @@ def test_a_fenced_rank_requeues_a_requeue_job_instead_of_failing_it(
     from urllib.parse import urlsplit
 
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 120.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = isolation.LONG_LEASE_S
     isolation._drain_other(cluster, "node-a")
     where = urlsplit(live_server.url)
     proxy = TcpProxy((where.hostname, where.port))
@@ -118,11 +118,12 @@ def test_a_fenced_rank_requeues_a_requeue_job_instead_of_failing_it(
         body = {**spec(tmp_path, "fenced", 2, BEHAVIOUR="sleep", SLEEP_S="120"), "requeue": True}
         job = services.job_submit(user=user, spec=body)
         wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        isolation.shorten_lease(agents, settings, "node-a")
         proxy.cut()
         wait_for(lambda: FENCED in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
         # The job runs again on a lease no busy machine's slow sync outlasts (a 2 s one fenced the
         # new generation too at load 11 on a slow machine); the agent takes it from its next answer.
-        settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
+        settings.TOPOWEB_AGENT_FENCE_AFTER_S = isolation.LONG_LEASE_S
         proxy.heal()
         # Each step waits on a sync, a cycle or a rank's start: generous at load 15.
         wait_for(lambda: job_requeued(job), timeout_s=60, what="the job to be requeued")

@@ -52,6 +52,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# Until the job under test runs, a lease no loaded machine's slow answer outlasts: at load 12 the
+# agent's first answer came 5 s after its request left, and a 2 s lease from it fenced the job
+# before the fault the test injects.
+LONG_LEASE_S = 120.0
+
+
+def shorten_lease(agents, settings, node: str, lease_s: float = 2.0) -> None:
+    """Give the agents `lease_s` from now on, and wait until `node`'s agent took it from an answer."""
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = lease_s
+    wait_for(
+        lambda: agents.lease_s(node) == lease_s, what=f"node {node}'s agent to take a {lease_s:g} s lease"
+    )
+
+
 def _drain_other(cluster, keep: str) -> None:
     """Only node `keep` takes placements (the others drained)."""
     for node in Node.objects.filter(cluster=cluster).exclude(name=keep):
@@ -161,13 +175,14 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
     finds its lease expired and stops its ranks (they ignore SIGTERM for 2 s); the node's GPUs
     take new work only after it reported them gone."""
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = LONG_LEASE_S
     _drain_other(cluster, "node-a")
     agent = agents.start("node-a")
     with gpu_use_watch(tmp_path) as use:
         body = {**spec(tmp_path, "cut-off", 8, BEHAVIOUR="stubborn", STUBBORN_S="2"), "stop_grace_s": 5}
         job = services.job_submit(user=user, spec=body)
         wait_for(status_is(job, JobStatus.RUNNING), what="running")
+        shorten_lease(agents, settings, "node-a")
         os.kill(agent.pid, signal.SIGSTOP)
         try:
             time.sleep(3.0)
@@ -183,7 +198,7 @@ def test_a_partitioned_agent_is_fenced_and_its_gpus_reused_only_after(
         wait_for(lambda: FENCED in log.read_text(), timeout_s=30, what="the agent to fence its ranks")
         # The next job runs on a lease no busy machine's slow sync can outlast (a 2 s one fenced it
         # at load 15); the agent takes it from its next answer.
-        settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
+        settings.TOPOWEB_AGENT_FENCE_AFTER_S = LONG_LEASE_S
         wait_for(status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=120, what="the next job")
     assert not use.violations, use.violations
     assert nxt.status == JobStatus.COMPLETED, nxt.pending_reason
@@ -200,7 +215,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
     from urllib.parse import urlsplit
 
     settings.TOPOWEB_AGENT_DOWN_AFTER_S = 3.0
-    settings.TOPOWEB_AGENT_FENCE_AFTER_S = 2.0
+    settings.TOPOWEB_AGENT_FENCE_AFTER_S = LONG_LEASE_S
     _drain_other(cluster, "node-a")
     where = urlsplit(live_server.url)
     proxy = TcpProxy((where.hostname, where.port))
@@ -211,6 +226,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
             body = {**spec(tmp_path, "cut", 8, BEHAVIOUR="stubborn", STUBBORN_S="1"), "stop_grace_s": 5}
             job = services.job_submit(user=user, spec=body)
             wait_for(status_is(job, JobStatus.RUNNING), what="running")
+            shorten_lease(agents, settings, "node-a")
             proxy.cut()
             wait_for(lambda: FENCED in log.read_text(), timeout_s=15, what="the agent to fence its ranks")
             # No other node answers: the server does not blame the node; its GPUs stay booked.
@@ -220,7 +236,7 @@ def test_a_partition_by_a_cut_connection_fences_the_ranks(
             assert nxt.status == JobStatus.QUEUED
             # The next job runs on a lease no busy machine's slow sync can outlast (a 2 s one fenced
             # it at load 15); the agent takes it from its first answer once healed.
-            settings.TOPOWEB_AGENT_FENCE_AFTER_S = 120.0
+            settings.TOPOWEB_AGENT_FENCE_AFTER_S = LONG_LEASE_S
             proxy.heal()
             wait_for(
                 status_is(nxt, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=120, what="the next job"
