@@ -189,7 +189,6 @@ def test_a_rank_fenced_while_its_shim_is_being_started_is_stopped_once_it_exists
         await asyncio.wait_for(asyncio.gather(*local.tasks), timeout=10.0)
         return local
 
-    local = None
     try:
         local = run_loop(start)
         report = agent.outbox[(*key, "exited")]
