@@ -289,6 +289,31 @@ def process_start(pid: int | None) -> str:
     return f"{BOOT_ID}:{start}"
 
 
+def running_shims() -> dict[str, int]:
+    """This agent's user's live shims, by the spec file each runs (`python -I .../shim.py SPEC`,
+    of this or an earlier install). A shim's child has the same command line until it execs the
+    rank: of such a pair, the parent."""
+    me = os.geteuid()
+    found: dict[str, set[int]] = {}
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != me:
+                continue
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+            at = next((i for i, arg in enumerate(argv[:-2]) if arg.endswith(f"/{SHIM.name}")), None)
+            if at is None:
+                continue
+            pid = int(entry.name)
+            parents[pid] = int(_stat_fields(pid)[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        found.setdefault(os.path.realpath(argv[at + 1]), set()).add(pid)
+    return {spec: min(pids, key=lambda p: parents[p] in pids) for spec, pids in found.items()}
+
+
 def _group_alive(pgid: int | None) -> bool:
     if not pgid:
         return False
@@ -1113,6 +1138,7 @@ class Agent:
     def _adopt(self) -> None:
         """Take back the ranks recorded in the state directory (after a crash or a restart):
         live ones run on, exits that happened meanwhile are reported."""
+        shims: dict[str, int] | None = None
         for path in sorted(self.state_dir.glob("job-*-gen-*-rank-*/rank.json")):
             try:
                 data = json.loads(path.read_text())
@@ -1142,33 +1168,23 @@ class Agent:
                 # nothing of the rank is left under that pid or its process group.
                 log.info("rank %s: its shim's pid %s now names another process", local.name, local.shim_pid)
                 local.shim_pid = None
-            if local.shim_pid is None and cgroup is not None and not cgroup.empty():
-                # Its agent died between starting the shim and recording it: found by its cgroup.
-                local.shim_pid = self._find_shim(local)
-                local.shim_start = process_start(local.shim_pid)
-                log.info("rank %s: re-adopted through its cgroup (shim %s)", local.name, local.shim_pid)
-                with contextlib.suppress(OSError):
-                    self._save(local)
+            if local.shim_pid is None:
+                # Its agent died between starting the shim and recording it. The shim may not
+                # have forked the rank yet, or the rank not joined its cgroup: the shim is found
+                # by the spec file it runs, not through the cgroup.
+                if shims is None:
+                    shims = running_shims()
+                local.shim_pid = shims.get(os.path.realpath(path.parent / "spec.json"))
+                if local.shim_pid is not None:
+                    local.shim_start = process_start(local.shim_pid)
+                    log.info("rank %s: re-adopted by its running shim %s", local.name, local.shim_pid)
+                    with contextlib.suppress(OSError):
+                        self._save(local)
             self.ranks[key] = local
             live = (cgroup is not None and not cgroup.empty()) or _alive(local.shim_pid)
             log.info("re-adopted rank %s (%s)", local.name, "running" if live else "exited meanwhile")
             self._report(key, "started", **({"pid": local.shim_pid} if local.shim_pid else {}))
             local.tasks.append(asyncio.ensure_future(self._watch(local)))
-
-    def _find_shim(self, local: LocalRank) -> int | None:
-        """The shim of a rank recorded without one: the parent, outside the cgroup, of a process
-        in it, running this rank's spec file (None when it is gone)."""
-        pids = local.cgroup.pids() if local.cgroup is not None else set()
-        spec = str(local.record / "spec.json").encode()
-        for pid in sorted(pids):
-            try:
-                parent = int(_stat_fields(pid)[1])
-                argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent not in pids and parent > 1 and spec in argv and str(SHIM).encode() in argv:
-                return parent
-        return None
 
     # -- watching and stopping -----------------------------------------------------------------
     def _exit_file(self, local: LocalRank) -> int | None:

@@ -167,7 +167,7 @@ def test_a_second_agent_on_the_same_state_directory_exits_at_once(agents, tmp_pa
     assert agents.procs["node-a"].poll() is None
 
 
-def test_a_rank_recorded_without_its_shim_is_re_adopted_through_its_cgroup(
+def test_a_rank_recorded_without_its_shim_is_re_adopted_by_its_running_shim(
     agents,  # noqa: F811
     user,  # noqa: F811
     tmp_path,
@@ -186,5 +186,5 @@ def test_a_rank_recorded_without_its_shim_is_re_adopted_through_its_cgroup(
     wait_for(status_is(job, JobStatus.COMPLETED, JobStatus.FAILED), timeout_s=30, what="the job to end")
     assert job.status == JobStatus.COMPLETED, job.pending_reason
     assert set(RankRun.objects.filter(job=job).values_list("state", "exit_code")) == {(RankState.EXITED, 0)}
-    assert "re-adopted through its cgroup" in (tmp_path / f"agent-{node}.out").read_text()
+    assert "re-adopted by its running shim" in (tmp_path / f"agent-{node}.out").read_text()
     assert os.path.exists(tmp_path / f"state-{node}" / "identity.json")

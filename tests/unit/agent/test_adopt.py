@@ -1,18 +1,24 @@
 """Re-adopting recorded ranks: a recorded shim pid that now names another process (a reboot, or
-the pid reused) is not taken for the rank's shim, and that process is left alone."""
+the pid reused) is not taken for the rank's shim, and that process is left alone; a record without
+its shim's pid is re-adopted by the shim running its spec file."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from apps.agent.runner import LOST_EXIT, Agent, RankStatus, process_start
+from apps.agent.runner import LOST_EXIT, SHIM, Agent, RankStatus, _stat_fields, process_start
 
-from .test_stop import run_loop
+from .test_exit_causes import cleanup, prepare, wait_exited
+from .test_stop import _required_cgroups, make_agent, run_loop
 
 KEY = (7, 1, 3)
 
@@ -99,3 +105,100 @@ def test_a_re_adopted_rank_ships_its_log_from_where_the_server_copy_ends_after_r
     agent._logs_shipped([], {"logs": {"7:1:3": 14}})
     chunks = agent._log_chunks()
     assert [(c["offset"], c["data"]) for c in chunks] == [(14, "since\n")]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if int(_stat_fields(int(entry.name))[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+@pytest.mark.parametrize("tracking", ["cgroup", "process group"])
+def test_a_rank_recorded_without_its_shim_before_it_joined_its_cgroup_is_re_adopted_running(
+    tmp_path: Path, tracking
+):
+    """As an agent killed right after starting a rank's shim leaves it: the record names no shim,
+    and the rank is not in its cgroup yet (the shim's child blocks opening a FIFO listed before
+    the cgroup's procs files). The restarted agent finds the shim by the spec file it runs: the
+    rank is running, not lost (a lost rank would start afterwards unwatched, on GPUs given to
+    another job). Once the rank joined, a stop stops it and its exit comes from the shim."""
+    cgroups = _required_cgroups(f"topoweb-unit-adopt-{os.getpid()}") if tracking == "cgroup" else None
+    agent = make_agent(tmp_path, cgroups)
+    prepare(agent)
+    record = agent.state_dir / "job-7-gen-1-rank-3"
+    record.mkdir()
+    group = cgroups.create(record.name) if cgroups is not None else None
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    spec = {
+        "argv": ["sleep", "60"],
+        "workdir": str(tmp_path),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": None,
+        "procs": [str(gate), *(group.procs_files() if group is not None else ())],
+        "exit_file": str(record / "exit"),
+        "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    }
+    (record / "spec.json").write_text(json.dumps(spec))
+    data = {
+        "key": list(KEY),
+        "plan": {"rank": 3, "local_rank": 0, "gpu": 0, "env": {}},
+        "log_path": str(agent.log_dir / "rank.log"),
+        "stop_grace_s": 5.0,
+        "cgroup": None if group is None else {"version": group.version, "dirs": [str(d) for d in group.dirs]},
+        "shim_pid": None,
+        "shim_start": "",
+    }
+    (record / "rank.json").write_text(json.dumps(data))
+    shim = subprocess.Popen(
+        [sys.executable, "-I", str(SHIM), str(record / "spec.json")], start_new_session=True
+    )
+    # Reaped at once, as init reaps a dead agent's shim (a zombie leader keeps its group alive).
+    reaper = threading.Thread(target=shim.wait, daemon=True)
+    reaper.start()
+    reader = None
+    try:
+        deadline = time.monotonic() + 10
+        while not _children(shim.pid):
+            assert time.monotonic() < deadline, "the shim did not fork the rank"
+            time.sleep(0.02)
+
+        async def main():
+            nonlocal reader
+            agent._adopt()
+            local = agent.ranks[KEY]
+            await asyncio.sleep(1.0)
+            assert local.status is RankStatus.RUNNING, agent.outbox
+            assert local.shim_pid == shim.pid
+            assert json.loads((record / "rank.json").read_text())["shim_pid"] == shim.pid
+            assert (*KEY, "exited") not in agent.outbox
+            # The rank joins its cgroup and execs its command.
+            reader = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)
+            deadline = time.monotonic() + 10
+            while not any(Path(f"/proc/{p}/exe").resolve().name == "sleep" for p in _children(shim.pid)):
+                assert time.monotonic() < deadline, "the rank did not start"
+                await asyncio.sleep(0.02)
+            if group is not None:
+                assert group.pids()
+            agent._begin_stop(local)
+            return await wait_exited(agent, KEY)
+
+        report = run_loop(main)
+        assert report["exit_code"] == -15 and report["cause"] == "exited"
+        reaper.join(timeout=10)
+        assert shim.returncode == 128 + 15
+    finally:
+        if reader is not None:
+            os.close(reader)
+        cleanup(agent)
+        shim.kill()
+        shim.wait()
+        if group is not None:
+            group.remove()
