@@ -212,6 +212,12 @@ class LocalRank:
         return f"job-{job}-gen-{generation}-rank-{rank}"
 
 
+def visible_gpus(plan: RankPlan) -> set[int]:
+    """The GPUs a rank may use: its job's GPUs on this node (CUDA_VISIBLE_DEVICES, each rank sees
+    them all and picks its own by LOCAL_RANK)."""
+    return {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
+
+
 def _ceiling(asked: Any, bound: int) -> int:
     """A job's per-rank limit under the operator's: the smaller of the two, either one when the
     other is none (0 or absent)."""
@@ -870,36 +876,18 @@ class Agent:
 
     # -- reconcile -----------------------------------------------------------------------------
     async def _reconcile(self, work: list[dict[str, Any]], stops: list[list[int]] = ()) -> None:
-        """Start what the work lists and this agent lacks, stop what it runs that is not listed,
-        and answer each rank the server asks to stop (`stops`: it still counts them running)."""
-        wanted: set[Key] = set()
-        held = 0
+        """Stop what this agent runs that the work does not list, answer each rank the server asks
+        to stop (`stops`: it still counts them running), then start what the work lists and this
+        agent lacks. A rank whose GPUs a rank of another job generation still holds here (being
+        stopped: its job was cancelled before its start was reported, say) waits until that one
+        is gone: the server may free a GPU whose rank it never heard of, and a GPU is never used
+        by two jobs' processes."""
+        wanted: dict[Key, tuple[RankPlan, dict[str, Any], bool]] = {}
         for entry in work:
             started = {int(r["rank"]): bool(r.get("started")) for r in entry["ranks"]}
             for plan in plan_env(entry, self.node):
                 key = (int(entry["job"]), int(entry["generation"]), plan.rank)
-                wanted.add(key)
-                if key in self.ranks or key in self.orphans:
-                    # An orphan: its cgroup holds processes this agent has no record of.
-                    continue
-                if started.get(plan.rank):
-                    # The server saw it start; this agent has no record of it (its state was lost).
-                    self._report(
-                        key,
-                        "exited",
-                        exit_code=LOST_EXIT,
-                        cause=LOST,
-                        log_tail="lost: the node agent lost its state",
-                    )
-                    continue
-                if self.orphans:
-                    held += 1
-                    continue
-                if self._terminating:
-                    continue
-                await self._start(key, plan, entry)
-        if held:
-            log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
+                wanted[key] = (plan, entry, started.get(plan.rank, False))
         for key, local in list(self.ranks.items()):
             if key in wanted:
                 continue
@@ -910,6 +898,48 @@ class Agent:
                 self._forget(local)
         for item in stops:
             self._stop_listed(tuple(int(k) for k in item))
+        held = 0
+        busy: list[str] = []
+        for key, (plan, entry, started) in wanted.items():
+            if key in self.ranks or key in self.orphans:
+                # An orphan: its cgroup holds processes this agent has no record of.
+                continue
+            if started:
+                # The server saw it start; this agent has no record of it (its state was lost).
+                self._report(
+                    key,
+                    "exited",
+                    exit_code=LOST_EXIT,
+                    cause=LOST,
+                    log_tail="lost: the node agent lost its state",
+                )
+                continue
+            if self.orphans:
+                held += 1
+                continue
+            if self._terminating:
+                continue
+            holder = self._gpu_holder(key, plan)
+            if holder is not None:
+                busy.append(holder.name)
+                continue
+            await self._start(key, plan, entry)
+        if held:
+            log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
+        if busy:
+            log.info("%d ranks wait for their GPUs, held by %s", len(busy), ", ".join(sorted(set(busy))))
+
+    def _gpu_holder(self, key: Key, plan: RankPlan) -> LocalRank | None:
+        """A rank of another job generation, not gone yet, that may use one of `plan`'s GPUs."""
+        gpus = visible_gpus(plan)
+        for local in self.ranks.values():
+            if (
+                local.key[:2] != key[:2]
+                and local.status is not RankStatus.EXITED
+                and gpus & visible_gpus(local.plan)
+            ):
+                return local
+        return None
 
     def _stop_listed(self, key: Key) -> None:
         """The server counts rank `key` running but no longer wants it: stop it; if this agent
@@ -1087,7 +1117,7 @@ class Agent:
                         local.name,
                         memory_mb,
                     )
-                planned = {int(g) for g in plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g}
+                planned = visible_gpus(plan)
                 denied = [dev for index, dev in gpu_devices(self.dev_dir).items() if index not in planned]
                 local.cgroup.deny_devices(denied)
             self._save(local)

@@ -19,7 +19,9 @@ import httpx
 from apps.scheduling import services
 from apps.scheduling.choices import JobStatus, NodeState, RankState
 from apps.scheduling.models import Job, NodeHealth, RankLogChunk, RankRun
+from apps.scheduling.nodes import node_drain
 from apps.scheduling.selectors import job_ranks
+from apps.topology.models import Node
 from tests.integration.agents import REPO, kill_cgroups
 
 from .harness import Throttle, shim_pids, wait_until
@@ -142,7 +144,7 @@ def test_kill_during_rank_start(chaos, settings, tmp_path):
     record names the shim (its start report not sent). The window is hit for real: both agents
     run throttled to 2 % of a CPU while they start the job's ranks, and a loop kills the agent
     the moment a shim runs whose record lacks its pid (a few attempts, each a new job). Restarted,
-    the agent re-adopts that rank through its cgroup: the job runs in its first generation."""
+    the agent re-adopts that rank by its running shim: the job runs in its first generation."""
     start_agents(chaos)
     hit = None
     attempts = 0
@@ -202,6 +204,49 @@ def _kill_in_start_window(chaos, job: Job, tmp_path):
         if RankRun.objects.filter(job=job).count() == job.gpus:
             return None
         time.sleep(0.003)
+    return None
+
+
+def test_cancel_before_the_starts_are_reported(chaos, settings, tmp_path):
+    """The agent is killed once the first of a job's ranks is recorded with its shim, before any
+    start was reported (it starts all eight, throttled to 2 % of a CPU, before it syncs again).
+    The job is cancelled meanwhile: the server, having heard of no rank, frees its GPUs at once,
+    and the next job gets the same node (the other is drained). The restarted agent re-adopts the first rank and stops
+    it; the next job's ranks start only once it is gone (no GPU used by both, from /proc)."""
+    start_agents(chaos)
+    throttle = Throttle(f"topoweb-chaos-throttle-{os.getpid()}")
+    try:
+        for node in NODES:
+            throttle.add(chaos.agents.procs[node].pid)
+        job = chaos.submit(0, "starting", 8)
+        node = wait_until(lambda: _first_recorded(tmp_path, job), 120, "a rank recorded with its shim")
+        chaos.agents.kill(node)
+        chaos.fault()
+        assert not RankRun.objects.filter(job=job).exists(), "a start was reported before the kill"
+        chaos.agents.start(node, multi_user=True)
+    finally:
+        throttle.release()
+    other = Node.objects.get(cluster=chaos.cluster, name=next(n for n in NODES if n != node))
+    node_drain(node=other, reason="the following job goes where the cancelled one was")
+    services.job_cancel(job=job)
+    # Unless the restarted agent reported a start first: then the following job waits for it.
+    chaos.extra["freed_at_cancel"] = not job.allocations.filter(live=True).exists()
+    following = chaos.submit(0, "following", 8)
+    chaos.recovered(lambda: running(chaos, following, 1), 90, "the following job running")
+    assert node_of(following) == node
+    wait_until(lambda: not alive(chaos, job), 60, "the cancelled job's ranks gone")
+    chaos.finish()
+
+
+def _first_recorded(tmp_path, job: Job) -> str | None:
+    """The node whose agent recorded one of `job`'s ranks with its shim's pid, if any."""
+    for node in NODES:
+        for record in (tmp_path / f"state-{node}").glob(f"job-{job.pk}-gen-*-rank-*/rank.json"):
+            try:
+                if json.loads(record.read_text()).get("shim_pid"):
+                    return node
+            except (OSError, ValueError):
+                continue
     return None
 
 

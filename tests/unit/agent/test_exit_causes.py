@@ -118,6 +118,53 @@ def test_a_rank_no_longer_wanted_is_stopped(tmp_path: Path):
     assert report["cause"] == "stopped" and report["exit_code"] == -15
 
 
+def _work(job: int, gpu: int) -> dict:
+    """A work entry of job `job`, generation 1: one rank, on GPU `gpu`, sleeping."""
+    return {
+        "job": job,
+        "generation": 1,
+        "command": ["sleep", "60"],
+        "env": {},
+        "world_size": 1,
+        "master_addr": "127.0.0.1",
+        "master_port": 29500,
+        "node_rank": 0,
+        "ranks": [{"rank": 0, "gpu": gpu}],
+    }
+
+
+SLOW_STOP = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(3)))\ntime.sleep(60)"
+
+
+def test_a_rank_waits_for_its_gpus_while_another_jobs_rank_on_them_is_stopped(tmp_path: Path):
+    """Job 4's rank runs on GPU 0 when the work no longer lists it and gives GPU 0 to job 5 (as
+    when job 4 was cancelled before its start was reported: the server freed the GPU). Job 4's
+    rank is stopped (its SIGTERM handler takes a second); job 5's starts only once it is gone,
+    at the next sync. Job 6, on GPU 1, starts at once."""
+    agent = make_agent(tmp_path)
+    job5, job6 = (5, 1, 0), (6, 1, 0)
+
+    async def main():
+        prepare(agent)
+        await agent._start(KEY, PLAN, {"command": [sys.executable, "-c", SLOW_STOP], "stop_grace_s": 10})
+        await asyncio.sleep(0.5)
+        await agent._reconcile([_work(5, 0), _work(6, 1)])
+        assert job5 not in agent.ranks and job6 in agent.ranks
+        assert agent.ranks[KEY].status is RankStatus.STOPPING
+        holder = agent.ranks[KEY].shim_pid
+        report = await wait_exited(agent)
+        assert not _group(holder)
+        await agent._reconcile([_work(5, 0), _work(6, 1)])
+        assert job5 in agent.ranks
+        return report
+
+    try:
+        report = run_loop(main)
+    finally:
+        cleanup(agent)
+    assert report["cause"] == "stopped" and report["exit_code"] == 3
+
+
 def test_a_fenced_rank_reports_fenced_with_the_note(tmp_path: Path):
     agent = make_agent(tmp_path, fence_after_s=1.0)
 
@@ -363,18 +410,7 @@ def test_ranks_started_while_the_agent_is_terminated_are_stopped_and_none_starts
         agent.terminate_ranks()  # as if it ran just before this start saw the shim's pid
         await agent._start(KEY, PLAN, {"command": ["sleep", "60"], "stop_grace_s": 5})
         report = await wait_exited(agent)
-        entry = {
-            "job": 5,
-            "generation": 1,
-            "command": ["sleep", "60"],
-            "env": {},
-            "world_size": 1,
-            "master_addr": "127.0.0.1",
-            "master_port": 29500,
-            "node_rank": 0,
-            "ranks": [{"rank": 0, "gpu": 0}],
-        }
-        await agent._reconcile([entry])
+        await agent._reconcile([_work(5, 0)])
         return report, agent.ranks[KEY].shim_pid
 
     report, pid = run_loop(main)
