@@ -104,6 +104,9 @@ DEFAULT_PIDS_MAX = 16384
 MAX_MEMORY_MB = 4_194_304
 # How long a rank found only through its cgroup (no record) gets between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 30.0
+# While ranks wait (for orphans to be stopped, for their GPUs), the agent syncs again at the next
+# exit or stop to report, or after this long: the server answers such syncs at once.
+WAITING_RECHECK_S = 1.0
 # At most this many orphans (with at most ORPHAN_PIDS pids each) go in one sync.
 MAX_ORPHANS = 64
 ORPHAN_PIDS = 32
@@ -408,6 +411,8 @@ class Agent:
         self.ranks: dict[Key, LocalRank] = {}
         # Ranks without a record whose cgroup still held processes, being stopped.
         self.orphans: dict[Key, asyncio.Future] = {}
+        # Ranks of the last answer's work not started: they wait for orphans or for their GPUs.
+        self.waiting = 0
         self.outbox: dict[tuple[int, int, int, str], dict[str, Any]] = {}
         self.state = "unknown"
         self.syncs = 0
@@ -555,6 +560,11 @@ class Agent:
                         last_log = time.monotonic()
                     try:
                         await self._sync(client)
+                        if self.waiting:
+                            # Ranks wait for their GPUs or for orphans to be stopped: the server
+                            # answers such a sync at once (this agent runs less than its work).
+                            # Next sync when an exit or a stop is to be reported, else in a while.
+                            await self._pause(WAITING_RECHECK_S)
                         if refusals:
                             log.warning("the server accepts this agent's credential again")
                         failures = refusals = 0
@@ -924,6 +934,7 @@ class Agent:
                 busy.append(holder.name)
                 continue
             await self._start(key, plan, entry)
+        self.waiting = held + len(busy)
         if held:
             log.info("%d ranks wait until %d orphans are stopped", held, len(self.orphans))
         if busy:

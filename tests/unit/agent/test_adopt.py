@@ -5,8 +5,10 @@ its shim's pid is re-adopted by the shim running its spec file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -198,7 +200,9 @@ def test_a_rank_recorded_without_its_shim_before_it_joined_its_cgroup_is_re_adop
         if reader is not None:
             os.close(reader)
         cleanup(agent)
-        shim.kill()
+        # The shim's group: its child too, should it still wait to join the cgroup.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shim.pid, signal.SIGKILL)
         shim.wait()
         if group is not None:
             group.remove()

@@ -13,11 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
+import httpx
 import pytest
 
+from apps.agent import runner
 from apps.agent.env import RankPlan
-from apps.agent.runner import LOST_EXIT, Agent, RankStatus, process_start
+from apps.agent.runner import LOST_EXIT, WAITING_RECHECK_S, Agent, RankStatus, process_start
 
 from .test_stop import _required_cgroups, make_agent, run_loop
 
@@ -163,6 +166,53 @@ def test_a_rank_waits_for_its_gpus_while_another_jobs_rank_on_them_is_stopped(tm
     finally:
         cleanup(agent)
     assert report["cause"] == "stopped" and report["exit_code"] == 3
+
+
+def test_an_agent_whose_ranks_wait_for_their_gpus_does_not_sync_in_a_loop(tmp_path: Path):
+    """The server answers at once a sync of an agent that runs less than its work (it long-polls
+    otherwise, as the fake server here does). While job 5's rank waits 3 s for its GPU (job 4's
+    rank, no longer listed, takes that long to stop) the agent syncs about once a second and once
+    at the holder's exit, not in a loop; then job 5 starts."""
+    from .test_state import SERVER  # (test_state imports this module's helpers)
+
+    agent = make_agent(tmp_path, state_dir=tmp_path / "state", poll_s=1.0)
+    ready = tmp_path / "ready"
+    slow = SLOW_STOP.replace("time.sleep(1)", "time.sleep(3)").replace(
+        "time.sleep(60)", "open(sys.argv[1], 'w').close()\ntime.sleep(60)"
+    )
+    holder = {**_work(4, 0), "command": [sys.executable, "-c", slow, str(ready)], "stop_grace_s": 30}
+    moved: list[float] = []
+    syncs: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        running = {tuple(k) for k in body["running"]}
+        if not moved and KEY in running and ready.exists():  # its SIGTERM handler installed
+            moved.append(time.monotonic())
+        work = [_work(5, 0)] if moved else [holder]
+        if moved:
+            syncs.append(time.monotonic())
+        if (5, 1, 0) in agent.ranks:
+            agent.stop()
+        elif body["wait_s"] and not body["reports"] and running == {(w["job"], 1, 0) for w in work}:
+            await asyncio.sleep(body["wait_s"])
+        return httpx.Response(200, json={**SERVER, "work": work, "stop": []})
+
+    async def main():
+        await asyncio.wait_for(agent.run(), timeout=60)
+
+    real = httpx.AsyncClient
+    try:
+        with mock.patch.object(
+            runner.httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw)
+        ):
+            run_loop(main)
+    finally:
+        cleanup(agent)
+    assert (5, 1, 0) in agent.ranks and moved
+    waited = syncs[-1] - moved[0]
+    assert 2.5 < waited < 30, waited
+    assert len(syncs) <= waited / WAITING_RECHECK_S + 6, len(syncs)
 
 
 def test_a_fenced_rank_reports_fenced_with_the_note(tmp_path: Path):
