@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from apps.topology.models import Cluster, Gpu, Node
+from topoweb.postgres import prepared
 
 from .choices import ScrapeState
 from .exposition import VALUE_FIELDS, NicReading, Scrape
@@ -137,15 +138,7 @@ def _nic_rows(
     ok = [(node_id, nics) for node_id, nics in per_node if nics]
     if not ok:
         return []
-    # Every agent's sync asks this for its own node: values, no model instances nor ordering.
-    previous = {
-        (node_id, device, port): (at, tx, rx)
-        for node_id, device, port, at, tx, rx in NicLatest.objects.filter(
-            node_id__in=[node_id for node_id, _ in ok]
-        )
-        .order_by()
-        .values_list("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total")
-    }
+    previous = _previous_nics([node_id for node_id, _ in ok])
     rows = []
     for node_id, nics in ok:
         for (device, port), nic in nics.items():
@@ -161,10 +154,31 @@ def _nic_rows(
     return rows
 
 
+def _previous_nics(node_ids: list[int]) -> dict[tuple[int, str, str], tuple]:
+    """The stored counters of these nodes' ports: (node id, device, port) -> (at, tx, rx). Every
+    agent's sync asks this for its own node: a prepared statement on Postgres, values elsewhere."""
+    if prepared.prepared():
+        [rows] = prepared.fetch_all([(_nic_sql().previous, [node_ids])])
+    else:
+        rows = (
+            NicLatest.objects.filter(node_id__in=node_ids)
+            .order_by()
+            .values_list("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total")
+        )
+    return {(node_id, device, port): (at, tx, rx) for node_id, device, port, at, tx, rx in rows}
+
+
 def _write_nic_rows(rows: list[tuple]) -> None:
-    """Upsert NIC_COLUMNS tuples: one INSERT ... ON CONFLICT DO UPDATE per BATCH rows, written
-    once per row count (SQLite and Postgres alike; an agent's sync writes its node's ports)."""
+    """Upsert NIC_COLUMNS tuples. On Postgres one prepared statement whatever the number of rows,
+    its values as one array per column (an agent's sync writes its node's ports, the exporters'
+    pass every node's); elsewhere one INSERT ... ON CONFLICT DO UPDATE per BATCH rows, written
+    once per row count."""
     if not rows:
+        return
+    if prepared.prepared():
+        node_ids, devices, ports, ats, *numbers = zip(*rows, strict=True)
+        floats = [[None if v is None else float(v) for v in column] for column in numbers]
+        prepared.execute(_nic_sql().upsert, [list(node_ids), list(devices), list(ports), list(ats), *floats])
         return
     at = NicLatest._meta.get_field("at")
     for start in range(0, len(rows), BATCH):
@@ -174,6 +188,28 @@ def _write_nic_rows(rows: list[tuple]) -> None:
             params.extend((*row[:3], at.get_db_prep_save(row[3], connection), *row[4:]))
         with connection.cursor() as cursor:
             cursor.execute(_nic_upsert_sql(len(batch)), params)
+
+
+@dataclass(frozen=True, slots=True)
+class _NicSql:
+    previous: str
+    upsert: str
+
+
+@functools.cache
+def _nic_sql() -> _NicSql:
+    """Postgres's statements of the NIC counters (`_previous_nics`, `_write_nic_rows`)."""
+    qn = connection.ops.quote_name  # tx_Bps and rx_Bps are case-sensitive
+    table, cols = qn(NicLatest._meta.db_table), ", ".join(qn(c) for c in NIC_COLUMNS)
+    read = ", ".join(qn(c) for c in ("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total"))
+    types = ("bigint", "text", "text", "timestamptz", "float8", "float8", "float8", "float8")
+    arrays = ", ".join(f"%s::{t}[]" for t in types)
+    updates = ", ".join(f"{qn(c)} = EXCLUDED.{qn(c)}" for c in NIC_COLUMNS[3:])
+    return _NicSql(
+        previous=f"SELECT {read} FROM {table} WHERE node_id = ANY(%s::bigint[])",
+        upsert=f"INSERT INTO {table} ({cols}) SELECT * FROM unnest({arrays})"
+        f" ON CONFLICT (node_id, device, port) DO UPDATE SET {updates}",
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -69,9 +69,11 @@ def test_the_node_its_agent_row_and_its_work_come_in_one_round_trip(cluster, use
     assert sync_node(node_id=10**9, with_work=True) == (None, None, None)
 
 
-def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeypatch):
-    """The NIC counters of a sync are written by one statement (per batch of rows), their rates
-    taken against the node's previous counters; a counter that went down has no rate."""
+@pytest.mark.parametrize("prepare", [True, False])
+def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeypatch, settings, prepare):
+    """The NIC counters of a sync are written by one statement (prepared, whatever the number of
+    rows; else one per batch of rows), their rates taken against the node's previous counters; a
+    counter that went down has no rate."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -79,13 +81,16 @@ def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeyp
     from apps.metrics import store
     from apps.metrics.models import NicLatest
 
+    settings.DB_PREPARED_STATEMENTS = prepare
     node = Node.objects.filter(cluster=cluster).first()
     t0 = timezone.now()
     ports = [{"device": f"mlx5_{i}", "port": "1", "tx_bytes": 1000, "rx_bytes": 5000} for i in range(5)]
     monkeypatch.setattr(store, "BATCH", 2)  # three statements of at most two rows
     with CaptureQueriesContext(connection) as queries:
         assert store.agent_nics_store(node_id=node.pk, counters=ports, now=t0) == 5
-    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT", "INSERT", "INSERT", "INSERT"]
+    writes = ["INSERT"] if prepare else ["INSERT", "INSERT", "INSERT"]
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT", *writes]
+    assert ("unnest" in queries.captured_queries[-1]["sql"]) is prepare
     later = [{**p, "tx_bytes": 1000 + 10_000 * i, "rx_bytes": 4000} for i, p in enumerate(ports)]
     assert store.agent_nics_store(node_id=node.pk, counters=later, now=t0 + timedelta(seconds=10)) == 5
     rows = {r.device: r for r in NicLatest.objects.filter(node=node)}
