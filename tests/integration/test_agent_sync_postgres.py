@@ -101,6 +101,35 @@ def test_an_agents_nic_counters_are_one_upsert_with_their_rates(cluster, monkeyp
         assert row.tx_Bps == 1000 * i and row.rx_Bps is None  # rx went down: reset, no rate
 
 
+@pytest.mark.parametrize("prepare", [True, False])
+def test_nic_counters_of_any_value_are_stored_as_read(cluster, settings, prepare):
+    """An exporter's counters are floats and may read NaN or infinite, an agent's are integers up
+    to 64 bits or absent: one column of the upsert holds them all, each stored as read."""
+    import math
+
+    from django.utils import timezone
+
+    from apps.metrics import store
+    from apps.metrics.models import NicLatest
+
+    settings.DB_PREPARED_STATEMENTS = prepare
+    node = Node.objects.filter(cluster=cluster).first()
+    now = timezone.now()
+    rows = [
+        (node.pk, "mlx5_0", "1", now, float("nan"), 2.5e18, None, 1.5),
+        (node.pk, "mlx5_1", "1", now, float("inf"), None, None, None),
+        (node.pk, "ib0", "0", now, 7, 2**63 - 1, 0.25, None),
+    ]
+    store._write_nic_rows(rows)
+    stored = {
+        r.device: (r.tx_bytes_total, r.rx_bytes_total, r.tx_Bps, r.rx_Bps)
+        for r in NicLatest.objects.filter(node=node)
+    }
+    nan = stored.pop("mlx5_0")
+    assert math.isnan(nan[0]) and nan[1:] == (2.5e18, None, 1.5)
+    assert stored == {"mlx5_1": (math.inf, None, None, None), "ib0": (7.0, float(2**63 - 1), 0.25, None)}
+
+
 def _prepared_statements() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
