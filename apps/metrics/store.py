@@ -14,6 +14,7 @@ from django.db.models import Count
 
 from apps.topology.models import Cluster, Gpu, Node
 from topoweb.postgres import prepared
+from topoweb.postgres.arrays import array_literal
 
 from .choices import ScrapeState
 from .exposition import VALUE_FIELDS, NicReading, Scrape
@@ -158,7 +159,7 @@ def _previous_nics(node_ids: list[int]) -> dict[tuple[int, str, str], tuple]:
     """The stored counters of these nodes' ports: (node id, device, port) -> (at, tx, rx). Every
     agent's sync asks this for its own node: a prepared statement on Postgres, values elsewhere."""
     if prepared.prepared():
-        [rows] = prepared.fetch_all([(_nic_sql().previous, [node_ids])])
+        [rows] = prepared.fetch_all([(_nic_sql().previous, [array_literal(node_ids)])])
     else:
         rows = (
             NicLatest.objects.filter(node_id__in=node_ids)
@@ -170,15 +171,14 @@ def _previous_nics(node_ids: list[int]) -> dict[tuple[int, str, str], tuple]:
 
 def _write_nic_rows(rows: list[tuple]) -> None:
     """Upsert NIC_COLUMNS tuples. On Postgres one prepared statement whatever the number of rows,
-    its values as one array per column (an agent's sync writes its node's ports, the exporters'
-    pass every node's); elsewhere one INSERT ... ON CONFLICT DO UPDATE per BATCH rows, written
-    once per row count."""
+    its values as one array literal per column (an agent's sync writes its node's ports, the
+    exporters' pass every node's); elsewhere one INSERT ... ON CONFLICT DO UPDATE per BATCH rows,
+    written once per row count."""
     if not rows:
         return
     if prepared.prepared():
-        node_ids, devices, ports, ats, *numbers = zip(*rows, strict=True)
-        floats = [[None if v is None else float(v) for v in column] for column in numbers]
-        prepared.execute(_nic_sql().upsert, [list(node_ids), list(devices), list(ports), list(ats), *floats])
+        # Each column one array literal (psycopg would dump a list element by element, in Python).
+        prepared.execute(_nic_sql().upsert, [array_literal(column) for column in zip(*rows, strict=True)])
         return
     at = NicLatest._meta.get_field("at")
     for start in range(0, len(rows), BATCH):
