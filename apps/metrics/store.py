@@ -14,7 +14,7 @@ from django.db.models import Count
 
 from apps.topology.models import Cluster, Gpu, Node
 from topoweb.postgres import prepared
-from topoweb.postgres.arrays import array_literal
+from topoweb.postgres.arrays import array_literal, unnest_sql
 
 from .choices import ScrapeState
 from .exposition import VALUE_FIELDS, NicReading, Scrape
@@ -199,27 +199,28 @@ class _NicSql:
 @functools.cache
 def _nic_sql() -> _NicSql:
     """Postgres's statements of the NIC counters (`_previous_nics`, `_write_nic_rows`)."""
-    qn = connection.ops.quote_name  # tx_Bps and rx_Bps are case-sensitive
-    table, cols = qn(NicLatest._meta.db_table), ", ".join(qn(c) for c in NIC_COLUMNS)
+    qn = connection.ops.quote_name
     read = ", ".join(qn(c) for c in ("node_id", "device", "port", "at", "tx_bytes_total", "rx_bytes_total"))
-    types = ("bigint", "text", "text", "timestamptz", "float8", "float8", "float8", "float8")
-    arrays = ", ".join(f"%s::{t}[]" for t in types)
-    updates = ", ".join(f"{qn(c)} = EXCLUDED.{qn(c)}" for c in NIC_COLUMNS[3:])
+    arrays = unnest_sql([NicLatest._meta.get_field(c) for c in NIC_COLUMNS])
     return _NicSql(
-        previous=f"SELECT {read} FROM {table} WHERE node_id = ANY(%s::bigint[])",
-        upsert=f"INSERT INTO {table} ({cols}) SELECT * FROM unnest({arrays})"
-        f" ON CONFLICT (node_id, device, port) DO UPDATE SET {updates}",
+        previous=f"SELECT {read} FROM {qn(NicLatest._meta.db_table)} WHERE node_id = ANY(%s::bigint[])",
+        upsert=_nic_upsert(f"SELECT * FROM {arrays}"),
     )
 
 
 @functools.lru_cache(maxsize=64)
 def _nic_upsert_sql(count: int) -> str:
+    row = f"({', '.join(['%s'] * len(NIC_COLUMNS))})"
+    return _nic_upsert(f"VALUES {', '.join([row] * count)}")
+
+
+def _nic_upsert(rows: str) -> str:
+    """The NIC counters' upsert of `rows` (VALUES or a SELECT of NIC_COLUMNS)."""
     qn = connection.ops.quote_name  # tx_Bps and rx_Bps are case-sensitive
     cols = ", ".join(qn(c) for c in NIC_COLUMNS)
-    row = f"({', '.join(['%s'] * len(NIC_COLUMNS))})"
     updates = ", ".join(f"{qn(c)} = EXCLUDED.{qn(c)}" for c in NIC_COLUMNS[3:])
     return (
-        f"INSERT INTO {qn(NicLatest._meta.db_table)} ({cols}) VALUES {', '.join([row] * count)}"
+        f"INSERT INTO {qn(NicLatest._meta.db_table)} ({cols}) {rows}"
         f" ON CONFLICT (node_id, device, port) DO UPDATE SET {updates}"
     )
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,7 +42,7 @@ from django.utils import timezone
 
 from apps.placement.planning import ClusterSnapshot
 from apps.topology.models import Gpu, Node
-from topoweb.postgres.arrays import array_literal
+from topoweb.postgres.arrays import array_literal, unnest_sql
 
 from . import cycle, executor
 from .choices import (
@@ -400,16 +399,10 @@ _ALLOCATION_COLUMNS = (
 )
 
 
-_LENGTH = re.compile(r"\(\d+\)$")
-
-
 def _unnest(fields: Sequence[Field], columns: Iterable[Iterable[Any]]) -> tuple[str, list[str]]:
-    """`unnest(%s::type[], ...)` of one array a field, and its parameters: each column of values
-    (as the fields' columns take them) as one array literal. A field's array is of its column's
-    type without a length (`varchar(16)` -> `varchar`): the cast would cut a longer value short,
-    where the column refuses it."""
-    arrays = ", ".join(f"%s::{_LENGTH.sub('', f.db_type(connection))}[]" for f in fields)
-    return f"unnest({arrays})", [array_literal(column) for column in columns]
+    """`unnest_sql(fields)` and its parameters: each column of values (as the fields' columns take
+    them) as one array literal."""
+    return unnest_sql(fields), [array_literal(column) for column in columns]
 
 
 def _insert_allocations(rows: Sequence[Allocation]) -> None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import numbers
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db import connection
+from django.db.models import Field
 from psycopg.types.json import Jsonb
 
 
@@ -51,3 +54,15 @@ def array_literal(values: Iterable[Any]) -> str:
     datetime, psycopg's Jsonb, None), to be cast to the element type's array in the SQL;
     TypeError for any other type."""
     return "{" + ",".join(map(_element, values)) + "}"
+
+
+_LENGTH = re.compile(r"\(\d+\)$")
+
+
+def unnest_sql(fields: Sequence[Field]) -> str:
+    """`unnest(%s::type[], ...)`, one array a field, for parameters that are each the
+    `array_literal` of a column of values (as the field's column takes them). A field's array is
+    of its column's type without a length (`varchar(16)` -> `varchar`): the cast would cut a
+    longer value short, where the column refuses it."""
+    arrays = ", ".join(f"%s::{_LENGTH.sub('', f.db_type(connection))}[]" for f in fields)
+    return f"unnest({arrays})"
